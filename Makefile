@@ -1,0 +1,27 @@
+# The two set-up commands: `make run` (install everything, run the main job on SQLite) and `make test`.
+VENV ?= .venv
+PYTHON ?= python3.11
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: run test deps venv bench-accuracy-quick clean
+
+deps:
+	@bash scripts/install-system-deps.sh
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(BIN)/python -m pip install -q --upgrade pip
+	@$(BIN)/python -m pip install -q -e '.[test]'
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+run: deps venv
+	$(BIN)/tame fit --probe 1:42e6 --probe 10:88e6 --max-impact 0.1
+
+test: deps venv
+	$(BIN)/python -m pytest -q -ra
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,29 @@
+"""The one interface every probe driver implements."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from probes.result import ProbeResult
+
+
+class ProbeDriver(Protocol):
+    """Runs a transfer at ``streams`` parallel streams to ``dest`` and reports it.
+
+    ``duration_s`` is the measured time after ``omit_s`` seconds of warm-up.
+    Implementations raise a :class:`probes.errors.ProbeError` subclass and keep
+    nothing on failure; nothing they do may outlive ``deadline_s``.
+    """
+
+    def run(
+        self,
+        dest: str,
+        streams: int,
+        duration_s: float,
+        omit_s: float,
+        deadline_s: float,
+    ) -> ProbeResult: ...
+
+    def idle_rtt(self, dest: str, deadline_s: float) -> float | None:
+        """Round-trip time to ``dest`` with no probe traffic, in seconds (None if unknown)."""
+        ...

@@ -1,0 +1,54 @@
+"""What one probe measured: the shape every driver (iperf3, ns-2, fake) returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class StreamRtt:
+    """Smoothed RTT statistics of one stream, in seconds."""
+
+    mean_s: float
+    min_s: float
+    max_s: float
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """One transfer at a fixed number of parallel streams.
+
+    Throughputs are bits/s (decimal); times are seconds; ``started_at`` is Unix time.
+    ``throughput_bps`` is measured at the receiver. ``throughput_stderr_bps`` is the
+    standard error of the settled rate estimated from the per-interval series
+    (None when the driver has no series). ``settled`` is False when the rate was
+    still rising or falling at the end of the probe.
+    """
+
+    dest: str
+    streams: int
+    duration_s: float
+    omit_s: float
+    throughput_bps: float
+    sender_bps: float
+    retransmits: int | None = None
+    rtt_mean_s: float | None = None
+    rtt_min_s: float | None = None
+    rtt_max_s: float | None = None
+    stream_rtts: tuple[StreamRtt, ...] = ()
+    mss_bytes: int | None = None
+    congestion_control: str | None = None
+    started_at: float = 0.0
+    throughput_stderr_bps: float | None = None
+    settled: bool = True
+    interval_bps: tuple[float, ...] = ()
+    raw: str = field(default="", repr=False)
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    """All probes of one plan run against one destination."""
+
+    dest: str
+    idle_rtt_s: float | None
+    probes: tuple[ProbeResult, ...]

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Installs the Debian packages the project runs: iperf3 and libiperf (probes), ns-2 (simulated paths),
+# iproute2/nftables/iptables/ethtool (the namespace test bed). Idempotent: does nothing when all are present.
+set -euo pipefail
+packages=(iperf3 libiperf0 ns2 iproute2 nftables iptables ethtool libnetfilter-queue1 libnetfilter-queue-dev gcc python3-venv)
+missing=()
+for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" -ne 0 ]; then
+    echo "missing Debian packages: ${missing[*]}; run 'sudo $0' or install them with apt-get" >&2
+    exit 1
+fi
+echo "installing Debian packages: ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
