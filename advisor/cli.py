@@ -15,8 +15,15 @@ class UsageError(Exception):
     """Bad command-line input; the message says what to fix."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """Reports bad arguments in one line that names the command and what to fix."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: {message} (see '{self.prog} --help')\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tame", description="Parallel TCP stream advice (TameParallelTCP).")
+    parser = _Parser(prog="tame", description="Parallel TCP stream advice (TameParallelTCP).")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
         importlib.import_module(f"advisor.commands.{name}").register(subparsers)
@@ -35,6 +42,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tame {args.command}: interrupted", file=sys.stderr)
         return 130
 
-
-if __name__ == "__main__":
-    sys.exit(main())

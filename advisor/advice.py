@@ -1,0 +1,47 @@
+"""The advice the service gives and the curve it is read from, with their JSON shapes."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class CurvePoint:
+    """Predicted aggregate throughput (bits/s) and cross-traffic impact (fraction 0-1) at `streams`."""
+
+    streams: int
+    throughput_bps: float
+    impact: float
+
+
+@dataclass(frozen=True)
+class Advice:
+    """TameParallelTCP's answer for one path and impact budget (field names are the JSON names).
+
+    ``tcp_equivalent_streams`` is n*, the largest parallelism (in standard streams) whose
+    predicted impact is within ``max_impact``; ``num_flows`` = max(1, floor(n*)) standard streams;
+    ``fractional_multiplier`` is the FM of one extra fractional stream carrying the remainder
+    (None when the remainder is negligible or would need FM > 1000).
+    """
+
+    num_flows: int
+    fractional_multiplier: float | None
+    tcp_equivalent_streams: float
+    max_nondisruptive_throughput_bps: float
+    cross_traffic_impact: float
+    max_impact: float
+    per_stream_buffer_bytes: int | None
+    model: str
+    params: dict[str, float]
+    regime: str
+    warnings: list[str] = field(default_factory=list)
+    probes: list[dict[str, float]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def curve_to_json(model: str, params: dict[str, float], curve: list[CurvePoint]) -> dict[str, Any]:
+    """The `tame curve --json` / API curve object."""
+    return {"model": model, "params": dict(params), "curve": [asdict(point) for point in curve]}

@@ -1,0 +1,111 @@
+"""Options and parsing shared by the sub-commands that take probe numbers or print advice."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+from typing import Any
+
+from advisor.advice import Advice
+from advisor.cli import UsageError
+from advisor.tame import DEFAULT_MODEL, DEFAULT_N_MAX
+from models.parallel import ProbePoint
+from models.registry import MODELS, MIN_LEVELS
+
+_SUFFIX = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+_PROBE = re.compile(r"^\s*([^:]+):\s*([-+0-9.eE]+)\s*([kKMGT]?)(?:bps|bit/s|b/s)?\s*$")
+
+
+def parse_probe(text: str) -> ProbePoint:
+    """`N:BPS` (e.g. `10:88e6` or `10:88M`) into a ProbePoint; UsageError says what is wrong."""
+    match = _PROBE.match(text)
+    if not match:
+        raise UsageError(f"--probe {text!r}: write STREAMS:BITS_PER_SECOND, e.g. --probe 10:88e6 or --probe 10:88M")
+    streams_text, rate_text, suffix = match.groups()
+    try:
+        streams = int(streams_text)
+    except ValueError:
+        raise UsageError(f"--probe {text!r}: the stream count {streams_text!r} must be a whole number >= 1") from None
+    if streams < 1:
+        raise UsageError(f"--probe {text!r}: the stream count must be >= 1")
+    try:
+        rate = float(rate_text) * _SUFFIX[suffix]
+    except ValueError:
+        raise UsageError(f"--probe {text!r}: the throughput {rate_text!r} is not a number") from None
+    if not math.isfinite(rate) or rate <= 0:
+        raise UsageError(f"--probe {text!r}: the throughput must be a positive number of bits/s")
+    return ProbePoint(streams=streams, throughput_bps=rate)
+
+
+def fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number; give a fraction such as 0.1 for 10 %") from None
+    if not (math.isfinite(value) and 0.0 <= value <= 1.0):
+        raise argparse.ArgumentTypeError(f"{text} is outside [0, 1]; give a fraction such as 0.1 for 10 %")
+    return value
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 1 <= value <= 1024:
+        raise argparse.ArgumentTypeError(f"{value} is outside 1..1024")
+    return value
+
+
+def add_probe_options(parser: argparse.ArgumentParser, required: bool = True) -> None:
+    parser.add_argument(
+        "--probe", action="append", default=[], metavar="N:BPS", required=required,
+        help="a probe result: streams and measured throughput in bits/s (repeat; at least two levels)",
+    )
+    parser.add_argument("--model", choices=sorted(MODELS), default=DEFAULT_MODEL,
+                        help=f"throughput model (default: {DEFAULT_MODEL}; lu = Lu et al. partial order-2, eq. 5-11)")
+    parser.add_argument("--n-max", type=positive_int, default=DEFAULT_N_MAX, help="largest stream count considered")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+
+
+def probes_from_args(args: argparse.Namespace) -> list[ProbePoint]:
+    points = [parse_probe(text) for text in args.probe]
+    needed = MIN_LEVELS[args.model]
+    levels = sorted({p.streams for p in points})
+    if len(levels) < needed:
+        raise UsageError(
+            f"model {args.model} needs probes at {needed} different stream counts; got "
+            f"{', '.join(str(n) for n in levels) or 'none'} (e.g. --probe 1:40e6 --probe 10:90e6)"
+        )
+    return points
+
+
+def print_json(payload: Any) -> None:
+    json.dump(payload, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+
+
+def format_bps(bps: float) -> str:
+    for unit, scale in (("Gbit/s", 1e9), ("Mbit/s", 1e6), ("kbit/s", 1e3)):
+        if bps >= scale:
+            return f"{bps / scale:.2f} {unit}"
+    return f"{bps:.0f} bit/s"
+
+
+def print_advice(advice: Advice) -> None:
+    fm = "none" if advice.fractional_multiplier is None else f"{advice.fractional_multiplier:.2f}"
+    lines = [
+        f"streams to open:            {advice.num_flows}",
+        f"predicted throughput:       {format_bps(advice.max_nondisruptive_throughput_bps)}",
+        f"predicted impact on others: {advice.cross_traffic_impact:.1%} (budget {advice.max_impact:.1%})",
+        f"TCP-equivalent streams n*:  {advice.tcp_equivalent_streams:.2f} (fractional multiplier: {fm})",
+    ]
+    if advice.per_stream_buffer_bytes is not None:
+        lines.append(f"per-stream socket buffer:   {advice.per_stream_buffer_bytes} bytes")
+    lines.append(f"model:                      {advice.model} ({advice.regime}) "
+                 + " ".join(f"{k}={v:.4g}" for k, v in advice.params.items()))
+    lines += [f"warning: {w}" for w in advice.warnings]
+    print("\n".join(lines))

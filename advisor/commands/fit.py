@@ -1,0 +1,29 @@
+"""`tame fit`: advice from probe numbers typed in (offline)."""
+
+from __future__ import annotations
+
+from advisor.cli import UsageError
+from advisor.commands.common import add_probe_options, fraction, print_advice, print_json, probes_from_args
+from advisor.tame import tame_parallel_tcp
+from models.errors import FitError
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("fit", help="advice from probe results you type in (no network)")
+    add_probe_options(parser)
+    parser.add_argument("--max-impact", type=fraction, default=0.1,
+                        help="largest tolerated throughput loss of competing flows, fraction 0-1 (default 0.1)")
+    parser.set_defaults(handler=run)
+
+
+def run(args) -> int:
+    points = probes_from_args(args)
+    try:
+        advice = tame_parallel_tcp(points, args.max_impact, args.n_max, args.model)
+    except (FitError, ValueError) as exc:
+        raise UsageError(str(exc)) from exc
+    if args.json:
+        print_json(advice.to_json())
+    else:
+        print_advice(advice)
+    return 0

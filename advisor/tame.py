@@ -1,0 +1,136 @@
+"""TameParallelTCP (Lu et al. 2004, section V.C): the most streams whose predicted impact fits the budget."""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+from scipy.optimize import brentq
+
+from advisor.advice import Advice, CurvePoint
+from models.buffer import per_stream_buffer_bytes
+from models.fu_indulska import multiplier_for_share
+from models.parallel import UNCONGESTED, ParallelFit, ProbePoint
+from models.registry import MODELS, fit
+
+DEFAULT_MODEL = "lu"
+DEFAULT_N_MAX = 64
+# A remainder below this is not worth a fractional stream; one needing FM above the cap is not offered.
+MIN_FRACTION = 0.05
+MAX_FRACTIONAL_MULTIPLIER = 1000.0
+# Resolution of the search for n*: impact is evaluated on this grid, then refined by root finding.
+_GRID_STEP = 0.01
+
+
+def validate_request(max_impact: float, n_max: int, model: str) -> None:
+    """Raise ValueError saying what to fix for an out-of-range budget, cap or model name."""
+    if not (isinstance(max_impact, (int, float)) and math.isfinite(max_impact) and 0.0 <= max_impact <= 1.0):
+        raise ValueError(f"max_impact must be a fraction between 0 and 1 (e.g. 0.1 for 10 %), got {max_impact!r}")
+    if not (isinstance(n_max, int) and 1 <= n_max <= 1024):
+        raise ValueError(f"n_max must be an integer between 1 and 1024, got {n_max!r}")
+    if model not in MODELS:
+        raise ValueError(f"unknown model {model!r}; choose one of: {', '.join(sorted(MODELS))}")
+
+
+def largest_parallelism_within(fitted: ParallelFit, max_impact: float, n_max: float) -> float:
+    """n*: the largest real n in [0, n_max] with impact(n) <= max_impact, stopping at the throughput peak.
+
+    Lu's impact curve is monotone, so this is the binary search of section V.C; the grid plus
+    root refinement also handles models whose curves are not monotone. Beyond the predicted
+    throughput peak extra streams only add impact, so n* never goes past it.
+    """
+    grid = np.arange(0.0, n_max + _GRID_STEP / 2, _GRID_STEP)
+    throughput = np.asarray(fitted.throughput_bps(grid[1:]))
+    peak = grid[1:][int(np.argmax(throughput >= throughput.max() * (1 - 1e-9)))]
+    grid = grid[grid <= peak]
+    within = np.asarray(fitted.impact(grid)) <= max_impact
+    if within.all():
+        return float(grid[-1])
+    last_ok = int(np.argmin(within)) - 1
+    if last_ok < 0:
+        return 0.0
+    lo, hi = grid[last_ok], grid[last_ok + 1]
+    return float(brentq(lambda n: float(fitted.impact(n)) - max_impact, lo, hi, xtol=1e-6))
+
+
+def fractional_multiplier_for(tcp_equivalent_streams: float) -> float | None:
+    """FM of one fractional stream carrying n*'s remainder r (r = n* when n* < 1): 1/r^2, or None."""
+    whole = math.floor(tcp_equivalent_streams)
+    remainder = tcp_equivalent_streams - whole if whole >= 1 else tcp_equivalent_streams
+    if remainder < MIN_FRACTION:
+        return None
+    multiplier = float(multiplier_for_share(remainder))
+    return multiplier if multiplier <= MAX_FRACTIONAL_MULTIPLIER else None
+
+
+def advise(
+    fitted: ParallelFit,
+    max_impact: float,
+    n_max: int = DEFAULT_N_MAX,
+    rtt_s: float | None = None,
+    probes: Sequence[ProbePoint] = (),
+) -> Advice:
+    """Advice from a fitted curve: n*, the streams to open, their throughput (bits/s) and impact."""
+    validate_request(max_impact, n_max, fitted.model)
+    warnings = list(fitted.warnings)
+    cap = float(n_max)
+    if fitted.regime == UNCONGESTED and fitted.max_probed_streams < cap:
+        cap = fitted.max_probed_streams
+        warnings.append(f"advice capped at the highest probed level ({cap:g} streams) because no congestion was seen")
+    n_star = largest_parallelism_within(fitted, max_impact, cap)
+    num_flows = max(1, math.floor(n_star + 1e-9))
+    impact = float(fitted.impact(num_flows))
+    if impact > max_impact:
+        warnings.append(
+            f"even one stream is predicted to cost competing flows {impact:.1%}, above the {max_impact:.1%} budget"
+        )
+    throughput = float(fitted.throughput_bps(num_flows))
+    buffer_bytes = None
+    capacity = fitted.capacity_bps
+    if rtt_s is not None and rtt_s > 0:
+        capacity = capacity if capacity is not None else max(float(fitted.throughput_bps(fitted.max_probed_streams)), throughput)
+        buffer_bytes = per_stream_buffer_bytes(capacity, rtt_s, num_flows)
+    return Advice(
+        num_flows=num_flows,
+        fractional_multiplier=fractional_multiplier_for(n_star),
+        tcp_equivalent_streams=round(n_star, 4),
+        max_nondisruptive_throughput_bps=throughput,
+        cross_traffic_impact=impact,
+        max_impact=float(max_impact),
+        per_stream_buffer_bytes=buffer_bytes,
+        model=fitted.model,
+        params=dict(fitted.params),
+        regime=fitted.regime,
+        warnings=warnings,
+        probes=[{"streams": p.streams, "throughput_bps": p.throughput_bps} for p in probes],
+    )
+
+
+def representative_rtt_s(probes: Sequence[ProbePoint], idle_rtt_s: float | None) -> float | None:
+    """The RTT for buffer sizing: the idle RTT when measured, else the smallest probe RTT (seconds)."""
+    if idle_rtt_s is not None and idle_rtt_s > 0:
+        return idle_rtt_s
+    rtts = [p.rtt_s for p in probes if p.rtt_s is not None and p.rtt_s > 0]
+    return min(rtts) if rtts else None
+
+
+def tame_parallel_tcp(
+    probes: Sequence[ProbePoint],
+    max_impact: float,
+    n_max: int = DEFAULT_N_MAX,
+    model: str = DEFAULT_MODEL,
+    idle_rtt_s: float | None = None,
+) -> Advice:
+    """TameParallelTCP(dest, max_impact) from probe results: fit `model`, then advise."""
+    validate_request(max_impact, n_max, model)
+    fitted = fit(model, probes)
+    return advise(fitted, max_impact, n_max, representative_rtt_s(probes, idle_rtt_s), probes)
+
+
+def predicted_curve(fitted: ParallelFit, n_max: int = DEFAULT_N_MAX) -> list[CurvePoint]:
+    """Predicted throughput (bits/s) and impact (0-1) for n = 1 .. n_max."""
+    n = np.arange(1, n_max + 1, dtype=float)
+    throughput = np.asarray(fitted.throughput_bps(n))
+    impact = np.asarray(fitted.impact(n))
+    return [CurvePoint(int(k), float(t), float(i)) for k, t, i in zip(n, throughput, impact)]

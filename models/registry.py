@@ -1,0 +1,27 @@
+"""The named throughput models the advisor can use, by the name users pass as --model."""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from models.parallel import ParallelFit, ProbePoint, fit_full_order2, fit_linear, fit_lu
+
+Fitter = Callable[[Sequence[ProbePoint]], ParallelFit]
+
+MODELS: dict[str, Fitter] = {
+    "lu": fit_lu,
+    "linear": fit_linear,
+    "full2": fit_full_order2,
+}
+
+# How many distinct probe levels each model needs.
+MIN_LEVELS: dict[str, int] = {"lu": 2, "linear": 2, "full2": 3}
+
+
+def fit(model: str, points: Sequence[ProbePoint]) -> ParallelFit:
+    """Fit the named model; raises ValueError naming the known models for an unknown name."""
+    try:
+        fitter = MODELS[model]
+    except KeyError:
+        raise ValueError(f"unknown model {model!r}; choose one of: {', '.join(sorted(MODELS))}") from None
+    return fitter(points)

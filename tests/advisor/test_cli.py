@@ -1,0 +1,68 @@
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+from numpy.testing import assert_allclose
+
+A, B = 1e-16, 4e-16
+
+
+def rate(n):
+    return n / math.sqrt(A * n * n + B)
+
+
+def tame(*args):
+    return subprocess.run([sys.executable, "-m", "advisor", *args], capture_output=True, text=True, timeout=60)
+
+
+PROBE_ARGS = ["--probe", f"1:{rate(1)!r}", "--probe", f"10:{rate(10)!r}"]
+
+
+def test_fit_json_fields_and_values():
+    result = tame("fit", *PROBE_ARGS, "--max-impact", "0.5", "--model", "lu", "--json")
+    assert result.returncode == 0, result.stderr
+    advice = json.loads(result.stdout)
+    assert {"num_flows", "fractional_multiplier", "max_nondisruptive_throughput_bps", "cross_traffic_impact",
+            "tcp_equivalent_streams", "per_stream_buffer_bytes", "model", "params", "regime", "warnings"} <= advice.keys()
+    assert advice["model"] == "lu" and advice["num_flows"] == 3
+    assert_allclose(advice["params"]["a_prime"], A, rtol=1e-6)
+    assert_allclose(advice["tcp_equivalent_streams"], math.sqrt(12), atol=1e-4)
+
+
+def test_fit_human_output():
+    result = tame("fit", *PROBE_ARGS, "--max-impact", "0.5")
+    assert result.returncode == 0
+    assert "streams to open:            3" in result.stdout
+
+
+def test_curve_json():
+    result = tame("curve", *PROBE_ARGS, "--n-max", "5", "--json")
+    payload = json.loads(result.stdout)
+    assert payload["model"] == "lu" and set(payload["params"]) == {"a_prime", "b_prime"}
+    assert [p["streams"] for p in payload["curve"]] == [1, 2, 3, 4, 5]
+    assert_allclose([p["throughput_bps"] for p in payload["curve"]], [rate(n) for n in range(1, 6)], rtol=1e-6)
+    assert_allclose(payload["curve"][1]["impact"], 1 - math.sqrt(0.5), rtol=1e-6)
+
+
+def test_curve_table():
+    result = tame("curve", *PROBE_ARGS, "--n-max", "3")
+    assert result.returncode == 0 and len(result.stdout.strip().splitlines()) == 4
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--probe", "0:1e6", "--probe", "2:3e6"], "stream count must be >= 1"),
+    (["--probe", "1:-5", "--probe", "2:3e6"], "positive"),
+    (["--probe", "1:abc", "--probe", "2:3e6"], "STREAMS:BITS_PER_SECOND"),
+    (["--probe", "1:1e6", "--probe", "1:2e6"], "different stream counts"),
+    (["--probe", "1:1e6", "--probe", "5:2e6", "--max-impact", "1.5"], "outside [0, 1]"),
+    (["--probe", "1:1e6", "--probe", "5:2e6", "--max-impact", "x"], "not a number"),
+    (["--probe", "1:1e6", "--probe", "5:2e6", "--model", "full2"], "3 different stream counts"),
+])
+def test_bad_input_exits_nonzero_with_one_line(args, fragment):
+    result = tame("fit", *args)
+    assert result.returncode != 0
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and fragment in lines[0], result.stderr

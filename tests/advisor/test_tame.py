@@ -1,0 +1,92 @@
+import math
+
+import numpy as np
+import pytest
+from numpy.testing import assert_allclose
+
+from advisor.tame import fractional_multiplier_for, predicted_curve, tame_parallel_tcp
+from models.parallel import ProbePoint, fit_lu
+
+A, B = 1e-16, 4e-16  # BW_n = n / sqrt(A n^2 + B): 44.7 Mbit/s at n = 1, capacity 100 Mbit/s
+
+
+def rate(n):
+    return n / math.sqrt(A * n * n + B)
+
+
+PROBES = [ProbePoint(1, rate(1)), ProbePoint(10, rate(10))]
+
+
+def test_n_star_closed_form():
+    # impact(n) = I  <=>  n^2 = b'(1/(1-I)^2 - 1)/a'. For I = 0.5: n^2 = 4 * (4 - 1) = 12, n* = 3.4641
+    advice = tame_parallel_tcp(PROBES, max_impact=0.5)
+    assert_allclose(advice.tcp_equivalent_streams, math.sqrt(12), atol=1e-4)
+    assert advice.num_flows == 3
+    # remainder r = 0.4641 -> FM = 1/r^2 = 4.642
+    assert_allclose(advice.fractional_multiplier, 1 / (math.sqrt(12) - 3) ** 2, rtol=1e-3)
+    assert_allclose(advice.max_nondisruptive_throughput_bps, rate(3), rtol=1e-9)
+    # impact(3) = 1 - sqrt(4/13) = 0.4453
+    assert_allclose(advice.cross_traffic_impact, 1 - math.sqrt(4 / 13), rtol=1e-9)
+    assert advice.cross_traffic_impact <= 0.5
+    assert advice.regime == "congested" and advice.warnings == []
+
+
+def test_budget_below_one_stream_gives_one_stream_and_a_warning():
+    # impact(1) = 1 - sqrt(4/5) = 0.1056 > 0.05; n* = sqrt(4 * (1/0.95^2 - 1)) = 0.65737
+    advice = tame_parallel_tcp(PROBES, max_impact=0.05)
+    assert advice.num_flows == 1
+    assert_allclose(advice.tcp_equivalent_streams, math.sqrt(4 * (1 / 0.95**2 - 1)), atol=1e-4)
+    # r = n* when n* < 1: FM = 1/0.65737^2 = 2.3141
+    assert_allclose(advice.fractional_multiplier, 2.3141, rtol=1e-3)
+    assert any("even one stream" in w for w in advice.warnings)
+
+
+def test_full_budget_is_capped_at_n_max():
+    advice = tame_parallel_tcp(PROBES, max_impact=1.0, n_max=16)
+    assert advice.num_flows == 16 and advice.tcp_equivalent_streams == 16
+    assert advice.fractional_multiplier is None
+
+
+def test_zero_budget():
+    advice = tame_parallel_tcp(PROBES, max_impact=0.0)
+    assert advice.num_flows == 1 and advice.tcp_equivalent_streams == 0.0
+    assert advice.fractional_multiplier is None
+
+
+def test_fractional_multiplier_rules():
+    assert fractional_multiplier_for(3.02) is None  # remainder under 0.05
+    assert fractional_multiplier_for(0.02) is None  # FM = 2500 > 1000
+    assert_allclose(fractional_multiplier_for(2.5), 4.0)
+
+
+def test_uncongested_advice_is_capped_at_highest_probe():
+    advice = tame_parallel_tcp([ProbePoint(1, 10e6), ProbePoint(10, 120e6)], max_impact=0.1)
+    assert advice.regime == "uncongested"
+    assert advice.num_flows == 10 and advice.cross_traffic_impact == 0.0
+    assert advice.warnings
+
+
+def test_saturated_path_advises_the_lowest_level_without_nan():
+    advice = tame_parallel_tcp([ProbePoint(1, 90e6), ProbePoint(10, 85e6)], max_impact=0.1)
+    assert advice.regime == "saturated" and advice.num_flows == 1
+    assert all(math.isfinite(v) for v in (advice.max_nondisruptive_throughput_bps, advice.cross_traffic_impact))
+
+
+def test_buffer_advice_uses_idle_rtt_and_capacity():
+    # capacity 1/sqrt(a') = 100 Mbit/s, RTT 40 ms -> BDP 500 kB; 95 % over 3 streams = 158,333 bytes
+    advice = tame_parallel_tcp(PROBES, max_impact=0.5, idle_rtt_s=0.04)
+    assert advice.per_stream_buffer_bytes == 158333
+
+
+def test_invalid_budget_and_model():
+    with pytest.raises(ValueError, match="max_impact"):
+        tame_parallel_tcp(PROBES, max_impact=1.5)
+    with pytest.raises(ValueError, match="unknown model"):
+        tame_parallel_tcp(PROBES, max_impact=0.1, model="nope")
+
+
+def test_predicted_curve_matches_model():
+    curve = predicted_curve(fit_lu(PROBES), n_max=31)
+    assert [p.streams for p in curve] == list(range(1, 32))
+    assert_allclose([p.throughput_bps for p in curve], [rate(n) for n in range(1, 32)], rtol=1e-9)
+    assert np.all(np.diff([p.impact for p in curve]) > 0)
