@@ -13,6 +13,7 @@ from models.buffer import per_stream_buffer_bytes
 from models.fu_indulska import multiplier_for_share
 from models.parallel import UNCONGESTED, ParallelFit, ProbePoint
 from models.registry import MODELS, fit
+from probes.result import PlanResult, ProbeResult
 
 DEFAULT_MODEL = "lu"
 DEFAULT_N_MAX = 64
@@ -134,3 +135,23 @@ def predicted_curve(fitted: ParallelFit, n_max: int = DEFAULT_N_MAX) -> list[Cur
     throughput = np.asarray(fitted.throughput_bps(n))
     impact = np.asarray(fitted.impact(n))
     return [CurvePoint(int(k), float(t), float(i)) for k, t, i in zip(n, throughput, impact)]
+
+
+def point_from_probe(probe: ProbeResult) -> ProbePoint:
+    """What the models need from one probe result."""
+    return ProbePoint(
+        streams=probe.streams,
+        throughput_bps=probe.throughput_bps,
+        rtt_s=probe.rtt_mean_s,
+        retransmits=probe.retransmits,
+        duration_s=probe.duration_s,
+        throughput_stderr_bps=probe.throughput_stderr_bps,
+        sender_bps=probe.sender_bps,
+    )
+
+
+def advise_from_plan(
+    plan: PlanResult, max_impact: float, n_max: int = DEFAULT_N_MAX, model: str = DEFAULT_MODEL
+) -> Advice:
+    """TameParallelTCP(dest, max_impact) from a finished probe plan."""
+    return tame_parallel_tcp([point_from_probe(p) for p in plan.probes], max_impact, n_max, model, plan.idle_rtt_s)

@@ -90,3 +90,19 @@ def test_predicted_curve_matches_model():
     assert [p.streams for p in curve] == list(range(1, 32))
     assert_allclose([p.throughput_bps for p in curve], [rate(n) for n in range(1, 32)], rtol=1e-9)
     assert np.all(np.diff([p.impact for p in curve]) > 0)
+
+
+def test_advise_from_plan_uses_probe_rtts_and_idle_rtt():
+    from advisor.tame import advise_from_plan
+    from probes.result import PlanResult, ProbeResult
+
+    probes = tuple(
+        ProbeResult(dest="h", streams=n, duration_s=10, omit_s=2, throughput_bps=rate(n), sender_bps=rate(n) * 1.01,
+                    rtt_mean_s=0.05)
+        for n in (1, 10)
+    )
+    advice = advise_from_plan(PlanResult(dest="h", idle_rtt_s=0.04, probes=probes), max_impact=0.5)
+    assert advice.num_flows == 3 and advice.per_stream_buffer_bytes == 158333  # idle RTT wins over 50 ms
+    advice = advise_from_plan(PlanResult(dest="h", idle_rtt_s=None, probes=probes), max_impact=0.5)
+    # no idle RTT: 100 Mbit/s x 50 ms = 625,000 B; 95 % / 3 = 197,916
+    assert advice.per_stream_buffer_bytes == 197916
