@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 run: deps venv
-	$(BIN)/tame fit --probe 1:42e6 --probe 10:88e6 --max-impact 0.1
+	$(BIN)/tame fit --probe 1:42e6 --probe 10:88e6 --max-impact 0.3
 
 test: deps venv
 	$(BIN)/python -m pytest -q -ra

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # Each name is a module advisor.commands.<name> with register(subparsers) that adds its parser
@@ -38,6 +39,10 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"tame {args.command}: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # The reader went away (e.g. `| head`): stop quietly, as other Unix tools do.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except KeyboardInterrupt:
         print(f"tame {args.command}: interrupted", file=sys.stderr)
         return 130
