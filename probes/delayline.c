@@ -9,6 +9,7 @@
  * that is due.  Only metadata is copied to user space (no payload), which keeps
  * the per-packet cost to one netlink message in and one amortised verdict out.
  *
+ * SIGUSR1 prints how late releases were since the last report (stderr).
  * Exits 0 on SIGTERM/SIGINT; packets still held are dropped by the kernel when the
  * socket closes.  Exits 1 with a message on stderr on any set-up error.  Prints
  * "ready" on stdout once the queue is bound, so the caller knows rules may be added.
@@ -49,6 +50,10 @@ static size_t ring_cap, ring_head, ring_len;
 static int64_t delay_ns;
 static volatile sig_atomic_t stop;
 static unsigned long long dropped_overflow;
+/* Release lateness (time past due when a packet is accepted), reported on SIGUSR1 and then reset. */
+static volatile sig_atomic_t report;
+static int64_t late_max_ns, late_sum_ns;
+static unsigned long long released;
 
 static int64_t now_ns(void)
 {
@@ -59,8 +64,10 @@ static int64_t now_ns(void)
 
 static void on_signal(int sig)
 {
-    (void)sig;
-    stop = 1;
+    if (sig == SIGUSR1)
+        report = 1;
+    else
+        stop = 1;
 }
 
 static int on_packet(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_data *nfa, void *data)
@@ -89,6 +96,11 @@ static void release_due(struct nfq_q_handle *qh)
     uint32_t last = 0;
     int any = 0;
     while (ring_len > 0 && ring[ring_head].due_ns <= t) {
+        int64_t late = t - ring[ring_head].due_ns;
+        late_sum_ns += late;
+        if (late > late_max_ns)
+            late_max_ns = late;
+        released++;
         last = ring[ring_head].id;
         any = 1;
         ring_head = (ring_head + 1) % ring_cap;
@@ -132,6 +144,7 @@ int main(int argc, char **argv)
     sa.sa_handler = on_signal;
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGUSR1, &sa, NULL);
 
     struct nfq_handle *h = nfq_open();
     if (h == NULL) {
@@ -188,6 +201,14 @@ int main(int argc, char **argv)
             }
         }
         release_due(qh);
+        if (report) {
+            report = 0;
+            fprintf(stderr, "delayline: released %llu, late mean %.1f us max %.1f us, held %zu, dropped %llu\n",
+                    released, released ? late_sum_ns / 1e3 / released : 0.0, late_max_ns / 1e3, ring_len,
+                    dropped_overflow);
+            late_max_ns = late_sum_ns = 0;
+            released = 0;
+        }
     }
     if (dropped_overflow)
         fprintf(stderr, "delayline: dropped %llu packets because the line was full\n", dropped_overflow);
