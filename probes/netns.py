@@ -84,8 +84,8 @@ def process_start_ticks(pid: int) -> int | None:
 
 def stop_process(pid: int, start_ticks: int | None, grace_s: float = 2.0) -> None:
     """Terminate ``pid`` if it is still the process that started at ``start_ticks``; SIGKILL after ``grace_s``."""
-    if start_ticks is not None and process_start_ticks(pid) != start_ticks:
-        return  # gone, or the pid now belongs to someone else
+    if start_ticks is None or process_start_ticks(pid) != start_ticks:
+        return  # never seen alive, gone, or the pid now belongs to someone else: not ours to signal
     for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, grace_s)):
         try:
             os.kill(pid, sig)

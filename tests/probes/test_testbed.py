@@ -1,0 +1,159 @@
+"""The namespace test bed, measured for real: RTT, jitter, bottleneck rate, loss, clean removal.
+
+Every test here builds its own bed with a unique name and a private state directory,
+so runs never touch each other's namespaces. They need root (CI runs them as root).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from probes import delayline, pathcheck, testbed
+from probes.netns import process_start_ticks
+
+netns = pytest.mark.netns
+PORT = 5201
+
+
+def _prefixed_namespaces(name: str) -> list[str]:
+    return [n for n in os.listdir("/run/netns") if n.startswith(f"tpt-{name}-")] if os.path.isdir("/run/netns") else []
+
+
+@pytest.fixture(scope="module")
+def wan100(tmp_path_factory, bed_name):
+    """100 Mbit/s, 40 ms RTT, one bandwidth-delay product of queue (500 kB), no loss or cross traffic."""
+    state_dir = tmp_path_factory.mktemp("state")
+    spec = testbed.TestbedSpec(rate_bps=100e6, rtt_s=0.040, queue_bytes=500_000, name=bed_name("w"))
+    tb = testbed.up(spec, state_dir=state_dir)
+    try:
+        yield tb
+    finally:
+        testbed.down(spec.name, state_dir=state_dir)
+
+
+@netns
+def test_up_then_down_leaves_nothing(tmp_path, bed_name):
+    spec = testbed.TestbedSpec(rate_bps=20e6, rtt_s=0.010, queue_bytes=50_000, loss_rate=0.01, cross_flows=2,
+                               name=bed_name("u"))
+    tb = testbed.up(spec, state_dir=tmp_path)
+    record = json.loads((tmp_path / f"{spec.name}.json").read_text())
+    pids = [p["pid"] for p in record["processes"]]
+    assert sorted(_prefixed_namespaces(spec.name)) == sorted([tb.sender_ns, tb.router_ns, tb.receiver_ns, tb.cross_sender_ns])
+    assert {p["label"] for p in record["processes"]} == {"delay-forward", "delay-reverse", "cross-server", "cross-client"}
+    assert all(Path(f"/proc/{pid}").exists() for pid in pids)
+    [bed] = testbed.status(state_dir=tmp_path)
+    assert bed.complete and all(bed.namespaces.values()) and all(bed.processes.values())
+
+    testbed.down(spec.name, state_dir=tmp_path)
+
+    assert _prefixed_namespaces(spec.name) == []
+    assert all(process_start_ticks(pid) is None for pid in pids)
+    assert list(tmp_path.iterdir()) == []  # state file and logs gone
+    assert [b for b in testbed.status(state_dir=tmp_path) if b.name.startswith(f"tpt-{spec.name}-")] == []
+
+
+@netns
+def test_rtt_is_configured_rtt_with_low_jitter(wan100):
+    rtt = pathcheck.ping(wan100, count=200, interval_s=0.01)
+    # The delay line holds each direction 20 ms; veths, forwarding and the verdict round trip add ~0.1-0.3 ms.
+    assert rtt.loss_rate == 0.0
+    assert 0.040 <= min(rtt.samples_s)
+    assert 0.040 <= rtt.p50_s <= 0.0405, rtt
+    assert rtt.mdev_s < 0.001, rtt
+
+
+@netns
+def test_rtt_stays_stable_while_the_line_carries_80_mbit(wan100):
+    # 80 Mbit/s of UDP (below the 100 Mbit/s bottleneck, so no standing queue) crosses the delay line while
+    # we ping: what is left of the RTT variation is the delay line's, at close to the rate the bed is built for.
+    with pathcheck.iperf3_server(wan100, PORT):
+        rtt = pathcheck.ping_under_udp_load(wan100, PORT, load_bps=80e6, count=150, interval_s=0.01)
+    assert 0.040 <= rtt.p50_s <= 0.041, rtt
+    assert rtt.mdev_s < 0.001, rtt
+
+
+@netns
+def test_bottleneck_rate_is_configured_rate(wan100):
+    with pathcheck.iperf3_server(wan100, PORT):
+        goodput_bps = pathcheck.tcp_throughput(wan100, PORT, seconds=3, streams=2, omit_s=1)
+    # tbf counts 1514-byte frames, of which 1448 bytes are TCP payload (20 IP + 32 TCP with timestamps + 14
+    # Ethernet): a full pipe carries 100e6 * 1448 / 1514 = 95.6 Mbit/s of goodput.
+    assert 0.90 * 100e6 <= goodput_bps <= 100e6, goodput_bps
+
+
+@netns
+def test_loss_rate_is_applied(tmp_path, bed_name):
+    spec = testbed.TestbedSpec(rate_bps=100e6, rtt_s=0.010, queue_bytes=200_000, loss_rate=0.05, name=bed_name("l"))
+    tb = testbed.up(spec, state_dir=tmp_path)
+    try:
+        with pathcheck.iperf3_server(tb, PORT):
+            result = pathcheck.udp_transfer(tb, PORT, rate_bps=20e6, seconds=2, size_bytes=1200)
+    finally:
+        testbed.down(spec.name, state_dir=tmp_path)
+    # 20 Mbit/s of 1200-byte datagrams for 2 s is ~4170 packets; binomial sd = sqrt(4170 * 0.05 * 0.95) = 14
+    # packets = 0.34 %. The kernel's numgen random cannot be seeded, so allow 5 sd (1.7 %).
+    assert result.packets > 3000
+    assert abs(result.loss_rate - 0.05) < 0.017, result
+
+
+@netns
+def test_down_refuses_a_name_it_did_not_create(tmp_path, bed_name):
+    name = bed_name("f")
+    foreign = f"tpt-{name}-s"
+    subprocess.run(["ip", "netns", "add", foreign], check=True, timeout=10)
+    try:
+        with pytest.raises(testbed.TestbedNotOwned):
+            testbed.down(name, state_dir=tmp_path)
+        with pytest.raises(testbed.TestbedExists):
+            testbed.up(testbed.TestbedSpec(rate_bps=10e6, rtt_s=0.01, queue_bytes=20_000, name=name), state_dir=tmp_path)
+        assert foreign in _prefixed_namespaces(name)  # left alone
+        assert [b.owned for b in testbed.status(state_dir=tmp_path) if b.name == foreign] == [False]
+    finally:
+        subprocess.run(["ip", "netns", "del", foreign], check=True, timeout=10)
+
+
+@netns
+def test_down_leaves_a_namespace_that_was_replaced(tmp_path, bed_name):
+    spec = testbed.TestbedSpec(rate_bps=10e6, rtt_s=0.0, queue_bytes=20_000, name=bed_name("r"))
+    tb = testbed.up(spec, state_dir=tmp_path)
+    # Someone deletes our receiver namespace and creates their own under the same name.
+    subprocess.run(["ip", "netns", "del", tb.receiver_ns], check=True, timeout=10)
+    subprocess.run(["ip", "netns", "add", tb.receiver_ns], check=True, timeout=10)
+    try:
+        with pytest.raises(testbed.TestbedNotOwned, match=tb.receiver_ns):
+            testbed.down(spec.name, state_dir=tmp_path)
+        assert _prefixed_namespaces(spec.name) == [tb.receiver_ns]
+    finally:
+        subprocess.run(["ip", "netns", "del", tb.receiver_ns], check=True, timeout=10)
+
+
+@netns
+def test_failed_up_removes_what_it_built(tmp_path, monkeypatch, bed_name):
+    # A delay line that cannot start makes up() fail after the namespaces, links and qdiscs exist.
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("TAMEPARALLEL_CACHE", str(cache))
+    cache.mkdir()
+    broken = delayline.binary()
+    broken.write_text("#!/bin/sh\necho 'cannot bind queue' >&2\nexit 1\n")
+    broken.chmod(broken.stat().st_mode | stat.S_IEXEC)
+    state_dir = tmp_path / "state"
+    spec = testbed.TestbedSpec(rate_bps=10e6, rtt_s=0.02, queue_bytes=20_000, name=bed_name("b"))
+    with pytest.raises(testbed.TestbedError, match="cannot bind queue"):
+        testbed.up(spec, state_dir=state_dir)
+    assert _prefixed_namespaces(spec.name) == []
+    assert list(state_dir.iterdir()) == []
+
+
+@netns
+def test_fixture_path_serves_iperf3_through_the_bottleneck(testbed_path):
+    done = subprocess.run(testbed_path.client_argv("-J", "-t", "2", "-O", "1"), capture_output=True, text=True,
+                          timeout=20)
+    goodput_bps = pathcheck.parse_iperf3_tcp(done.stdout)
+    # One flow against 5 cross flows on 50 Mbit/s: a share, never more than the bottleneck.
+    assert 0 < goodput_bps <= 50e6
