@@ -1,0 +1,68 @@
+"""`tame testbed` option parsing (pure) and one real up/status/down round trip (root)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from numpy.testing import assert_allclose
+
+from advisor.cli import UsageError, build_parser, main
+from advisor.commands import testbed as cmd
+
+
+@pytest.mark.parametrize("text, bps", [("100M", 100e6), ("100Mbit", 100e6), ("1e8", 1e8), ("2.5G", 2.5e9), ("500k", 5e5)])
+def test_parse_rate(text, bps):
+    assert_allclose(cmd.parse_rate(text), bps)
+
+
+@pytest.mark.parametrize("text, seconds", [("40ms", 0.04), ("0.04", 0.04), ("0.04s", 0.04), ("40000us", 0.04)])
+def test_parse_rtt(text, seconds):
+    assert_allclose(cmd.parse_rtt(text), seconds)
+
+
+@pytest.mark.parametrize("text, nbytes", [("500000", 500_000), ("500k", 500_000), ("100p", 151_400), ("1M", 1_000_000)])
+def test_parse_queue(text, nbytes):
+    assert cmd.parse_queue(text) == nbytes
+
+
+@pytest.mark.parametrize("text, fraction", [("0.001", 0.001), ("0.1%", 0.001), ("0", 0.0)])
+def test_parse_loss(text, fraction):
+    assert_allclose(cmd.parse_loss(text), fraction)
+
+
+@pytest.mark.parametrize("parse, text, hint", [
+    (cmd.parse_rate, "fast", "--rate 100M"),
+    (cmd.parse_rtt, "-5ms", "--rtt 40ms"),
+    (cmd.parse_queue, "lots", "--queue 300p"),
+    (cmd.parse_loss, "150%", "below 1"),
+])
+def test_bad_values_say_what_to_fix(parse, text, hint):
+    with pytest.raises(UsageError, match=hint):
+        parse(text)
+
+
+def test_bad_spec_is_a_usage_error(capsys):
+    assert main(["testbed", "up", "--name", "Not_Valid"]) == 2
+    assert "lowercase letters or digits" in capsys.readouterr().err
+
+
+def test_default_queue_is_one_bdp():
+
+    parsed = build_parser().parse_args(["testbed", "up", "--rate", "50M", "--rtt", "40ms"])
+    # 50e6 bit/s * 0.04 s / 8 = 250 000 bytes.
+    assert cmd.spec_from_args(parsed).queue_bytes == 250_000
+
+
+@pytest.mark.netns
+def test_cli_up_status_down(capsys):
+    name = f"c{os.getpid()}"[:12]
+    assert main(["testbed", "up", "--rate", "10M", "--rtt", "10ms", "--name", name]) == 0
+    try:
+        assert f"tpt-{name}-s" in capsys.readouterr().out
+        assert main(["testbed", "status"]) == 0
+        assert f"{name}: up, 10 Mbit/s, RTT 10 ms" in capsys.readouterr().out
+    finally:
+        assert main(["testbed", "down", "--name", name]) == 0
+    assert main(["testbed", "down", "--name", name]) == 1
+    assert "no test bed" in capsys.readouterr().err
