@@ -48,7 +48,6 @@ def test_bad_spec_is_a_usage_error(capsys):
 
 
 def test_default_queue_is_one_bdp():
-
     parsed = build_parser().parse_args(["testbed", "up", "--rate", "50M", "--rtt", "40ms"])
     # 50e6 bit/s * 0.04 s / 8 = 250 000 bytes.
     assert cmd.spec_from_args(parsed).queue_bytes == 250_000
