@@ -321,8 +321,8 @@ def _build(spec: TestbedSpec, state: _State, binary: Path | None, state_dir: Pat
         for queue, label in ((0, "delay-forward"), (1, "delay-reverse")):
             _spawn(state, state_dir, label, r, [str(binary), str(queue), str(one_way_us), str(maxlen)], ready_line="ready")
         for iface in ("tpt-s", "tpt-c"):
-            run(exec_in(r, ["iptables", "-t", "mangle", "-A", "FORWARD", "-i", iface, "-j", "NFQUEUE", "--queue-num", "0"]))
-        run(exec_in(r, ["iptables", "-t", "mangle", "-A", "FORWARD", "-i", "tpt-d", "-j", "NFQUEUE", "--queue-num", "1"]))
+            run(exec_in(r, ["iptables", "-w", "5", "-t", "mangle", "-A", "FORWARD", "-i", iface, "-j", "NFQUEUE", "--queue-num", "0"]))
+        run(exec_in(r, ["iptables", "-w", "5", "-t", "mangle", "-A", "FORWARD", "-i", "tpt-d", "-j", "NFQUEUE", "--queue-num", "1"]))
 
     if spec.cross_flows > 0:
         _spawn(state, state_dir, "cross-server", tb.receiver_ns,
