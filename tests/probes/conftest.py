@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import time
 from dataclasses import dataclass, replace
 
 import pytest
@@ -15,6 +16,9 @@ _counter = itertools.count()
 # The issue's end-to-end path: 50 Mbit/s, 40 ms RTT, one BDP of queue, 5 long cross-traffic flows.
 DEFAULT_PATH = testbed.TestbedSpec(rate_bps=50e6, rtt_s=0.040, queue_bytes=250_000, cross_flows=5, name="x")
 IPERF3_PORT = 5201
+# Long-running cross flows start in slow start and overshoot together; give them time to reach their steady
+# sawtooth before a test measures against them (at 40 ms RTT the first loss comes within ~0.5 s).
+CROSS_WARMUP_S = 2.0
 
 
 def unique_name(tag: str) -> str:
@@ -49,11 +53,16 @@ class TestbedPath:
 
 @pytest.fixture
 def testbed_path(request, tmp_path):
-    """A test bed (default DEFAULT_PATH; parametrize indirectly with a TestbedSpec) and an iperf3 server on 5201."""
+    """A test bed (default DEFAULT_PATH; parametrize indirectly with a TestbedSpec) and an iperf3 server on 5201.
+
+    Cross traffic, if any, has been running for CROSS_WARMUP_S seconds when the test starts.
+    """
     spec = getattr(request, "param", DEFAULT_PATH)
     spec = replace(spec, name=unique_name("p"))
     tb = testbed.up(spec, state_dir=tmp_path)
     try:
+        if spec.cross_flows:
+            time.sleep(CROSS_WARMUP_S)
         with pathcheck.iperf3_server(tb, IPERF3_PORT):
             yield TestbedPath(tb, tb.receiver_addr, IPERF3_PORT)
     finally:
