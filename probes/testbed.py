@@ -16,6 +16,11 @@ On the router, traffic towards the receiver passes
   included) with a queue of ``queue_bytes`` bytes.
 
 TSO, GSO and GRO are off on every veth so that queues hold real packets.
+
+Congestion control: the kernel lets a namespace default to an algorithm only if the host
+lists it in ``tcp_allowed_congestion_control``; otherwise namespaces keep the host's default
+(reported as ``Testbed.default_congestion_control``) and senders must choose per socket
+(``iperf3 -C``), as the cross traffic does.
 ``cross_flows`` long-running TCP flows (one ``iperf3 -P m`` client in ``tpt-N-c``)
 share the bottleneck with whatever runs from ``tpt-N-s``.
 
@@ -144,6 +149,9 @@ class Testbed:
     sender_addr: str = SENDER_ADDR
     receiver_addr: str = RECEIVER_ADDR
     cross_receiver_addr: str = CROSS_RECEIVER_ADDR
+    # What a socket gets when it does not choose: the host may forbid spec.congestion_control as a namespace
+    # default (only tcp_allowed_congestion_control may be), so compare and pass it per socket (iperf3 -C) if they differ.
+    default_congestion_control: str | None = None
 
     @property
     def name(self) -> str:
@@ -175,10 +183,11 @@ def ns_name(name: str, role: str) -> str:
     return f"{PREFIX}-{name}-{role}"
 
 
-def handle(spec: TestbedSpec) -> Testbed:
+def handle(spec: TestbedSpec, default_congestion_control: str | None = None) -> Testbed:
     """The handle for a bed built from ``spec`` (does not check that it is up)."""
     return Testbed(
         spec=spec,
+        default_congestion_control=default_congestion_control,
         sender_ns=ns_name(spec.name, "s"),
         router_ns=ns_name(spec.name, "r"),
         receiver_ns=ns_name(spec.name, "d"),
@@ -258,6 +267,8 @@ def up(spec: TestbedSpec, state_dir: Path = DEFAULT_STATE_DIR) -> Testbed:
     state.save()
     try:
         _build(spec, state, binary, state_dir)
+        state.data["default_congestion_control"] = run(
+            exec_in(ns_name(spec.name, "s"), ["sysctl", "-n", "net.ipv4.tcp_congestion_control"])).strip()
         state.data["complete"] = True
         state.save()
     except BaseException as exc:
@@ -270,7 +281,7 @@ def up(spec: TestbedSpec, state_dir: Path = DEFAULT_STATE_DIR) -> Testbed:
         if isinstance(exc, Exception):
             raise TestbedError(f"building test bed {spec.name!r} failed: {exc}") from exc
         raise
-    return handle(spec)
+    return handle(spec, state.data["default_congestion_control"])
 
 
 def _build(spec: TestbedSpec, state: _State, binary: Path | None, state_dir: Path) -> None:

@@ -140,6 +140,9 @@ def _up(args: argparse.Namespace) -> int:
     print(f"  cross    {tb.cross_sender_ns:<14} -> {tb.cross_receiver_addr}")
     print(f"  e.g. ip netns exec {tb.receiver_ns} iperf3 -s -B {tb.receiver_addr}")
     print(f"       ip netns exec {tb.sender_ns} iperf3 -c {tb.receiver_addr} -C {spec.congestion_control}")
+    if tb.default_congestion_control != spec.congestion_control:
+        print(f"  note: sockets that do not choose get {tb.default_congestion_control} here (this host only allows "
+              f"some algorithms as namespace defaults); pass -C {spec.congestion_control} to iperf3")
     print(f"  remove with: tame testbed down --name {tb.name}")
     return 0
 

@@ -43,8 +43,14 @@ class TestbedPath:
     server_port: int
 
     def client_argv(self, *args: str) -> list[str]:
-        """iperf3 client argv that runs in the sender namespace against the server."""
-        return self.testbed.exec_in(self.testbed.sender_ns, ["iperf3", "-c", self.server_addr, "-p", str(self.server_port), *args])
+        """iperf3 client argv that runs in the sender namespace against the server, with the bed's congestion control.
+
+        The algorithm is passed per socket because the namespace default may differ from it (see
+        Testbed.default_congestion_control): here the host only allows reno and bbr as namespace defaults.
+        """
+        cc = self.testbed.spec.congestion_control
+        return self.testbed.exec_in(self.testbed.sender_ns,
+                                    ["iperf3", "-c", self.server_addr, "-p", str(self.server_port), "-C", cc, *args])
 
     def in_sender(self, argv: list[str]) -> list[str]:
         """Any argv, run inside the sender namespace (e.g. `tame advise` against the server)."""

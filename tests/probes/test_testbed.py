@@ -48,6 +48,7 @@ def test_up_then_down_leaves_nothing(tmp_path, bed_name):
     assert sorted(_prefixed_namespaces(spec.name)) == sorted([tb.sender_ns, tb.router_ns, tb.receiver_ns, tb.cross_sender_ns])
     assert {p["label"] for p in record["processes"]} == {"delay-forward", "delay-reverse", "cross-server", "cross-client"}
     assert all(Path(f"/proc/{pid}").exists() for pid in pids)
+    assert tb.default_congestion_control in Path("/proc/sys/net/ipv4/tcp_available_congestion_control").read_text().split()
     [bed] = testbed.status(state_dir=tmp_path)
     assert bed.complete and all(bed.namespaces.values()) and all(bed.processes.values())
     time.sleep(1.0)
