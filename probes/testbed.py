@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import subprocess
 import time
 from dataclasses import asdict, dataclass, field
@@ -203,7 +204,10 @@ class _State:
 
     def __init__(self, path: Path, spec: TestbedSpec) -> None:
         self.path = path
-        self.data: dict = {"name": spec.name, "spec": asdict(spec), "netns": [], "processes": [], "complete": False}
+        # The token is written into the loopback's alias in every namespace: with the inode it proves, at down
+        # time, that a namespace is still the one we built (inode numbers of deleted namespaces get reused).
+        self.data: dict = {"name": spec.name, "spec": asdict(spec), "token": f"tameparallel:{secrets.token_hex(8)}",
+                           "netns": [], "processes": [], "complete": False}
 
     @classmethod
     def load(cls, path: Path) -> "_State":
@@ -221,7 +225,13 @@ class _State:
         os.replace(tmp, self.path)
 
     def add_netns(self, ns: str, inode: int) -> None:
-        self.data["netns"].append({"name": ns, "inode": inode})
+        self.data["netns"].append({"name": ns, "inode": inode, "marked_if": None})
+        self.save()
+
+    def mark(self, ns: str, ifname: str) -> None:
+        for entry in self.data["netns"]:
+            if entry["name"] == ns:
+                entry["marked_if"] = ifname
         self.save()
 
     def add_process(self, label: str, ns: str, pid: int, start_ticks: int | None, argv: list[str]) -> None:
@@ -294,6 +304,9 @@ def _build(spec: TestbedSpec, state: _State, binary: Path | None, state_dir: Pat
         if inode is None:
             raise TestbedCommandFailed(f"namespace {ns} vanished right after it was created")
         state.add_netns(ns, inode)
+        # The loopback carries the mark: it lives as long as the namespace, unlike veths, which vanish with their peer.
+        run(["ip", "-n", ns, "link", "set", "lo", "alias", state.data["token"]])
+        state.mark(ns, "lo")
         run(["ip", "-n", ns, "link", "set", "lo", "up"])
         # A namespace's default algorithm may only be one the host allows (tcp_allowed_congestion_control);
         # otherwise the kernel says EPERM and senders must ask per socket (iperf3 -C), as the cross traffic does.
@@ -386,7 +399,12 @@ def _check_alive(state: _State) -> None:
 
 
 def down(name: str, state_dir: Path = DEFAULT_STATE_DIR) -> None:
-    """Remove test bed ``name``: only what its state file records, and only namespaces whose inode still matches."""
+    """Remove test bed ``name``: what its state file records, in namespaces that still carry our inode and mark.
+
+    Processes still running inside those namespaces (e.g. an iperf3 server a test started with exec_in)
+    are stopped too: they would otherwise keep a deleted namespace alive. Raises TestbedNotOwned, having
+    touched nothing of it, for a namespace that was replaced by someone else's.
+    """
     if not NAME_RE.match(name):
         raise ValueError(f"name must be 1-12 lowercase letters or digits, got {name!r}")
     path = _state_path(state_dir, name)
@@ -395,8 +413,26 @@ def down(name: str, state_dir: Path = DEFAULT_STATE_DIR) -> None:
     _teardown(_State.load(path))
 
 
+def _owned(entry: dict, token: str) -> str | None:
+    """Why the recorded namespace is not ours any more (None if it is ours or already gone)."""
+    ns, current = entry["name"], netns_inode(entry["name"])
+    if current is None:
+        return None
+    if current != entry["inode"]:
+        return f"namespace {ns} is not the one this tool created (inode {current}, recorded {entry['inode']}); left alone"
+    if entry.get("marked_if"):
+        try:
+            links = json.loads(run(["ip", "-n", ns, "-j", "link", "show", "dev", entry["marked_if"]]))
+        except (TestbedCommandFailed, ValueError):
+            links = []
+        if not links or links[0].get("ifalias") != token:
+            return f"namespace {ns} is not the one this tool created (interface {entry['marked_if']} lacks our mark); left alone"
+    return None
+
+
 def _teardown(state: _State) -> None:
     problems: list[str] = []
+    foreign: list[str] = []
     for proc in reversed(state.data["processes"]):
         try:
             stop_process(proc["pid"], proc["start_ticks"])
@@ -405,13 +441,18 @@ def _teardown(state: _State) -> None:
         child = _children.pop(proc["pid"], None)
         if child is not None:
             child.poll()
-    for entry in reversed(state.data["netns"]):
-        ns, inode = entry["name"], entry["inode"]
-        current = netns_inode(ns)
-        if current is None:
-            continue
-        if current != inode:
-            problems.append(f"namespace {ns} is not the one this tool created (inode {current} != {inode}); left alone")
+    # Decide ownership of every namespace before deleting any: deleting one end of a veth pair removes the
+    # marked interface from the namespace at the other end.
+    ours = []
+    for entry in state.data["netns"]:
+        reason = _owned(entry, state.data["token"])
+        if reason is None:
+            ours.append(entry)
+        else:
+            foreign.append(reason)
+    for entry in reversed(ours):
+        ns = entry["name"]
+        if netns_inode(ns) is None:
             continue
         try:
             # Anything still inside a namespace we made (e.g. an iperf3 started with exec_in) would keep it alive.
@@ -420,10 +461,11 @@ def _teardown(state: _State) -> None:
             run(["ip", "netns", "del", ns])
         except TestbedError as exc:
             problems.append(str(exc))
+    if foreign:
+        raise TestbedNotOwned("; ".join(foreign + problems))
     if problems:
-        raise TestbedNotOwned("; ".join(problems)) if any("not the one" in p for p in problems) else TestbedCommandFailed("; ".join(problems))
-    base = state.path.with_suffix("")
-    for log in state.path.parent.glob(f"{base.name}.*.log"):
+        raise TestbedCommandFailed("; ".join(problems))
+    for log in state.path.parent.glob(f"{state.path.stem}.*.log"):
         log.unlink(missing_ok=True)
     state.path.unlink(missing_ok=True)
 
@@ -438,7 +480,7 @@ def status(state_dir: Path = DEFAULT_STATE_DIR) -> list[TestbedStatus]:
         namespaces = {}
         for entry in state.data["netns"]:
             recorded.add(entry["name"])
-            namespaces[entry["name"]] = netns_inode(entry["name"]) == entry["inode"]
+            namespaces[entry["name"]] = netns_inode(entry["name"]) is not None and _owned(entry, state.data["token"]) is None
         processes = {p["label"]: process_start_ticks(p["pid"]) == p["start_ticks"] for p in state.data["processes"]}
         found.append(TestbedStatus(spec.name, spec, bool(state.data["complete"]), namespaces, processes))
     if Path("/run/netns").is_dir():

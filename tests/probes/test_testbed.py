@@ -43,19 +43,13 @@ def test_up_then_down_leaves_nothing(tmp_path, bed_name):
     spec = testbed.TestbedSpec(rate_bps=20e6, rtt_s=0.010, queue_bytes=50_000, loss_rate=0.01, cross_flows=2,
                                name=bed_name("u"))
     tb = testbed.up(spec, state_dir=tmp_path)
+    try:
+        _check_complete(tb, tmp_path)
+    except BaseException:
+        testbed.down(spec.name, state_dir=tmp_path)
+        raise
     record = json.loads((tmp_path / f"{spec.name}.json").read_text())
     pids = [p["pid"] for p in record["processes"]]
-    assert sorted(_prefixed_namespaces(spec.name)) == sorted([tb.sender_ns, tb.router_ns, tb.receiver_ns, tb.cross_sender_ns])
-    assert {p["label"] for p in record["processes"]} == {"delay-forward", "delay-reverse", "cross-server", "cross-client"}
-    assert all(Path(f"/proc/{pid}").exists() for pid in pids)
-    assert tb.default_congestion_control in Path("/proc/sys/net/ipv4/tcp_available_congestion_control").read_text().split()
-    [bed] = testbed.status(state_dir=tmp_path)
-    assert bed.complete and all(bed.namespaces.values()) and all(bed.processes.values())
-    time.sleep(1.0)
-    qdisc = json.loads(subprocess.run(tb.exec_in(tb.router_ns, ["tc", "-s", "-j", "qdisc", "show", "dev", "tpt-d"]),
-                                      capture_output=True, text=True, check=True, timeout=10).stdout)
-    assert qdisc[0]["kind"] == "tbf"
-    assert qdisc[0]["bytes"] > 1e6  # the cross flows fill the 20 Mbit/s bottleneck (2.5 MB/s)
 
     testbed.down(spec.name, state_dir=tmp_path)
 
@@ -63,6 +57,23 @@ def test_up_then_down_leaves_nothing(tmp_path, bed_name):
     assert all(process_start_ticks(pid) is None for pid in pids)
     assert list(tmp_path.iterdir()) == []  # state file and logs gone
     assert [b for b in testbed.status(state_dir=tmp_path) if b.name.startswith(f"tpt-{spec.name}-")] == []
+
+
+def _check_complete(tb: testbed.Testbed, state_dir: Path) -> None:
+    spec = tb.spec
+    record = json.loads((state_dir / f"{spec.name}.json").read_text())
+    pids = [p["pid"] for p in record["processes"]]
+    assert sorted(_prefixed_namespaces(spec.name)) == sorted([tb.sender_ns, tb.router_ns, tb.receiver_ns, tb.cross_sender_ns])
+    assert {p["label"] for p in record["processes"]} == {"delay-forward", "delay-reverse", "cross-server", "cross-client"}
+    assert all(Path(f"/proc/{pid}").exists() for pid in pids)
+    assert tb.default_congestion_control in Path("/proc/sys/net/ipv4/tcp_available_congestion_control").read_text().split()
+    [bed] = [b for b in testbed.status(state_dir=state_dir) if b.name == spec.name]
+    assert bed.complete and all(bed.namespaces.values()) and all(bed.processes.values())
+    time.sleep(1.0)
+    qdisc = json.loads(subprocess.run(tb.exec_in(tb.router_ns, ["tc", "-s", "-j", "qdisc", "show", "dev", "tpt-d"]),
+                                      capture_output=True, text=True, check=True, timeout=10).stdout)
+    assert qdisc[0]["kind"] == "tbf"
+    assert qdisc[0]["bytes"] > 1e6  # the cross flows fill the 20 Mbit/s bottleneck (2.5 MB/s)
 
 
 @netns
@@ -145,6 +156,20 @@ def test_down_leaves_a_namespace_that_was_replaced(tmp_path, bed_name):
         assert _prefixed_namespaces(spec.name) == [tb.receiver_ns]
     finally:
         subprocess.run(["ip", "netns", "del", tb.receiver_ns], check=True, timeout=10)
+
+
+@netns
+def test_down_leaves_a_namespace_without_our_mark(tmp_path, bed_name):
+    # Same namespace (inode) but our mark on its interface is gone: we can no longer prove it is ours.
+    spec = testbed.TestbedSpec(rate_bps=10e6, rtt_s=0.0, queue_bytes=20_000, name=bed_name("m"))
+    tb = testbed.up(spec, state_dir=tmp_path)
+    subprocess.run(["ip", "-n", tb.sender_ns, "link", "set", "lo", "alias", "someone-else"], check=True, timeout=10)
+    try:
+        with pytest.raises(testbed.TestbedNotOwned, match="lacks our mark"):
+            testbed.down(spec.name, state_dir=tmp_path)
+        assert _prefixed_namespaces(spec.name) == [tb.sender_ns]
+    finally:
+        subprocess.run(["ip", "netns", "del", tb.sender_ns], check=True, timeout=10)
 
 
 @netns
