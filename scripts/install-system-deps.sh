@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the project runs: iperf3 and libiperf (probes), ns-2 (simulated paths),
-# iproute2/nftables/iptables/ethtool/iputils-ping/procps (sysctl) and gcc with libnetfilter-queue (the namespace test bed and its
-# NFQUEUE delay line, compiled at first use). Idempotent: does nothing when all are present.
+# iproute2/nftables/iptables/ethtool/iputils-ping/procps (sysctl) and gcc with libnetfilter-queue (the namespace
+# test bed and its NFQUEUE delay line, compiled at first use). Idempotent: does nothing when all are present.
 set -euo pipefail
 packages=(iperf3 libiperf0 ns2 iproute2 nftables iptables ethtool iputils-ping procps libnetfilter-queue1 libnetfilter-queue-dev gcc libc6-dev python3-venv)
 missing=()
