@@ -61,7 +61,18 @@ class TestbedPath:
 def testbed_path(request, tmp_path):
     """A test bed (default DEFAULT_PATH; parametrize indirectly with a TestbedSpec) and an iperf3 server on 5201.
 
-    Cross traffic, if any, has been running for CROSS_WARMUP_S seconds when the test starts.
+    Cross traffic, if any, has been running for CROSS_WARMUP_S seconds when the test starts. E.g.::
+
+        @pytest.mark.netns
+        def test_advise_end_to_end(testbed_path):
+            dest = f"{testbed_path.server_addr}:{testbed_path.server_port}"
+            done = subprocess.run(testbed_path.in_sender([sys.executable, "-m", "advisor.cli", "advise", dest,
+                                                          "--max-impact", "0.1", "--json"]),
+                                  capture_output=True, text=True, timeout=120)
+
+        @pytest.mark.parametrize("testbed_path", [TestbedSpec(rate_bps=20e6, rtt_s=0.1, queue_bytes=250_000,
+                                                              loss_rate=0.001)], indirect=True)
+        def test_on_a_lossy_path(testbed_path): ...
     """
     spec = getattr(request, "param", DEFAULT_PATH)
     spec = replace(spec, name=unique_name("p"))
