@@ -27,3 +27,7 @@ class StoreError(AdvisorError):
 
 class ConfigError(AdvisorError):
     """An environment setting is malformed; raised once at start-up."""
+
+
+class BatchTooLarge(InvalidRequest):
+    """A batch request holds more items than the service accepts in one call."""

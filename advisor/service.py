@@ -18,7 +18,7 @@ from typing import Any, Callable, Sequence
 from advisor.advice import CurvePoint, curve_to_json
 from advisor.allowlist import Resolver, system_resolver
 from advisor.destinations import Destination, parse_destination
-from advisor.errors import DestinationNotAllowed, InvalidRequest, UnknownDestination
+from advisor.errors import BatchTooLarge, DestinationNotAllowed, InvalidRequest, UnknownDestination
 from advisor.fitcodec import fit_from_record, fit_to_record
 from advisor.settings import Settings
 from advisor.store import FitRow, Job, NewFit, Store
@@ -141,6 +141,27 @@ class AdviceService:
                 log.info("stale advice for %s not re-probed: %s", dest_key, exc)
         return True
 
+    def cached_advice(self, dest_text: str, max_impact: float) -> dict[str, Any] | None:
+        """The advice from memory alone, or None when it needs the store (miss, expired, or a re-probe to queue).
+
+        Never blocks: the API answers warm requests with it on the event loop.
+        """
+        if isinstance(max_impact, bool) or not isinstance(max_impact, float) or not 0.0 <= max_impact <= 1.0:
+            return None
+        now = self.clock()
+        cached = self._cache.get((dest_text, max_impact))
+        if cached is None or cached.generation != self._generation or now - cached.loaded_at > self.settings.cache_max_age_s:
+            return None
+        stale = now - cached.probed_at > self.settings.ttl_s
+        if stale:
+            last = self._refresh_requested.get(cached.payload["dest"])
+            if last is None or now - last >= _REFRESH_RETRY_S:
+                return None
+        result = dict(cached.payload)
+        result["age_s"] = max(0.0, now - cached.probed_at)
+        result["stale"] = stale
+        return result
+
     def advice(self, dest_text: str, max_impact: Any) -> dict[str, Any]:
         """Advice.to_json() plus dest, fitted_at, probed_at, age_s and stale."""
         budget = check_max_impact(max_impact)
@@ -170,13 +191,14 @@ class AdviceService:
     def batch(self, items: Sequence[tuple[str, Any]]) -> list[dict[str, Any]]:
         """One entry per (dest, max_impact): {"dest", "max_impact", "advice"} or {"dest", "max_impact", "error"}."""
         if len(items) > self.settings.max_batch:
-            raise InvalidRequest(f"batch has {len(items)} items; at most {self.settings.max_batch} are allowed per request")
+            raise BatchTooLarge(f"batch has {len(items)} items; at most {self.settings.max_batch} are allowed per request")
         out = []
         for dest_text, budget in items:
             try:
-                out.append({"dest": dest_text, "max_impact": budget, "advice": self.advice(dest_text, budget)})
+                out.append({"dest": dest_text, "max_impact": budget, "advice": self.advice(dest_text, budget),
+                            "error": None})
             except (InvalidRequest, UnknownDestination) as exc:
-                out.append({"dest": dest_text, "max_impact": budget,
+                out.append({"dest": dest_text, "max_impact": budget, "advice": None,
                             "error": {"kind": type(exc).__name__, "message": str(exc)}})
         return out
 
