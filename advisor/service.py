@@ -141,11 +141,10 @@ class AdviceService:
                 log.info("stale advice for %s not re-probed: %s", dest_key, exc)
         return True
 
-    def cached_advice(self, dest_text: str, max_impact: float) -> dict[str, Any] | None:
-        """The advice from memory alone, or None when it needs the store (miss, expired, or a re-probe to queue).
-
-        Never blocks: the API answers warm requests with it on the event loop.
-        """
+    def cached_entry(self, dest_text: str, max_impact: float) -> tuple[_Cached, float, bool] | None:
+        """(entry, age_s, stale) from memory alone, or None when the store is needed (miss, expired,
+        or a re-probe to queue). Never blocks: the API answers warm requests with it on the event loop.
+        The entry object is replaced whenever the advice changes, so callers may memoise on it."""
         if isinstance(max_impact, bool) or not isinstance(max_impact, float) or not 0.0 <= max_impact <= 1.0:
             return None
         now = self.clock()
@@ -157,10 +156,15 @@ class AdviceService:
             last = self._refresh_requested.get(cached.payload["dest"])
             if last is None or now - last >= _REFRESH_RETRY_S:
                 return None
-        result = dict(cached.payload)
-        result["age_s"] = max(0.0, now - cached.probed_at)
-        result["stale"] = stale
-        return result
+        return cached, max(0.0, now - cached.probed_at), stale
+
+    def cached_advice(self, dest_text: str, max_impact: float) -> dict[str, Any] | None:
+        """Like :meth:`advice` but from memory alone; None when the store is needed."""
+        hit = self.cached_entry(dest_text, max_impact)
+        if hit is None:
+            return None
+        cached, age_s, stale = hit
+        return {**cached.payload, "age_s": age_s, "stale": stale}
 
     def advice(self, dest_text: str, max_impact: Any) -> dict[str, Any]:
         """Advice.to_json() plus dest, fitted_at, probed_at, age_s and stale."""

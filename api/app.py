@@ -30,6 +30,7 @@ from advisor.settings import Settings
 from advisor.store import Store
 from advisor.worker import ProbeWorker
 from api import schemas
+from api.fastpath import AdviceFastPath
 from api.metrics import Metrics, MetricsMiddleware
 from probes.base import ProbeDriver
 from probes.result import ProbeResult
@@ -88,17 +89,19 @@ def create_app(settings: Settings, store: Store, driver: ProbeDriver | None = No
     app.add_middleware(MetricsMiddleware, metrics=metrics)
 
     def _token_ok(request: Request, *tokens: str | None) -> bool:
-        header = request.headers.get("authorization", "")
+        return _header_token_ok(request.headers.get("authorization", ""), *tokens)
+
+    def _header_token_ok(header: str, *tokens: str | None) -> bool:
         scheme, _, given = header.partition(" ")
         if scheme.lower() != "bearer" or not given:
             return False
         return any(t is not None and hmac.compare_digest(given.encode(), t.encode()) for t in tokens)
 
-    def require_read(request: Request) -> None:
+    async def require_read(request: Request) -> None:
         if settings.read_token and not _token_ok(request, settings.read_token, settings.token):
             raise Unauthorized("reads need 'Authorization: Bearer TOKEN' (TAME_READ_TOKEN is set)")
 
-    def require_write(request: Request) -> None:
+    async def require_write(request: Request) -> None:
         if settings.token and not _token_ok(request, settings.token):
             raise Unauthorized("writes need 'Authorization: Bearer TOKEN' (TAME_TOKEN is set)")
 
@@ -175,4 +178,12 @@ def create_app(settings: Settings, store: Store, driver: ProbeDriver | None = No
     def get_metrics() -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    def fast_read_allowed(scope) -> bool:
+        if not settings.read_token:
+            return True
+        header = next((v for k, v in scope["headers"] if k == b"authorization"), b"").decode("latin-1")
+        return _header_token_ok(header, settings.read_token, settings.token)
+
+    # Added last, so it runs first: warm advice never reaches FastAPI's routing (see api/fastpath.py).
+    app.add_middleware(AdviceFastPath, service=service, metrics=metrics, read_allowed=fast_read_allowed)
     return app

@@ -147,3 +147,19 @@ def test_health_and_metrics(service_factory):
     assert "tame_probe_duration_seconds_count 1.0" in text
     assert "tame_probe_failures_total" in text or "tame_probe_failures" in text
     assert 'tame_advice_served_total{stale="false"}' in text
+
+
+def test_warm_answers_from_the_fast_path_equal_the_routed_ones(service_factory, clock):
+    base, client, app = service_factory()
+    probe_and_wait(client)
+    params = {"dest": "127.0.0.1:5201", "max_impact": "0.25"}
+    cold = client.get("/v1/advice", params=params)
+    warm = client.get("/v1/advice", params=params)
+    assert cold.status_code == warm.status_code == 200
+    assert cold.headers["content-type"] == warm.headers["content-type"] == "application/json"
+    assert cold.json() == warm.json()
+    text = client.get("/metrics").text
+    assert 'tame_http_requests_total{method="GET",route="/v1/advice",status="200"} 2.0' in text
+    # Odd spellings are not guessed at by the fast path: FastAPI validates them.
+    assert client.get("/v1/advice", params={"dest": "127.0.0.1:5201", "max_impact": "0.25", "x": "1"}).status_code == 200
+    assert client.get("/v1/advice", params={"dest": "127.0.0.1:5201", "max_impact": "1e3"}).status_code == 422
