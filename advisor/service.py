@@ -91,6 +91,8 @@ class AdviceService:
                   observations_used: int = 0) -> NewFit:
         """Fit the configured model and compute its curve; raises FitError/ValueError if it cannot."""
         fitted = fit(self.settings.model, points)
+        if not all(math.isfinite(v) for v in fitted.params.values()):
+            raise ValueError(f"the {fitted.model} fit of these probes has non-finite parameters {dict(fitted.params)}")
         limit = advisable_limit(fitted, self.settings.n_max)
         curve = [(p, p.streams <= limit + 1e-9) for p in predicted_curve(fitted, self.settings.n_max)]
         return NewFit(
@@ -287,8 +289,8 @@ class AdviceService:
         if isinstance(streams, bool) or not isinstance(streams, int) or not 1 <= streams <= 1024:
             raise InvalidRequest(f"streams must be a whole number between 1 and 1024, got {streams!r}")
         if isinstance(throughput_bps, bool) or not isinstance(throughput_bps, (int, float)) \
-                or not math.isfinite(throughput_bps) or not 0 < throughput_bps < 1e15:
-            raise InvalidRequest(f"throughput_bps must be a positive number of bits/s, got {throughput_bps!r}")
+                or not math.isfinite(throughput_bps) or not 1 <= throughput_bps < 1e15:
+            raise InvalidRequest(f"throughput_bps must be a number of bits/s between 1 and 1e15, got {throughput_bps!r}")
         run_at, idle_rtt_s, run_points = self.store.latest_run_points(dest.key)
         base = [ProbePoint(streams=p["streams"], throughput_bps=p["throughput_bps"], rtt_s=p["rtt_mean_s"])
                 for p in run_points]

@@ -126,7 +126,7 @@ class ObservationIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     dest: str = Dest
     streams: int = Field(ge=1, le=1024)
-    throughput_bps: float = Field(gt=0, lt=1e15, allow_inf_nan=False, description="achieved throughput, bits/s")
+    throughput_bps: float = Field(ge=1.0, lt=1e15, allow_inf_nan=False, description="achieved throughput, bits/s")
 
 
 class ObservationOut(BaseModel):
@@ -138,7 +138,7 @@ class ObservationOut(BaseModel):
 class ProbeResultIn(BaseModel):
     model_config = ConfigDict(extra="ignore")
     streams: int = Field(ge=1, le=1024)
-    throughput_bps: float = Field(gt=0, lt=1e15, allow_inf_nan=False)
+    throughput_bps: float = Field(ge=1.0, lt=1e15, allow_inf_nan=False)
     sender_bps: float | None = Field(default=None, ge=0, lt=1e15, allow_inf_nan=False)
     retransmits: int | None = Field(default=None, ge=0, le=2**53)
     rtt_mean_s: float | None = Field(default=None, gt=0, lt=1e4, allow_inf_nan=False)
