@@ -1,0 +1,34 @@
+"""`tame paths`: the destinations the store knows, with their fit and its age."""
+
+from __future__ import annotations
+
+from advisor.commands.common import print_json
+from advisor.commands.runtime import load_settings, open_store
+from advisor.service import AdviceService
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("paths", help="list the destinations with stored advice")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.set_defaults(handler=run)
+
+
+def run(args) -> int:
+    settings = load_settings()
+    store = open_store(settings)
+    try:
+        paths = AdviceService(store, settings).paths()
+    finally:
+        store.close()
+    if args.json:
+        print_json({"paths": paths})
+        return 0
+    if not paths:
+        print("no destinations yet: request a probe with `POST /v1/probes` or run `tame agent --dest-file FILE`")
+        return 0
+    print(f"{'destination':<32} {'model':<6} {'regime':<12} {'age':>8}  stale")
+    for p in paths:
+        age = p["age_s"]
+        age_text = f"{age / 3600:.1f}h" if age >= 3600 else f"{age:.0f}s"
+        print(f"{p['dest']:<32} {p['model']:<6} {p['regime']:<12} {age_text:>8}  {'yes' if p['stale'] else 'no'}")
+    return 0

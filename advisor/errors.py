@@ -1,0 +1,33 @@
+"""Errors the advice service raises; api/ maps them to HTTP statuses, the CLI to messages."""
+
+
+class AdvisorError(Exception):
+    """Base class for the advice service's errors; the message says what to do."""
+
+
+class InvalidRequest(AdvisorError):
+    """A destination, budget, probe level or other input is malformed or out of range."""
+
+
+class DestinationNotAllowed(AdvisorError):
+    """A probe was aimed at an address outside the operator's allow-list."""
+
+
+class UnknownDestination(AdvisorError):
+    """No fit is stored for the destination yet."""
+
+
+class UnknownProbe(AdvisorError):
+    """No probe job has the requested id."""
+
+
+class StoreError(AdvisorError):
+    """The advice store failed (database unreachable, schema too new, ...)."""
+
+
+class ConfigError(AdvisorError):
+    """An environment setting is malformed; raised once at start-up."""
+
+
+class BatchTooLarge(InvalidRequest):
+    """A batch request holds more items than the service accepts in one call."""

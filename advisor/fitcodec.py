@@ -1,0 +1,56 @@
+"""A fitted model to and from the plain values the store keeps (model, params, regime, probe levels).
+
+The advice for any budget is recomputed from the rebuilt fit rather than searched in the
+stored curve, so n*, the fractional multiplier and the throughput are exact (the stored curve
+has integer n only); the curve is kept for plotting and for schedulers reading plain SQL.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from models.parallel import UNCONGESTED, ParallelFit, PolynomialFit
+
+# The exponent of n that each named coefficient multiplies in p'(n), per model (Lu eq. 5, 12, 13).
+_EXPONENTS = {
+    "lu": {"a_prime": 2, "b_prime": 0},
+    "linear": {"a_prime": 1, "b_prime": 0},
+    "full2": {"a_prime": 2, "b_prime": 1, "c_prime": 0},
+}
+
+
+def fit_to_record(fitted: ParallelFit) -> dict[str, Any]:
+    """The JSON-able description of a fit that :func:`fit_from_record` turns back into it."""
+    return {
+        "model": fitted.model,
+        "params": {k: float(v) for k, v in fitted.params.items()},
+        "regime": fitted.regime,
+        "probe_streams": [float(x) for x in fitted.probe_streams],
+        "warnings": list(fitted.warnings),
+    }
+
+
+def fit_from_record(model: str, params: Mapping[str, float], regime: str,
+                    probe_streams: Sequence[float], warnings: Sequence[str] = ()) -> PolynomialFit:
+    """Rebuild the fit the models module made; raises ValueError for an unknown model or parameter."""
+    try:
+        table = _EXPONENTS[model]
+    except KeyError:
+        raise ValueError(f"stored fit has unknown model {model!r}") from None
+    if model == "full2" and set(params) == {"a_prime", "b_prime"}:
+        # full2 falls back to Lu's partial order-2 form when its own fit is not physical.
+        table = _EXPONENTS["lu"]
+    names = sorted(params, key=lambda name: -table[name]) if set(params) <= set(table) else None
+    if not names:
+        raise ValueError(f"stored fit of model {model!r} has unexpected parameters {sorted(params)}")
+    streams = tuple(float(x) for x in probe_streams)
+    return PolynomialFit(
+        model=model,
+        params={name: float(params[name]) for name in names},
+        regime=regime,
+        probe_streams=streams,
+        warnings=tuple(warnings),
+        exponents=tuple(table[name] for name in names),
+        coefficients=tuple(float(params[name]) for name in names),
+        flat_beyond_streams=max(streams) if regime == UNCONGESTED else None,
+    )

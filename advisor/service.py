@@ -1,0 +1,309 @@
+"""The advice service: answers advice, curve and path queries from the store, queues probes, takes observations.
+
+Everything the HTTP API and the CLI do goes through here; it knows nothing of HTTP.
+Advice is cached in memory per (dest, max_impact) and the cache is dropped on every write
+this process makes (and entries expire after ``settings.cache_max_age_s`` for writes made by
+other processes sharing the database).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from advisor.advice import CurvePoint, curve_to_json
+from advisor.allowlist import Resolver, system_resolver
+from advisor.destinations import Destination, parse_destination
+from advisor.errors import BatchTooLarge, DestinationNotAllowed, InvalidRequest, UnknownDestination
+from advisor.fitcodec import fit_from_record, fit_to_record
+from advisor.settings import Settings
+from advisor.store import FitRow, Job, NewFit, Store
+from advisor.tame import advise, largest_parallelism_within, predicted_curve, representative_rtt_s
+from models.errors import FitError
+from models.parallel import UNCONGESTED, ParallelFit, ProbePoint
+from models.registry import MIN_LEVELS, fit
+from probes.result import ProbeResult
+
+log = logging.getLogger(__name__)
+
+MAX_LEVELS = 8
+MAX_PROBE_STREAMS = 128
+MAX_DURATION_S = 300.0
+_CACHE_LIMIT = 50_000
+# A stale destination's re-probe is requested at most this often from the read path.
+_REFRESH_RETRY_S = 60.0
+
+
+@dataclass
+class _Cached:
+    payload: dict[str, Any]
+    probed_at: float
+    loaded_at: float
+    generation: int
+
+
+def check_max_impact(max_impact: Any) -> float:
+    if isinstance(max_impact, bool) or not isinstance(max_impact, (int, float)) or not math.isfinite(max_impact) \
+            or not 0.0 <= max_impact <= 1.0:
+        raise InvalidRequest(f"max_impact must be a fraction between 0 and 1 (e.g. 0.1 for 10 %), got {max_impact!r}")
+    return float(max_impact)
+
+
+def advisable_limit(fitted: ParallelFit, n_max: int) -> float:
+    """The largest n TameParallelTCP may choose on this fit whatever the budget (see advise())."""
+    cap = float(n_max)
+    if fitted.regime == UNCONGESTED and fitted.max_probed_streams < cap:
+        cap = fitted.max_probed_streams
+    return largest_parallelism_within(fitted, 1.0, cap)
+
+
+class AdviceService:
+    def __init__(self, store: Store, settings: Settings, clock: Callable[[], float] = time.time,
+                 resolver: Resolver = system_resolver):
+        self.store = store
+        self.settings = settings
+        self.clock = clock
+        self.resolver = resolver
+        self._cache: dict[tuple[str, float], _Cached] = {}
+        self._generation = 0
+        self._refresh_requested: dict[str, float] = {}
+        self._lock = threading.Lock()
+        self._listeners: list[Callable[[], None]] = []
+
+    # -- writes and cache -----------------------------------------------------------------
+
+    def on_enqueue(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` after a probe job is queued (the local worker wakes up)."""
+        self._listeners.append(listener)
+
+    def invalidate(self) -> None:
+        with self._lock:
+            self._generation += 1
+            self._cache.clear()
+
+    # -- fits -----------------------------------------------------------------------------
+
+    def build_fit(self, points: Sequence[ProbePoint], idle_rtt_s: float | None, probed_at: float,
+                  observations_used: int = 0) -> NewFit:
+        """Fit the configured model and compute its curve; raises FitError/ValueError if it cannot."""
+        fitted = fit(self.settings.model, points)
+        if not all(math.isfinite(v) for v in fitted.params.values()):
+            raise ValueError(f"the {fitted.model} fit of these probes has non-finite parameters {dict(fitted.params)}")
+        limit = advisable_limit(fitted, self.settings.n_max)
+        curve = [(p, p.streams <= limit + 1e-9) for p in predicted_curve(fitted, self.settings.n_max)]
+        return NewFit(
+            record=fit_to_record(fitted), curve=curve,
+            probes=[{"streams": float(p.streams), "throughput_bps": float(p.throughput_bps)} for p in points],
+            observations_used=observations_used, idle_rtt_s=representative_rtt_s(points, idle_rtt_s),
+            n_max=self.settings.n_max, probed_at=probed_at,
+        )
+
+    def ingest_run(self, dest: Destination, idle_rtt_s: float | None, results: Sequence[ProbeResult],
+                   started_at: float, source: str, job_id: str | None = None) -> tuple[int, str | None]:
+        """Fit and store a finished probe run (and close its job) in one transaction: (run id, fit error)."""
+        points = [ProbePoint(streams=r.streams, throughput_bps=r.throughput_bps, rtt_s=r.rtt_mean_s,
+                             retransmits=r.retransmits, duration_s=r.duration_s,
+                             throughput_stderr_bps=r.throughput_stderr_bps, sender_bps=r.sender_bps)
+                  for r in results]
+        error = None
+        new_fit = None
+        try:
+            new_fit = self.build_fit(points, idle_rtt_s, probed_at=self.clock())
+        except (FitError, ValueError) as exc:
+            error = f"the probes could not be fitted: {exc}"
+        run_id = self.store.record_run(dest, source=source, idle_rtt_s=idle_rtt_s, results=results,
+                                       started_at=started_at, fit=new_fit, job_id=job_id, job_error=error)
+        self.invalidate()
+        return run_id, error
+
+    # -- advice ---------------------------------------------------------------------------
+
+    def _load(self, dest: Destination) -> FitRow:
+        row = self.store.current_fit(dest.key)
+        if row is None:
+            raise UnknownDestination(
+                f"no advice for {dest.key} yet: request a probe with POST /v1/probes {{\"dest\": \"{dest.key}\"}} "
+                f"(or `tame agent`), then ask again when GET /v1/probes/ID says done"
+            )
+        return row
+
+    def _stale(self, dest_key: str, probed_at: float, now: float) -> bool:
+        if now - probed_at <= self.settings.ttl_s:
+            return False
+        last = self._refresh_requested.get(dest_key)
+        if last is None or now - last >= _REFRESH_RETRY_S:
+            self._refresh_requested[dest_key] = now
+            try:
+                self.request_probe(dest_key)
+            except (DestinationNotAllowed, InvalidRequest) as exc:
+                log.info("stale advice for %s not re-probed: %s", dest_key, exc)
+        return True
+
+    def cached_entry(self, dest_text: str, max_impact: float) -> tuple[_Cached, float, bool] | None:
+        """(entry, age_s, stale) from memory alone, or None when the store is needed (miss, expired,
+        or a re-probe to queue). Never blocks: the API answers warm requests with it on the event loop.
+        The entry object is replaced whenever the advice changes, so callers may memoise on it."""
+        if isinstance(max_impact, bool) or not isinstance(max_impact, float) or not 0.0 <= max_impact <= 1.0:
+            return None
+        now = self.clock()
+        cached = self._cache.get((dest_text, max_impact))
+        if cached is None or cached.generation != self._generation or now - cached.loaded_at > self.settings.cache_max_age_s:
+            return None
+        stale = now - cached.probed_at > self.settings.ttl_s
+        if stale:
+            last = self._refresh_requested.get(cached.payload["dest"])
+            if last is None or now - last >= _REFRESH_RETRY_S:
+                return None
+        return cached, max(0.0, now - cached.probed_at), stale
+
+    def cached_advice(self, dest_text: str, max_impact: float) -> dict[str, Any] | None:
+        """Like :meth:`advice` but from memory alone; None when the store is needed."""
+        hit = self.cached_entry(dest_text, max_impact)
+        if hit is None:
+            return None
+        cached, age_s, stale = hit
+        return {**cached.payload, "age_s": age_s, "stale": stale}
+
+    def advice(self, dest_text: str, max_impact: Any) -> dict[str, Any]:
+        """Advice.to_json() plus dest, fitted_at, probed_at, age_s and stale."""
+        budget = check_max_impact(max_impact)
+        now = self.clock()
+        key = (dest_text, budget)
+        cached = self._cache.get(key)
+        if cached is None or cached.generation != self._generation or now - cached.loaded_at > self.settings.cache_max_age_s:
+            dest = parse_destination(dest_text)
+            generation = self._generation
+            row = self._load(dest)
+            fitted = fit_from_record(row.model, row.params, row.regime, row.probe_streams, row.warnings)
+            probes = [ProbePoint(streams=p["streams"], throughput_bps=p["throughput_bps"]) for p in row.probes]
+            payload = advise(fitted, budget, row.n_max, row.idle_rtt_s, probes).to_json()
+            payload.update(dest=dest.key, fitted_at=row.fitted_at, probed_at=row.probed_at,
+                           observations_used=row.observations_used)
+            cached = _Cached(payload, row.probed_at, now, generation)
+            with self._lock:
+                if len(self._cache) >= _CACHE_LIMIT:
+                    self._cache.clear()
+                if generation == self._generation:
+                    self._cache[key] = cached
+        result = dict(cached.payload)
+        result["age_s"] = max(0.0, now - cached.probed_at)
+        result["stale"] = self._stale(result["dest"], cached.probed_at, now)
+        return result
+
+    def batch(self, items: Sequence[tuple[str, Any]]) -> list[dict[str, Any]]:
+        """One entry per (dest, max_impact): {"dest", "max_impact", "advice"} or {"dest", "max_impact", "error"}."""
+        if len(items) > self.settings.max_batch:
+            raise BatchTooLarge(f"batch has {len(items)} items; at most {self.settings.max_batch} are allowed per request")
+        out = []
+        for dest_text, budget in items:
+            try:
+                out.append({"dest": dest_text, "max_impact": budget, "advice": self.advice(dest_text, budget),
+                            "error": None})
+            except (InvalidRequest, UnknownDestination) as exc:
+                out.append({"dest": dest_text, "max_impact": budget, "advice": None,
+                            "error": {"kind": type(exc).__name__, "message": str(exc)}})
+        return out
+
+    def curve(self, dest_text: str) -> dict[str, Any]:
+        dest = parse_destination(dest_text)
+        row = self._load(dest)
+        points = self.store.curve(row.id)
+        payload = curve_to_json(row.model, row.params, [p for p, _ in points])
+        for entry, (_, advisable) in zip(payload["curve"], points):
+            entry["advisable"] = advisable
+        now = self.clock()
+        payload.update(dest=dest.key, regime=row.regime, warnings=row.warnings, probes=row.probes,
+                       fitted_at=row.fitted_at, probed_at=row.probed_at,
+                       stale=now - row.probed_at > self.settings.ttl_s)
+        return payload
+
+    def paths(self) -> list[dict[str, Any]]:
+        now = self.clock()
+        return [
+            {"dest": row.dest, "model": row.model, "regime": row.regime, "params": row.params,
+             "fitted_at": row.fitted_at, "probed_at": row.probed_at, "age_s": max(0.0, now - row.probed_at),
+             "stale": now - row.probed_at > self.settings.ttl_s, "observations_used": row.observations_used}
+            for row in self.store.current_fits()
+        ]
+
+    def staleness(self) -> tuple[int, int, float]:
+        """(destinations, stale destinations, oldest probe age in seconds) for monitoring."""
+        now = self.clock()
+        ages = [now - row.probed_at for row in self.store.current_fits()]
+        return len(ages), sum(age > self.settings.ttl_s for age in ages), max(ages, default=0.0)
+
+    # -- probes ---------------------------------------------------------------------------
+
+    def check_allowed(self, dest: Destination) -> None:
+        self.settings.allowed.check(dest, self.resolver)
+
+    def request_probe(self, dest_text: str, levels: Sequence[int] | None = None,
+                      duration_s: float | None = None) -> tuple[Job, bool]:
+        """Queue a probe (or return the destination's active one): (job, created)."""
+        dest = parse_destination(dest_text)
+        levels = self.settings.default_levels if levels is None else levels
+        if not isinstance(levels, (list, tuple)) or not all(isinstance(n, int) and not isinstance(n, bool) for n in levels):
+            raise InvalidRequest("levels must be a list of whole stream counts, e.g. [1, 10]")
+        levels = sorted(set(levels))
+        needed = MIN_LEVELS[self.settings.model]
+        if not needed <= len(levels) <= MAX_LEVELS or levels[0] < 1 or levels[-1] > MAX_PROBE_STREAMS:
+            raise InvalidRequest(
+                f"levels must hold {needed} to {MAX_LEVELS} different stream counts between 1 and {MAX_PROBE_STREAMS} "
+                f"(model {self.settings.model} needs {needed}), e.g. [1, 10]; got {levels}"
+            )
+        duration = self.settings.default_duration_s if duration_s is None else duration_s
+        if isinstance(duration, bool) or not isinstance(duration, (int, float)) or not math.isfinite(duration) \
+                or not 1.0 <= duration <= MAX_DURATION_S:
+            raise InvalidRequest(f"duration_s must be between 1 and {MAX_DURATION_S:g} seconds, got {duration!r}")
+        self.check_allowed(dest)
+        job, created = self.store.enqueue_job(dest, levels, float(duration))
+        if created:
+            for listener in self._listeners:
+                listener()
+        return job, created
+
+    def probe_status(self, job_id: str) -> dict[str, Any]:
+        job = self.store.job(job_id)
+        payload: dict[str, Any] = {
+            "id": job.id, "dest": job.dest, "status": job.status, "progress": job.progress,
+            "levels": job.levels, "duration_s": job.duration_s, "requested_at": job.requested_at,
+            "started_at": job.started_at, "finished_at": job.finished_at, "attempts": job.attempts,
+            "error": job.error, "result": None,
+        }
+        if job.status == "done":
+            row = self.store.current_fit(job.dest)
+            if row is not None:
+                payload["result"] = {"model": row.model, "params": row.params, "regime": row.regime,
+                                     "warnings": row.warnings, "probes": row.probes, "fitted_at": row.fitted_at}
+        return payload
+
+    # -- observations ---------------------------------------------------------------------
+
+    def observe(self, dest_text: str, streams: Any, throughput_bps: Any) -> dict[str, Any]:
+        """Store a finished transfer's throughput and refit on the newest probes plus the observations since."""
+        dest = parse_destination(dest_text)
+        if isinstance(streams, bool) or not isinstance(streams, int) or not 1 <= streams <= 1024:
+            raise InvalidRequest(f"streams must be a whole number between 1 and 1024, got {streams!r}")
+        if isinstance(throughput_bps, bool) or not isinstance(throughput_bps, (int, float)) \
+                or not math.isfinite(throughput_bps) or not 1 <= throughput_bps < 1e15:
+            raise InvalidRequest(f"throughput_bps must be a number of bits/s between 1 and 1e15, got {throughput_bps!r}")
+        run_at, idle_rtt_s, run_points = self.store.latest_run_points(dest.key)
+        base = [ProbePoint(streams=p["streams"], throughput_bps=p["throughput_bps"], rtt_s=p["rtt_mean_s"])
+                for p in run_points]
+
+        def refit(observations: list[dict[str, float]]) -> NewFit | None:
+            points = base + [ProbePoint(streams=o["streams"], throughput_bps=o["throughput_bps"]) for o in observations]
+            try:
+                return self.build_fit(points, idle_rtt_s, probed_at=run_at if run_at is not None else self.clock(),
+                                      observations_used=len(observations))
+            except (FitError, ValueError) as exc:
+                log.info("observation for %s stored without a refit: %s", dest.key, exc)
+                return None
+
+        fit_id = self.store.add_observation(dest, streams, float(throughput_bps), refit)
+        self.invalidate()
+        return {"dest": dest.key, "accepted": True, "refit": fit_id is not None}

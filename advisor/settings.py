@@ -1,0 +1,91 @@
+"""The service's configuration, read once from the environment at start-up and validated."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+from advisor.allowlist import DEFAULT_ALLOWED, AllowList
+from advisor.errors import ConfigError
+from advisor.tame import DEFAULT_MODEL, DEFAULT_N_MAX
+from models.registry import MODELS
+
+DEFAULT_LEVELS = (1, 10)
+
+
+def default_database_url(env: Mapping[str, str]) -> str:
+    """sqlite:///$XDG_DATA_HOME/tame/tame.sqlite3 when XDG_DATA_HOME is set, else ./tame.sqlite3."""
+    base = env.get("XDG_DATA_HOME")
+    path = Path(base) / "tame" / "tame.sqlite3" if base else Path("tame.sqlite3")
+    return f"sqlite:///{path}"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Plain values; see ``from_env`` for the variable behind each one."""
+
+    database_url: str = "sqlite:///tame.sqlite3"
+    token: str | None = None
+    read_token: str | None = None
+    allowed: AllowList = field(default_factory=lambda: AllowList.parse(DEFAULT_ALLOWED))
+    ttl_s: float = 3600.0
+    max_concurrent_probes: int = 1
+    model: str = DEFAULT_MODEL
+    n_max: int = DEFAULT_N_MAX
+    default_levels: tuple[int, ...] = DEFAULT_LEVELS
+    default_duration_s: float = 10.0
+    omit_s: float = 2.0
+    max_batch: int = 1000
+    max_probe_attempts: int = 3
+    # Advice cached in memory is re-read after this long even without a local write, so writes
+    # made by another process (an agent sharing the database) show up.
+    cache_max_age_s: float = 1.0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
+        """TAME_DATABASE_URL, TAME_TOKEN, TAME_READ_TOKEN, TAME_ALLOWED_DESTINATIONS, TAME_TTL_S,
+        TAME_MAX_CONCURRENT_PROBES, TAME_MODEL, TAME_PROBE_LEVELS (e.g. "1,10"), TAME_PROBE_DURATION_S,
+        TAME_MAX_BATCH. ConfigError names the variable that is wrong."""
+        env = os.environ if env is None else env
+
+        def number(name: str, default: float, low: float, high: float, kind=float):
+            text = env.get(name)
+            if text is None or text == "":
+                return default
+            try:
+                value = kind(text)
+            except ValueError:
+                raise ConfigError(f"{name}={text!r} is not a {'whole ' if kind is int else ''}number") from None
+            if not low <= value <= high:
+                raise ConfigError(f"{name}={text!r} must be between {low:g} and {high:g}")
+            return value
+
+        url = env.get("TAME_DATABASE_URL") or default_database_url(env)
+        if not url.startswith(("sqlite:///", "postgresql://", "postgres://")):
+            raise ConfigError(
+                f"TAME_DATABASE_URL={url!r}: use sqlite:///PATH or postgresql://USER@HOST:PORT/DB"
+            )
+        model = env.get("TAME_MODEL") or DEFAULT_MODEL
+        if model not in MODELS:
+            raise ConfigError(f"TAME_MODEL={model!r}: choose one of {', '.join(sorted(MODELS))}")
+        levels_text = env.get("TAME_PROBE_LEVELS") or ",".join(map(str, DEFAULT_LEVELS))
+        try:
+            levels = tuple(sorted({int(x) for x in levels_text.split(",") if x.strip()}))
+        except ValueError:
+            raise ConfigError(f"TAME_PROBE_LEVELS={levels_text!r}: give stream counts such as 1,10") from None
+        if len(levels) < 2 or levels[0] < 1 or levels[-1] > 128:
+            raise ConfigError(f"TAME_PROBE_LEVELS={levels_text!r}: give at least two stream counts in 1..128")
+        return cls(
+            database_url=url,
+            token=env.get("TAME_TOKEN") or None,
+            read_token=env.get("TAME_READ_TOKEN") or None,
+            allowed=AllowList.parse(env.get("TAME_ALLOWED_DESTINATIONS") or DEFAULT_ALLOWED),
+            ttl_s=number("TAME_TTL_S", 3600.0, 1.0, 365 * 86400.0),
+            max_concurrent_probes=number("TAME_MAX_CONCURRENT_PROBES", 1, 1, 64, int),
+            model=model,
+            default_levels=levels,
+            default_duration_s=number("TAME_PROBE_DURATION_S", 10.0, 1.0, 300.0),
+            max_batch=number("TAME_MAX_BATCH", 1000, 1, 100_000, int),
+        )

@@ -1,0 +1,356 @@
+"""The advice store: destinations, probe jobs and runs (raw results kept), fits, curves, observations.
+
+Schema: advisor/migrations/ (one versioned SQL file per change). Every write that belongs
+together (a probe run, its results, its fit and curve, and the job's final status) happens in
+one transaction, so a crash leaves either all of it or none of it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from advisor.advice import CurvePoint
+from advisor.db import Database, Tx
+from advisor.destinations import Destination
+from advisor.errors import StoreError, UnknownProbe
+from probes.result import ProbeResult
+
+Clock = Callable[[], float]
+ACTIVE = ("queued", "running")
+
+
+@dataclass(frozen=True)
+class FitRow:
+    """The newest fit of a destination as stored."""
+
+    id: int
+    dest: str
+    model: str
+    params: dict[str, float]
+    regime: str
+    warnings: list[str]
+    probe_streams: list[float]
+    probes: list[dict[str, float]]
+    observations_used: int
+    idle_rtt_s: float | None
+    n_max: int
+    fitted_at: float
+    probed_at: float
+
+
+@dataclass(frozen=True)
+class Job:
+    """A probe request and where it is in its life cycle."""
+
+    id: str
+    dest: str
+    status: str
+    levels: list[int]
+    duration_s: float
+    requested_at: float
+    started_at: float | None
+    finished_at: float | None
+    progress: float
+    attempts: int
+    error: str | None
+    probe_run_id: int | None
+
+
+@dataclass(frozen=True)
+class NewFit:
+    """A fit to store: the record from advisor.fitcodec plus its curve (streams, throughput, impact, advisable)."""
+
+    record: dict[str, Any]
+    curve: Sequence[tuple[CurvePoint, bool]]
+    probes: list[dict[str, float]]
+    observations_used: int
+    idle_rtt_s: float | None
+    n_max: int
+    probed_at: float
+
+
+_JOB_COLUMNS = ("id, dest, status, levels_json, duration_s, requested_at, started_at, finished_at, "
+                "progress, attempts, error, probe_run_id")
+_FIT_COLUMNS = ("id, dest, model, params_json, regime, warnings_json, probe_streams_json, probes_json, "
+                "observations_used, idle_rtt_s, n_max, fitted_at, probed_at")
+
+
+def _job(row) -> Job:
+    return Job(row[0], row[1], row[2], json.loads(row[3]), row[4], row[5], row[6], row[7], row[8], row[9],
+               row[10], row[11])
+
+
+def _fit(row) -> FitRow:
+    return FitRow(row[0], row[1], row[2], json.loads(row[3]), row[4], json.loads(row[5]), json.loads(row[6]),
+                  json.loads(row[7]), row[8], row[9], row[10], row[11], row[12])
+
+
+def process_owner() -> str:
+    """host:pid:nonce naming this process as the owner of the jobs it runs."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def _owner_is_dead_here(owner: str | None) -> bool:
+    """True when ``owner`` is a process on this host that no longer exists."""
+    if not owner:
+        return True
+    host, _, rest = owner.partition(":")
+    pid_text = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid_text.isdigit():
+        return False
+    try:
+        os.kill(int(pid_text), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+class Store:
+    """All reads and writes of the advice store. ``clock`` gives Unix seconds."""
+
+    def __init__(self, db: Database, clock: Clock = time.time):
+        self.db = db
+        self.clock = clock
+
+    @classmethod
+    def open(cls, url: str, clock: Clock = time.time) -> "Store":
+        db = Database(url)
+        db.migrate()
+        return cls(db, clock)
+
+    def close(self) -> None:
+        self.db.close()
+
+    # -- destinations ---------------------------------------------------------------------
+
+    def _destination_id(self, tx: Tx, dest: Destination) -> int:
+        row = tx.execute("SELECT id FROM destinations WHERE dest = ?", (dest.key,)).fetchone()
+        if row:
+            return row[0]
+        return tx.execute(
+            "INSERT INTO destinations (dest, host, port, created_at) VALUES (?, ?, ?, ?) RETURNING id",
+            (dest.key, dest.host, dest.port, self.clock()),
+        ).fetchone()[0]
+
+    # -- fits -----------------------------------------------------------------------------
+
+    def _insert_fit(self, tx: Tx, destination_id: int, probe_run_id: int | None, fit: NewFit) -> int:
+        rec = fit.record
+        fit_id = tx.execute(
+            "INSERT INTO fits (destination_id, probe_run_id, model, params_json, regime, warnings_json, "
+            "probe_streams_json, probes_json, observations_used, idle_rtt_s, n_max, fitted_at, probed_at) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+            (destination_id, probe_run_id, rec["model"], json.dumps(rec["params"]), rec["regime"],
+             json.dumps(rec["warnings"]), json.dumps(rec["probe_streams"]), json.dumps(fit.probes),
+             fit.observations_used, fit.idle_rtt_s, fit.n_max, self.clock(), fit.probed_at),
+        ).fetchone()[0]
+        for point, advisable in fit.curve:
+            tx.execute(
+                "INSERT INTO curve_points (fit_id, streams, throughput_bps, impact, advisable) VALUES (?, ?, ?, ?, ?)",
+                (fit_id, point.streams, point.throughput_bps, point.impact, 1 if advisable else 0),
+            )
+        return fit_id
+
+    def current_fit(self, dest_key: str) -> FitRow | None:
+        with self.db.transaction() as tx:
+            row = tx.execute(f"SELECT {_FIT_COLUMNS} FROM current_fits WHERE dest = ?", (dest_key,)).fetchone()
+        return _fit(row) if row else None
+
+    def current_fits(self) -> list[FitRow]:
+        with self.db.transaction() as tx:
+            rows = tx.execute(f"SELECT {_FIT_COLUMNS} FROM current_fits ORDER BY dest").fetchall()
+        return [_fit(row) for row in rows]
+
+    def curve(self, fit_id: int) -> list[tuple[CurvePoint, bool]]:
+        with self.db.transaction() as tx:
+            rows = tx.execute(
+                "SELECT streams, throughput_bps, impact, advisable FROM curve_points WHERE fit_id = ? ORDER BY streams",
+                (fit_id,),
+            ).fetchall()
+        return [(CurvePoint(r[0], r[1], r[2]), bool(r[3])) for r in rows]
+
+    def record_run(self, dest: Destination, *, source: str, idle_rtt_s: float | None,
+                   results: Sequence[ProbeResult], started_at: float, fit: NewFit | None,
+                   job_id: str | None = None, job_error: str | None = None) -> int:
+        """Store a finished probe run, its results and fit, and close its job, in one transaction."""
+        with self.db.transaction(write=True) as tx:
+            destination_id = self._destination_id(tx, dest)
+            run_id = tx.execute(
+                "INSERT INTO probe_runs (destination_id, job_id, source, idle_rtt_s, started_at, finished_at) "
+                "VALUES (?, ?, ?, ?, ?, ?) RETURNING id",
+                (destination_id, job_id, source, idle_rtt_s, started_at, self.clock()),
+            ).fetchone()[0]
+            for r in results:
+                tx.execute(
+                    "INSERT INTO probe_results (probe_run_id, streams, throughput_bps, sender_bps, retransmits, "
+                    "rtt_mean_s, duration_s, omit_s, throughput_stderr_bps, started_at, raw) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (run_id, r.streams, r.throughput_bps, r.sender_bps, r.retransmits, r.rtt_mean_s, r.duration_s,
+                     r.omit_s, r.throughput_stderr_bps, r.started_at, r.raw),
+                )
+            if fit is not None:
+                self._insert_fit(tx, destination_id, run_id, fit)
+            if job_id is not None:
+                tx.execute(
+                    "UPDATE probe_jobs SET status = ?, finished_at = ?, progress = 1, error = ?, probe_run_id = ?, "
+                    "owner = NULL, lease_until = NULL WHERE id = ?",
+                    ("failed" if job_error else "done", self.clock(), job_error, run_id, job_id),
+                )
+        return run_id
+
+    def latest_run_points(self, dest_key: str) -> tuple[float | None, float | None, list[dict[str, float]]]:
+        """(run finished_at, idle RTT, [{streams, throughput_bps, rtt_mean_s}]) of the newest run, or (None, None, [])."""
+        with self.db.transaction() as tx:
+            run = tx.execute(
+                "SELECT r.id, r.finished_at, r.idle_rtt_s FROM probe_runs r JOIN destinations d ON d.id = r.destination_id "
+                "WHERE d.dest = ? AND EXISTS (SELECT 1 FROM probe_results p WHERE p.probe_run_id = r.id) "
+                "ORDER BY r.id DESC LIMIT 1",
+                (dest_key,),
+            ).fetchone()
+            if not run:
+                return None, None, []
+            rows = tx.execute(
+                "SELECT streams, throughput_bps, rtt_mean_s FROM probe_results WHERE probe_run_id = ? ORDER BY id",
+                (run[0],),
+            ).fetchall()
+        return run[1], run[2], [{"streams": r[0], "throughput_bps": r[1], "rtt_mean_s": r[2]} for r in rows]
+
+    # -- observations ---------------------------------------------------------------------
+
+    def add_observation(self, dest: Destination, streams: int, throughput_bps: float,
+                        refit: Callable[[list[dict[str, float]]], NewFit | None], limit: int = 200) -> int | None:
+        """Store an observation and, in the same transaction, the refit ``refit(observations)`` returns.
+
+        ``refit`` gets the observations newer than the newest probe run (at most ``limit``,
+        newest first) and returns the new fit or None. Returns the new fit's id or None.
+        """
+        with self.db.transaction(write=True) as tx:
+            destination_id = self._destination_id(tx, dest)
+            now = self.clock()
+            tx.execute(
+                "INSERT INTO observations (destination_id, streams, throughput_bps, observed_at) VALUES (?, ?, ?, ?)",
+                (destination_id, streams, throughput_bps, now),
+            )
+            run = tx.execute(
+                "SELECT max(finished_at) FROM probe_runs WHERE destination_id = ?", (destination_id,)
+            ).fetchone()
+            since = run[0] if run and run[0] is not None else 0.0
+            rows = tx.execute(
+                "SELECT streams, throughput_bps FROM observations WHERE destination_id = ? AND observed_at >= ? "
+                "ORDER BY id DESC LIMIT ?",
+                (destination_id, since, limit),
+            ).fetchall()
+            fit = refit([{"streams": r[0], "throughput_bps": r[1]} for r in rows])
+            if fit is None:
+                return None
+            return self._insert_fit(tx, destination_id, None, fit)
+
+    # -- probe jobs -----------------------------------------------------------------------
+
+    def enqueue_job(self, dest: Destination, levels: Sequence[int], duration_s: float) -> tuple[Job, bool]:
+        """A new queued job, or the destination's active one: (job, created)."""
+        job_id = uuid.uuid4().hex
+        try:
+            with self.db.transaction(write=True) as tx:
+                active = tx.execute(
+                    f"SELECT {_JOB_COLUMNS} FROM probe_jobs WHERE dest = ? AND status IN ('queued', 'running')",
+                    (dest.key,),
+                ).fetchone()
+                if active:
+                    return _job(active), False
+                tx.execute(
+                    "INSERT INTO probe_jobs (id, dest, status, levels_json, duration_s, requested_at) "
+                    "VALUES (?, ?, 'queued', ?, ?, ?)",
+                    (job_id, dest.key, json.dumps(list(levels)), duration_s, self.clock()),
+                )
+        except StoreError as exc:
+            # Another process enqueued the same destination between our check and insert.
+            if not self.db.is_unique_violation(exc):
+                raise
+            return self.active_job(dest.key), False
+        return self.job(job_id), True
+
+    def active_job(self, dest_key: str) -> Job | None:
+        with self.db.transaction() as tx:
+            row = tx.execute(
+                f"SELECT {_JOB_COLUMNS} FROM probe_jobs WHERE dest = ? AND status IN ('queued', 'running')", (dest_key,)
+            ).fetchone()
+        return _job(row) if row else None
+
+    def job(self, job_id: str) -> Job:
+        with self.db.transaction() as tx:
+            row = tx.execute(f"SELECT {_JOB_COLUMNS} FROM probe_jobs WHERE id = ?", (job_id,)).fetchone()
+        if row is None:
+            raise UnknownProbe(f"no probe job has id {job_id!r}")
+        return _job(row)
+
+    def claim_job(self, owner: str, lease_s: Callable[[Job], float], limit: int) -> Job | None:
+        """Mark the oldest queued job running for ``owner`` if fewer than ``limit`` probes run anywhere."""
+        with self.db.transaction(write=True) as tx:
+            if self.db.dialect == "postgresql":
+                tx.execute("LOCK TABLE probe_jobs IN SHARE ROW EXCLUSIVE MODE")
+            running = tx.execute("SELECT count(*) FROM probe_jobs WHERE status = 'running'").fetchone()[0]
+            if running >= limit:
+                return None
+            row = tx.execute(
+                f"SELECT {_JOB_COLUMNS} FROM probe_jobs WHERE status = 'queued' ORDER BY requested_at, id LIMIT 1"
+            ).fetchone()
+            if row is None:
+                return None
+            job = _job(row)
+            now = self.clock()
+            tx.execute(
+                "UPDATE probe_jobs SET status = 'running', started_at = ?, progress = 0, attempts = attempts + 1, "
+                "owner = ?, lease_until = ?, error = NULL WHERE id = ?",
+                (now, owner, now + lease_s(job), job.id),
+            )
+        return self.job(job.id)
+
+    def set_progress(self, job_id: str, owner: str, progress: float) -> None:
+        with self.db.transaction(write=True) as tx:
+            tx.execute("UPDATE probe_jobs SET progress = ? WHERE id = ? AND owner = ? AND status = 'running'",
+                       (progress, job_id, owner))
+
+    def fail_job(self, job_id: str, error: str) -> None:
+        with self.db.transaction(write=True) as tx:
+            tx.execute(
+                "UPDATE probe_jobs SET status = 'failed', finished_at = ?, error = ?, owner = NULL, lease_until = NULL "
+                "WHERE id = ? AND status IN ('queued', 'running')",
+                (self.clock(), error, job_id),
+            )
+
+    def recover_jobs(self, max_attempts: int, owner_is_dead: Callable[[str | None], bool] = _owner_is_dead_here) -> int:
+        """Re-queue running jobs whose owner died or whose lease ran out (failed after ``max_attempts``)."""
+        now = self.clock()
+        with self.db.transaction(write=True) as tx:
+            rows = tx.execute(
+                "SELECT id, owner, lease_until, attempts FROM probe_jobs WHERE status = 'running'"
+            ).fetchall()
+            orphans = [r for r in rows if (r[2] is not None and r[2] < now) or owner_is_dead(r[1])]
+            for job_id, _owner, _lease, attempts in orphans:
+                if attempts >= max_attempts:
+                    tx.execute(
+                        "UPDATE probe_jobs SET status = 'failed', finished_at = ?, owner = NULL, lease_until = NULL, "
+                        "error = ? WHERE id = ?",
+                        (now, f"interrupted {attempts} times (the probing process stopped); giving up", job_id),
+                    )
+                else:
+                    tx.execute(
+                        "UPDATE probe_jobs SET status = 'queued', progress = 0, owner = NULL, lease_until = NULL, "
+                        "error = 'interrupted: the probing process stopped; re-queued' WHERE id = ?",
+                        (job_id,),
+                    )
+        return len(orphans)
+
+    def job_counts(self) -> dict[str, int]:
+        with self.db.transaction() as tx:
+            rows = tx.execute("SELECT status, count(*) FROM probe_jobs GROUP BY status").fetchall()
+        return {status: count for status, count in rows}

@@ -1,0 +1,175 @@
+"""Request and response bodies of the HTTP API (the advice fields are advisor.advice.Advice's)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Dest = Field(min_length=1, max_length=300, description="HOST or HOST:PORT (default port 5201), IPv6 as [ADDR]:PORT")
+
+
+class AdviceOut(BaseModel):
+    """Advice.to_json() plus where and when it comes from."""
+
+    model_config = ConfigDict(extra="allow")
+    dest: str
+    num_flows: int
+    fractional_multiplier: float | None
+    tcp_equivalent_streams: float
+    max_nondisruptive_throughput_bps: float
+    cross_traffic_impact: float
+    max_impact: float
+    per_stream_buffer_bytes: int | None
+    model: str
+    params: dict[str, float]
+    regime: str
+    warnings: list[str]
+    probes: list[dict[str, float]]
+    fitted_at: float = Field(description="Unix seconds when the fit was made")
+    probed_at: float = Field(description="Unix seconds when the probes behind it ran")
+    age_s: float
+    stale: bool = Field(description="true when the probes are older than the TTL; a re-probe has been queued")
+    observations_used: int
+
+
+class AdviceQuery(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    dest: str = Dest
+    max_impact: float = Field(ge=0.0, le=1.0, allow_inf_nan=False, description="impact budget, fraction 0-1")
+
+
+class BatchItemError(BaseModel):
+    kind: str
+    message: str
+
+
+class BatchItem(BaseModel):
+    dest: str
+    max_impact: float
+    advice: AdviceOut | None = None
+    error: BatchItemError | None = None
+
+
+class BatchOut(BaseModel):
+    results: list[BatchItem]
+
+
+class ProbeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    dest: str = Dest
+    levels: list[int] | None = Field(default=None, max_length=8,
+                                     description="stream counts to probe (default: the service's, e.g. [1, 10])")
+    duration_s: float | None = Field(default=None, ge=1.0, le=300.0, allow_inf_nan=False,
+                                     description="seconds per level")
+
+
+class ProbeAccepted(BaseModel):
+    id: str
+    dest: str
+    status: Literal["queued", "running", "done", "failed"]
+    created: bool = Field(description="false when the destination already had a probe queued or running")
+
+
+class ProbeStatus(BaseModel):
+    id: str
+    dest: str
+    status: Literal["queued", "running", "done", "failed"]
+    progress: float
+    levels: list[int]
+    duration_s: float
+    requested_at: float
+    started_at: float | None
+    finished_at: float | None
+    attempts: int
+    error: str | None
+    result: dict | None
+
+
+class PathOut(BaseModel):
+    dest: str
+    model: str
+    regime: str
+    params: dict[str, float]
+    fitted_at: float
+    probed_at: float
+    age_s: float
+    stale: bool
+    observations_used: int
+
+
+class PathsOut(BaseModel):
+    paths: list[PathOut]
+
+
+class CurvePointOut(BaseModel):
+    streams: int
+    throughput_bps: float
+    impact: float
+    advisable: bool
+
+
+class CurveOut(BaseModel):
+    dest: str
+    model: str
+    params: dict[str, float]
+    regime: str
+    warnings: list[str]
+    probes: list[dict[str, float]]
+    fitted_at: float
+    probed_at: float
+    stale: bool
+    curve: list[CurvePointOut]
+
+
+class ObservationIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    dest: str = Dest
+    streams: int = Field(ge=1, le=1024)
+    throughput_bps: float = Field(ge=1.0, lt=1e15, allow_inf_nan=False, description="achieved throughput, bits/s")
+
+
+class ObservationOut(BaseModel):
+    dest: str
+    accepted: bool
+    refit: bool
+
+
+class ProbeResultIn(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    streams: int = Field(ge=1, le=1024)
+    throughput_bps: float = Field(ge=1.0, lt=1e15, allow_inf_nan=False)
+    sender_bps: float | None = Field(default=None, ge=0, lt=1e15, allow_inf_nan=False)
+    retransmits: int | None = Field(default=None, ge=0, le=2**53)
+    rtt_mean_s: float | None = Field(default=None, gt=0, lt=1e4, allow_inf_nan=False)
+    duration_s: float = Field(default=10.0, gt=0, le=3600, allow_inf_nan=False)
+    omit_s: float = Field(default=0.0, ge=0, le=3600, allow_inf_nan=False)
+    throughput_stderr_bps: float | None = Field(default=None, ge=0, lt=1e15, allow_inf_nan=False)
+    started_at: float = Field(default=0.0, ge=0, lt=1e11, allow_inf_nan=False)
+    raw: str = Field(default="", max_length=1_000_000)
+
+
+class ProbeRunIn(BaseModel):
+    """A probe run measured elsewhere (``tame agent --push``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    dest: str = Dest
+    idle_rtt_s: float | None = Field(default=None, gt=0, lt=1e4, allow_inf_nan=False)
+    started_at: float = Field(default=0.0, ge=0, lt=1e11, allow_inf_nan=False)
+    probes: list[ProbeResultIn] = Field(min_length=1, max_length=16)
+
+
+class ProbeRunOut(BaseModel):
+    dest: str
+    probe_run_id: int
+    fitted: bool
+    error: str | None
+
+
+class Health(BaseModel):
+    status: str
+    database: str
+
+
+class ErrorOut(BaseModel):
+    detail: str

@@ -1,0 +1,92 @@
+import math
+
+import pytest
+from numpy.testing import assert_allclose
+
+from advisor.db import Database
+from advisor.destinations import parse_destination
+from advisor.errors import InvalidRequest
+from advisor.fitcodec import fit_from_record, fit_to_record
+from advisor.store import Store
+from advisor.tame import advise
+from models.parallel import ProbePoint
+from models.registry import fit
+
+A, B = 1e-16, 4e-16
+
+
+def lu_rate(n):
+    return n / math.sqrt(A * n * n + B)
+
+
+CASES = {
+    "lu congested": ("lu", [ProbePoint(1, lu_rate(1)), ProbePoint(10, lu_rate(10))]),
+    "lu uncongested": ("lu", [ProbePoint(1, 1e6), ProbePoint(8, 9e6)]),
+    "lu saturated": ("lu", [ProbePoint(1, 9e7), ProbePoint(10, 8.9e7)]),
+    "linear": ("linear", [ProbePoint(1, 4e7), ProbePoint(10, 9e7)]),
+    "full2": ("full2", [ProbePoint(1, lu_rate(1)), ProbePoint(4, lu_rate(4) * 1.01), ProbePoint(10, lu_rate(10))]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_stored_fit_gives_the_same_advice_as_the_original(case):
+    model, points = CASES[case]
+    original = fit(model, points)
+    record = fit_to_record(original)
+    rebuilt = fit_from_record(record["model"], record["params"], record["regime"], record["probe_streams"],
+                              record["warnings"])
+    for budget in (0.0, 0.05, 0.3, 0.9, 1.0):
+        assert advise(rebuilt, budget, 64, 0.02, points) == advise(original, budget, 64, 0.02, points)
+    n = [1, 2, 5, 17, 64]
+    assert_allclose(rebuilt.throughput_bps(n), original.throughput_bps(n), rtol=1e-12)
+
+
+def test_migrations_are_versioned_and_idempotent(tmp_path):
+    db = Database(f"sqlite:///{tmp_path}/s.sqlite3")
+    assert db.migrate() == [1]
+    assert db.migrate() == []
+    with db.transaction() as tx:
+        assert tx.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert tx.execute("SELECT version, name FROM schema_migrations").fetchall() == [(1, "initial")]
+    db.close()
+
+
+def test_a_failed_write_leaves_nothing(tmp_path):
+    store = Store.open(f"sqlite:///{tmp_path}/s.sqlite3")
+    with pytest.raises(RuntimeError):
+        with store.db.transaction(write=True) as tx:
+            tx.execute("INSERT INTO destinations (dest, host, port, created_at) VALUES ('x:1', 'x', 1, 0)")
+            raise RuntimeError("crash between two writes")
+    with store.db.transaction() as tx:
+        assert tx.execute("SELECT count(*) FROM destinations").fetchone()[0] == 0
+    store.close()
+
+
+def test_jobs_respect_the_global_limit_and_one_per_destination(tmp_path):
+    store = Store.open(f"sqlite:///{tmp_path}/s.sqlite3")
+    first, created = store.enqueue_job(parse_destination("127.0.0.1"), [1, 10], 1.0)
+    again, created_again = store.enqueue_job(parse_destination("127.0.0.1:5201"), [1, 4], 2.0)
+    assert created and not created_again and again.id == first.id
+    store.enqueue_job(parse_destination("127.0.0.2"), [1, 10], 1.0)
+    assert store.claim_job("h:1:a", lambda job: 100, limit=1).id == first.id
+    assert store.claim_job("h:2:b", lambda job: 100, limit=1) is None
+    # The owner died: its job goes back to the queue.
+    assert store.recover_jobs(3, owner_is_dead=lambda owner: owner == "h:1:a") == 1
+    assert store.job(first.id).status == "queued"
+    store.close()
+
+
+@pytest.mark.parametrize("text, key", [
+    ("Host.Example.org", "host.example.org:5201"),
+    ("10.0.0.1:6000", "10.0.0.1:6000"),
+    ("[::1]:5202", "[::1]:5202"),
+    ("::1", "[::1]:5201"),
+])
+def test_destinations_are_canonical(text, key):
+    assert parse_destination(text).key == key
+
+
+@pytest.mark.parametrize("text", ["", "a b", "host:", "host:99999", "[::1", "1.2.3.999", "x" * 64 + ".org", "a_b.org"])
+def test_bad_destinations_are_refused(text):
+    with pytest.raises(InvalidRequest):
+        parse_destination(text)

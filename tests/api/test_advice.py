@@ -1,0 +1,165 @@
+import sqlite3
+
+import pytest
+from numpy.testing import assert_allclose
+
+from advisor.tame import tame_parallel_tcp
+from models.parallel import ProbePoint
+from tests.api.conftest import A, B, probe_and_wait, rate
+
+
+def test_probe_then_advice_matches_the_offline_fit(service_factory):
+    base, client, app = service_factory()
+    status = probe_and_wait(client)
+    assert status["status"] == "done" and status["progress"] == 1.0
+    assert_allclose(status["result"]["params"]["a_prime"], A, rtol=1e-6)
+
+    response = client.get("/v1/advice", params={"dest": "127.0.0.1", "max_impact": 0.5})
+    assert response.status_code == 200, response.text
+    advice = response.json()
+    expected = tame_parallel_tcp([ProbePoint(1, rate(1), rtt_s=0.01), ProbePoint(10, rate(10), rtt_s=0.01)], 0.5,
+                                 idle_rtt_s=0.01).to_json()
+    for field, value in expected.items():
+        if isinstance(value, float):
+            assert_allclose(advice[field], value, rtol=1e-9, err_msg=field)
+        elif field != "probes":
+            assert advice[field] == value, field
+    # n* = sqrt(B/A) * ... : impact(n) = 1 - sqrt(B / (A n^2 + B)) <= 0.5  <=>  n <= sqrt(3 B / A) = sqrt(12) = 3.46
+    assert advice["num_flows"] == 3
+    assert_allclose(advice["tcp_equivalent_streams"], 12 ** 0.5, atol=1e-4)
+    assert advice["dest"] == "127.0.0.1:5201" and advice["stale"] is False
+    assert {"fitted_at", "probed_at"} <= advice.keys()
+
+
+def test_unknown_destination_says_how_to_request_a_probe(service_factory):
+    base, client, app = service_factory()
+    response = client.get("/v1/advice", params={"dest": "127.0.0.9", "max_impact": 0.1})
+    assert response.status_code == 404
+    assert "POST /v1/probes" in response.json()["detail"]
+
+
+@pytest.mark.parametrize("params, words", [
+    ({"dest": "127.0.0.1", "max_impact": 1.5}, "max_impact"),
+    ({"dest": "127.0.0.1", "max_impact": -0.1}, "max_impact"),
+    ({"dest": "127.0.0.1", "max_impact": "nan"}, "max_impact"),
+    ({"dest": "127.0.0.1", "max_impact": "lots"}, "max_impact"),
+    ({"dest": "bad_host!", "max_impact": 0.1}, "not a valid host name"),
+    ({"dest": "127.0.0.1:70000", "max_impact": 0.1}, "port"),
+    ({"dest": "127.0.0.1:http", "max_impact": 0.1}, "port"),
+    ({"max_impact": 0.1}, "dest"),
+])
+def test_bad_advice_queries_get_422_saying_what_is_wrong(service_factory, params, words):
+    base, client, app = service_factory()
+    probe_and_wait(client)
+    response = client.get("/v1/advice", params=params)
+    assert response.status_code == 422, response.text
+    assert words in response.json()["detail"]
+
+
+def test_batch_answers_each_item_and_caps_its_size(service_factory):
+    base, client, app = service_factory(max_batch=3)
+    probe_and_wait(client)
+    response = client.post("/v1/advice:batch", json=[
+        {"dest": "127.0.0.1:5201", "max_impact": 0.5}, {"dest": "127.0.0.9", "max_impact": 0.5}])
+    assert response.status_code == 200, response.text
+    known, unknown = response.json()["results"]
+    assert known["advice"]["num_flows"] == 3
+    assert unknown["error"]["kind"] == "UnknownDestination" and unknown["advice"] is None
+    too_many = client.post("/v1/advice:batch", json=[{"dest": "127.0.0.1", "max_impact": 0.1}] * 4)
+    assert too_many.status_code == 413 and "at most 3" in too_many.json()["detail"]
+    bad = client.post("/v1/advice:batch", json=[{"dest": "127.0.0.1", "max_impact": 2}])
+    assert bad.status_code == 422 and "max_impact" in bad.json()["detail"]
+
+
+def test_paths_and_curve(service_factory):
+    base, client, app = service_factory()
+    probe_and_wait(client)
+    paths = client.get("/v1/paths").json()["paths"]
+    assert [p["dest"] for p in paths] == ["127.0.0.1:5201"] and paths[0]["regime"] == "congested"
+    curve = client.get("/v1/paths/127.0.0.1:5201/curve").json()
+    assert len(curve["curve"]) == 64 and curve["curve"][0]["streams"] == 1
+    # BW(10) = 10 / sqrt(100 A + B) and impact(10) = 1 - sqrt(B / (100 A + B)), straight from the model.
+    point = curve["curve"][9]
+    assert_allclose(point["throughput_bps"], rate(10), rtol=1e-9)
+    assert_allclose(point["impact"], 1 - (B / (100 * A + B)) ** 0.5, rtol=1e-9)
+    assert client.get("/v1/paths/127.0.0.9/curve").status_code == 404
+
+
+def test_plain_sql_view_gives_the_same_stream_count_as_the_api(service_factory, tmp_path):
+    base, client, app = service_factory()
+    probe_and_wait(client)
+    db = sqlite3.connect(tmp_path / "tame.sqlite3")
+    for budget in (0.01, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0):
+        api = client.get("/v1/advice", params={"dest": "127.0.0.1", "max_impact": budget}).json()["num_flows"]
+        (sql,) = db.execute("SELECT coalesce(max(streams), 1) FROM current_advice "
+                            "WHERE dest = '127.0.0.1:5201' AND impact <= ?", (budget,)).fetchone()
+        assert sql == api, budget
+
+
+def test_stale_advice_is_flagged_and_a_reprobe_is_queued(service_factory, clock):
+    base, client, app = service_factory(ttl_s=600)
+    probe_and_wait(client)
+    app.state.worker.stop()
+    assert client.get("/v1/advice", params={"dest": "127.0.0.1", "max_impact": 0.1}).json()["stale"] is False
+    clock.advance(601)
+    advice = client.get("/v1/advice", params={"dest": "127.0.0.1", "max_impact": 0.1}).json()
+    assert advice["stale"] is True and advice["num_flows"] >= 1
+    job = app.state.service.store.active_job("127.0.0.1:5201")
+    assert job is not None and job.status == "queued"
+    # A second stale read does not queue a second probe of the same destination.
+    client.get("/v1/advice", params={"dest": "127.0.0.1", "max_impact": 0.2})
+    assert app.state.service.store.job_counts().get("queued") == 1
+    metrics = client.get("/metrics").text
+    assert "tame_stale_destinations 1.0" in metrics
+
+
+def test_observations_refine_the_fit(service_factory):
+    base, client, app = service_factory()
+    probe_and_wait(client)
+    before = client.get("/v1/advice", params={"dest": "127.0.0.1", "max_impact": 0.5}).json()
+    # A transfer at 4 streams got 20 % less than the model predicted: the path is more congested.
+    response = client.post("/v1/observations", json={"dest": "127.0.0.1", "streams": 4, "throughput_bps": 0.8 * rate(4)})
+    assert response.status_code == 202 and response.json()["refit"] is True
+    after = client.get("/v1/advice", params={"dest": "127.0.0.1", "max_impact": 0.5}).json()
+    assert after["observations_used"] == 1
+    assert after["params"]["a_prime"] > before["params"]["a_prime"]
+    assert after["max_nondisruptive_throughput_bps"] < before["max_nondisruptive_throughput_bps"]
+    bad = client.post("/v1/observations", json={"dest": "127.0.0.1", "streams": 0, "throughput_bps": 1e6})
+    assert bad.status_code == 422 and "streams" in bad.json()["detail"]
+
+
+def test_a_pushed_probe_run_is_fitted_and_served(service_factory):
+    base, client, app = service_factory(driver=None)
+    response = client.post("/v1/probe-runs", json={"dest": "127.0.0.1:5301", "idle_rtt_s": 0.01, "probes": [
+        {"streams": 1, "throughput_bps": rate(1)}, {"streams": 10, "throughput_bps": rate(10)}]})
+    assert response.status_code == 201 and response.json()["fitted"] is True
+    advice = client.get("/v1/advice", params={"dest": "127.0.0.1:5301", "max_impact": 0.5}).json()
+    assert advice["num_flows"] == 3
+
+
+def test_health_and_metrics(service_factory):
+    base, client, app = service_factory()
+    probe_and_wait(client)
+    client.get("/v1/advice", params={"dest": "127.0.0.1", "max_impact": 0.1})
+    assert client.get("/healthz").json() == {"status": "ok", "database": "sqlite"}
+    text = client.get("/metrics").text
+    assert 'tame_http_requests_total{method="GET",route="/v1/advice",status="200"}' in text
+    assert "tame_probe_duration_seconds_count 1.0" in text
+    assert "tame_probe_failures_total" in text or "tame_probe_failures" in text
+    assert 'tame_advice_served_total{stale="false"}' in text
+
+
+def test_warm_answers_from_the_fast_path_equal_the_routed_ones(service_factory, clock):
+    base, client, app = service_factory()
+    probe_and_wait(client)
+    params = {"dest": "127.0.0.1:5201", "max_impact": "0.25"}
+    cold = client.get("/v1/advice", params=params)
+    warm = client.get("/v1/advice", params=params)
+    assert cold.status_code == warm.status_code == 200
+    assert cold.headers["content-type"] == warm.headers["content-type"] == "application/json"
+    assert cold.json() == warm.json()
+    text = client.get("/metrics").text
+    assert 'tame_http_requests_total{method="GET",route="/v1/advice",status="200"} 2.0' in text
+    # Odd spellings are not guessed at by the fast path: FastAPI validates them.
+    assert client.get("/v1/advice", params={"dest": "127.0.0.1:5201", "max_impact": "0.25", "x": "1"}).status_code == 200
+    assert client.get("/v1/advice", params={"dest": "127.0.0.1:5201", "max_impact": "1e3"}).status_code == 422

@@ -1,0 +1,66 @@
+import pytest
+
+from tests.api.conftest import probe_and_wait
+
+WRITE = {"Authorization": "Bearer s3cret"}
+
+
+def test_writes_need_the_token_when_one_is_set(service_factory):
+    base, client, app = service_factory(token="s3cret")
+    assert client.post("/v1/probes", json={"dest": "127.0.0.1"}).status_code == 401
+    wrong = client.post("/v1/probes", json={"dest": "127.0.0.1"}, headers={"Authorization": "Bearer nope"})
+    assert wrong.status_code == 401 and "TAME_TOKEN" in wrong.json()["detail"]
+    assert wrong.headers["www-authenticate"] == "Bearer"
+    assert client.post("/v1/observations", json={"dest": "127.0.0.1", "streams": 1, "throughput_bps": 1e6}).status_code == 401
+    probe_and_wait(client, headers=WRITE)
+    # Reads stay open when no read token is configured.
+    assert client.get("/v1/advice", params={"dest": "127.0.0.1", "max_impact": 0.1}).status_code == 200
+
+
+def test_reads_need_a_token_when_a_read_token_is_set(service_factory):
+    base, client, app = service_factory(token="s3cret", read_token="r3ad")
+    assert client.get("/v1/paths").status_code == 401
+    assert client.get("/v1/paths", headers={"Authorization": "Bearer r3ad"}).status_code == 200
+    assert client.get("/v1/paths", headers=WRITE).status_code == 200
+    assert client.get("/healthz").status_code == 200
+    # The read token does not allow writes.
+    assert client.post("/v1/probes", json={"dest": "127.0.0.1"}, headers={"Authorization": "Bearer r3ad"}).status_code == 401
+
+
+@pytest.mark.parametrize("dest", ["192.0.2.1", "198.51.100.7:5201", "[2001:db8::1]:5201", "evil.test", "mixed.test"])
+def test_probes_outside_the_allow_list_are_refused(service_factory, dest):
+    base, client, app = service_factory(start_worker=False)
+    response = client.post("/v1/probes", json={"dest": dest})
+    assert response.status_code == 403, response.text
+    assert "TAME_ALLOWED_DESTINATIONS" in response.json()["detail"]
+    assert app.state.service.store.job_counts() == {}
+
+
+@pytest.mark.parametrize("dest", ["127.0.0.1", "localhost:5202", "lo.test", "[::1]:5201"])
+def test_probes_inside_the_allow_list_are_accepted(service_factory, dest):
+    base, client, app = service_factory(start_worker=False)
+    assert client.post("/v1/probes", json={"dest": dest}).status_code == 202
+
+
+@pytest.mark.parametrize("body, words", [
+    ({"dest": "no.such.host.test"}, "does not resolve"),
+    ({"dest": "127.0.0.1", "levels": [4]}, "levels"),
+    ({"dest": "127.0.0.1", "levels": [1, 1000]}, "levels"),
+    ({"dest": "127.0.0.1", "duration_s": 0}, "duration_s"),
+    ({"dest": "127.0.0.1:0"}, "port"),
+    ({"dest": "-bad-.example"}, "host name"),
+    ({"dest": "127.0.0.1", "unknown": 1}, "unknown"),
+])
+def test_bad_probe_requests_get_422(service_factory, body, words):
+    base, client, app = service_factory(start_worker=False)
+    response = client.post("/v1/probes", json=body)
+    assert response.status_code == 422, response.text
+    assert words in response.json()["detail"]
+
+
+def test_a_second_probe_of_a_destination_returns_the_active_one(service_factory):
+    base, client, app = service_factory(start_worker=False)
+    first = client.post("/v1/probes", json={"dest": "127.0.0.1"}).json()
+    second = client.post("/v1/probes", json={"dest": "127.0.0.1:5201"}).json()
+    assert first["created"] is True and second["created"] is False and second["id"] == first["id"]
+    assert client.get("/v1/probes/nope").status_code == 404

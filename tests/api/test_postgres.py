@@ -1,0 +1,79 @@
+"""The same store and API on PostgreSQL (127.0.0.1:5432, database `test`), in a fresh schema dropped afterwards."""
+
+import os
+import threading
+import uuid
+from urllib.parse import quote
+
+import psycopg
+import pytest
+
+from advisor.db import Database
+from advisor.store import Store
+from tests.api.conftest import probe_and_wait, rate
+
+pytestmark = pytest.mark.postgres
+
+SERVER = os.environ.get("TAME_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+@pytest.fixture
+def pg_url():
+    schema = f"tame_test_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(SERVER, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+    try:
+        yield f"{SERVER}?options={quote(f'-csearch_path={schema}')}"
+    finally:
+        with psycopg.connect(SERVER, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+def test_migrations_are_versioned_and_idempotent(pg_url):
+    db = Database(pg_url)
+    try:
+        assert db.migrate() == [1]
+        assert db.migrate() == []
+        with db.transaction() as tx:
+            assert tx.execute("SELECT version, name FROM schema_migrations").fetchall() == [(1, "initial")]
+    finally:
+        db.close()
+
+
+def test_api_on_postgres(service_factory, pg_url):
+    base, client, app = service_factory(url=pg_url)
+    status = probe_and_wait(client)
+    assert status["status"] == "done"
+    advice = client.get("/v1/advice", params={"dest": "127.0.0.1", "max_impact": 0.5}).json()
+    assert advice["num_flows"] == 3
+    assert client.get("/healthz").json()["database"] == "postgresql"
+    assert client.post("/v1/observations", json={"dest": "127.0.0.1", "streams": 4,
+                                                 "throughput_bps": rate(4)}).json()["refit"] is True
+    with psycopg.connect(pg_url) as conn:
+        (streams,) = conn.execute("SELECT coalesce(max(streams), 1) FROM current_advice "
+                                  "WHERE dest = '127.0.0.1:5201' AND impact <= 0.5").fetchone()
+    assert streams == 3
+
+
+def test_only_one_active_probe_per_destination_under_concurrent_requests(pg_url):
+    from advisor.destinations import parse_destination
+
+    store = Store.open(pg_url)
+    results = []
+    try:
+        def enqueue():
+            results.append(store.enqueue_job(parse_destination("127.0.0.1"), [1, 10], 1.0))
+
+        threads = [threading.Thread(target=enqueue) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert len({job.id for job, _ in results}) == 1
+        assert sum(created for _, created in results) == 1
+        # The global limit: with one probe allowed, a second destination's job is not claimed.
+        store.enqueue_job(parse_destination("127.0.0.2"), [1, 10], 1.0)
+        assert store.claim_job("a:1:x", lambda job: 600, limit=1) is not None
+        assert store.claim_job("b:2:y", lambda job: 600, limit=1) is None
+    finally:
+        store.close()
