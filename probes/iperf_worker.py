@@ -1,7 +1,7 @@
 """One iperf3 client run through the Python bindings, in a process of its own.
 
 Run as ``python -m probes.iperf_worker --host H --port P --streams N --duration S --omit S
-[--congestion-control NAME] [--connect-timeout-ms MS] [--bandwidth-bps BPS]``. It writes libiperf's JSON text (a
+[--congestion-control NAME] [--connect-timeout-ms MS] [--bandwidth-bps BPS] [--blksize BYTES]``. It writes libiperf's JSON text (a
 result, or libiperf's own ``{"error": …}`` document) to its original standard output and exits
 0 (a host that does not resolve is reported the same way, as
 ``{"error": "unable to resolve host …"}``); it exits 3 with a message on stderr when the bindings themselves fail.
@@ -45,6 +45,7 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--congestion-control", default=None)
     parser.add_argument("--connect-timeout-ms", type=int, default=None)
     parser.add_argument("--bandwidth-bps", type=int, default=0, help="pace each stream (0: unlimited)")
+    parser.add_argument("--blksize", type=int, default=0, help="bytes per write (0: libiperf's default)")
     return parser.parse_args(argv)
 
 
@@ -62,6 +63,8 @@ def run_client(args: argparse.Namespace) -> str:
     client.verbose = False
     if args.bandwidth_bps:
         client.bandwidth = args.bandwidth_bps
+    if args.blksize:
+        client.blksize = args.blksize
     lib = client.lib
     if args.congestion_control:
         lib.iperf_set_test_congestion_control.argtypes = (ctypes.c_void_p, ctypes.c_char_p)
