@@ -8,7 +8,7 @@ import sys
 
 # Each name is a module advisor.commands.<name> with register(subparsers) that adds its parser
 # and sets `handler` (args -> exit code) as a default.
-COMMANDS = ("fit", "curve")
+COMMANDS = ("fit", "curve", "probe")
 
 
 class UsageError(Exception):
