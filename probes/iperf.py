@@ -120,8 +120,8 @@ class IperfDriver:
             )
         except OSError as exc:
             raise ProbeError(f"cannot start the iperf3 worker ({self.python}): {exc}") from exc
-        self.last_worker_pid = proc.pid
         try:
+            self.last_worker_pid = proc.pid
             out, err = proc.communicate(timeout=deadline_s)
         except subprocess.TimeoutExpired as exc:
             _kill(proc)

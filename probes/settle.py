@@ -33,12 +33,14 @@ def assess_series(
 ) -> SettleVerdict:
     """Judge a per-interval throughput series (bits/s, omitted warm-up already removed).
 
-    The series is cut into thirds; the rate is settled when the last third's mean is within
+    The series is cut into thirds counted from its end (the first takes any remainder); the rate is settled when the last third's mean is within
     ``tolerance`` (relative) of the middle third's, or when the difference is within ``z``
     standard errors of it (a flat but noisy path is settled; more time would not settle it
     further). A series shorter than ``min_intervals`` is never settled: its thirds are too short
     to tell a trend from noise. The first third is left out of both: it holds the start-up the
-    probe is trying to get past.
+    probe is trying to get past. ``stderr_bps`` treats intervals as independent; TCP rates are
+    autocorrelated over a few RTTs, so with 1 s intervals on paths of RTT well under 1 s this is
+    close, and on longer RTTs it understates the uncertainty.
     """
     if tolerance < 0 or not math.isfinite(tolerance):
         raise ValueError(f"tolerance must be a finite number >= 0, got {tolerance!r}")
