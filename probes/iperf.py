@@ -105,6 +105,8 @@ class IperfDriver:
             "--host", target.host, "--port", str(target.port),
             # libiperf gives up connecting on its own before the hard kill, with a clearer error.
             "--connect-timeout-ms", str(max(1, int(deadline_s * 1000 * 0.8))),
+            # Should this process die without killing the worker, the worker still ends itself.
+            "--deadline-s", str(math.ceil(deadline_s) + 1),
             *extra,
         ]  # fmt: skip
         env = dict(os.environ)

@@ -1,10 +1,12 @@
 """One iperf3 client run through the Python bindings, in a process of its own.
 
 Run as ``python -m probes.iperf_worker --host H --port P --streams N --duration S --omit S
-[--congestion-control NAME] [--connect-timeout-ms MS] [--bandwidth-bps BPS] [--blksize BYTES]``. It writes libiperf's JSON text (a
-result, or libiperf's own ``{"error": …}`` document) to its original standard output and exits
-0 (a host that does not resolve is reported the same way, as
-``{"error": "unable to resolve host …"}``); it exits 3 with a message on stderr when the bindings themselves fail.
+[--congestion-control NAME] [--connect-timeout-ms MS] [--bandwidth-bps BPS] [--blksize BYTES]
+[--deadline-s S]``. It writes libiperf's JSON text (a result, or libiperf's own
+``{"error": …}`` document; a host that does not resolve is reported the same way, as
+``{"error": "unable to resolve host …"}``) to its original standard output and exits 0. It exits
+3 with a message on stderr when the bindings themselves fail, and ends itself by SIGALRM at
+``--deadline-s``.
 
 Two defects of the bindings (PyPI ``iperf3`` 0.1.11) are owned here rather than worked around
 by callers:
@@ -27,7 +29,9 @@ import argparse
 import ctypes
 import ctypes.util
 import json
+import math
 import os
+import signal
 import socket
 import sys
 import tempfile
@@ -46,6 +50,8 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--connect-timeout-ms", type=int, default=None)
     parser.add_argument("--bandwidth-bps", type=int, default=0, help="pace each stream (0: unlimited)")
     parser.add_argument("--blksize", type=int, default=0, help="bytes per write (0: libiperf's default)")
+    parser.add_argument("--deadline-s", type=float, default=None,
+                        help="the worker ends itself (SIGALRM) this many seconds after it starts")
     return parser.parse_args(argv)
 
 
@@ -109,6 +115,10 @@ def resolution_error(host: str, port: int) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(sys.argv[1:] if argv is None else argv)
+    if args.deadline_s:
+        # The parent kills the worker at its deadline; this covers a parent that died first
+        # (SIGKILL, OOM): SIGALRM's default action ends the process, libiperf or not.
+        signal.alarm(max(1, math.ceil(args.deadline_s)))
     # The bindings take fd 1 over during the run; results leave through a private copy of it.
     out = os.fdopen(os.dup(1), "w", encoding="utf-8")
     try:

@@ -8,6 +8,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 
@@ -167,3 +168,12 @@ def test_bad_arguments_raise_value_error_before_any_process():
     assert driver.last_worker_pid is None
     with pytest.raises(ValueError, match="congestion_control"):
         IperfDriver(congestion_control="vegas!")
+
+
+def test_worker_ends_itself_at_its_deadline_when_nobody_kills_it(server):
+    # What protects the path when the parent died without killing its worker.
+    host, port = server.rsplit(":", 1)
+    argv = [sys.executable, "-m", "probes.iperf_worker", "--host", host, "--port", port,
+            "--streams", "1", "--duration", "30", "--deadline-s", "1"]  # fmt: skip
+    worker = subprocess.run(argv, capture_output=True, timeout=60)
+    assert worker.returncode == -signal.SIGALRM
