@@ -12,10 +12,10 @@ Two defects of the bindings (PyPI ``iperf3`` 0.1.11) are owned here rather than 
 by callers:
 
 * ``Client.run`` points fd 1 at an ``os.pipe()`` that it reads only after ``iperf_run_client``
-  returns, and libiperf writes the whole JSON document to fd 1 at the end of the test. Past the
-  pipe's 64 KiB (about 16 streams x 10 s of per-interval data) the write blocks and the run
-  never returns. The worker swaps the write end of that pipe for an unlinked temporary file, so
-  libiperf writes without limit, and reads the file afterwards.
+  returns (with libiperf 3.1x, not at all), and libiperf writes the whole JSON document to fd 1
+  at the end of the test. Past the pipe's 64 KiB (about 16 streams x 10 s of per-interval data)
+  the write blocks and the run never returns. The worker swaps the write end of that pipe for an
+  unlinked temporary file, so libiperf writes without limit, and reads the file afterwards.
 * A ``Client`` cannot be reused and its ``__del__`` closes descriptors by number, which may by
   then belong to a later client; fd 1 is process-wide. One process per probe avoids both.
 
