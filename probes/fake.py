@@ -1,34 +1,82 @@
-"""A deterministic in-memory probe driver, for unit tests of the advisor and the API only."""
+"""A deterministic in-memory ProbeDriver, for unit tests of the plan and the advisor only.
+
+Integration tests use the real drivers; this one never touches the network. It reads no clock;
+it only sleeps ``delay_s`` per probe when a test needs to catch a probe in flight (e.g. to kill it).
+"""
 
 from __future__ import annotations
 
+import math
 import time
+from dataclasses import dataclass, field
 from typing import Callable
 
-from probes.result import ProbeResult
+import numpy as np
+
+from probes.errors import ProbeError
+from probes.result import ProbeResult, StreamRtt
 
 
+@dataclass
 class FakeDriver:
-    """Reports ``throughput_of_n(streams)`` bits/s for every probe, after sleeping ``delay_s``.
+    """Returns ``throughput_bps(n)`` for n streams, as a 1 s interval series.
 
-    It sends no traffic. ``delay_s`` lets tests catch a probe in flight (e.g. to kill the
-    process running it); ``idle_rtt_s`` is what :meth:`idle_rtt` reports.
+    The series rises linearly from ``ramp_start_fraction`` of the final rate over the first
+    ``ramp_s`` seconds (after warm-up), a stand-in for slow start and recovery, then stays flat;
+    ``noise`` adds seeded relative Gaussian noise. ``rtt_s`` is reported as the idle RTT and
+    every stream's RTT. ``fail_with`` makes every call raise. ``calls`` records
+    ``(method, dest, streams, duration_s, omit_s)`` in order.
     """
 
-    def __init__(self, throughput_of_n: Callable[[int], float], delay_s: float = 0.0, idle_rtt_s: float | None = 0.01):
-        self.throughput_of_n = throughput_of_n
-        self.delay_s = delay_s
-        self.idle_rtt_s = idle_rtt_s
+    throughput_bps: Callable[[int], float]
+    rtt_s: float = 0.05
+    ramp_s: float = 0.0
+    ramp_start_fraction: float = 0.5
+    noise: float = 0.0
+    seed: int = 0
+    retransmits_per_stream: int = 0
+    mss_bytes: int = 1448
+    congestion_control: str = "cubic"
+    fail_with: ProbeError | None = None
+    delay_s: float = 0.0
+    calls: list[tuple] = field(default_factory=list)
 
     def run(self, dest: str, streams: int, duration_s: float, omit_s: float, deadline_s: float) -> ProbeResult:
+        self.calls.append(("run", dest, streams, duration_s, omit_s))
+        if self.fail_with is not None:
+            raise self.fail_with
         if self.delay_s:
             time.sleep(self.delay_s)
-        rate = float(self.throughput_of_n(streams))
+        final = float(self.throughput_bps(streams))
+        seconds = max(1, math.ceil(duration_s))
+        t = omit_s + np.arange(seconds) + 0.5  # interval midpoints since the start, warm-up included
+        if self.ramp_s > 0:
+            fraction = self.ramp_start_fraction + (1 - self.ramp_start_fraction) * np.clip(t / self.ramp_s, 0, 1)
+        else:
+            fraction = np.ones(seconds)
+        rng = np.random.default_rng([self.seed, streams, seconds])
+        series = final * fraction * (1 + self.noise * rng.standard_normal(seconds))
+        series = np.clip(series, 0.0, None)
+        mean = float(series.mean())
         return ProbeResult(
-            dest=dest, streams=streams, duration_s=duration_s, omit_s=omit_s,
-            throughput_bps=rate, sender_bps=rate, retransmits=0,
-            rtt_mean_s=self.idle_rtt_s, started_at=time.time(), raw="fake",
+            dest=dest,
+            streams=streams,
+            duration_s=float(seconds),
+            omit_s=float(omit_s),
+            throughput_bps=mean,
+            sender_bps=mean,
+            retransmits=self.retransmits_per_stream * streams,
+            rtt_mean_s=self.rtt_s,
+            rtt_min_s=self.rtt_s,
+            rtt_max_s=self.rtt_s,
+            stream_rtts=tuple(StreamRtt(self.rtt_s, self.rtt_s, self.rtt_s) for _ in range(streams)),
+            mss_bytes=self.mss_bytes,
+            congestion_control=self.congestion_control,
+            interval_bps=tuple(float(x) for x in series),
         )
 
     def idle_rtt(self, dest: str, deadline_s: float) -> float | None:
-        return self.idle_rtt_s
+        self.calls.append(("idle_rtt", dest, None, None, None))
+        if self.fail_with is not None:
+            raise self.fail_with
+        return self.rtt_s

@@ -1,0 +1,152 @@
+"""`tame probe`: measure a destination with paired iperf3 probes and print what they measured."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+from advisor.cli import UsageError
+from probes.destination import parse_destination
+from probes.errors import ProbeError
+from probes.iperf import CONGESTION_CONTROLS, MAX_STREAMS, IperfDriver
+from probes.plan import PlanEvent, ProbePlan, run_plan
+from probes.result import PlanResult
+
+EXIT_PROBE_FAILED = 1
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "probe", help="measure DEST with paired iperf3 probes (needs `iperf3 -s` there)"
+    )
+    parser.add_argument("dest", metavar="DEST[:PORT]", help="iperf3 server; port 5201 if none; IPv6 as [addr]:port")
+    parser.add_argument("--levels", default="1,10", help="stream counts to probe, comma-separated (default 1,10)")
+    parser.add_argument("--duration", default="10", metavar="S", help="measured seconds per probe (default 10)")
+    parser.add_argument("--omit", default="2", metavar="S", help="warm-up seconds left out of each probe (default 2)")
+    parser.add_argument("--max-duration", default="60", metavar="S",
+                        help="longest a probe is extended to while its rate has not settled (default 60)")
+    parser.add_argument("--repeats", default="1", metavar="K", help="probe every level K times (default 1)")
+    parser.add_argument("--congestion-control", choices=CONGESTION_CONTROLS, default=None,
+                        help="sender congestion control (default: the kernel's)")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.set_defaults(handler=run)
+
+
+def parse_levels(text: str) -> tuple[int, ...]:
+    """``"1,10"`` → (1, 10); UsageError saying what to fix otherwise."""
+    parts = [p.strip() for p in text.split(",")]
+    levels = []
+    for part in parts:
+        if not part.isdigit() or int(part) < 1:
+            raise UsageError(f"--levels {text!r}: {part!r} is not a positive integer; give e.g. --levels 1,10")
+        if int(part) > MAX_STREAMS:
+            raise UsageError(f"--levels {text!r}: {part} streams is more than iperf3 allows ({MAX_STREAMS})")
+        levels.append(int(part))
+    duplicates = sorted({n for n in levels if levels.count(n) > 1})
+    if duplicates:
+        raise UsageError(f"--levels {text!r}: {', '.join(map(str, duplicates))} given twice; list each level once")
+    return tuple(levels)
+
+
+def _seconds(option: str, text: str, minimum: float) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= minimum):
+        raise UsageError(f"{option} {text!r}: give a number of seconds >= {minimum:g}")
+    return value
+
+
+def plan_from_args(args) -> ProbePlan:
+    if not args.repeats.isdigit() or int(args.repeats) < 1:
+        raise UsageError(f"--repeats {args.repeats!r}: give a positive integer")
+    duration = _seconds("--duration", args.duration, 1)
+    max_duration = _seconds("--max-duration", args.max_duration, 1)
+    if max_duration < duration:
+        raise UsageError(f"--max-duration {args.max_duration} is shorter than --duration {args.duration}")
+    return ProbePlan(
+        levels=parse_levels(args.levels),
+        duration_s=duration,
+        omit_s=_seconds("--omit", args.omit, 0),
+        max_duration_s=max_duration,
+        repeats=int(args.repeats),
+    )
+
+
+def run(args) -> int:
+    try:
+        dest = str(parse_destination(args.dest))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    plan = plan_from_args(args)
+    driver = IperfDriver(congestion_control=args.congestion_control)
+    try:
+        result = run_plan(driver, dest, plan, progress=_print_progress)
+    except ProbeError as exc:
+        print(f"tame probe: {exc}", file=sys.stderr)
+        return EXIT_PROBE_FAILED
+    if args.json:
+        print(json.dumps(to_json(result), indent=2))
+    else:
+        _print_table(result)
+    return 0
+
+
+def to_json(result: PlanResult) -> dict:
+    """The `tame probe --json` document (throughput_bps measured at the receiver)."""
+    return {
+        "dest": result.dest,
+        "idle_rtt_s": result.idle_rtt_s,
+        "probes": [
+            {
+                "streams": p.streams,
+                "throughput_bps": p.throughput_bps,
+                "sender_bps": p.sender_bps,
+                "retransmits": p.retransmits,
+                "rtt_mean_s": p.rtt_mean_s,
+                "duration_s": p.duration_s,
+                "omit_s": p.omit_s,
+                "throughput_stderr_bps": p.throughput_stderr_bps,
+                "settled": p.settled,
+                "congestion_control": p.congestion_control,
+                "mss_bytes": p.mss_bytes,
+                "started_at": p.started_at,
+            }
+            for p in result.probes
+        ],
+    }
+
+
+def _print_progress(event: PlanEvent) -> None:
+    step = f"[{event.index}/{event.total}]"
+    if event.kind == "idle_rtt":
+        line = f"measuring idle RTT to {event.dest} …"
+    elif event.kind == "idle_rtt_done":
+        rtt = "unknown" if event.idle_rtt_s is None else f"{event.idle_rtt_s * 1e3:.3f} ms"
+        line = f"idle RTT {rtt}"
+    elif event.kind == "probe":
+        line = f"{step} {event.streams} stream(s) for {event.duration_s:g} s …"
+    elif event.kind == "extend":
+        line = f"{step} {event.streams} stream(s): rate not settled, again for {event.duration_s:g} s …"
+    else:
+        r = event.result
+        line = f"{step} {event.streams} stream(s): {r.throughput_bps / 1e6:.1f} Mbit/s" + (
+            "" if r.settled else " (not settled at the longest duration)"
+        )
+    print(f"tame probe: {line}", file=sys.stderr, flush=True)
+
+
+def _print_table(result: PlanResult) -> None:
+    rtt = "unknown" if result.idle_rtt_s is None else f"{result.idle_rtt_s * 1e3:.3f} ms"
+    print(f"{result.dest}  idle RTT {rtt}")
+    print(f"{'streams':>7}  {'Mbit/s':>10}  {'± Mbit/s':>9}  {'retrans':>8}  {'RTT ms':>8}  {'seconds':>7}  settled")
+    for p in result.probes:
+        stderr = "-" if p.throughput_stderr_bps is None else f"{p.throughput_stderr_bps / 1e6:.1f}"
+        retrans = "-" if p.retransmits is None else str(p.retransmits)
+        rtt_ms = "-" if p.rtt_mean_s is None else f"{p.rtt_mean_s * 1e3:.3f}"
+        print(
+            f"{p.streams:>7}  {p.throughput_bps / 1e6:>10.1f}  {stderr:>9}  {retrans:>8}  {rtt_ms:>8}  "
+            f"{p.duration_s:>7.1f}  {'yes' if p.settled else 'no'}"
+        )

@@ -1,0 +1,146 @@
+"""The real probe driver: iperf3 through the Python bindings, one worker process per probe.
+
+Each probe runs ``python -m probes.iperf_worker`` (an argument list, never a shell string) in a
+new session, with a hard wall-clock budget. The worker is killed and reaped when the budget runs
+out, and on any exception in the caller (KeyboardInterrupt included). See
+:mod:`probes.iperf_worker` for the bindings' defects the worker owns.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from probes.destination import Destination, parse_destination
+from probes.errors import ProbeDeadlineExceeded, ProbeError
+from probes.iperf_parse import parse_iperf_json
+from probes.result import ProbeResult
+
+CONGESTION_CONTROLS = ("reno", "cubic", "bbr")
+MAX_STREAMS = 128  # libiperf 3.12 refuses more parallel streams than this
+
+_PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
+
+
+class IperfDriver:
+    """ProbeDriver over the ``iperf3`` bindings (libiperf 3.x).
+
+    ``deadline_s`` in :meth:`run` and :meth:`idle_rtt` is a wall-clock budget in seconds from
+    the call; nothing started by the call outlives it. iperf3 takes whole seconds, so
+    ``duration_s`` and ``omit_s`` are rounded up. ``congestion_control`` (one of
+    :data:`CONGESTION_CONTROLS`) is set on the sender through libiperf; None keeps the kernel's
+    default. ``dest`` is ``HOST[:PORT]`` (:func:`probes.destination.parse_destination`).
+    """
+
+    def __init__(
+        self,
+        *,
+        congestion_control: str | None = None,
+        python: str = sys.executable,
+        idle_rate_bps: int = 1_000_000,
+        idle_duration_s: int = 2,
+    ) -> None:
+        if congestion_control is not None and congestion_control not in CONGESTION_CONTROLS:
+            raise ValueError(
+                f"congestion_control must be one of {', '.join(CONGESTION_CONTROLS)} or None, "
+                f"got {congestion_control!r}"
+            )
+        if idle_rate_bps <= 0 or idle_duration_s < 1:
+            raise ValueError("idle_rate_bps must be > 0 and idle_duration_s >= 1")
+        self.congestion_control = congestion_control
+        self.python = python
+        self.idle_rate_bps = int(idle_rate_bps)
+        self.idle_duration_s = int(idle_duration_s)
+        #: Process id of the most recent worker (already reaped when a call returns or raises).
+        self.last_worker_pid: int | None = None
+
+    def run(
+        self,
+        dest: str,
+        streams: int,
+        duration_s: float,
+        omit_s: float,
+        deadline_s: float,
+    ) -> ProbeResult:
+        """Run one probe of ``streams`` parallel TCP streams to ``dest``."""
+        if not isinstance(streams, int) or not 1 <= streams <= MAX_STREAMS:
+            raise ValueError(f"streams must be an integer from 1 to {MAX_STREAMS}, got {streams!r}")
+        if not (math.isfinite(duration_s) and duration_s > 0):
+            raise ValueError(f"duration_s must be > 0, got {duration_s!r}")
+        if not (math.isfinite(omit_s) and omit_s >= 0):
+            raise ValueError(f"omit_s must be >= 0, got {omit_s!r}")
+        target = parse_destination(dest)
+        extra = ["--streams", str(streams), "--duration", str(math.ceil(duration_s)), "--omit", str(math.ceil(omit_s))]
+        if self.congestion_control:
+            extra += ["--congestion-control", self.congestion_control]
+        return parse_iperf_json(self._run_worker(target, extra, deadline_s), str(target))
+
+    def idle_rtt(self, dest: str, deadline_s: float) -> float | None:
+        """Smallest smoothed RTT of one stream paced at ``idle_rate_bps``, in seconds.
+
+        Why a paced probe and not TCP connect time: an iperf3 server takes every connection to
+        its port as a test, so a bare connect makes it log an error, and a ``-s -1`` server exits
+        on it. A single stream at 1 Mbit/s in 8 KiB writes for 2 s builds no queue on any path
+        worth probing, so the kernel's smoothed RTT (tcp_info, which iperf3 samples) stays near
+        the path's idle RTT; taking the minimum over the samples discards those a delayed ACK
+        inflated. It costs one short test on the server, run before the real probes, never
+        beside them. Returns None when the kernel reported no RTT.
+        """
+        target = parse_destination(dest)
+        extra = [
+            "--streams", "1", "--duration", str(self.idle_duration_s), "--omit", "0",
+            "--bandwidth-bps", str(self.idle_rate_bps), "--blksize", "8192",
+        ]  # fmt: skip
+        result = parse_iperf_json(self._run_worker(target, extra, deadline_s), str(target))
+        return result.rtt_min_s
+
+    def _run_worker(self, target: Destination, extra: list[str], deadline_s: float) -> str:
+        if not (math.isfinite(deadline_s) and deadline_s > 0):
+            raise ValueError(f"deadline_s must be > 0, got {deadline_s!r}")
+        argv = [
+            self.python, "-m", "probes.iperf_worker",
+            "--host", target.host, "--port", str(target.port),
+            # libiperf gives up connecting on its own before the hard kill, with a clearer error.
+            "--connect-timeout-ms", str(max(1, int(deadline_s * 1000 * 0.8))),
+            # Should this process die without killing the worker, the worker still ends itself.
+            "--deadline-s", str(math.ceil(deadline_s) + 1),
+            *extra,
+        ]  # fmt: skip
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (_PROJECT_ROOT, env.get("PYTHONPATH")) if p)
+        try:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=env,
+                start_new_session=True,  # a Ctrl-C in the terminal reaches us, and we kill it
+            )
+        except OSError as exc:
+            raise ProbeError(f"cannot start the iperf3 worker ({self.python}): {exc}") from exc
+        try:
+            self.last_worker_pid = proc.pid
+            out, err = proc.communicate(timeout=deadline_s)
+        except subprocess.TimeoutExpired as exc:
+            _kill(proc)
+            raise ProbeDeadlineExceeded(
+                f"iperf3 probe to {target} did not finish within its {deadline_s:g} s deadline and was stopped"
+            ) from exc
+        except BaseException:
+            _kill(proc)
+            raise
+        if proc.returncode != 0:
+            detail = err.decode("utf-8", errors="replace").strip().splitlines()
+            reason = detail[-1] if detail else f"exit status {proc.returncode}"
+            raise ProbeError(f"iperf3 probe to {target} failed in its worker: {reason}")
+        return out.decode("utf-8", errors="replace")
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    """Kill the worker and reap it, so no process and no pipe outlives the call."""
+    proc.kill()
+    proc.communicate()

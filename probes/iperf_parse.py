@@ -1,0 +1,119 @@
+"""Pure parsing of libiperf's JSON output (iperf3 3.x, TCP client side) into a ProbeResult."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from probes.errors import (
+    HostUnresolvable,
+    NothingListening,
+    ProbeError,
+    ServerBusy,
+    ZeroThroughput,
+)
+from probes.result import ProbeResult, StreamRtt
+from probes.settle import assess_series
+
+_US = 1e-6  # libiperf reports tcp_info RTTs in microseconds
+
+# Substrings of libiperf's error text (iperf_strerror, 3.x) and of getaddrinfo's messages,
+# checked in order; the first that matches names the error class.
+_ERROR_PATTERNS: tuple[tuple[str, type[ProbeError]], ...] = (
+    ("unable to resolve host", HostUnresolvable),
+    ("name or service not known", HostUnresolvable),
+    ("temporary failure in name resolution", HostUnresolvable),
+    ("no address associated with hostname", HostUnresolvable),
+    ("nodename nor servname", HostUnresolvable),
+    ("server is busy", ServerBusy),
+    ("connection refused", NothingListening),
+)
+
+
+def error_from_message(message: str, dest: str) -> ProbeError:
+    """The ProbeError for one of libiperf's error strings, with a one-line message naming ``dest``."""
+    lowered = message.lower()
+    for pattern, cls in _ERROR_PATTERNS:
+        if pattern in lowered:
+            break
+    else:
+        cls = ProbeError
+    what = {
+        HostUnresolvable: f"host of {dest} does not resolve",
+        NothingListening: f"nothing listening at {dest} (is `iperf3 -s` running there?)",
+        ServerBusy: f"the iperf3 server at {dest} is busy with another test; try again later",
+    }.get(cls, f"iperf3 probe to {dest} failed")
+    return cls(f"{what} (iperf3: {message.strip()})")
+
+
+def parse_iperf_json(text: str, dest: str) -> ProbeResult:
+    """Parse the JSON document of one iperf3 TCP client run.
+
+    Raises the matching ProbeError for libiperf's ``"error"`` member (no partial result is kept,
+    even when intervals were reported before the error), ProbeError for text that is not an
+    iperf3 TCP result, and ZeroThroughput when the receiver counted no bits.
+    ``interval_bps`` is the sender's per-interval sum with omitted (warm-up) intervals left out;
+    ``settled`` and ``throughput_stderr_bps`` come from :func:`probes.settle.assess_series`
+    with its default rule.
+    """
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise ProbeError(f"iperf3 probe to {dest} produced output that is not JSON: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise ProbeError(f"iperf3 probe to {dest} produced JSON that is not an object")
+    if doc.get("error"):
+        raise error_from_message(str(doc["error"]), dest)
+    try:
+        return _result(doc, text, dest)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ProbeError(f"iperf3 probe to {dest} produced an incomplete result ({exc!r})") from exc
+
+
+def _result(doc: dict[str, Any], text: str, dest: str) -> ProbeResult:
+    start, end = doc["start"], doc["end"]
+    test_start = start["test_start"]
+    if test_start.get("protocol", "TCP") != "TCP":
+        raise ProbeError(f"iperf3 probe to {dest} was not a TCP test")
+    received, sent = end["sum_received"], end["sum_sent"]
+    throughput_bps = float(received["bits_per_second"])
+    if not throughput_bps > 0:
+        raise ZeroThroughput(f"iperf3 probe to {dest} moved no data (receiver counted 0 bits/s)")
+
+    rtts = tuple(
+        StreamRtt(
+            mean_s=s["sender"]["mean_rtt"] * _US,
+            min_s=s["sender"]["min_rtt"] * _US,
+            max_s=s["sender"]["max_rtt"] * _US,
+        )
+        for s in end.get("streams", [])
+        if "sender" in s and "mean_rtt" in s["sender"]
+    )
+    intervals = tuple(
+        float(iv["sum"]["bits_per_second"])
+        for iv in doc.get("intervals", [])
+        if not iv["sum"].get("omitted", False)
+    )
+    verdict = assess_series(intervals)
+    retransmits = sent.get("retransmits")
+    mss = start.get("tcp_mss") or start.get("tcp_mss_default")
+    return ProbeResult(
+        dest=dest,
+        streams=int(test_start["num_streams"]),
+        duration_s=float(received.get("seconds", test_start["duration"])),
+        omit_s=float(test_start.get("omit", 0)),
+        throughput_bps=throughput_bps,
+        sender_bps=float(sent["bits_per_second"]),
+        retransmits=int(retransmits) if retransmits is not None else None,
+        rtt_mean_s=sum(r.mean_s for r in rtts) / len(rtts) if rtts else None,
+        rtt_min_s=min(r.min_s for r in rtts) if rtts else None,
+        rtt_max_s=max(r.max_s for r in rtts) if rtts else None,
+        stream_rtts=rtts,
+        mss_bytes=int(mss) if mss else None,
+        congestion_control=end.get("sender_tcp_congestion"),
+        started_at=float(start.get("timestamp", {}).get("timesecs", 0.0)),
+        throughput_stderr_bps=verdict.stderr_bps,
+        settled=verdict.settled,
+        interval_bps=intervals,
+        raw=text,
+    )

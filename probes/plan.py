@@ -1,0 +1,153 @@
+"""A probe plan: idle RTT, then paired probes at fixed stream counts, each run until it settles."""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass, replace
+from typing import Callable, Literal
+
+from probes.base import ProbeDriver
+from probes.result import PlanResult, ProbeResult
+from probes.settle import assess_series
+
+
+@dataclass(frozen=True)
+class ProbePlan:
+    """What to measure and for how long.
+
+    ``levels`` are the paired stream counts (n1, n2); (1, 10) by default, which on the paper's
+    own simulator predicts far better than (1, 5). ``extra_levels`` are probed after them.
+    Each level is probed ``repeats`` times, levels interleaved (1, 10, 1, 10, …) so a change of
+    the path over time does not fall on one level only. A probe lasts ``omit_s`` warm-up seconds
+    plus ``duration_s`` measured seconds; one whose interval series has not settled
+    (:func:`probes.settle.assess_series` with ``settle_tolerance`` and ``settle_z``) is re-run
+    twice as long, up to ``max_duration_s``. A probe may take ``deadline_slack_s`` seconds past
+    its nominal length before the driver kills it.
+    """
+
+    levels: tuple[int, ...] = (1, 10)
+    duration_s: float = 10.0
+    omit_s: float = 2.0
+    repeats: int = 1
+    extra_levels: tuple[int, ...] = ()
+    settle_tolerance: float = 0.05
+    settle_z: float = 2.0
+    max_duration_s: float = 60.0
+    deadline_slack_s: float = 20.0
+    idle_rtt_deadline_s: float = 20.0
+
+    def __post_init__(self) -> None:
+        all_levels = self.levels + self.extra_levels
+        if not self.levels:
+            raise ValueError("levels must name at least one stream count")
+        for n in all_levels:
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise ValueError(f"levels and extra_levels must be positive integers, got {n!r}")
+        if len(set(all_levels)) != len(all_levels):
+            raise ValueError(f"levels and extra_levels must not repeat a stream count: {all_levels}")
+        if isinstance(self.repeats, bool) or not isinstance(self.repeats, int) or self.repeats < 1:
+            raise ValueError(f"repeats must be an integer >= 1, got {self.repeats!r}")
+        for name in ("duration_s", "max_duration_s", "deadline_slack_s", "idle_rtt_deadline_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+        if not (math.isfinite(self.omit_s) and self.omit_s >= 0):
+            raise ValueError(f"omit_s must be a finite number >= 0, got {self.omit_s!r}")
+        if self.max_duration_s < self.duration_s:
+            raise ValueError(
+                f"max_duration_s ({self.max_duration_s:g}) must be at least duration_s ({self.duration_s:g})"
+            )
+        if not (math.isfinite(self.settle_tolerance) and self.settle_tolerance >= 0):
+            raise ValueError(f"settle_tolerance must be >= 0, got {self.settle_tolerance!r}")
+        if not (math.isfinite(self.settle_z) and self.settle_z >= 0):
+            raise ValueError(f"settle_z must be >= 0, got {self.settle_z!r}")
+
+    @property
+    def schedule(self) -> tuple[int, ...]:
+        """Stream counts in the order they are probed."""
+        return tuple(self.levels * self.repeats) + tuple(self.extra_levels * self.repeats)
+
+
+@dataclass(frozen=True)
+class PlanEvent:
+    """Progress of a plan, for a display: what is about to run or what just finished."""
+
+    kind: Literal["idle_rtt", "idle_rtt_done", "probe", "probe_done", "extend"]
+    dest: str
+    streams: int | None = None
+    duration_s: float | None = None
+    index: int = 0  # 1-based position in the schedule (0 for the idle RTT)
+    total: int = 0
+    result: ProbeResult | None = None
+    idle_rtt_s: float | None = None
+
+
+Progress = Callable[[PlanEvent], None]
+
+_dest_locks: dict[str, threading.Lock] = {}
+_dest_locks_guard = threading.Lock()
+
+
+def _lock_for(dest: str) -> threading.Lock:
+    # Process-wide on purpose: two plans to one destination from two threads (an API serving
+    # two requests) must queue, since an iperf3 server runs one test at a time and parallel
+    # probes would each measure the other's load.
+    with _dest_locks_guard:
+        return _dest_locks.setdefault(dest, threading.Lock())
+
+
+def run_plan(
+    driver: ProbeDriver,
+    dest: str,
+    plan: ProbePlan | None = None,
+    progress: Progress | None = None,
+) -> PlanResult:
+    """Measure ``dest``: idle RTT, then every probe of ``plan`` in turn, never two at once.
+
+    A ProbeError from the driver propagates and nothing measured so far is returned.
+    """
+    plan = plan or ProbePlan()
+    report = progress or (lambda event: None)
+    schedule = plan.schedule
+    with _lock_for(dest):
+        report(PlanEvent("idle_rtt", dest, total=len(schedule)))
+        idle_rtt_s = driver.idle_rtt(dest, deadline_s=plan.idle_rtt_deadline_s)
+        report(PlanEvent("idle_rtt_done", dest, total=len(schedule), idle_rtt_s=idle_rtt_s))
+        probes = []
+        for index, streams in enumerate(schedule, start=1):
+            probes.append(_settled_probe(driver, dest, streams, plan, index, len(schedule), report))
+    return PlanResult(dest=dest, idle_rtt_s=idle_rtt_s, probes=tuple(probes))
+
+
+def _settled_probe(
+    driver: ProbeDriver,
+    dest: str,
+    streams: int,
+    plan: ProbePlan,
+    index: int,
+    total: int,
+    report: Progress,
+) -> ProbeResult:
+    duration_s = plan.duration_s
+    report(PlanEvent("probe", dest, streams, duration_s, index, total))
+    while True:
+        deadline_s = plan.omit_s + duration_s + plan.deadline_slack_s
+        raw = driver.run(dest, streams, duration_s, plan.omit_s, deadline_s)
+        result = judge(raw, plan)
+        if result.settled or duration_s >= plan.max_duration_s:
+            report(PlanEvent("probe_done", dest, streams, duration_s, index, total, result))
+            return result
+        duration_s = min(2 * duration_s, plan.max_duration_s)
+        report(PlanEvent("extend", dest, streams, duration_s, index, total, result))
+
+
+def judge(result: ProbeResult, plan: ProbePlan) -> ProbeResult:
+    """``result`` with ``settled`` and ``throughput_stderr_bps`` set by the plan's settle rule.
+
+    A driver without an interval series keeps its own verdict.
+    """
+    if not result.interval_bps:
+        return result
+    verdict = assess_series(result.interval_bps, tolerance=plan.settle_tolerance, z=plan.settle_z)
+    return replace(result, settled=verdict.settled, throughput_stderr_bps=verdict.stderr_bps)

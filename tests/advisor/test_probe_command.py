@@ -1,0 +1,81 @@
+"""`tame probe` with the fake driver in place of iperf3 (the real driver has its own tests)."""
+
+import argparse
+import json
+
+import pytest
+
+from advisor.cli import COMMANDS, UsageError
+from advisor.commands import probe
+from probes.errors import NothingListening
+from probes.fake import FakeDriver
+
+
+def parse(*argv):
+    parser = argparse.ArgumentParser(prog="tame")
+    probe.register(parser.add_subparsers(dest="command", required=True))
+    return parser.parse_args(["probe", *argv])
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    driver = FakeDriver(lambda n: 30e6 * n / (1 + 0.2 * n), rtt_s=0.03, retransmits_per_stream=2)
+    monkeypatch.setattr(probe, "IperfDriver", lambda congestion_control=None: driver)
+    return driver
+
+
+def test_probe_is_a_registered_command():
+    assert "probe" in COMMANDS
+
+
+def test_json_output_has_the_documented_shape(fake, capsys):
+    args = parse("192.0.2.7:5300", "--levels", "1,10", "--duration", "10", "--json")
+    assert args.handler(args) == 0
+    out, err = capsys.readouterr()
+    doc = json.loads(out)
+    assert doc["dest"] == "192.0.2.7:5300" and doc["idle_rtt_s"] == 0.03
+    assert [p["streams"] for p in doc["probes"]] == [1, 10]
+    for p in doc["probes"]:
+        assert {"streams", "throughput_bps", "sender_bps", "retransmits", "rtt_mean_s", "duration_s"} <= set(p)
+    assert doc["probes"][1]["retransmits"] == 20
+    assert "idle RTT" in err and "[2/2]" in err  # progress goes to stderr, results to stdout
+
+
+def test_default_port_and_options_reach_the_plan(fake, capsys):
+    args = parse("192.0.2.7", "--levels", "2,8", "--duration", "12", "--omit", "3")
+    assert args.handler(args) == 0
+    runs = [c for c in fake.calls if c[0] == "run"]
+    assert [(c[1], c[2], c[3], c[4]) for c in runs] == [("192.0.2.7:5201", 2, 12.0, 3.0), ("192.0.2.7:5201", 8, 12.0, 3.0)]
+    assert "streams" in capsys.readouterr().out
+
+
+def test_probe_error_is_one_line_on_stderr_and_exit_1(fake, capsys):
+    fake.fail_with = NothingListening("nothing listening at 192.0.2.7:5201")
+    args = parse("192.0.2.7")
+    assert args.handler(args) == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.strip().splitlines()[-1] == "tame probe: nothing listening at 192.0.2.7:5201"
+
+
+@pytest.mark.parametrize(
+    "argv, hint",
+    [
+        (["192.0.2.7:0"], "1 to 65535"),
+        (["192.0.2.7:x"], "must be a number"),
+        (["::1"], "brackets"),
+        (["192.0.2.7", "--levels", "1,0"], "not a positive integer"),
+        (["192.0.2.7", "--levels", "1,ten"], "not a positive integer"),
+        (["192.0.2.7", "--levels", "10,1,10"], "given twice"),
+        (["192.0.2.7", "--levels", "1,500"], "more than iperf3 allows"),
+        (["192.0.2.7", "--duration", "0"], "--duration"),
+        (["192.0.2.7", "--omit", "-1"], "--omit"),
+        (["192.0.2.7", "--duration", "30", "--max-duration", "20"], "shorter than --duration"),
+        (["192.0.2.7", "--repeats", "0"], "--repeats"),
+    ],
+)
+def test_bad_input_raises_usage_error_saying_what_to_fix(fake, argv, hint):
+    args = parse(*argv)
+    with pytest.raises(UsageError, match=hint):
+        args.handler(args)
+    assert fake.calls == []

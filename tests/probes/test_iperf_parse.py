@@ -1,0 +1,120 @@
+"""The libiperf JSON parser on files recorded from real runs (scripts/record_iperf_fixtures.py)."""
+
+import json
+from pathlib import Path
+
+import pytest
+from numpy.testing import assert_allclose
+
+from probes.errors import HostUnresolvable, NothingListening, ProbeError, ServerBusy, ZeroThroughput
+from probes.iperf_parse import error_from_message, parse_iperf_json
+
+DATA = Path(__file__).parent / "data"
+DEST = "127.0.0.1:5201"
+
+
+def load(name):
+    text = (DATA / name).read_text()
+    return text, json.loads(text)
+
+
+@pytest.mark.parametrize(
+    "name, streams, omit_s, cc",
+    [
+        ("tcp_1stream_5s.json", 1, 0, None),
+        ("tcp_10streams_10s_omit2.json", 10, 2, None),
+        ("tcp_32streams_10s_reno.json", 32, 1, "reno"),
+    ],
+)
+def test_recorded_result_is_parsed_field_by_field(name, streams, omit_s, cc):
+    text, doc = load(name)
+    result = parse_iperf_json(text, DEST)
+    end = doc["end"]
+    senders = [s["sender"] for s in end["streams"]]
+    assert result.dest == DEST
+    assert result.streams == streams == len(result.stream_rtts)
+    assert result.omit_s == omit_s
+    assert_allclose(result.throughput_bps, end["sum_received"]["bits_per_second"])
+    assert_allclose(result.sender_bps, end["sum_sent"]["bits_per_second"])
+    assert_allclose(result.duration_s, end["sum_received"]["seconds"])
+    assert result.retransmits == end["sum_sent"]["retransmits"]
+    # libiperf reports tcp_info RTTs in microseconds.
+    assert_allclose([r.mean_s for r in result.stream_rtts], [s["mean_rtt"] * 1e-6 for s in senders])
+    assert_allclose(result.rtt_mean_s, sum(s["mean_rtt"] for s in senders) / streams * 1e-6)
+    assert_allclose(result.rtt_min_s, min(s["min_rtt"] for s in senders) * 1e-6)
+    assert_allclose(result.rtt_max_s, max(s["max_rtt"] for s in senders) * 1e-6)
+    assert result.mss_bytes == doc["start"]["tcp_mss_default"]
+    assert result.congestion_control == end["sender_tcp_congestion"]
+    if cc:
+        assert result.congestion_control == cc
+    assert result.started_at == doc["start"]["timestamp"]["timesecs"]
+    kept = [iv["sum"]["bits_per_second"] for iv in doc["intervals"] if not iv["sum"]["omitted"]]
+    assert_allclose(result.interval_bps, kept)
+    assert result.throughput_stderr_bps is not None and result.throughput_stderr_bps >= 0
+    assert result.raw == text
+
+
+def test_omitted_warm_up_intervals_are_left_out():
+    text, doc = load("tcp_10streams_10s_omit2.json")
+    omitted = sum(iv["sum"]["omitted"] for iv in doc["intervals"])
+    assert omitted >= 1
+    assert len(parse_iperf_json(text, DEST).interval_bps) == len(doc["intervals"]) - omitted
+
+
+def test_32_stream_recording_is_larger_than_a_pipe_buffer():
+    # The case the worker's fd 1 redirection exists for: more than 64 KiB of JSON.
+    text, _ = load("tcp_32streams_10s_reno.json")
+    assert len(text.encode()) > 65536
+    assert parse_iperf_json(text, DEST).streams == 32
+
+
+@pytest.mark.parametrize(
+    "name, cls",
+    [
+        ("error_refused.json", NothingListening),
+        ("error_busy.json", ServerBusy),
+        ("error_unresolvable.json", HostUnresolvable),
+    ],
+)
+def test_recorded_errors_map_to_their_class(name, cls):
+    text, doc = load(name)
+    with pytest.raises(cls) as info:
+        parse_iperf_json(text, DEST)
+    message = str(info.value)
+    assert DEST in message and doc["error"] in message and "\n" not in message
+
+
+@pytest.mark.parametrize(
+    "message, cls",
+    [
+        ("unable to connect to server: Connection refused", NothingListening),
+        ("the server is busy running a test. try again later", ServerBusy),
+        ("unable to resolve host nonexistent.invalid: Name or service not known", HostUnresolvable),
+        ("unable to connect to server: Name or service not known", HostUnresolvable),
+        ("unable to connect to server: Temporary failure in name resolution", HostUnresolvable),
+        ("unable to connect to server: No route to host", ProbeError),
+        ("control socket has closed unexpectedly", ProbeError),
+    ],
+)
+def test_error_strings_map_to_classes(message, cls):
+    assert type(error_from_message(message, DEST)) is cls
+
+
+def test_error_after_intervals_keeps_no_partial_result():
+    text, doc = load("tcp_1stream_5s.json")
+    doc["error"] = "the server has terminated"
+    with pytest.raises(ProbeError, match="server has terminated"):
+        parse_iperf_json(json.dumps(doc), DEST)
+
+
+def test_zero_received_rate_raises_zero_throughput():
+    _, doc = load("tcp_1stream_5s.json")
+    doc["end"]["sum_received"]["bits_per_second"] = 0
+    with pytest.raises(ZeroThroughput):
+        parse_iperf_json(json.dumps(doc), DEST)
+
+
+@pytest.mark.parametrize("text", ["", "not json", "[]", '{"start": {}}'])
+def test_unreadable_output_raises_probe_error(text):
+    with pytest.raises(ProbeError):
+        parse_iperf_json(text, DEST)

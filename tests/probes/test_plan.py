@@ -1,0 +1,138 @@
+import threading
+
+import pytest
+from numpy.testing import assert_allclose
+
+from probes.errors import NothingListening
+from probes.fake import FakeDriver
+from probes.plan import ProbePlan, run_plan
+
+DEST = "192.0.2.7:5201"
+
+
+def rate(n):
+    return 40e6 * n / (1 + 0.1 * n)
+
+
+def test_default_plan_measures_idle_rtt_then_1_and_10_streams():
+    driver = FakeDriver(rate, rtt_s=0.04)
+    result = run_plan(driver, DEST)
+    assert [c[0] for c in driver.calls] == ["idle_rtt", "run", "run"]
+    assert [c[2] for c in driver.calls[1:]] == [1, 10]
+    assert [(c[3], c[4]) for c in driver.calls[1:]] == [(10.0, 2.0), (10.0, 2.0)]
+    assert result.dest == DEST and result.idle_rtt_s == 0.04
+    # A flat fake series: the rate is the function's value, settled, with zero spread.
+    assert_allclose([p.throughput_bps for p in result.probes], [rate(1), rate(10)])
+    assert all(p.settled for p in result.probes)
+    assert_allclose([p.throughput_stderr_bps for p in result.probes], [0.0, 0.0], atol=1e-6)
+
+
+def test_repeats_interleave_levels_and_extra_levels_follow():
+    driver = FakeDriver(rate)
+    plan = ProbePlan(levels=(1, 10), extra_levels=(4,), repeats=2)
+    result = run_plan(driver, DEST, plan)
+    assert plan.schedule == (1, 10, 1, 10, 4, 4)
+    assert [p.streams for p in result.probes] == [1, 10, 1, 10, 4, 4]
+
+
+def test_unsettled_probe_is_rerun_twice_as_long_until_it_settles():
+    # Rate ramps from half to full over the first 20 s. 10 s and 20 s probes end still rising;
+    # a 40 s probe's middle third (t = 14.5..26.5 s) averages ~0.965 of its last (flat) third,
+    # inside the 5 % tolerance.
+    driver = FakeDriver(rate, ramp_s=20.0)
+    plan = ProbePlan(levels=(1,), duration_s=10, omit_s=0, max_duration_s=60)
+    result = run_plan(driver, DEST, plan)
+    assert [c[3] for c in driver.calls if c[0] == "run"] == [10, 20, 40]
+    assert result.probes[0].settled
+    assert result.probes[0].duration_s == 40
+
+
+def test_extension_stops_at_the_cap_and_reports_not_settled():
+    driver = FakeDriver(rate, ramp_s=100.0, ramp_start_fraction=0.1)  # rises ~30 % per 10 s
+    plan = ProbePlan(levels=(1,), duration_s=10, omit_s=0, max_duration_s=30)
+    result = run_plan(driver, DEST, plan)
+    assert [c[3] for c in driver.calls if c[0] == "run"] == [10, 20, 30]
+    assert not result.probes[0].settled
+    assert result.probes[0].throughput_stderr_bps > 0
+
+
+def test_deadline_given_to_the_driver_covers_warm_up_duration_and_slack():
+    seen = []
+
+    class Recording(FakeDriver):
+        def run(self, dest, streams, duration_s, omit_s, deadline_s):
+            seen.append(deadline_s)
+            return super().run(dest, streams, duration_s, omit_s, deadline_s)
+
+    run_plan(Recording(rate), DEST, ProbePlan(levels=(1,), duration_s=10, omit_s=2, deadline_slack_s=5))
+    assert seen == [17]
+
+
+def test_progress_reports_every_step_in_order():
+    events = []
+    run_plan(FakeDriver(rate, ramp_s=15.0), DEST, ProbePlan(levels=(1, 10), omit_s=0), progress=events.append)
+    kinds = [e.kind for e in events]
+    assert kinds[:2] == ["idle_rtt", "idle_rtt_done"]
+    assert kinds.count("probe") == 2 and kinds.count("probe_done") == 2 and "extend" in kinds
+    done = [e for e in events if e.kind == "probe_done"]
+    assert [(e.index, e.total, e.streams) for e in done] == [(1, 2, 1), (2, 2, 10)]
+    assert all(e.result is not None for e in done)
+
+
+def test_probe_error_propagates_and_nothing_is_returned():
+    driver = FakeDriver(rate, fail_with=NothingListening("nothing listening at 192.0.2.7:5201"))
+    with pytest.raises(NothingListening):
+        run_plan(driver, DEST)
+    assert [c[0] for c in driver.calls] == ["idle_rtt"]
+
+
+def test_two_plans_to_one_destination_never_overlap():
+    entered, release = threading.Event(), threading.Event()
+    active, most = [0], [0]
+    lock = threading.Lock()
+
+    class Blocking(FakeDriver):
+        def run(self, dest, streams, duration_s, omit_s, deadline_s):
+            with lock:
+                active[0] += 1
+                most[0] = max(most[0], active[0])
+            entered.set()
+            release.wait(timeout=30)
+            try:
+                return super().run(dest, streams, duration_s, omit_s, deadline_s)
+            finally:
+                with lock:
+                    active[0] -= 1
+
+    first, second = Blocking(rate), Blocking(rate)
+    plan = ProbePlan(levels=(1,))
+    threads = [threading.Thread(target=run_plan, args=(d, DEST, plan)) for d in (first, second)]
+    threads[0].start()
+    assert entered.wait(timeout=30)
+    threads[1].start()
+    threads[1].join(timeout=0.2)  # the second plan is queued behind the first, not running
+    assert second.calls == []
+    release.set()
+    for t in threads:
+        t.join(timeout=30)
+    assert most[0] == 1
+    assert [c[0] for c in second.calls] == ["idle_rtt", "run"]
+
+
+@pytest.mark.parametrize(
+    "kwargs, hint",
+    [
+        ({"levels": ()}, "at least one"),
+        ({"levels": (1, 0)}, "positive integers"),
+        ({"levels": (1, 2.5)}, "positive integers"),
+        ({"levels": (1, 10), "extra_levels": (10,)}, "must not repeat"),
+        ({"repeats": 0}, "repeats"),
+        ({"duration_s": 0}, "duration_s"),
+        ({"omit_s": -1}, "omit_s"),
+        ({"duration_s": 30, "max_duration_s": 20}, "max_duration_s"),
+        ({"settle_tolerance": -0.1}, "settle_tolerance"),
+    ],
+)
+def test_bad_plan_raises_value_error_naming_the_field(kwargs, hint):
+    with pytest.raises(ValueError, match=hint):
+        ProbePlan(**kwargs)
