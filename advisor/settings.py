@@ -37,6 +37,8 @@ class Settings:
     default_levels: tuple[int, ...] = DEFAULT_LEVELS
     default_duration_s: float = 10.0
     omit_s: float = 2.0
+    # A probe whose rate has not settled is re-run twice as long, up to this (probes.plan.ProbePlan).
+    max_probe_duration_s: float = 60.0
     max_batch: int = 1000
     max_probe_attempts: int = 3
     # Advice cached in memory is re-read after this long even without a local write, so writes
@@ -47,7 +49,7 @@ class Settings:
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
         """TAME_DATABASE_URL, TAME_TOKEN, TAME_READ_TOKEN, TAME_ALLOWED_DESTINATIONS, TAME_TTL_S,
         TAME_MAX_CONCURRENT_PROBES, TAME_MODEL, TAME_PROBE_LEVELS (e.g. "1,10"), TAME_PROBE_DURATION_S,
-        TAME_MAX_BATCH. ConfigError names the variable that is wrong."""
+        TAME_PROBE_MAX_DURATION_S, TAME_MAX_BATCH. ConfigError names the variable that is wrong."""
         env = os.environ if env is None else env
 
         def number(name: str, default: float, low: float, high: float, kind=float):
@@ -87,5 +89,6 @@ class Settings:
             model=model,
             default_levels=levels,
             default_duration_s=number("TAME_PROBE_DURATION_S", 10.0, 1.0, 300.0),
+            max_probe_duration_s=number("TAME_PROBE_MAX_DURATION_S", 60.0, 1.0, 600.0),
             max_batch=number("TAME_MAX_BATCH", 1000, 1, 100_000, int),
         )

@@ -14,7 +14,8 @@ from typing import Callable
 
 from advisor.destinations import parse_destination
 from advisor.errors import AdvisorError
-from advisor.plan_runner import plan_deadline_s, run_levels
+from advisor.plan_runner import plan_for
+from probes.plan import run_plan
 from advisor.service import AdviceService
 from advisor.store import Job, process_owner
 from probes.base import ProbeDriver
@@ -74,7 +75,7 @@ class ProbeWorker:
                 self._pending = False
 
     def _lease_s(self, job: Job) -> float:
-        return plan_deadline_s(job.levels, job.duration_s, self.settings.omit_s) + 60.0
+        return plan_for(self.settings, job.levels, job.duration_s).worst_case_s + 60.0
 
     def run_once(self) -> bool:
         """Claim and run one queued job; False when there was nothing to do."""
@@ -93,8 +94,11 @@ class ProbeWorker:
             dest = parse_destination(job.dest)
             # Checked again at run time: the allow-list may have changed, or the name now resolves elsewhere.
             self.service.check_allowed(dest)
-            plan = run_levels(self.driver, dest.key, job.levels, job.duration_s, self.settings.omit_s,
-                              progress=lambda p: self.store.set_progress(job.id, self.owner, round(0.99 * p, 4)))
+            def progress(event) -> None:
+                if event.kind == "probe_done":
+                    self.store.set_progress(job.id, self.owner, round(0.99 * event.index / event.total, 4))
+
+            plan = run_plan(self.driver, dest.key, plan_for(self.settings, job.levels, job.duration_s), progress)
             _, error = self.service.ingest_run(dest, plan.idle_rtt_s, plan.probes, started_wall,
                                                source="probe", job_id=job.id)
         except (ProbeError, AdvisorError) as exc:

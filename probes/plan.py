@@ -64,6 +64,15 @@ class ProbePlan:
             raise ValueError(f"settle_z must be >= 0, got {self.settle_z!r}")
 
     @property
+    def worst_case_s(self) -> float:
+        """Longest the whole plan may take, seconds: the idle RTT plus every probe extended to the cap."""
+        durations = [self.duration_s]
+        while durations[-1] < self.max_duration_s:
+            durations.append(min(2 * durations[-1], self.max_duration_s))
+        per_probe = sum(self.omit_s + d + self.deadline_slack_s for d in durations)
+        return self.idle_rtt_deadline_s + len(self.schedule) * per_probe
+
+    @property
     def schedule(self) -> tuple[int, ...]:
         """Stream counts in the order they are probed."""
         return tuple(self.levels * self.repeats) + tuple(self.extra_levels * self.repeats)

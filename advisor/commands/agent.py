@@ -12,7 +12,8 @@ from advisor.cli import UsageError
 from advisor.commands.runtime import default_driver, load_settings, open_store, setup_logging
 from advisor.destinations import parse_destination
 from advisor.errors import AdvisorError
-from advisor.plan_runner import run_levels
+from advisor.plan_runner import plan_for
+from probes.plan import run_plan
 from advisor.service import AdviceService
 from advisor.worker import ProbeWorker
 from probes.errors import ProbeError
@@ -101,7 +102,7 @@ def _run_push(args, settings, driver) -> int:
                 try:
                     settings.allowed.check(parse_destination(dest))
                     started = time.time()
-                    plan = run_levels(driver, dest, settings.default_levels, settings.default_duration_s, settings.omit_s)
+                    plan = run_plan(driver, dest, plan_for(settings, settings.default_levels, settings.default_duration_s))
                     answer = client.push_probe_run({
                         "dest": dest, "idle_rtt_s": plan.idle_rtt_s, "started_at": started,
                         "probes": [{k: v for k, v in dataclasses.asdict(p).items()

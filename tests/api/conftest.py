@@ -93,7 +93,7 @@ def service_factory(tmp_path, clock):
     """make(**settings) -> (base_url, client, app) of a live server over a fresh SQLite file."""
     stack = []
 
-    def make(driver=FakeDriver(rate), start_worker=True, url=None, **overrides):
+    def make(driver=FakeDriver(rate, rtt_s=0.01), start_worker=True, url=None, **overrides):
         settings = replace(Settings(database_url=url or f"sqlite:///{tmp_path}/tame.sqlite3",
                                     allowed=AllowList.parse("127.0.0.0/8,::1/128,localhost"),
                                     default_duration_s=1.0), **overrides)

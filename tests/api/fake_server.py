@@ -17,5 +17,5 @@ from tests.api.conftest import rate
 if __name__ == "__main__":
     settings = Settings.from_env()
     store = Store.open(settings.database_url)
-    app = create_app(settings, store, FakeDriver(rate, delay_s=float(os.environ.get("FAKE_DELAY_S", "0"))))
+    app = create_app(settings, store, FakeDriver(rate, rtt_s=0.01, delay_s=float(os.environ.get("FAKE_DELAY_S", "0"))))
     serve(app, "127.0.0.1", int(sys.argv[1]))
