@@ -20,6 +20,13 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "probe", help="measure DEST with paired iperf3 probes (needs `iperf3 -s` there)"
     )
+    add_plan_options(parser)
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.set_defaults(handler=run)
+
+
+def add_plan_options(parser) -> None:
+    """DEST and the probe-plan options shared by `tame probe` and `tame advise`."""
     parser.add_argument("dest", metavar="DEST[:PORT]", help="iperf3 server; port 5201 if none; IPv6 as [addr]:port")
     parser.add_argument("--levels", default="1,10", help="stream counts to probe, comma-separated (default 1,10)")
     parser.add_argument("--duration", default="10", metavar="S", help="measured seconds per probe (default 10)")
@@ -29,8 +36,6 @@ def register(subparsers) -> None:
     parser.add_argument("--repeats", default="1", metavar="K", help="probe every level K times (default 1)")
     parser.add_argument("--congestion-control", choices=CONGESTION_CONTROLS, default=None,
                         help="sender congestion control (default: the kernel's)")
-    parser.add_argument("--json", action="store_true", help="print the results as JSON")
-    parser.set_defaults(handler=run)
 
 
 def parse_levels(text: str) -> tuple[int, ...]:
@@ -75,7 +80,8 @@ def plan_from_args(args) -> ProbePlan:
     )
 
 
-def run(args) -> int:
+def measure(args, command: str) -> PlanResult | None:
+    """Run the plan the options describe against DEST with progress on stderr; None after a ProbeError."""
     try:
         dest = str(parse_destination(args.dest))
     except ValueError as exc:
@@ -83,9 +89,15 @@ def run(args) -> int:
     plan = plan_from_args(args)
     driver = IperfDriver(congestion_control=args.congestion_control)
     try:
-        result = run_plan(driver, dest, plan, progress=_print_progress)
+        return run_plan(driver, dest, plan, progress=lambda event: _print_progress(event, command))
     except ProbeError as exc:
-        print(f"tame probe: {exc}", file=sys.stderr)
+        print(f"tame {command}: {exc}", file=sys.stderr)
+        return None
+
+
+def run(args) -> int:
+    result = measure(args, "probe")
+    if result is None:
         return EXIT_PROBE_FAILED
     if args.json:
         print(json.dumps(to_json(result), indent=2))
@@ -119,7 +131,7 @@ def to_json(result: PlanResult) -> dict:
     }
 
 
-def _print_progress(event: PlanEvent) -> None:
+def _print_progress(event: PlanEvent, command: str) -> None:
     step = f"[{event.index}/{event.total}]"
     if event.kind == "idle_rtt":
         line = f"measuring idle RTT to {event.dest} …"
@@ -135,7 +147,7 @@ def _print_progress(event: PlanEvent) -> None:
         line = f"{step} {event.streams} stream(s): {r.throughput_bps / 1e6:.1f} Mbit/s" + (
             "" if r.settled else " (not settled at the longest duration)"
         )
-    print(f"tame probe: {line}", file=sys.stderr, flush=True)
+    print(f"tame {command}: {line}", file=sys.stderr, flush=True)
 
 
 def _print_table(result: PlanResult) -> None:

@@ -1,0 +1,85 @@
+"""`tame advise`: probe DEST (or ask the server at TAME_URL), fit, and print the advice."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from advisor.advice import Advice
+from advisor.cli import UsageError
+from advisor.commands.common import fraction, positive_int, print_advice, print_json
+from advisor.commands.probe import EXIT_PROBE_FAILED, add_plan_options, measure
+from advisor.tame import DEFAULT_MODEL, DEFAULT_N_MAX, advise_from_plan
+from models.errors import FitError
+from models.registry import MODELS
+
+# How long `tame advise` waits for a server-side probe before giving up, seconds.
+SERVER_PROBE_WAIT_S = 900.0
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "advise", help="probe DEST and advise how many streams to use (uses the server at TAME_URL when set)"
+    )
+    add_plan_options(parser)
+    parser.add_argument("--max-impact", type=fraction, required=True,
+                        help="largest tolerated throughput loss of competing flows, fraction 0-1")
+    parser.add_argument("--model", choices=sorted(MODELS), default=DEFAULT_MODEL, help=f"default {DEFAULT_MODEL}")
+    parser.add_argument("--n-max", type=positive_int, default=DEFAULT_N_MAX, help="largest stream count considered")
+    parser.add_argument("--json", action="store_true", help="print the advice as JSON (the fields of `tame fit --json`)")
+    parser.set_defaults(handler=run)
+
+
+def run(args) -> int:
+    server = os.environ.get("TAME_URL")
+    payload = _from_server(server, args) if server else _locally(args)
+    if payload is None:
+        return EXIT_PROBE_FAILED
+    if args.json:
+        print_json(payload)
+    else:
+        print(f"{payload['dest']}")
+        print_advice(Advice(**{k: v for k, v in payload.items() if k in Advice.__dataclass_fields__}))
+    return 0
+
+
+def _locally(args) -> dict | None:
+    plan = measure(args, "advise")
+    if plan is None:
+        return None
+    try:
+        advice = advise_from_plan(plan, args.max_impact, args.n_max, args.model)
+    except (FitError, ValueError) as exc:
+        print(f"tame advise: the probes of {plan.dest} cannot be fitted: {exc}", file=sys.stderr)
+        return None
+    return {"dest": plan.dest, **advice.to_json()}
+
+
+def _from_server(url: str, args) -> dict | None:
+    from api.client import TameClient, TameError  # the CLI is where the layers are wired together
+
+    with TameClient(url, token=os.environ.get("TAME_TOKEN"), timeout_s=30) as client:
+        try:
+            return client.advice(args.dest, args.max_impact)
+        except TameError as exc:
+            if exc.status != 404:
+                raise UsageError(f"{url}: {exc}") from exc
+        print(f"tame advise: {url} has no advice for {args.dest}; requesting a probe", file=sys.stderr, flush=True)
+        try:
+            job = client.request_probe(args.dest)
+            deadline = time.monotonic() + SERVER_PROBE_WAIT_S
+            while time.monotonic() < deadline:
+                status = client.probe(job["id"])
+                print(f"tame advise: probe {status['status']} ({status.get('progress') or 0:.0%})",
+                      file=sys.stderr, flush=True)
+                if status["status"] == "done":
+                    return client.advice(args.dest, args.max_impact)
+                if status["status"] == "failed":
+                    print(f"tame advise: the server's probe failed: {status.get('error')}", file=sys.stderr)
+                    return None
+                time.sleep(2.0)
+        except TameError as exc:
+            raise UsageError(f"{url}: {exc}") from exc
+    print(f"tame advise: the server's probe did not finish within {SERVER_PROBE_WAIT_S:g} s", file=sys.stderr)
+    return None
