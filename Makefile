@@ -17,8 +17,9 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# The main job: the advice service (HTTP API + SQLite store in ./tame.sqlite3 + local probe worker).
 run: deps venv
-	$(BIN)/tame fit --probe 1:42e6 --probe 10:88e6 --max-impact 0.3
+	$(BIN)/tame serve --host 127.0.0.1 --port 8080
 
 test: deps venv
 	$(BIN)/python -m pytest -q -ra

@@ -40,7 +40,8 @@ def assess_series(
     to tell a trend from noise. The first third is left out of both: it holds the start-up the
     probe is trying to get past. ``stderr_bps`` treats intervals as independent; TCP rates are
     autocorrelated over a few RTTs, so with 1 s intervals on paths of RTT well under 1 s this is
-    close, and on longer RTTs it understates the uncertainty.
+    close, and on longer RTTs it understates the uncertainty. The trend test itself uses batch
+    means, which stay honest when shares swing slowly.
     """
     if tolerance < 0 or not math.isfinite(tolerance):
         raise ValueError(f"tolerance must be a finite number >= 0, got {tolerance!r}")
@@ -77,5 +78,16 @@ def assess_series(
     return SettleVerdict(settled=settled, mean_bps=mean_bps, stderr_bps=stderr_bps, drift=drift)
 
 
+# Batches for the standard error of a third's mean: more than this many intervals are averaged in
+# blocks first, so slow oscillations (TCP shares on a shared bottleneck swing over many seconds)
+# widen the error instead of passing for a trend. At or below it, each interval is its own batch.
+_BATCHES = 5
+
+
 def _sem_sq(x: np.ndarray) -> float:
-    return float(x.var(ddof=1) / x.size) if x.size >= 2 else 0.0
+    """Squared standard error of x's mean by batch means."""
+    if x.size < 2:
+        return 0.0
+    batches = min(_BATCHES, x.size)
+    means = np.array([chunk.mean() for chunk in np.array_split(x, batches)])
+    return float(means.var(ddof=1) / batches)
