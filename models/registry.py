@@ -17,6 +17,18 @@ MODELS: dict[str, Fitter] = {
 # How many distinct probe levels each model needs.
 MIN_LEVELS: dict[str, int] = {"lu": 2, "linear": 2, "full2": 3}
 
+# The probe plan's fixed levels per model (Lu IV.B: (1, 10)); a model may add one adaptive level.
+PROBE_LEVELS: dict[str, tuple[int, ...]] = {"lu": (1, 10), "linear": (1, 10), "full2": (1, 5, 10)}
+
+# Models whose plan adds a probe chosen from the first probes' results: name -> chooser.
+ADAPTIVE_LEVEL: dict[str, Callable[[Sequence[ProbePoint]], int | None]] = {}
+
+
+def next_probe_level(model: str, probes: Sequence[ProbePoint]) -> int | None:
+    """The extra probe level the model wants after its fixed levels, or None."""
+    chooser = ADAPTIVE_LEVEL.get(model)
+    return chooser(probes) if chooser is not None else None
+
 
 def fit(model: str, points: Sequence[ProbePoint]) -> ParallelFit:
     """Fit the named model; raises ValueError naming the known models for an unknown name."""
