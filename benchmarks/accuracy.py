@@ -1,0 +1,274 @@
+"""Accuracy benchmark on ns-2 (Lu et al. 2004, sections IV.B and V.B): every registered model vs long transfers.
+
+For each path (scenario x m cross flows) it runs, on at most two worker processes:
+  * the ground truth: a long transfer at every n (and n = 0, cross traffic alone), one seed;
+  * the probes, as the real probe plan does them: short transfers at the plan's levels, each a
+    separate run with its own seed (so probes never reuse the ground-truth runs).
+Then it fits every model in models.registry.MODELS on the probes and scores throughput (Lu Fig. 10,
+12), cross traffic (Fig. 14), the advice against the best in-budget n, and the probe cost, and writes
+a Markdown report with PNG figures.
+
+    python benchmarks/accuracy.py --quick            # <= 5 minutes on 2 cores
+    python benchmarks/accuracy.py                    # scenarios 1-6 x m 5..30 x n 1..31
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from advisor.tame import advise  # noqa: E402
+from models.errors import FitError  # noqa: E402
+from models.parallel import ProbePoint  # noqa: E402
+from models.registry import MIN_LEVELS, MODELS, PROBE_LEVELS, next_probe_level  # noqa: E402
+from probes.ns2 import Ns2Config, probe_result, simulate  # noqa: E402
+
+BUDGETS = (0.05, 0.1, 0.2, 0.3)
+FULL = dict(scenarios=(1, 2, 3, 4, 5, 6), ms=(5, 10, 15, 20, 25, 30), ns=tuple(range(1, 32)))
+QUICK = dict(scenarios=(2, 3, 6), ms=(5, 20), ns=(1, 2, 4, 8, 16, 31))
+
+
+@dataclass(frozen=True)
+class Settings:
+    scenarios: tuple[int, ...]
+    ms: tuple[int, ...]
+    ns: tuple[int, ...]
+    seed: int = 1
+    truth_duration_s: float = 80.0
+    truth_omit_s: float = 10.0
+    probe_duration_s: float = 10.0
+    probe_omit_s: float = 2.0
+    queue: str = "DropTail"
+    workers: int = 2
+    cache_dir: Path = ROOT / "benchmarks" / "cache"
+    models: tuple[str, ...] = ()
+
+    def truth_config(self, scenario: int, m: int, n: int) -> Ns2Config:
+        return Ns2Config(scenario, m, n, self.seed, self.truth_duration_s, self.truth_omit_s, self.queue)
+
+    def probe_config(self, scenario: int, m: int, n: int) -> Ns2Config:
+        # Each probe level is its own run at another time: a seed apart from the truth and the other probes.
+        return Ns2Config(scenario, m, n, 1000 * self.seed + n, self.probe_duration_s, self.probe_omit_s, self.queue)
+
+
+def _run(config: Ns2Config, cache_dir: Path):
+    run, raw = simulate(config, deadline_s=3600.0, cache_dir=cache_dir)
+    return config, run, raw
+
+
+def run_all(configs: list[Ns2Config], settings: Settings) -> dict:
+    """Simulate every config (cached) on settings.workers processes; progress goes to stderr."""
+    results, todo = {}, sorted(set(configs), key=lambda c: (-c.n * c.duration_s, c.scenario, c.m))
+    start = time.monotonic()
+    with ProcessPoolExecutor(max_workers=settings.workers) as pool:
+        futures = [pool.submit(_run, c, settings.cache_dir) for c in todo]
+        for done, future in enumerate(as_completed(futures), 1):
+            config, run, raw = future.result()
+            results[config] = (run, raw)
+            if done % 20 == 0 or done == len(todo):
+                print(f"[accuracy] {done}/{len(todo)} simulator runs, {time.monotonic() - start:.0f} s", file=sys.stderr)
+    return results
+
+
+@dataclass
+class PathResult:
+    scenario: int
+    m: int
+    ns: tuple[int, ...]
+    ours_bps: np.ndarray
+    cross_bps: np.ndarray
+    cross0_bps: float
+    probes: dict[int, ProbePoint] = field(default_factory=dict)
+
+    @property
+    def true_impact(self) -> np.ndarray:
+        return 1.0 - self.cross_bps / self.cross0_bps
+
+
+@dataclass
+class ModelScore:
+    name: str
+    per_path_error: list[float] = field(default_factory=list)
+    error_vs_n: dict[int, list[float]] = field(default_factory=dict)
+    cross_error: list[float] = field(default_factory=list)
+    advice_ratio: dict[float, list[float]] = field(default_factory=dict)
+    advice_exceeded: dict[float, list[bool]] = field(default_factory=dict)
+    probes_used: list[int] = field(default_factory=list)
+    probe_seconds: list[float] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+
+
+def _probe_point(run, n: int, omit_s: float) -> ProbePoint:
+    r = probe_result(run, "ns2", n, omit_s)
+    return ProbePoint(n, r.throughput_bps, rtt_s=r.rtt_mean_s, retransmits=r.retransmits,
+                      duration_s=r.duration_s, throughput_stderr_bps=r.throughput_stderr_bps, sender_bps=r.sender_bps)
+
+
+def score_model(name: str, path: PathResult, probes: list[ProbePoint], score: ModelScore, settings: Settings) -> None:
+    """Add one path's errors for one model to its score."""
+    try:
+        fitted = MODELS[name](probes)
+    except FitError as exc:
+        score.failures.append(f"s{path.scenario} m{path.m}: {exc}")
+        return
+    ns = np.array(path.ns, dtype=float)
+    pred = np.asarray(fitted.throughput_bps(ns))
+    rel = (pred - path.ours_bps) / path.ours_bps
+    score.per_path_error.append(float(np.mean(np.abs(rel))))
+    for n, e in zip(path.ns, rel):
+        score.error_vs_n.setdefault(n, []).append(float(e))
+    pred_cross = path.cross0_bps * (1.0 - np.asarray(fitted.impact(ns)))
+    score.cross_error.extend(((pred_cross - path.cross_bps) / path.cross_bps).tolist())
+    for budget in BUDGETS:
+        within = path.true_impact <= budget
+        if not within.any():
+            continue
+        advised = advise(fitted, budget, n_max=max(path.ns)).num_flows
+        # The sweep may not hold every n: take the largest measured n not above the advice.
+        index = max(int(np.searchsorted(ns, advised, side="right")) - 1, 0)
+        best = float(path.ours_bps[within].max())
+        score.advice_ratio.setdefault(budget, []).append(float(path.ours_bps[index]) / best)
+        score.advice_exceeded.setdefault(budget, []).append(bool(path.true_impact[index] > budget))
+    score.probes_used.append(len(probes))
+    score.probe_seconds.append(len(probes) * (settings.probe_duration_s + settings.probe_omit_s))
+
+
+def evaluate(settings: Settings) -> tuple[list[PathResult], dict[str, ModelScore]]:
+    """Run (or read from cache) every simulation the settings need and score every model."""
+    models = settings.models or tuple(MODELS)
+    first_levels = sorted({lvl for name in models for lvl in PROBE_LEVELS[name]})
+    configs = []
+    for s in settings.scenarios:
+        for m in settings.ms:
+            configs += [settings.truth_config(s, m, n) for n in (0, *settings.ns)]
+            configs += [settings.probe_config(s, m, n) for n in first_levels]
+    runs = run_all(configs, settings)
+    paths = []
+    for s in settings.scenarios:
+        for m in settings.ms:
+            truth = [runs[settings.truth_config(s, m, n)][0] for n in settings.ns]
+            path = PathResult(
+                s, m, settings.ns,
+                ours_bps=np.array([r.ours_bps for r in truth]),
+                cross_bps=np.array([r.cross_bps for r in truth]),
+                cross0_bps=runs[settings.truth_config(s, m, 0)][0].cross_bps,
+            )
+            for n in first_levels:
+                path.probes[n] = _probe_point(runs[settings.probe_config(s, m, n)][0], n, settings.probe_omit_s)
+            paths.append(path)
+    # Adaptive plans pick a further level from the first probes; those runs are made now.
+    extra = {}
+    for path in paths:
+        for name in models:
+            level = next_probe_level(name, [path.probes[n] for n in PROBE_LEVELS[name]])
+            if level is not None and level not in path.probes:
+                extra[(path.scenario, path.m, level)] = settings.probe_config(path.scenario, path.m, level)
+    if extra:
+        more = run_all(list(extra.values()), settings)
+        for (s, m, level), config in extra.items():
+            path = next(p for p in paths if p.scenario == s and p.m == m)
+            path.probes[level] = _probe_point(more[config][0], level, settings.probe_omit_s)
+    scores = {name: ModelScore(name) for name in models}
+    for path in paths:
+        for name in models:
+            probes = [path.probes[n] for n in PROBE_LEVELS[name]]
+            level = next_probe_level(name, probes)
+            if level is not None:
+                probes.append(path.probes[level])
+            if len({p.streams for p in probes}) < MIN_LEVELS[name]:
+                scores[name].failures.append(f"s{path.scenario} m{path.m}: too few probe levels")
+                continue
+            score_model(name, path, probes, scores[name], settings)
+    return paths, scores
+
+
+def summary(scores: dict[str, ModelScore]) -> dict[str, dict[str, float]]:
+    """The headline numbers of each model (the goals of issue 5 are stated against these)."""
+    rows = {}
+    for name, sc in scores.items():
+        per_path = np.array(sc.per_path_error)
+        cross = np.abs(np.array(sc.cross_error))
+        row = {
+            "paths": len(per_path),
+            "thr_median": float(np.median(per_path)) if per_path.size else float("nan"),
+            "thr_p90": float(np.quantile(per_path, 0.9)) if per_path.size else float("nan"),
+            "cross_p50": float(np.median(cross)) if cross.size else float("nan"),
+            "cross_p90": float(np.quantile(cross, 0.9)) if cross.size else float("nan"),
+            "probes": float(np.mean(sc.probes_used)) if sc.probes_used else float("nan"),
+            "probe_s": float(np.mean(sc.probe_seconds)) if sc.probe_seconds else float("nan"),
+            "failures": len(sc.failures),
+        }
+        for budget in BUDGETS:
+            ratios = sc.advice_ratio.get(budget, [])
+            exceeded = sc.advice_exceeded.get(budget, [])
+            row[f"adv_{budget}"] = float(np.median(ratios)) if ratios else float("nan")
+            row[f"exc_{budget}"] = float(np.mean(exceeded)) if exceeded else float("nan")
+        rows[name] = row
+    return rows
+
+
+def parse_args(argv=None) -> tuple[Settings, Path]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="scenarios 2,3,6 x m 5,20 x n 1,2,4,8,16,31")
+    parser.add_argument("--scenarios", help="comma-separated scenario numbers (overrides the preset)")
+    parser.add_argument("--ms", help="comma-separated cross-flow counts (overrides the preset)")
+    parser.add_argument("--ns", help="comma-separated stream counts (overrides the preset)")
+    parser.add_argument("--models", help="comma-separated model names (default: all registered)")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--truth-duration", type=float, default=80.0, help="ground-truth seconds measured")
+    parser.add_argument("--truth-omit", type=float, default=10.0, help="ground-truth warm-up seconds")
+    parser.add_argument("--probe-duration", type=float, default=10.0, help="probe seconds measured")
+    parser.add_argument("--probe-omit", type=float, default=2.0, help="probe warm-up seconds")
+    parser.add_argument("--queue", default="DropTail", choices=("DropTail", "RED"))
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--cache", type=Path, default=ROOT / "benchmarks" / "cache")
+    parser.add_argument("--out", type=Path, help="report directory (default benchmarks/results/quick or full)")
+    args = parser.parse_args(argv)
+    preset = QUICK if args.quick else FULL
+    ints = lambda text: tuple(int(x) for x in text.split(","))  # noqa: E731
+    settings = Settings(
+        scenarios=ints(args.scenarios) if args.scenarios else preset["scenarios"],
+        ms=ints(args.ms) if args.ms else preset["ms"],
+        ns=ints(args.ns) if args.ns else preset["ns"],
+        seed=args.seed,
+        truth_duration_s=args.truth_duration,
+        truth_omit_s=args.truth_omit,
+        probe_duration_s=args.probe_duration,
+        probe_omit_s=args.probe_omit,
+        queue=args.queue,
+        workers=max(1, min(args.workers, 2)),
+        cache_dir=args.cache,
+        models=tuple(args.models.split(",")) if args.models else (),
+    )
+    out = args.out or ROOT / "benchmarks" / "results" / ("quick" if args.quick else "full")
+    return settings, out
+
+
+def main(argv=None) -> int:
+    from accuracy_report import write_report
+
+    settings, out = parse_args(argv)
+    start = time.monotonic()
+    paths, scores = evaluate(settings)
+    elapsed = time.monotonic() - start
+    rows = summary(scores)
+    write_report(out, settings, paths, scores, rows, elapsed, " ".join(sys.argv))
+    for name, row in rows.items():
+        print(f"{name:>10}: thr median {row['thr_median']:.3f} p90 {row['thr_p90']:.3f}  "
+              f"cross p50 {row['cross_p50']:.3f} p90 {row['cross_p90']:.3f}  "
+              f"advice@0.1 {row['adv_0.1']:.2f} exceeded {row['exc_0.1']:.0%}  probes {row['probes']:.1f}")
+    print(f"report: {out / 'README.md'} ({elapsed:.0f} s)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

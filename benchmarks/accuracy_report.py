@@ -1,0 +1,146 @@
+"""Markdown + PNG report of the accuracy benchmark (benchmarks/accuracy.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+BUDGETS = (0.05, 0.1, 0.2, 0.3)
+
+
+def _fig_per_path(path: Path, scores) -> None:
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, sc in scores.items():
+        x = np.sort(sc.per_path_error)
+        if x.size:
+            ax.step(x, np.arange(1, x.size + 1) / x.size, where="post", label=name)
+    ax.set_xlabel("per-path mean |relative error| of throughput (Lu Fig. 10)")
+    ax.set_ylabel("fraction of paths")
+    ax.set_xlim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _fig_vs_n(path: Path, scores) -> None:
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, sc in scores.items():
+        ns = sorted(sc.error_vs_n)
+        if ns:
+            ax.plot(ns, [np.mean(sc.error_vs_n[n]) for n in ns], marker="o", ms=3, label=name)
+    ax.axhline(0, color="k", lw=0.5)
+    ax.set_xlabel("parallel streams n")
+    ax.set_ylabel("mean relative error (signed, Lu Fig. 12)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _fig_cross(path: Path, scores) -> None:
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, sc in scores.items():
+        x = np.sort(sc.cross_error)
+        if x.size:
+            ax.step(x, np.arange(1, x.size + 1) / x.size, where="post", label=name)
+    ax.set_xlabel("relative error of predicted cross-traffic throughput (Lu Fig. 14)")
+    ax.set_ylabel("CDF")
+    ax.set_xlim(-1, 1)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _fig_paths(path: Path, paths) -> None:
+    cols = min(len(paths), 6)
+    rows = int(np.ceil(len(paths) / cols))
+    fig, axes = plt.subplots(rows, cols, figsize=(2.6 * cols, 2.2 * rows), squeeze=False)
+    for ax, p in zip(axes.flat, paths):
+        ax.plot(p.ns, p.ours_bps / 1e6, label="ours")
+        ax.plot(p.ns, p.cross_bps / 1e6, label="cross")
+        ax.axhline(p.cross0_bps / 1e6, color="gray", ls=":", lw=1)
+        ax.set_title(f"s{p.scenario} m={p.m}", fontsize=8)
+        ax.tick_params(labelsize=6)
+    for ax in list(axes.flat)[len(paths):]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=6)
+    fig.supxlabel("n", fontsize=8)
+    fig.supylabel("Mb/s (ground truth)", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def write_report(out: Path, settings, paths, scores, rows, elapsed_s: float, command: str) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    _fig_per_path(out / "throughput_per_path.png", scores)
+    _fig_vs_n(out / "throughput_vs_n.png", scores)
+    _fig_cross(out / "cross_traffic_cdf.png", scores)
+    _fig_paths(out / "ground_truth.png", paths)
+    lines = [
+        "# Accuracy on ns-2 (Lu et al. 2004 topology)",
+        "",
+        f"Command: `{command}` ({elapsed_s:.0f} s wall clock, cached runs included).",
+        "",
+        f"Scenarios {list(settings.scenarios)} x m {list(settings.ms)} x n {list(settings.ns)}; {settings.queue}; "
+        f"seed {settings.seed}. Ground truth: {settings.truth_duration_s:g} s transfers after "
+        f"{settings.truth_omit_s:g} s warm-up (n = 0 gives the cross traffic alone). Probes: separate runs of "
+        f"{settings.probe_duration_s:g} s after {settings.probe_omit_s:g} s warm-up, one seed per level.",
+        "",
+        "Relative error = (predicted - measured) / measured (Lu eq. 14). Throughput: per path, the mean "
+        "|relative error| over n; median and p90 over paths. Cross traffic: predicted = measured cross "
+        "throughput at n = 0 x (1 - impact(n)), |relative error| over all paths and n. Advice: true "
+        "throughput at the advised n / best true throughput among n whose true impact is within the budget "
+        "(median over paths that have such an n), and the share of advice whose true impact exceeds the budget.",
+        "",
+        "| model | paths | thr median | thr p90 | cross p50 | cross p90 | "
+        + " | ".join(f"adv {b:g} (exc)" for b in BUDGETS)
+        + " | probes | probe s | fit failures |",
+        "|---" * (10 + len(BUDGETS) - 4) + "|",
+    ]
+    for name, r in rows.items():
+        adv = " | ".join(f"{r[f'adv_{b}']:.2f} ({r[f'exc_{b}']:.0%})" for b in BUDGETS)
+        lines.append(
+            f"| {name} | {r['paths']} | {r['thr_median']:.3f} | {r['thr_p90']:.3f} | {r['cross_p50']:.3f} | "
+            f"{r['cross_p90']:.3f} | {adv} | {r['probes']:.1f} | {r['probe_s']:.0f} | {r['failures']} |"
+        )
+    lines += [
+        "",
+        "Goals (issue 5): throughput median <= 0.04, p90 <= 0.10 with <= 3 probes; cross p50 <= 0.05, "
+        "p90 <= 0.20; advice >= 0.95 of best on median, exceeded <= 10 %.",
+        "",
+        "## Per path (mean |relative error| of throughput)",
+        "",
+        "| path | " + " | ".join(rows) + " |",
+        "|---" * (len(rows) + 1) + "|",
+    ]
+    for i, p in enumerate(paths):
+        cells = []
+        for sc in scores.values():
+            cells.append(f"{sc.per_path_error[i]:.3f}" if i < len(sc.per_path_error) and not sc.failures else "")
+        lines.append(f"| s{p.scenario} m{p.m} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "![per path](throughput_per_path.png)",
+        "",
+        "![vs n](throughput_vs_n.png)",
+        "",
+        "![cross traffic](cross_traffic_cdf.png)",
+        "",
+        "![ground truth](ground_truth.png)",
+        "",
+    ]
+    failures = [f"- {name}: {f}" for name, sc in scores.items() for f in sc.failures]
+    if failures:
+        lines += ["## Fit failures", "", *failures, ""]
+    (out / "README.md").write_text("\n".join(lines))

@@ -1,0 +1,125 @@
+"""Per-flow fair share of a saturated bottleneck: BW_n = C n / (n + M), impact(n) = n / (n + M).
+
+Lu et al. 2004 assume every flow through the bottleneck, ours and the cross traffic's, sees the
+same RTT and loss rate and so the same throughput (section IV.A after eq. 4, section V.A). Taken
+literally on a saturated link of usable capacity C with m competing flows, our n streams get
+C n / (n + m) and each competing flow C / (n + m). If the usable capacity itself grows with the
+number of flows as C N / (N + k) (a small drop-tail buffer is used better by more flows), both
+formulas keep their shape with M = m + k, and the impact on a competing flow is
+1 - (C / (n + M)) / (C / M) = n / (n + M). Two parameters, C (bits/s) and M (effective
+competing flows), fitted from two or more probes on 1/BW_n = 1/C + (M/C) (1/n), which is linear.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from models.parallel import CONGESTED, SATURATED, UNCONGESTED, ParallelFit, ProbePoint, _level_warnings, _validated
+
+# A saturated fit is given at least this many effective competing flows: with fewer the fit would
+# claim one stream already takes nearly the whole link, which the probes cannot show.
+MIN_COMPETING_FLOWS = 0.05
+
+
+@dataclass(frozen=True)
+class FairShareFit(ParallelFit):
+    """BW_n = capacity_bps n / (n + competing_flows); held flat beyond ``flat_beyond_streams`` if set."""
+
+    link_capacity_bps: float = float("inf")
+    competing_flows: float = 0.0
+    per_stream_bps: float = 0.0
+    flat_beyond_streams: float | None = field(default=None)
+
+    def throughput_bps(self, streams):
+        """Aggregate throughput of n streams, bits/s (n / (n + M) of C; n x per-stream rate when unsaturated)."""
+        n = np.asarray_chkfinite(streams, dtype=float)
+        if np.any(n < 0):
+            raise ValueError("streams must be >= 0")
+        if self.flat_beyond_streams is not None:
+            n = np.minimum(n, self.flat_beyond_streams)
+        if np.isinf(self.link_capacity_bps):
+            result = n * self.per_stream_bps
+        else:
+            result = self.link_capacity_bps * n / (n + self.competing_flows)
+        return result if np.ndim(result) else float(result)
+
+    def impact(self, streams):
+        """Relative throughput loss of each competing flow, n / (n + M) (0 when unsaturated)."""
+        n = np.asarray_chkfinite(streams, dtype=float)
+        if np.any(n < 0):
+            raise ValueError("streams must be >= 0")
+        if np.isinf(self.link_capacity_bps):
+            result = np.zeros_like(n)
+        else:
+            result = n / (n + self.competing_flows)
+        return result if np.ndim(result) else float(result)
+
+    @property
+    def capacity_bps(self) -> float | None:
+        if np.isinf(self.link_capacity_bps):
+            return float(self.throughput_bps(self.flat_beyond_streams)) if self.flat_beyond_streams else None
+        return self.link_capacity_bps
+
+
+def fair_share_params(streams, throughput_bps) -> tuple[float, float]:
+    """Intercept 1/C (s/bit) and slope M/C (s/bit) of 1/BW_n = 1/C + (M/C)/n by least squares on relative error.
+
+    Parameters
+    ----------
+    streams : probe levels n (> 0)
+    throughput_bps : measured aggregate throughputs, bits/s (> 0)
+
+    Returns
+    -------
+    (alpha, beta): alpha = 1/C, beta = M/C; either may be <= 0 for degenerate probes.
+    """
+    n = np.asarray_chkfinite(streams, dtype=float)
+    bw = np.asarray_chkfinite(throughput_bps, dtype=float)
+    y = 1.0 / bw
+    # Each row divided by its own y, so every probe counts by its relative error.
+    design = np.stack([np.ones_like(n), 1.0 / n], axis=1) / y[:, None]
+    scale = np.linalg.norm(design, axis=0)
+    solution, *_ = np.linalg.lstsq(design / scale, np.ones_like(y), rcond=None)
+    alpha, beta = solution / scale
+    return float(alpha), float(beta)
+
+
+def fit_fair_share(points: Sequence[ProbePoint]) -> FairShareFit:
+    """Fair-share model of a saturated bottleneck from two or more probes (see module docstring).
+
+    Regimes: "congested" (C and M > 0), "uncongested" (throughput grew at least in proportion to n:
+    no bottleneck seen; n x the per-stream rate up to the highest probe, flat beyond, impact 0),
+    "saturated" (more streams were no faster: M is floored at MIN_COMPETING_FLOWS).
+    """
+    n, bw = _validated(points, 2, "fair_share")
+    alpha, beta = fair_share_params(n, bw)
+    warnings = _level_warnings(n)
+    high = float(n.max())
+    common = dict(model="fair_share", probe_streams=tuple(float(x) for x in n))
+    if alpha <= 0:
+        per_stream = float(np.exp(np.mean(np.log(bw / n))))
+        warnings.append(
+            f"no bottleneck seen up to {high:g} streams (throughput grew in proportion to the streams): "
+            f"predictions are held flat beyond {high:g} streams and impact is taken as 0"
+        )
+        fit = FairShareFit(params={"per_stream_bps": per_stream}, regime=UNCONGESTED, warnings=tuple(warnings),
+                           per_stream_bps=per_stream, flat_beyond_streams=high, **common)
+    else:
+        capacity = 1.0 / alpha
+        competing = beta * capacity
+        regime = CONGESTED
+        if competing < MIN_COMPETING_FLOWS:
+            regime = SATURATED
+            competing = MIN_COMPETING_FLOWS
+            capacity = float(np.max(bw))
+            warnings.append(
+                f"more streams did not raise throughput: the path is already full at {n.min():g} streams, "
+                "so extra streams only take from other traffic"
+            )
+        fit = FairShareFit(params={"capacity_bps": capacity, "competing_flows": competing}, regime=regime,
+                           warnings=tuple(warnings), link_capacity_bps=capacity, competing_flows=competing, **common)
+    residuals = tuple(float(r) for r in np.asarray(fit.throughput_bps(n)) / bw - 1.0)
+    return FairShareFit(**{**fit.__dict__, "residuals": residuals})

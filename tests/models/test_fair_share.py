@@ -1,0 +1,47 @@
+import numpy as np
+import pytest
+from numpy.testing import assert_allclose
+
+from models.errors import FitError
+from models.fair_share import MIN_COMPETING_FLOWS, fit_fair_share
+from models.parallel import CONGESTED, SATURATED, UNCONGESTED, ProbePoint
+
+
+def test_two_probes_recover_capacity_and_competing_flows():
+    # C = 100 Mb/s shared with M = 9 flows: BW_1 = 100/10 = 10 Mb/s, BW_10 = 100 * 10/19 Mb/s.
+    fit = fit_fair_share([ProbePoint(1, 10e6), ProbePoint(10, 100e6 * 10 / 19)])
+    assert fit.regime == CONGESTED
+    assert_allclose((fit.params["capacity_bps"], fit.params["competing_flows"]), (100e6, 9.0), rtol=1e-9)
+    # n = 9: 100 * 9/18 = 50 Mb/s; each competing flow drops from C/9 to C/18: impact 1/2.
+    assert_allclose(fit.throughput_bps(9), 50e6, rtol=1e-9)
+    assert_allclose(fit.impact(np.array([0.0, 9.0])), [0.0, 0.5], rtol=1e-9)
+    assert_allclose(fit.capacity_bps, 100e6, rtol=1e-9)
+    assert_allclose(fit.residuals, [0.0, 0.0], atol=1e-9)
+
+
+def test_three_probes_least_squares_is_exact_on_model_data():
+    # C = 40 Mb/s, M = 3: BW_n = 40 n / (n + 3) -> 10, 20, 30 Mb/s at n = 1, 3, 9.
+    fit = fit_fair_share([ProbePoint(1, 10e6), ProbePoint(3, 20e6), ProbePoint(9, 30e6)])
+    assert_allclose((fit.params["capacity_bps"], fit.params["competing_flows"]), (40e6, 3.0), rtol=1e-9)
+
+
+def test_superlinear_growth_is_uncongested_and_held_flat():
+    # BW_10 = 55 Mb/s > 10 x BW_1 = 50 Mb/s: 1/BW = a + b/n gives a < 0, no bottleneck seen.
+    fit = fit_fair_share([ProbePoint(1, 5e6), ProbePoint(10, 55e6)])
+    assert fit.regime == UNCONGESTED
+    # Per-stream rate: geometric mean of 5 and 5.5 Mb/s = sqrt(27.5) Mb/s; flat beyond 10 streams.
+    assert_allclose(fit.throughput_bps(20), 10 * np.sqrt(27.5) * 1e6)
+    assert fit.impact(20) == 0.0
+
+
+def test_no_gain_from_more_streams_is_saturated():
+    # BW_1 = BW_10: slope M/C = 0, so M is floored and C is the best probe.
+    fit = fit_fair_share([ProbePoint(1, 50e6), ProbePoint(10, 50e6)])
+    assert fit.regime == SATURATED
+    assert fit.params["competing_flows"] == MIN_COMPETING_FLOWS
+    assert fit.warnings
+
+
+def test_needs_two_levels():
+    with pytest.raises(FitError):
+        fit_fair_share([ProbePoint(4, 10e6), ProbePoint(4, 11e6)])

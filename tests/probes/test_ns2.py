@@ -1,0 +1,95 @@
+from pathlib import Path
+
+import pytest
+from numpy.testing import assert_allclose
+
+from probes.errors import SimulatorError
+from probes.ns2 import SCENARIOS, Ns2Config, Ns2Driver, cache_key, parse_ns2_output, probe_result, simulate
+
+DATA = Path(__file__).parent / "data"
+
+
+def test_parse_recorded_run_gives_per_flow_throughput_retransmits_and_rtt():
+    run = parse_ns2_output((DATA / "s2_m5_n2_seed1.out").read_text())
+    # Window 12 s .. 17 s. ours 0 acked 350 -> 3570: 3220 packets * 8000 bit / 5 s = 5.152 Mb/s;
+    # ours 1 acked 395 -> 4705: 4310 * 8000 / 5 = 6.896 Mb/s; each retransmitted 1 packet.
+    ours = run.group("ours")
+    assert_allclose([f.throughput_bps for f in ours], [5.152e6, 6.896e6])
+    assert [f.retransmits for f in ours] == [1, 1]
+    # ours 0 srtt at ticks 12..16 s and at the end: 3 x 0.058875, 2 x 0.059, 1 x 0.060 -> mean 0.354625 / 6.
+    assert_allclose(ours[0].rtt_mean_s, 0.354625 / 6)
+    assert_allclose((ours[0].rtt_min_s, ours[0].rtt_max_s), (0.058875, 0.060))
+    # cross acked 12654 + 5333 + 7307 + 7583 + 7972 = 40849 packets in 5 s.
+    assert_allclose(run.cross_bps, 40849 * 8000 / 5)
+    # ours per second: 925, 1481, 1139, 1707, 2278 packets (sum 7530 = 3220 + 4310).
+    assert_allclose(run.ours_interval_bps, [x * 8000 for x in (925, 1481, 1139, 1707, 2278)])
+    assert len(run.cross_interval_bps) == 5
+
+
+def test_probe_result_reports_aggregate_and_unsettled_ramp():
+    run = parse_ns2_output((DATA / "s2_m5_n2_seed1.out").read_text())
+    result = probe_result(run, "ns2:s2", 2, omit_s=2.0)
+    assert_allclose(result.throughput_bps, 12.048e6)
+    assert result.retransmits == 2
+    assert result.duration_s == 5.0
+    # First half 925+1481 packets/2 s vs second half (1139+1707+2278)/3 s: the rate was still rising.
+    assert not result.settled
+
+
+def test_parse_run_without_our_flows():
+    run = parse_ns2_output((DATA / "s6_m5_n0_seed3.out").read_text())
+    assert run.group("ours") == ()
+    assert run.ours_bps == 0
+    # Scenario 6: a 60-packet window per 0.058875 s RTT, over the 3 s window, plus at most one
+    # window in flight at the window's edges, for each of the 5 flows.
+    assert 0 < run.cross_bps <= 5 * (60 * 3 / 0.058875 + 60) * 8000 / 3
+
+
+def test_parse_rejects_truncated_output():
+    text = (DATA / "s2_m5_n2_seed1.out").read_text()
+    with pytest.raises(SimulatorError):
+        parse_ns2_output(text.replace("done", ""))
+    with pytest.raises(SimulatorError):
+        parse_ns2_output(text.replace("end 17.000000 ours 0 3570", "end 17.000000 ours 0 x"))
+
+
+def test_config_rejects_seed_zero_and_unknown_scenario():
+    with pytest.raises(ValueError, match="seed"):
+        Ns2Config(2, 5, 1, 0, 5.0, 1.0)
+    with pytest.raises(ValueError, match="scenario"):
+        Ns2Config(7, 5, 1, 1, 5.0, 1.0)
+
+
+def test_cache_key_changes_with_every_parameter():
+    base = Ns2Config(2, 5, 2, 1, 5.0, 2.0)
+    others = [Ns2Config(2, 5, 2, 2, 5.0, 2.0), Ns2Config(2, 5, 3, 1, 5.0, 2.0), Ns2Config(2, 5, 2, 1, 5.0, 2.0, "RED")]
+    assert len({cache_key(c) for c in [base, *others]}) == 4
+
+
+def test_tuned_window_covers_the_bandwidth_delay_product():
+    for s in SCENARIOS.values():
+        bdp_packets = s.l3_bps * s.idle_rtt_s / 8000
+        assert s.window_packets >= bdp_packets if s.tuned else s.window_packets == 60
+
+
+@pytest.mark.ns2
+def test_short_real_run_is_plausible_and_repeatable(tmp_path):
+    driver = Ns2Driver(scenario=2, m=5, seed=7)
+    first = driver.run("ns2:s2", 2, duration_s=3.0, omit_s=1.0, deadline_s=60)
+    again = driver.run("ns2:s2", 2, duration_s=3.0, omit_s=1.0, deadline_s=60)
+    assert 0 < first.throughput_bps <= SCENARIOS[2].l3_bps
+    assert first.rtt_mean_s >= 0.058
+    assert (first.throughput_bps, first.retransmits, first.rtt_mean_s) == (
+        again.throughput_bps, again.retransmits, again.rtt_mean_s)
+    other = Ns2Driver(scenario=2, m=5, seed=8).run("ns2:s2", 2, duration_s=3.0, omit_s=1.0, deadline_s=60)
+    assert other.throughput_bps != first.throughput_bps
+
+
+@pytest.mark.ns2
+def test_cached_run_is_read_back(tmp_path):
+    config = Ns2Config(1, 2, 1, 1, 2.0, 1.0)
+    run, raw = simulate(config, 60, tmp_path)
+    assert len(list(tmp_path.glob("*.out"))) == 1
+    again, raw_again = simulate(config, 60, tmp_path)
+    assert (again, raw_again) == (run, raw)
+    assert 0 < run.ours_bps + run.cross_bps <= SCENARIOS[1].l3_bps
