@@ -2,8 +2,9 @@
 
 For each path (scenario x m cross flows) it runs, on at most two worker processes:
   * the ground truth: a long transfer at every n (and n = 0, cross traffic alone), one seed;
-  * the probes, as the real probe plan does them: short transfers at the plan's levels, each a
-    separate run with its own seed (so probes never reuse the ground-truth runs).
+  * the probes, exactly as the real probe plan does them (probes.plan.run_plan over the ns-2
+    driver): the model's levels, warm-up omitted, a probe whose rate has not settled re-run twice
+    as long up to the cap, with a seed of their own (so probes never reuse the ground-truth runs).
 Then it fits every model in models.registry.MODELS on the probes and scores throughput (Lu Fig. 10,
 12), cross traffic (Fig. 14), the advice against the best in-budget n, and the probe cost, and writes
 a Markdown report with PNG figures.
@@ -30,7 +31,8 @@ from advisor.tame import advise  # noqa: E402
 from models.errors import FitError  # noqa: E402
 from models.parallel import ProbePoint  # noqa: E402
 from models.registry import MIN_LEVELS, MODELS, PROBE_LEVELS, next_probe_level  # noqa: E402
-from probes.ns2 import Ns2Config, probe_result, simulate  # noqa: E402
+from probes.ns2 import Ns2Config, Ns2Driver, simulate  # noqa: E402
+from probes.plan import PlanEvent, ProbePlan, run_plan  # noqa: E402
 
 BUDGETS = (0.05, 0.1, 0.2, 0.3)
 FULL = dict(scenarios=(1, 2, 3, 4, 5, 6), ms=(5, 10, 15, 20, 25, 30), ns=tuple(range(1, 32)))
@@ -47,6 +49,7 @@ class Settings:
     truth_omit_s: float = 10.0
     probe_duration_s: float = 10.0
     probe_omit_s: float = 2.0
+    probe_max_duration_s: float = 60.0
     queue: str = "DropTail"
     workers: int = 2
     cache_dir: Path = ROOT / "benchmarks" / "cache"
@@ -55,9 +58,13 @@ class Settings:
     def truth_config(self, scenario: int, m: int, n: int) -> Ns2Config:
         return Ns2Config(scenario, m, n, self.seed, self.truth_duration_s, self.truth_omit_s, self.queue)
 
-    def probe_config(self, scenario: int, m: int, n: int) -> Ns2Config:
-        # Each probe level is its own run at another time: a seed apart from the truth and the other probes.
-        return Ns2Config(scenario, m, n, 1000 * self.seed + n, self.probe_duration_s, self.probe_omit_s, self.queue)
+    def probe_driver(self, scenario: int, m: int) -> Ns2Driver:
+        # Probes run at another time than the ground truth: a seed of their own.
+        return Ns2Driver(scenario, m, seed=1000 * self.seed + 7, queue=self.queue, cache_dir=self.cache_dir)
+
+    def probe_plan(self, levels) -> ProbePlan:
+        return ProbePlan(levels=tuple(levels), duration_s=self.probe_duration_s, omit_s=self.probe_omit_s,
+                         max_duration_s=self.probe_max_duration_s)
 
 
 def _run(config: Ns2Config, cache_dir: Path):
@@ -88,6 +95,8 @@ class PathResult:
     cross_bps: np.ndarray
     cross0_bps: float
     probes: dict[int, ProbePoint] = field(default_factory=dict)
+    # simulated seconds spent probing each level, extensions included
+    probe_seconds: dict[int, float] = field(default_factory=dict)
 
     @property
     def true_impact(self) -> np.ndarray:
@@ -107,10 +116,34 @@ class ModelScore:
     failures: list[str] = field(default_factory=list)
 
 
-def _probe_point(run, n: int, omit_s: float) -> ProbePoint:
-    r = probe_result(run, "ns2", n, omit_s)
-    return ProbePoint(n, r.throughput_bps, rtt_s=r.rtt_mean_s, retransmits=r.retransmits,
-                      duration_s=r.duration_s, throughput_stderr_bps=r.throughput_stderr_bps, sender_bps=r.sender_bps)
+def _point(probe) -> ProbePoint:
+    return ProbePoint(probe.streams, probe.throughput_bps, rtt_s=probe.rtt_mean_s, retransmits=probe.retransmits,
+                      duration_s=probe.duration_s, throughput_stderr_bps=probe.throughput_stderr_bps,
+                      sender_bps=probe.sender_bps)
+
+
+def _probe_path(scenario: int, m: int, levels: tuple[int, ...], settings: Settings):
+    """Run the real probe plan on one simulated path: (probe points by level, simulated seconds probed)."""
+    spent = []
+
+    def cost(event: PlanEvent) -> None:
+        if event.kind in ("probe", "extend"):
+            spent.append(event.duration_s + settings.probe_omit_s)
+
+    plan = run_plan(settings.probe_driver(scenario, m), f"s{scenario}m{m}", settings.probe_plan(levels), cost)
+    return scenario, m, {p.streams: _point(p) for p in plan.probes}, float(sum(spent))
+
+
+def probe_all(requests: list[tuple[int, int, tuple[int, ...]]], settings: Settings) -> dict:
+    """Probe every (scenario, m, levels) through the plan on settings.workers processes."""
+    results = {}
+    with ProcessPoolExecutor(max_workers=settings.workers) as pool:
+        futures = [pool.submit(_probe_path, s, m, levels, settings) for s, m, levels in requests]
+        for future in as_completed(futures):
+            s, m, points, seconds = future.result()
+            results[(s, m)] = (points, seconds)
+    print(f"[accuracy] probed {len(results)} paths through the probe plan", file=sys.stderr)
+    return results
 
 
 def score_model(name: str, path: PathResult, probes: list[ProbePoint], score: ModelScore, settings: Settings) -> None:
@@ -139,7 +172,7 @@ def score_model(name: str, path: PathResult, probes: list[ProbePoint], score: Mo
         score.advice_ratio.setdefault(budget, []).append(float(path.ours_bps[index]) / best)
         score.advice_exceeded.setdefault(budget, []).append(bool(path.true_impact[index] > budget))
     score.probes_used.append(len(probes))
-    score.probe_seconds.append(len(probes) * (settings.probe_duration_s + settings.probe_omit_s))
+    score.probe_seconds.append(sum(path.probe_seconds.get(p.streams, 0.0) for p in probes))
 
 
 def evaluate(settings: Settings) -> tuple[list[PathResult], dict[str, ModelScore]]:
@@ -150,8 +183,8 @@ def evaluate(settings: Settings) -> tuple[list[PathResult], dict[str, ModelScore
     for s in settings.scenarios:
         for m in settings.ms:
             configs += [settings.truth_config(s, m, n) for n in (0, *settings.ns)]
-            configs += [settings.probe_config(s, m, n) for n in first_levels]
     runs = run_all(configs, settings)
+    probed = probe_all([(s, m, tuple(first_levels)) for s in settings.scenarios for m in settings.ms], settings)
     paths = []
     for s in settings.scenarios:
         for m in settings.ms:
@@ -162,21 +195,22 @@ def evaluate(settings: Settings) -> tuple[list[PathResult], dict[str, ModelScore
                 cross_bps=np.array([r.cross_bps for r in truth]),
                 cross0_bps=runs[settings.truth_config(s, m, 0)][0].cross_bps,
             )
-            for n in first_levels:
-                path.probes[n] = _probe_point(runs[settings.probe_config(s, m, n)][0], n, settings.probe_omit_s)
+            points, seconds = probed[(s, m)]
+            path.probes.update(points)
+            path.probe_seconds.update({n: seconds / len(points) for n in points})
             paths.append(path)
     # Adaptive plans pick a further level from the first probes; those runs are made now.
-    extra = {}
+    extra = set()
     for path in paths:
         for name in models:
             level = next_probe_level(name, [path.probes[n] for n in PROBE_LEVELS[name]])
             if level is not None and level not in path.probes:
-                extra[(path.scenario, path.m, level)] = settings.probe_config(path.scenario, path.m, level)
+                extra.add((path.scenario, path.m, (level,)))
     if extra:
-        more = run_all(list(extra.values()), settings)
-        for (s, m, level), config in extra.items():
+        for (s, m), (points, seconds) in probe_all(sorted(extra), settings).items():
             path = next(p for p in paths if p.scenario == s and p.m == m)
-            path.probes[level] = _probe_point(more[config][0], level, settings.probe_omit_s)
+            path.probes.update(points)
+            path.probe_seconds.update({n: seconds for n in points})
     scores = {name: ModelScore(name) for name in models}
     for path in paths:
         for name in models:
@@ -227,6 +261,8 @@ def parse_args(argv=None) -> tuple[Settings, Path]:
     parser.add_argument("--truth-duration", type=float, default=80.0, help="ground-truth seconds measured")
     parser.add_argument("--truth-omit", type=float, default=10.0, help="ground-truth warm-up seconds")
     parser.add_argument("--probe-duration", type=float, default=10.0, help="probe seconds measured")
+    parser.add_argument("--probe-max-duration", type=float, default=60.0,
+                        help="longest a probe is extended to while its rate has not settled")
     parser.add_argument("--probe-omit", type=float, default=2.0, help="probe warm-up seconds")
     parser.add_argument("--queue", default="DropTail", choices=("DropTail", "RED"))
     parser.add_argument("--workers", type=int, default=2)
@@ -243,6 +279,7 @@ def parse_args(argv=None) -> tuple[Settings, Path]:
         truth_duration_s=args.truth_duration,
         truth_omit_s=args.truth_omit,
         probe_duration_s=args.probe_duration,
+        probe_max_duration_s=args.probe_max_duration,
         probe_omit_s=args.probe_omit,
         queue=args.queue,
         workers=max(1, min(args.workers, 2)),

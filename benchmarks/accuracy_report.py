@@ -95,7 +95,9 @@ def write_report(out: Path, settings, paths, scores, rows, elapsed_s: float, com
         f"Scenarios {list(settings.scenarios)} x m {list(settings.ms)} x n {list(settings.ns)}; {settings.queue}; "
         f"seed {settings.seed}. Ground truth: {settings.truth_duration_s:g} s transfers after "
         f"{settings.truth_omit_s:g} s warm-up (n = 0 gives the cross traffic alone). Probes: separate runs of "
-        f"{settings.probe_duration_s:g} s after {settings.probe_omit_s:g} s warm-up, one seed per level.",
+        f"the real probe plan (probes.plan.run_plan over the ns-2 driver): {settings.probe_duration_s:g} s after "
+        f"{settings.probe_omit_s:g} s warm-up, re-run twice as long while the rate has not settled, up to "
+        f"{settings.probe_max_duration_s:g} s; a seed apart from the ground truth.",
         "",
         "Relative error = (predicted - measured) / measured (Lu eq. 14). Throughput: per path, the mean "
         "|relative error| over n; median and p90 over paths. Cross traffic: predicted = measured cross "

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Mapping
 
 from probes.errors import ProbeDeadlineExceeded, SimulatorError, ZeroThroughput
+from probes.settle import assess_series
 from probes.result import ProbeResult, StreamRtt
 
 TEMPLATE = Path(__file__).with_name("ns2_scenario.tcl")
@@ -290,19 +291,6 @@ def simulate(
     return parsed, raw
 
 
-def _stderr_and_settled(series: tuple[float, ...]) -> tuple[float | None, bool]:
-    # Settled: the second half of the window runs within 10 % of the first half.
-    if len(series) < 2:
-        return None, True
-    mean = sum(series) / len(series)
-    var = sum((x - mean) ** 2 for x in series) / (len(series) - 1)
-    half = len(series) // 2
-    first, second = series[:half], series[half:]
-    a, b = sum(first) / len(first), sum(second) / len(second)
-    settled = mean > 0 and abs(b - a) <= 0.1 * mean
-    return math.sqrt(var / len(series)), settled
-
-
 def probe_result(run: Ns2Run, dest: str, streams: int, omit_s: float, raw: str = "") -> ProbeResult:
     """The ProbeResult of our flows in a parsed run (the fields the iperf3 driver fills)."""
     ours = run.group("ours")
@@ -312,7 +300,8 @@ def probe_result(run: Ns2Run, dest: str, streams: int, omit_s: float, raw: str =
     stream_rtts = tuple(
         StreamRtt(f.rtt_mean_s, f.rtt_min_s, f.rtt_max_s) for f in ours if f.rtt_mean_s is not None
     )
-    stderr, settled = _stderr_and_settled(run.ours_interval_bps)
+    # The same settle rule as iperf3 probes (probes.settle), on the simulator's 1 s series.
+    verdict = assess_series(run.ours_interval_bps)
     return ProbeResult(
         dest=dest,
         streams=streams,
@@ -327,8 +316,8 @@ def probe_result(run: Ns2Run, dest: str, streams: int, omit_s: float, raw: str =
         stream_rtts=stream_rtts,
         mss_bytes=PACKET_BYTES,
         congestion_control="reno",
-        throughput_stderr_bps=stderr,
-        settled=settled,
+        throughput_stderr_bps=verdict.stderr_bps,
+        settled=verdict.settled,
         interval_bps=run.ours_interval_bps,
         raw=raw,
     )
