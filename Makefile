@@ -24,5 +24,8 @@ run: deps venv
 test: deps venv
 	$(BIN)/python -m pytest -q -ra
 
+bench-accuracy-quick: deps venv
+	$(BIN)/python benchmarks/accuracy.py --quick
+
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -108,7 +108,7 @@ def write_report(out: Path, settings, paths, scores, rows, elapsed_s: float, com
         "| model | paths | thr median | thr p90 | cross p50 | cross p90 | "
         + " | ".join(f"adv {b:g} (exc)" for b in BUDGETS)
         + " | probes | probe s | fit failures |",
-        "|---" * (10 + len(BUDGETS) - 4) + "|",
+        "|---" * (9 + len(BUDGETS)) + "|",
     ]
     for name, r in rows.items():
         adv = " | ".join(f"{r[f'adv_{b}']:.2f} ({r[f'exc_{b}']:.0%})" for b in BUDGETS)

@@ -93,3 +93,20 @@ def test_cached_run_is_read_back(tmp_path):
     again, raw_again = simulate(config, 60, tmp_path)
     assert (again, raw_again) == (run, raw)
     assert 0 < run.ours_bps + run.cross_bps <= SCENARIOS[1].l3_bps
+
+
+@pytest.mark.ns2
+def test_accuracy_benchmark_runs_on_a_tiny_subset(tmp_path):
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "accuracy.py"
+    argv = [sys.executable, str(script), "--scenarios", "2", "--ms", "5", "--ns", "1,10",
+            "--truth-duration", "4", "--truth-omit", "1", "--probe-duration", "3", "--probe-omit", "1",
+            "--cache", str(tmp_path / "cache"), "--out", str(tmp_path / "out")]
+    completed = subprocess.run(argv, capture_output=True, text=True, timeout=240)
+    assert completed.returncode == 0, completed.stderr
+    report = (tmp_path / "out" / "README.md").read_text()
+    for model in ("lu", "fair_share"):
+        assert f"| {model} |" in report
+    assert (tmp_path / "out" / "cross_traffic_cdf.png").stat().st_size > 0
