@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
+from models.fair_share import FairShareFit
 from models.parallel import UNCONGESTED, ParallelFit, PolynomialFit
 
 # The exponent of n that each named coefficient multiplies in p'(n), per model (Lu eq. 5, 12, 13).
@@ -31,8 +32,10 @@ def fit_to_record(fitted: ParallelFit) -> dict[str, Any]:
 
 
 def fit_from_record(model: str, params: Mapping[str, float], regime: str,
-                    probe_streams: Sequence[float], warnings: Sequence[str] = ()) -> PolynomialFit:
+                    probe_streams: Sequence[float], warnings: Sequence[str] = ()) -> ParallelFit:
     """Rebuild the fit the models module made; raises ValueError for an unknown model or parameter."""
+    if model == "fair_share":
+        return _fair_share_from_record(params, regime, probe_streams, warnings)
     try:
         table = _EXPONENTS[model]
     except KeyError:
@@ -54,3 +57,16 @@ def fit_from_record(model: str, params: Mapping[str, float], regime: str,
         coefficients=tuple(float(params[name]) for name in names),
         flat_beyond_streams=max(streams) if regime == UNCONGESTED else None,
     )
+
+
+def _fair_share_from_record(params: Mapping[str, float], regime: str, probe_streams: Sequence[float],
+                            warnings: Sequence[str]) -> FairShareFit:
+    streams = tuple(float(x) for x in probe_streams)
+    common = dict(model="fair_share", params={k: float(v) for k, v in params.items()}, regime=regime,
+                  probe_streams=streams, warnings=tuple(warnings))
+    if set(params) == {"per_stream_bps"}:
+        return FairShareFit(per_stream_bps=float(params["per_stream_bps"]), flat_beyond_streams=max(streams), **common)
+    if set(params) == {"capacity_bps", "competing_flows"}:
+        return FairShareFit(link_capacity_bps=float(params["capacity_bps"]),
+                            competing_flows=float(params["competing_flows"]), **common)
+    raise ValueError(f"stored fit of model 'fair_share' has unexpected parameters {sorted(params)}")

@@ -25,7 +25,18 @@ CASES = {
     "lu saturated": ("lu", [ProbePoint(1, 9e7), ProbePoint(10, 8.9e7)]),
     "linear": ("linear", [ProbePoint(1, 4e7), ProbePoint(10, 9e7)]),
     "full2": ("full2", [ProbePoint(1, lu_rate(1)), ProbePoint(4, lu_rate(4) * 1.01), ProbePoint(10, lu_rate(10))]),
+    "fair_share congested": ("fair_share", [ProbePoint(1, 12e6), ProbePoint(10, 55e6)]),
+    "fair_share uncongested": ("fair_share", [ProbePoint(1, 1e6), ProbePoint(8, 9e6)]),
+    "fair_share saturated": ("fair_share", [ProbePoint(1, 9e7), ProbePoint(10, 8.9e7)]),
 }
+
+
+def test_every_registered_model_survives_the_store():
+    # The store rebuilds fits from model + params; a model the codec cannot rebuild would break
+    # stored advice as soon as an operator selects it with TAME_MODEL.
+    from models.registry import MODELS
+
+    assert set(MODELS) == {model for model, _ in CASES.values()}
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
