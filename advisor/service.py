@@ -22,7 +22,7 @@ from advisor.errors import BatchTooLarge, DestinationNotAllowed, InvalidRequest,
 from advisor.fitcodec import fit_from_record, fit_to_record
 from advisor.settings import Settings
 from advisor.store import FitRow, Job, NewFit, Store
-from advisor.tame import advise, largest_parallelism_within, predicted_curve, representative_rtt_s
+from advisor.tame import advise, largest_parallelism_within, point_from_probe, predicted_curve, representative_rtt_s
 from models.errors import FitError
 from models.parallel import UNCONGESTED, ParallelFit, ProbePoint
 from models.registry import MIN_LEVELS, fit
@@ -105,10 +105,7 @@ class AdviceService:
     def ingest_run(self, dest: Destination, idle_rtt_s: float | None, results: Sequence[ProbeResult],
                    started_at: float, source: str, job_id: str | None = None) -> tuple[int, str | None]:
         """Fit and store a finished probe run (and close its job) in one transaction: (run id, fit error)."""
-        points = [ProbePoint(streams=r.streams, throughput_bps=r.throughput_bps, rtt_s=r.rtt_mean_s,
-                             retransmits=r.retransmits, duration_s=r.duration_s,
-                             throughput_stderr_bps=r.throughput_stderr_bps, sender_bps=r.sender_bps)
-                  for r in results]
+        points = [point_from_probe(r) for r in results]
         error = None
         new_fit = None
         try:

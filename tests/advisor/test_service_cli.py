@@ -51,3 +51,52 @@ def test_tame_paths_lists_the_store(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "advisor", "paths"], env={**env, "TAME_TTL_S": "x"},
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "TAME_TTL_S" in bad.stderr
+
+
+def _seeded_store(tmp_path):
+    """A real SQLite store holding one probe run of 127.0.0.1:5201 (1 stream 42 Mbit/s, 10 streams 88 Mbit/s)."""
+    from advisor.destinations import parse_destination
+    from probes.result import ProbeResult
+
+    url = f"sqlite:///{tmp_path}/s.sqlite3"
+    store = Store.open(url)
+    results = [ProbeResult(dest="127.0.0.1:5201", streams=n, duration_s=10, omit_s=2, throughput_bps=bps,
+                           sender_bps=bps) for n, bps in ((1, 42e6), (10, 88e6))]
+    AdviceService(store, Settings(database_url=url)).ingest_run(parse_destination("127.0.0.1"), 0.04, results,
+                                                                 started_at=0.0, source="probe")
+    store.close()
+    return {**os.environ, "TAME_DATABASE_URL": url}
+
+
+def test_tame_curve_of_a_known_destination_matches_the_offline_fit(tmp_path):
+    env = _seeded_store(tmp_path)
+    known = subprocess.run([sys.executable, "-m", "advisor", "curve", "127.0.0.1", "--json"], env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert known.returncode == 0, known.stderr
+    offline = subprocess.run([sys.executable, "-m", "advisor", "curve", "--probe", "1:42e6", "--probe", "10:88e6",
+                              "--json"], capture_output=True, text=True, timeout=60)
+    stored, fitted = json.loads(known.stdout), json.loads(offline.stdout)
+    assert stored["dest"] == "127.0.0.1:5201" and stored["model"] == fitted["model"]
+    # Same probes, same model: the stored curve is the offline one (lu: 42.00 and 65.20 Mbit/s at n = 1, 2).
+    for mine, theirs in zip(stored["curve"], fitted["curve"]):
+        assert mine["streams"] == theirs["streams"]
+        assert abs(mine["throughput_bps"] - theirs["throughput_bps"]) <= 1e-6 * theirs["throughput_bps"]
+    assert abs(stored["curve"][1]["throughput_bps"] - 65.2e6) < 0.01e6
+
+
+def test_tame_curve_unknown_destination_and_bad_combinations(tmp_path):
+    env = _seeded_store(tmp_path)
+    for args, fragment in ((["127.0.0.9"], "request a probe"), (["127.0.0.1", "--probe", "1:1e6"], "not both"),
+                           ([], "give DEST")):
+        done = subprocess.run([sys.executable, "-m", "advisor", "curve", *args], env=env, capture_output=True,
+                              text=True, timeout=60)
+        assert done.returncode == 2 and fragment in done.stderr, done.stderr
+
+
+def test_tame_curve_plot_writes_a_png(tmp_path):
+    env = _seeded_store(tmp_path)
+    out = tmp_path / "curve.png"
+    done = subprocess.run([sys.executable, "-m", "advisor", "curve", "127.0.0.1", "--plot", str(out)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
