@@ -27,7 +27,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from advisor.tame import advise  # noqa: E402
+from advisor.tame import advise, point_from_probe  # noqa: E402
 from models.errors import FitError  # noqa: E402
 from models.parallel import ProbePoint  # noqa: E402
 from models.registry import MIN_LEVELS, MODELS, PROBE_LEVELS, next_probe_level  # noqa: E402
@@ -116,12 +116,6 @@ class ModelScore:
     failures: list[str] = field(default_factory=list)
 
 
-def _point(probe) -> ProbePoint:
-    return ProbePoint(probe.streams, probe.throughput_bps, rtt_s=probe.rtt_mean_s, retransmits=probe.retransmits,
-                      duration_s=probe.duration_s, throughput_stderr_bps=probe.throughput_stderr_bps,
-                      sender_bps=probe.sender_bps)
-
-
 def _probe_path(scenario: int, m: int, levels: tuple[int, ...], settings: Settings):
     """Run the real probe plan on one simulated path: (probe points by level, simulated seconds probed)."""
     spent = []
@@ -131,7 +125,7 @@ def _probe_path(scenario: int, m: int, levels: tuple[int, ...], settings: Settin
             spent.append(event.duration_s + settings.probe_omit_s)
 
     plan = run_plan(settings.probe_driver(scenario, m), f"s{scenario}m{m}", settings.probe_plan(levels), cost)
-    return scenario, m, {p.streams: _point(p) for p in plan.probes}, float(sum(spent))
+    return scenario, m, {p.streams: point_from_probe(p) for p in plan.probes}, float(sum(spent))
 
 
 def probe_all(requests: list[tuple[int, int, tuple[int, ...]]], settings: Settings) -> dict:
