@@ -1,0 +1,39 @@
+"""`tame advise` and `tame curve` against a live server (TAME_URL), as a user at another host would."""
+
+import json
+import os
+import subprocess
+import sys
+
+from numpy.testing import assert_allclose
+
+from tests.api.conftest import A
+
+
+def tame(base, *args):
+    env = {**os.environ, "TAME_URL": base}
+    return subprocess.run([sys.executable, "-m", "advisor", *args], env=env, capture_output=True, text=True,
+                          timeout=180)
+
+
+def test_advise_via_server_requests_a_probe_when_the_path_is_unknown(service_factory):
+    base, client, app = service_factory()
+    done = tame(base, "advise", "127.0.0.1", "--max-impact", "0.5", "--json")
+    assert done.returncode == 0, done.stderr
+    assert "requesting a probe" in done.stderr
+    advice = json.loads(done.stdout)
+    # The server probed with its fake path (a' = A, b' = 4A): impact(n) <= 0.5 up to n = sqrt(12).
+    assert advice["dest"] == "127.0.0.1:5201" and advice["num_flows"] == 3
+    assert_allclose(advice["params"]["a_prime"], A, rtol=1e-6)
+    # Known now: answered from the store without another probe, and the curve is there too.
+    again = tame(base, "advise", "127.0.0.1", "--max-impact", "0.5", "--json")
+    assert again.returncode == 0 and "requesting" not in again.stderr
+    curve = json.loads(tame(base, "curve", "127.0.0.1", "--json").stdout)
+    assert curve["curve"][0]["streams"] == 1 and curve["model"] == advice["model"]
+
+
+def test_advise_via_server_outside_the_allow_list_fails_clearly(service_factory):
+    base, client, app = service_factory()
+    done = tame(base, "advise", "192.0.2.1", "--max-impact", "0.1")
+    assert done.returncode == 2
+    assert "TAME_ALLOWED_DESTINATIONS" in done.stderr and done.stdout == ""
