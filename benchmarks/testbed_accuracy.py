@@ -57,6 +57,7 @@ from models.errors import FitError  # noqa: E402
 from models.parallel import ProbePoint  # noqa: E402
 from models.registry import MODELS, fit  # noqa: E402
 from probes import pathcheck, testbed  # noqa: E402
+from probes.errors import ProbeError  # noqa: E402
 from probes.iperf_parse import parse_iperf_json  # noqa: E402
 from probes.netns import run  # noqa: E402
 from probes.result import PlanResult, ProbeResult  # noqa: E402
@@ -137,7 +138,7 @@ def cross_rate(before: tuple[float, int], after: tuple[float, int]) -> float:
 
 def probe_plan(tb: testbed.Testbed, duration_s: float, max_duration_s: float, omit_s: float) -> PlanResult:
     """Run the advisor's probe plan (levels 1 and 10) from the sender namespace via `tame probe --json`."""
-    argv = [sys.executable, "-m", "advisor.cli", "probe", f"{tb.receiver_addr}:{PORT}", "--levels", "1,10",
+    argv = [sys.executable, "-m", "advisor", "probe", f"{tb.receiver_addr}:{PORT}", "--levels", "1,10",
             "--duration", f"{duration_s:g}", "--max-duration", f"{max_duration_s:g}", "--omit", f"{omit_s:g}",
             "--congestion-control", CONGESTION_CONTROL, "--json"]
     # Worst case: idle RTT, then both probes extended to the cap (doubling), plus slack.
@@ -189,6 +190,19 @@ def transfer(tb: testbed.Testbed, streams: int, seconds: int, omit_s: int, with_
     return Row(streams, result.throughput_bps, cross)
 
 
+def transfer_retrying(tb: testbed.Testbed, streams: int, args, with_cross: bool, notes: list[str]) -> Row:
+    """transfer(), tried twice; a run that fails both times becomes an empty row and a note."""
+    for attempt in (1, 2):
+        try:
+            return transfer(tb, streams, args.seconds, args.omit, with_cross)
+        except (ProbeError, RuntimeError, ValueError) as exc:
+            # Seen once in ~20 runs: "unable to receive control message: Connection reset by peer".
+            notes.append(f"n={streams}, attempt {attempt}: {exc}")
+            print(f"n={streams}: attempt {attempt} failed: {exc}", file=sys.stderr, flush=True)
+            time.sleep(1.0)
+    return Row(streams, None)
+
+
 def idle_cross(tb: testbed.Testbed, seconds: int, omit_s: int) -> float:
     """Cross-traffic goodput with no transfer of ours (n = 0), over a window as long as a transfer's."""
     time.sleep(CLIENT_SETUP_S + omit_s)
@@ -203,9 +217,10 @@ def _sleep_until(t: float) -> None:
         time.sleep(delay)
 
 
-def measure_path(path: BenchPath, name: str, state_dir: Path, args, models: list[str]) -> PathResult:
+def measure_path(result: PathResult, name: str, state_dir: Path, args, models: list[str]) -> None:
+    """Build the path, probe, sweep n; fills ``result`` as it goes, so a failure keeps what was measured."""
+    path = result.path
     spec = replace(path.spec, name=name)
-    result = PathResult(path)
     print(f"\n== {path.title}", file=sys.stderr, flush=True)
     tb = testbed.up(spec, state_dir=state_dir)
     try:
@@ -221,7 +236,7 @@ def measure_path(path: BenchPath, name: str, state_dir: Path, args, models: list
             points = []
             for p in result.plan.probes:
                 points.append(ProbePoint(p.streams, p.throughput_bps))
-                print(f"probe n={p.streams}: {p.throughput_bps / 1e6:.2f} Mbit/s over {p.duration_s:g} s"
+                print(f"probe n={p.streams}: {p.throughput_bps / 1e6:.2f} Mbit/s over {p.duration_s:.1f} s"
                       f"{'' if p.settled else ' (not settled)'}", file=sys.stderr, flush=True)
             for model in models:
                 try:
@@ -232,16 +247,16 @@ def measure_path(path: BenchPath, name: str, state_dir: Path, args, models: list
                 result.cross_idle_bps.append(idle_cross(tb, args.seconds, args.omit))
                 print(f"n=0: cross {result.cross_idle_bps[-1] / 1e6:.2f} Mbit/s", file=sys.stderr, flush=True)
             for n in STREAMS:
-                row = transfer(tb, n, args.seconds, args.omit, bool(spec.cross_flows))
+                row = transfer_retrying(tb, n, args, bool(spec.cross_flows), result.notes)
                 result.rows.append(row)
-                cross = "" if row.cross_bps is None else f", cross {row.cross_bps / 1e6:.2f} Mbit/s"
-                print(f"n={n}: {row.measured_bps / 1e6:.2f} Mbit/s{cross}", file=sys.stderr, flush=True)
+                if row.measured_bps is not None:
+                    cross = "" if row.cross_bps is None else f", cross {row.cross_bps / 1e6:.2f} Mbit/s"
+                    print(f"n={n}: {row.measured_bps / 1e6:.2f} Mbit/s{cross}", file=sys.stderr, flush=True)
             if spec.cross_flows:
                 result.cross_idle_bps.append(idle_cross(tb, args.seconds, args.omit))
                 print(f"n=0 (after): cross {result.cross_idle_bps[-1] / 1e6:.2f} Mbit/s", file=sys.stderr, flush=True)
     finally:
         testbed.down(spec.name, state_dir=state_dir)
-    return result
 
 
 # --- reporting ----------------------------------------------------------------------------------
@@ -268,8 +283,10 @@ def report(result: PathResult, models: list[str]) -> list[str]:
     """Markdown lines for one path: the probes, then one table per model."""
     lines = [f"### {result.path.title}", ""]
     plan = result.plan
+    if plan is None:
+        return lines + [f"- {note}" for note in result.notes] + [""]
     rtt = "unknown" if plan.idle_rtt_s is None else f"{plan.idle_rtt_s * 1e3:.1f} ms"
-    probes = ", ".join(f"n={p.streams}: {p.throughput_bps / 1e6:.2f} Mbit/s ({p.duration_s:g} s"
+    probes = ", ".join(f"n={p.streams}: {p.throughput_bps / 1e6:.2f} Mbit/s ({p.duration_s:.1f} s"
                        f"{'' if p.settled else ', not settled'})" for p in plan.probes)
     lines.append(f"Probes (idle RTT {rtt}): {probes}.")
     baseline = None
@@ -279,7 +296,7 @@ def report(result: PathResult, models: list[str]) -> list[str]:
         lines.append(f"Cross traffic with no transfer (n=0), before and after the sweep: {windows} Mbit/s; "
                      f"cross(n=0) = their mean, {baseline / 1e6:.2f} Mbit/s.")
     for model in models:
-        fitted = result.fits[model]
+        fitted = result.fits.get(model, "not fitted (the run stopped first)")
         lines.append("")
         label = f"`{model}`" + (" (DEFAULT_MODEL)" if model == DEFAULT_MODEL else "")
         if isinstance(fitted, str):
@@ -302,7 +319,7 @@ def report(result: PathResult, models: list[str]) -> list[str]:
             lines.append(f"| 0 | - | - | - | {_mbit(baseline)} | {_mbit(baseline)} | - |")
         errors, cross_errors = [], []
         for row in result.rows:
-            predicted = float(fitted.throughput_bps(row.streams))
+            predicted = float(fitted.throughput_bps(row.streams))  # printed even where the measurement failed
             error = _err(predicted, row.measured_bps)
             cross_pred = None if baseline is None else baseline * (1 - float(fitted.impact(row.streams)))
             cross_error = _err(cross_pred, row.cross_bps)
@@ -311,6 +328,8 @@ def report(result: PathResult, models: list[str]) -> list[str]:
             lines.append(f"| {row.streams} | {_mbit(row.measured_bps)} | {_mbit(predicted)} | {_pct(error)} "
                          f"| {_mbit(row.cross_bps)} | {_mbit(cross_pred)} | {_pct(cross_error)} |")
         lines.append(f"| mean \\|err\\| | | | {_mean_abs(errors)} | | | {_mean_abs(cross_errors)} |")
+    if result.notes:
+        lines.append("")
     for note in result.notes:
         lines.append(f"- {note}")
     lines.append("")
@@ -349,7 +368,19 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="tpt-accuracy-") as tmp:
         for index, path in enumerate(paths):
             name = f"acc{os.getpid() % 100000}{index}"[:12]
-            results.append(measure_path(path, name, Path(tmp), args, models))
+            results.append(PathResult(path))
+            try:
+                measure_path(results[-1], name, Path(tmp), args, models)
+            except (ProbeError, RuntimeError, subprocess.TimeoutExpired, testbed.TestbedError) as exc:
+                print(f"{path.key}: {exc}", file=sys.stderr, flush=True)
+                results[-1].notes.append(f"measurement stopped: {exc}")
+            # Kept after every path, so a run cut short still leaves what it measured.
+            write(output, command, args, models, results, started, load_before, final=index == len(paths) - 1)
+    return 0
+
+
+def write(output: Path, command: str, args, models: list[str], results: list[PathResult], started: float,
+          load_before: tuple[float, ...], final: bool) -> None:
     elapsed = time.monotonic() - started
     load_after = os.getloadavg()
 
@@ -372,11 +403,11 @@ def main() -> int:
     for result in results:
         lines += report(result, models)
     text = "\n".join(lines)
-    print(text)
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(text + "\n")
-    print(f"(written to {output})", file=sys.stderr)
-    return 0
+    if final:
+        print(text)
+        print(f"(written to {output})", file=sys.stderr)
 
 
 if __name__ == "__main__":
