@@ -374,6 +374,10 @@ def main() -> int:
             except (ProbeError, RuntimeError, subprocess.TimeoutExpired, testbed.TestbedError) as exc:
                 print(f"{path.key}: {exc}", file=sys.stderr, flush=True)
                 results[-1].notes.append(f"measurement stopped: {exc}")
+            except (KeyboardInterrupt, Terminated):
+                results[-1].notes.append("interrupted (Ctrl-C or SIGTERM); the beds were removed")
+                write(output, command, args, models, results, started, load_before, final=False)
+                raise
             # Kept after every path, so a run cut short still leaves what it measured.
             write(output, command, args, models, results, started, load_before, final=index == len(paths) - 1)
     return 0
