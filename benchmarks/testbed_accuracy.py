@@ -1,15 +1,37 @@
-"""Prediction accuracy on real TCP through the namespace test bed (issue 3's benchmark). Needs root.
+"""How accurate the advice is on real test-bed paths: predicted vs measured throughput and cross-traffic impact.
 
-For each of three paths (congested by 5 cross flows; loss-limited; buffer-limited) it builds the
-test bed, runs the advisor's real probe plan (`tame probe`, levels 1 and 10, settle rule) from the
-sender namespace, then measures the ground truth: our throughput with n = 1, 2, 4, 8, 16, 32
-streams (iperf3, receiver side) and the cross traffic's throughput in the same window (an nftables
-byte counter in the receiver namespace), plus the cross traffic alone (n = 0). It prints, per n,
-measured vs predicted throughput and cross-traffic throughput with relative errors
-((pred - meas) / meas, Lu eq. 14), and writes the tables to benchmarks/results/testbed.md.
+    sudo .venv/bin/python benchmarks/testbed_accuracy.py           # about 8-10 minutes
+    sudo .venv/bin/python benchmarks/testbed_accuracy.py --quick   # about 4 minutes, 5 s runs
 
-    sudo .venv/bin/python benchmarks/testbed_accuracy.py            # ~10 minutes
-    sudo .venv/bin/python benchmarks/testbed_accuracy.py --quick    # ~4 minutes, shorter runs
+For each of three namespace test beds (probes/testbed.py) it
+
+1. builds the path and starts an iperf3 server in the receiver namespace;
+2. runs the advisor's real probe plan from the sender namespace (``tame probe --json``:
+   idle RTT, then levels 1 and 10, each extended while its rate has not settled) and fits
+   every model of ``--models`` to the two probes;
+3. measures ground truth with the iperf3 CLI (``-J``, receiver-side goodput) for n = 1, 2, 4,
+   8, 16, 32 streams, ``--seconds`` each after ``--omit`` warm-up seconds, and, on the path with
+   cross traffic, the cross flows' goodput over the same window (their sockets' ``bytes_acked``
+   from ``ss``, sampled inside the measured part of the run), and with no transfer at all (n = 0)
+   before and after the sweep.
+
+It prints, per path and model, the measured and predicted throughput with the relative error
+(pred − meas) / meas, the measured cross throughput and the predicted one,
+cross(n=0) × (1 − impact(n)), with its relative error, and the mean |relative error|.
+The tables also go to ``--output`` (default benchmarks/results/testbed.md, or
+testbed-quick.md with --quick) with the command at the top.
+
+Paths (all 40 ms RTT, one-BDP queue, cubic senders):
+
+* congested: 50 Mbit/s, 5 long cross flows;
+* loss-limited: 100 Mbit/s, 0.1 % random loss, no cross traffic;
+* buffer-limited: 100 Mbit/s, every socket in the sender and receiver namespaces capped by
+  ``net.ipv4.tcp_rmem``/``tcp_wmem`` max = 131072 bytes. That is what ``iperf3 -w 64K`` gives
+  (the kernel doubles SO_SNDBUF/SO_RCVBUF; measured here: 16.1 Mbit/s with -w 64K, 16.2 with the
+  sysctl, one stream), and unlike -w it also reaches the probes, whose driver has no window option.
+
+Everything it builds lives in a private state directory and is removed on exit, on Ctrl-C
+and on SIGTERM.
 """
 
 from __future__ import annotations
@@ -17,212 +39,384 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shlex
+import signal
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import numpy as np
-
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from advisor.tame import DEFAULT_MODEL  # noqa: E402
+from advisor.tame import DEFAULT_MODEL, advise_from_plan  # noqa: E402
+from models.errors import FitError  # noqa: E402
 from models.parallel import ProbePoint  # noqa: E402
-from models.registry import fit  # noqa: E402
-from probes import testbed  # noqa: E402
+from models.registry import MODELS, fit  # noqa: E402
+from probes import pathcheck, testbed  # noqa: E402
+from probes.errors import ProbeError  # noqa: E402
 from probes.iperf_parse import parse_iperf_json  # noqa: E402
+from probes.netns import run  # noqa: E402
+from probes.result import PlanResult, ProbeResult  # noqa: E402
 
-NS = (1, 2, 4, 8, 16, 32)
 PORT = 5201
+STREAMS = (1, 2, 4, 8, 16, 32)
+CONGESTION_CONTROL = "cubic"
+# The host allows only reno and bbr as namespace defaults, so every sender asks for cubic per socket.
+BUFFER_SYSCTL_BYTES = 131072
+# Long-running cross flows overshoot together in slow start; let them settle before anything is measured.
 CROSS_WARMUP_S = 3.0
-# A buffer-limited host: every socket of the path capped at 64 KB (namespaced sysctls).
-SMALL_BUFFER = "4096 65536 65536"
+# After starting an iperf3 client, how long before its omitted warm-up even begins (connect, parameter exchange).
+CLIENT_SETUP_S = 0.5
+MAX_IMPACT_SHOWN = 0.1
+_BYTES_ACKED_RE = re.compile(r"bytes_acked:(\d+)")
 
 
 @dataclass(frozen=True)
-class Path_:
-    label: str
+class BenchPath:
+    key: str
+    title: str
     spec: testbed.TestbedSpec
-    small_buffers: bool = False
+    socket_buffer_bytes: int | None = None
 
 
 PATHS = (
-    Path_("congested: 50 Mbit/s, 40 ms, 5 cross flows",
-          testbed.TestbedSpec(rate_bps=50e6, rtt_s=0.04, queue_bytes=250_000, cross_flows=5, name="bca")),
-    Path_("loss-limited: 100 Mbit/s, 40 ms, 0.1 % loss",
-          testbed.TestbedSpec(rate_bps=100e6, rtt_s=0.04, queue_bytes=500_000, loss_rate=0.001, name="bcb")),
-    Path_("buffer-limited: 100 Mbit/s, 40 ms, 64 KB socket buffers",
-          testbed.TestbedSpec(rate_bps=100e6, rtt_s=0.04, queue_bytes=500_000, name="bcc"), small_buffers=True),
+    BenchPath("congested", "(a) congested: 50 Mbit/s, 40 ms RTT, one-BDP queue (250 kB), 5 cubic cross flows",
+          testbed.TestbedSpec(rate_bps=50e6, rtt_s=0.040, queue_bytes=250_000, cross_flows=5,
+                              congestion_control=CONGESTION_CONTROL)),
+    BenchPath("loss", "(b) loss-limited: 100 Mbit/s, 40 ms RTT, one-BDP queue (500 kB), 0.1 % random loss, no cross traffic",
+          testbed.TestbedSpec(rate_bps=100e6, rtt_s=0.040, queue_bytes=500_000, loss_rate=0.001,
+                              congestion_control=CONGESTION_CONTROL)),
+    BenchPath("buffer", "(c) buffer-limited: 100 Mbit/s, 40 ms RTT, one-BDP queue (500 kB), socket buffers as iperf3 -w 64K",
+          testbed.TestbedSpec(rate_bps=100e6, rtt_s=0.040, queue_bytes=500_000, congestion_control=CONGESTION_CONTROL),
+          socket_buffer_bytes=BUFFER_SYSCTL_BYTES),
 )
 
 
-def log(text: str) -> None:
-    print(f"[testbed-accuracy] {text}", file=sys.stderr, flush=True)
+@dataclass
+class Row:
+    streams: int
+    measured_bps: float | None
+    cross_bps: float | None = None
 
 
-def run(argv: list[str], timeout_s: float) -> str:
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+@dataclass
+class PathResult:
+    path: BenchPath
+    plan: PlanResult | None = None
+    fits: dict = field(default_factory=dict)        # model -> ParallelFit or the error text
+    rows: list[Row] = field(default_factory=list)
+    cross_idle_bps: list[float] = field(default_factory=list)  # n = 0 windows, before and after the sweep
+    notes: list[str] = field(default_factory=list)
+
+
+class Terminated(Exception):
+    """SIGTERM arrived; unwinds like Ctrl-C so every finally block tears down."""
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated()
+
+
+# --- measuring ----------------------------------------------------------------------------------
+
+
+def cross_bytes_acked(tb: testbed.Testbed) -> tuple[float, int]:
+    """(monotonic time, payload bytes acknowledged so far) summed over the cross flows' sockets."""
+    out = run(tb.exec_in(tb.cross_sender_ns, ["ss", "-H", "-t", "-i", "-n", "state", "established",
+                                              "dport", "=", f":{testbed.CROSS_PORT}"]))
+    return time.monotonic(), sum(int(m) for m in _BYTES_ACKED_RE.findall(out))
+
+
+def cross_rate(before: tuple[float, int], after: tuple[float, int]) -> float:
+    """Cross-traffic goodput in bits/s between two samples of cross_bytes_acked."""
+    return (after[1] - before[1]) * 8 / (after[0] - before[0])
+
+
+def probe_plan(tb: testbed.Testbed, duration_s: float, max_duration_s: float, omit_s: float) -> PlanResult:
+    """Run the advisor's probe plan (levels 1 and 10) from the sender namespace via `tame probe --json`."""
+    argv = [sys.executable, "-m", "advisor", "probe", f"{tb.receiver_addr}:{PORT}", "--levels", "1,10",
+            "--duration", f"{duration_s:g}", "--max-duration", f"{max_duration_s:g}", "--omit", f"{omit_s:g}",
+            "--congestion-control", CONGESTION_CONTROL, "--json"]
+    # Worst case: idle RTT, then both probes extended to the cap (doubling), plus slack.
+    budget = 30 + 2 * sum(omit_s + d + 20 for d in _durations(duration_s, max_duration_s))
+    done = subprocess.run(tb.exec_in(tb.sender_ns, argv), cwd=ROOT, stdout=subprocess.PIPE, stderr=None,
+                          text=True, timeout=budget)
     if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv[:6])} … failed: {done.stderr.strip()[-400:]}")
-    return done.stdout
+        raise RuntimeError(f"tame probe failed (exit {done.returncode}); see its message above")
+    doc = json.loads(done.stdout)
+    probes = tuple(
+        ProbeResult(dest=doc["dest"], streams=p["streams"], duration_s=p["duration_s"], omit_s=p["omit_s"],
+                    throughput_bps=p["throughput_bps"], sender_bps=p["sender_bps"], retransmits=p["retransmits"],
+                    rtt_mean_s=p["rtt_mean_s"], mss_bytes=p["mss_bytes"], congestion_control=p["congestion_control"],
+                    started_at=p["started_at"], throughput_stderr_bps=p["throughput_stderr_bps"], settled=p["settled"])
+        for p in doc["probes"]
+    )
+    return PlanResult(dest=doc["dest"], idle_rtt_s=doc["idle_rtt_s"], probes=probes)
 
 
-def cross_counter_bytes(tb: testbed.Testbed) -> int:
-    out = run(tb.exec_in(tb.receiver_ns, ["nft", "-j", "list", "table", "ip", "tptbench"]), 10)
-    for item in json.loads(out)["nftables"]:
-        rule = item.get("rule")
-        if rule:
-            for expr in rule["expr"]:
-                if "counter" in expr:
-                    return int(expr["counter"]["bytes"])
-    raise RuntimeError("cross-traffic counter not found")
+def _durations(first: float, cap: float) -> list[float]:
+    durations = [first]
+    while durations[-1] < cap:
+        durations.append(min(2 * durations[-1], cap))
+    return durations
 
 
-def add_cross_counter(tb: testbed.Testbed) -> None:
-    for command in (["add", "table", "ip", "tptbench"],
-                    ["add", "chain", "ip", "tptbench", "in", "{ type filter hook input priority 0 ; }"],
-                    ["add", "rule", "ip", "tptbench", "in", "ip", "daddr", tb.cross_receiver_addr, "counter"]):
-        run(tb.exec_in(tb.receiver_ns, ["nft", *command]), 10)
+def transfer(tb: testbed.Testbed, streams: int, seconds: int, omit_s: int, with_cross: bool) -> Row:
+    """Our transfer of ``streams`` streams (iperf3 CLI) and, if any, the cross traffic's goodput meanwhile."""
+    argv = tb.exec_in(tb.sender_ns, ["iperf3", "-c", tb.receiver_addr, "-p", str(PORT), "-J", "-P", str(streams),
+                                     "-t", str(seconds), "-O", str(omit_s), "-C", CONGESTION_CONTROL])
+    start = time.monotonic()
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        cross = None
+        if with_cross:
+            # The window sits inside iperf3's measured part: after set-up and warm-up, ending a second early.
+            _sleep_until(start + CLIENT_SETUP_S + omit_s)
+            first = cross_bytes_acked(tb)
+            _sleep_until(first[0] + seconds - 1.0)
+            cross = cross_rate(first, cross_bytes_acked(tb))
+        out, err = proc.communicate(timeout=seconds + omit_s + 30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    if proc.returncode != 0 and not out.strip():
+        raise RuntimeError(f"iperf3 -P {streams} failed: {err.strip()[-300:]}")
+    result = parse_iperf_json(out, f"{tb.receiver_addr}:{PORT}")
+    return Row(streams, result.throughput_bps, cross)
 
 
-def cap_buffers(tb: testbed.Testbed) -> None:
-    for ns in (tb.sender_ns, tb.receiver_ns):
-        for key in ("net.ipv4.tcp_rmem", "net.ipv4.tcp_wmem"):
-            run(tb.exec_in(ns, ["sysctl", "-q", "-w", f"{key}={SMALL_BUFFER}"]), 10)
-
-
-def measure(tb: testbed.Testbed, streams: int, seconds: float, omit_s: float) -> tuple[float, float]:
-    """(our receiver throughput, cross-traffic bits/s over the same window); streams = 0: cross alone."""
-    cc = tb.spec.congestion_control
-    if streams == 0:
-        before = cross_counter_bytes(tb)
-        time.sleep(seconds)
-        return 0.0, (cross_counter_bytes(tb) - before) * 8 / seconds
-    argv = tb.exec_in(tb.sender_ns, ["iperf3", "-c", tb.receiver_addr, "-p", str(PORT), "-C", cc, "-P", str(streams),
-                                     "-t", f"{seconds:g}", "-O", f"{omit_s:g}", "-J"])
-    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(omit_s + 0.5)  # count cross bytes while our measured window runs
-    before, t0 = cross_counter_bytes(tb), time.monotonic()
-    time.sleep(max(seconds - 1.0, 1.0))
-    cross = (cross_counter_bytes(tb) - before) * 8 / (time.monotonic() - t0)
-    out, err = process.communicate(timeout=seconds + omit_s + 60)
-    if process.returncode != 0:
-        raise RuntimeError(f"iperf3 -P {streams} failed: {err.strip() or out[-300:]}")
-    return parse_iperf_json(out, f"{tb.receiver_addr}:{PORT}").throughput_bps, cross
-
-
-def probe(tb: testbed.Testbed, duration_s: float, max_duration_s: float) -> list[ProbePoint]:
-    argv = tb.exec_in(tb.sender_ns, [sys.executable, "-m", "advisor", "probe", f"{tb.receiver_addr}:{PORT}",
-                                     "--levels", "1,10", "--duration", f"{duration_s:g}",
-                                     "--max-duration", f"{max_duration_s:g}",
-                                     "--congestion-control", tb.spec.congestion_control, "--json"])
-    doc = json.loads(run(argv, 20 * max_duration_s))
-    return [ProbePoint(p["streams"], p["throughput_bps"], rtt_s=p["rtt_mean_s"], retransmits=p["retransmits"],
-                       duration_s=p["duration_s"]) for p in doc["probes"]]
-
-
-def bench_path(path: Path_, args, models: tuple[str, ...]) -> dict:
-    spec = path.spec
-    log(f"{path.label}: building the test bed")
-    with tempfile.TemporaryDirectory() as state_dir:
-        tb = testbed.up(spec, state_dir=Path(state_dir))
-        server = None
+def transfer_retrying(tb: testbed.Testbed, streams: int, args, with_cross: bool, notes: list[str]) -> Row:
+    """transfer(), tried twice; a run that fails both times becomes an empty row and a note."""
+    for attempt in (1, 2):
         try:
-            if path.small_buffers:
-                cap_buffers(tb)
-            add_cross_counter(tb)
-            server = subprocess.Popen(tb.exec_in(tb.receiver_ns, ["iperf3", "-s", "-B", tb.receiver_addr,
-                                                                  "-p", str(PORT)]),
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            return transfer(tb, streams, args.seconds, args.omit, with_cross)
+        except (ProbeError, RuntimeError, ValueError) as exc:
+            # Seen once in ~20 runs: "unable to receive control message: Connection reset by peer".
+            notes.append(f"n={streams}, attempt {attempt}: {exc}")
+            print(f"n={streams}: attempt {attempt} failed: {exc}", file=sys.stderr, flush=True)
+            time.sleep(1.0)
+    return Row(streams, None)
+
+
+def idle_cross(tb: testbed.Testbed, seconds: int, omit_s: int) -> float:
+    """Cross-traffic goodput with no transfer of ours (n = 0), over a window as long as a transfer's."""
+    time.sleep(CLIENT_SETUP_S + omit_s)
+    first = cross_bytes_acked(tb)
+    time.sleep(seconds - 1.0)
+    return cross_rate(first, cross_bytes_acked(tb))
+
+
+def _sleep_until(t: float) -> None:
+    delay = t - time.monotonic()
+    if delay > 0:
+        time.sleep(delay)
+
+
+def measure_path(result: PathResult, name: str, state_dir: Path, args, models: list[str]) -> None:
+    """Build the path, probe, sweep n; fills ``result`` as it goes, so a failure keeps what was measured."""
+    path = result.path
+    spec = replace(path.spec, name=name)
+    print(f"\n== {path.title}", file=sys.stderr, flush=True)
+    tb = testbed.up(spec, state_dir=state_dir)
+    try:
+        if path.socket_buffer_bytes:
+            limit = f"4096 {path.socket_buffer_bytes} {path.socket_buffer_bytes}"
+            for ns in (tb.sender_ns, tb.receiver_ns):
+                for key in ("net.ipv4.tcp_rmem", "net.ipv4.tcp_wmem"):
+                    run(tb.exec_in(ns, ["sysctl", "-q", "-w", f"{key}={limit}"]))
+        if spec.cross_flows:
             time.sleep(CROSS_WARMUP_S)
-            log(f"{path.label}: probing (levels 1, 10)")
-            started = time.monotonic()
-            points = probe(tb, args.probe_duration, args.probe_max_duration)
-            probe_s = time.monotonic() - started
-            cross0 = measure(tb, 0, args.seconds, args.omit)[1] if spec.cross_flows else None
-            truth = {}
-            for n in NS:
-                log(f"{path.label}: ground truth, {n} streams for {args.seconds:g} s")
-                truth[n] = measure(tb, n, args.seconds, args.omit)
-        finally:
-            if server is not None:
-                server.kill()
-                server.wait()
-            testbed.down(spec.name, state_dir=Path(state_dir))
-    fits = {name: fit(name, points) for name in models}
-    return {"path": path, "points": points, "probe_s": probe_s, "cross0": cross0, "truth": truth, "fits": fits}
+        with pathcheck.iperf3_server(tb, PORT):
+            result.plan = probe_plan(tb, args.probe_seconds, args.probe_max_seconds, args.omit)
+            points = []
+            for p in result.plan.probes:
+                points.append(ProbePoint(p.streams, p.throughput_bps))
+                print(f"probe n={p.streams}: {p.throughput_bps / 1e6:.2f} Mbit/s over {p.duration_s:.1f} s"
+                      f"{'' if p.settled else ' (not settled)'}", file=sys.stderr, flush=True)
+            for model in models:
+                try:
+                    result.fits[model] = fit(model, points)
+                except (FitError, ValueError) as exc:
+                    result.fits[model] = f"cannot fit: {exc}"
+            if spec.cross_flows:
+                result.cross_idle_bps.append(idle_cross(tb, args.seconds, args.omit))
+                print(f"n=0: cross {result.cross_idle_bps[-1] / 1e6:.2f} Mbit/s", file=sys.stderr, flush=True)
+            for n in STREAMS:
+                row = transfer_retrying(tb, n, args, bool(spec.cross_flows), result.notes)
+                result.rows.append(row)
+                if row.measured_bps is not None:
+                    cross = "" if row.cross_bps is None else f", cross {row.cross_bps / 1e6:.2f} Mbit/s"
+                    print(f"n={n}: {row.measured_bps / 1e6:.2f} Mbit/s{cross}", file=sys.stderr, flush=True)
+            if spec.cross_flows:
+                result.cross_idle_bps.append(idle_cross(tb, args.seconds, args.omit))
+                print(f"n=0 (after): cross {result.cross_idle_bps[-1] / 1e6:.2f} Mbit/s", file=sys.stderr, flush=True)
+    finally:
+        testbed.down(spec.name, state_dir=state_dir)
 
 
-def table(result: dict, models: tuple[str, ...]) -> list[str]:
-    path, truth, cross0 = result["path"], result["truth"], result["cross0"]
-    probes = ", ".join(f"{p.streams:g}: {p.throughput_bps / 1e6:.1f} Mbit/s" for p in result["points"])
-    lines = [f"### {path.label}", "", f"Probes ({result['probe_s']:.0f} s with extensions): {probes}."
-             + (f" Cross traffic alone: {cross0 / 1e6:.1f} Mbit/s." if cross0 else ""), ""]
-    head = "| n | measured Mbit/s | " + " | ".join(f"{m} pred (err)" for m in models)
-    if cross0:
-        head += " | cross measured | " + " | ".join(f"{m} cross pred (err)" for m in models)
-    lines += [head + " |", "|" + "---|" * (head.count("|"))]
-    errors = {m: [] for m in models}
-    cross_errors = {m: [] for m in models}
-    for n in NS:
-        ours, cross = truth[n]
-        row = f"| {n} | {ours / 1e6:.1f} | "
-        cells = []
-        for m in models:
-            pred = float(result["fits"][m].throughput_bps(n))
-            errors[m].append((pred - ours) / ours)
-            cells.append(f"{pred / 1e6:.1f} ({errors[m][-1]:+.2f})")
-        row += " | ".join(cells)
-        if cross0:
-            cells = []
-            for m in models:
-                pred = cross0 * (1 - float(result["fits"][m].impact(n)))
-                cross_errors[m].append((pred - cross) / cross)
-                cells.append(f"{pred / 1e6:.1f} ({cross_errors[m][-1]:+.2f})")
-            row += f" | {cross / 1e6:.1f} | " + " | ".join(cells)
-        lines.append(row + " |")
-    lines.append("")
-    for m in models:
-        summary = f"- {m}: mean |relative error| of throughput {np.mean(np.abs(errors[m])):.3f}"
-        if cross0:
-            summary += f", of cross-traffic throughput {np.mean(np.abs(cross_errors[m])):.3f}"
-        lines.append(summary)
+# --- reporting ----------------------------------------------------------------------------------
+
+
+def _mbit(bps: float | None) -> str:
+    return "-" if bps is None else f"{bps / 1e6:.2f}"
+
+
+def _err(pred: float | None, meas: float | None) -> float | None:
+    return None if pred is None or not meas else (pred - meas) / meas
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:+.1%}"
+
+
+def _mean_abs(values: list[float | None]) -> str:
+    kept = [abs(v) for v in values if v is not None]
+    return f"{sum(kept) / len(kept):.1%}" if kept else "-"
+
+
+def report(result: PathResult, models: list[str]) -> list[str]:
+    """Markdown lines for one path: the probes, then one table per model."""
+    lines = [f"### {result.path.title}", ""]
+    plan = result.plan
+    if plan is None:
+        return lines + [f"- {note}" for note in result.notes] + [""]
+    rtt = "unknown" if plan.idle_rtt_s is None else f"{plan.idle_rtt_s * 1e3:.1f} ms"
+    probes = ", ".join(f"n={p.streams}: {p.throughput_bps / 1e6:.2f} Mbit/s ({p.duration_s:.1f} s"
+                       f"{'' if p.settled else ', not settled'})" for p in plan.probes)
+    lines.append(f"Probes (idle RTT {rtt}): {probes}.")
+    baseline = None
+    if result.cross_idle_bps:
+        baseline = sum(result.cross_idle_bps) / len(result.cross_idle_bps)
+        windows = " and ".join(f"{b / 1e6:.2f}" for b in result.cross_idle_bps)
+        lines.append(f"Cross traffic with no transfer (n=0), before and after the sweep: {windows} Mbit/s; "
+                     f"cross(n=0) = their mean, {baseline / 1e6:.2f} Mbit/s.")
+    for model in models:
+        fitted = result.fits.get(model, "not fitted (the run stopped first)")
+        lines.append("")
+        label = f"`{model}`" + (" (DEFAULT_MODEL)" if model == DEFAULT_MODEL else "")
+        if isinstance(fitted, str):
+            lines.append(f"Model {label}: {fitted}")
+            continue
+        params = ", ".join(f"{k}={v:.4g}" for k, v in fitted.params.items())
+        try:
+            advice = advise_from_plan(plan, MAX_IMPACT_SHOWN, model=model)
+            advice_text = f"advice at max-impact {MAX_IMPACT_SHOWN:g}: {advice.num_flows} stream(s)"
+        except (FitError, ValueError) as exc:
+            advice_text = f"no advice: {exc}"
+        lines.append(f"Model {label}: regime {fitted.regime}, {params}; {advice_text}.")
+        for warning in fitted.warnings:
+            lines.append(f"- warning: {warning}")
+        lines.append("")
+        lines.append("| n | measured Mbit/s | predicted Mbit/s | rel. error | cross measured Mbit/s "
+                     "| cross predicted Mbit/s | cross rel. error |")
+        lines.append("|---:|---:|---:|---:|---:|---:|---:|")
+        if baseline is not None:
+            lines.append(f"| 0 | - | - | - | {_mbit(baseline)} | {_mbit(baseline)} | - |")
+        errors, cross_errors = [], []
+        for row in result.rows:
+            predicted = float(fitted.throughput_bps(row.streams))  # printed even where the measurement failed
+            error = _err(predicted, row.measured_bps)
+            cross_pred = None if baseline is None else baseline * (1 - float(fitted.impact(row.streams)))
+            cross_error = _err(cross_pred, row.cross_bps)
+            errors.append(error)
+            cross_errors.append(cross_error)
+            lines.append(f"| {row.streams} | {_mbit(row.measured_bps)} | {_mbit(predicted)} | {_pct(error)} "
+                         f"| {_mbit(row.cross_bps)} | {_mbit(cross_pred)} | {_pct(cross_error)} |")
+        lines.append(f"| mean \\|err\\| | | | {_mean_abs(errors)} | | | {_mean_abs(cross_errors)} |")
+    if result.notes:
+        lines.append("")
+    for note in result.notes:
+        lines.append(f"- {note}")
     lines.append("")
     return lines
 
 
-def main(argv=None) -> int:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="5 s ground-truth runs and 5 s probes")
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "testbed.md")
-    args = parser.parse_args(argv)
+    parser.add_argument("--quick", action="store_true", help="5 s transfers and 5 s probes (about 4 minutes)")
+    parser.add_argument("--paths", default=",".join(p.key for p in PATHS),
+                        help=f"which paths, comma-separated (default all: {', '.join(p.key for p in PATHS)})")
+    parser.add_argument("--models", default=",".join(dict.fromkeys([DEFAULT_MODEL, "lu"])),
+                        help=f"models to fit to the probes, comma-separated (known: {', '.join(sorted(MODELS))})")
+    parser.add_argument("--seconds", type=int, default=None, help="measured seconds per transfer (default 12; 5 quick)")
+    parser.add_argument("--output", type=Path, default=None,
+                        help="markdown file for the tables (default benchmarks/results/testbed[-quick].md)")
+    args = parser.parse_args()
+    args.omit = 2
+    args.seconds = args.seconds or (5 if args.quick else 12)
+    args.probe_seconds, args.probe_max_seconds = (5.0, 5.0) if args.quick else (10.0, 20.0)
+    output = args.output or ROOT / "benchmarks" / "results" / ("testbed-quick.md" if args.quick else "testbed.md")
+    models = [m for m in args.models.split(",") if m]
+    unknown = [m for m in models if m not in MODELS]
+    wanted = args.paths.split(",")
+    paths = [p for p in PATHS if p.key in wanted]
+    if unknown or not paths or len(paths) != len(set(wanted)):
+        parser.error(f"unknown model or path in --models {args.models!r} / --paths {args.paths!r}")
     if os.geteuid() != 0:
-        print("testbed_accuracy: needs root (network namespaces); run it with sudo", file=sys.stderr)
-        return 2
-    args.seconds, args.omit = (5.0, 2.0) if args.quick else (12.0, 2.0)
-    args.probe_duration, args.probe_max_duration = (5.0, 20.0) if args.quick else (10.0, 40.0)
-    models = tuple(dict.fromkeys((DEFAULT_MODEL, "lu", "fair_share")))
-    load = os.getloadavg()[0]
+        parser.error("needs root (network namespaces)")
+
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    command = "sudo .venv/bin/python benchmarks/testbed_accuracy.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     started = time.monotonic()
-    lines = ["# Prediction accuracy on the namespace test bed", "",
-             f"Command: `benchmarks/testbed_accuracy.py{' --quick' if args.quick else ''}`. Ground truth: iperf3, "
-             f"{args.seconds:g} s after {args.omit:g} s omitted, cubic. Probes: `tame probe --levels 1,10` "
-             f"({args.probe_duration:g} s, extended to {args.probe_max_duration:g} s while unsettled). "
-             f"Relative error = (predicted - measured) / measured. Load average at start {load:.2f}.", ""]
-    for path in PATHS:
-        result = bench_path(path, args, models)
-        section = table(result, models)
-        print("\n".join(section), flush=True)
-        lines += section
-    lines.append(f"Wall clock {time.monotonic() - started:.0f} s.")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("\n".join(lines) + "\n")
-    log(f"report: {args.out}")
+    load_before = os.getloadavg()
+    results = []
+    with tempfile.TemporaryDirectory(prefix="tpt-accuracy-") as tmp:
+        for index, path in enumerate(paths):
+            name = f"acc{os.getpid() % 100000}{index}"[:12]
+            results.append(PathResult(path))
+            try:
+                measure_path(results[-1], name, Path(tmp), args, models)
+            except (ProbeError, RuntimeError, subprocess.TimeoutExpired, testbed.TestbedError) as exc:
+                print(f"{path.key}: {exc}", file=sys.stderr, flush=True)
+                results[-1].notes.append(f"measurement stopped: {exc}")
+            except (KeyboardInterrupt, Terminated):
+                results[-1].notes.append("interrupted (Ctrl-C or SIGTERM); the beds were removed")
+                write(output, command, args, models, results, started, load_before, final=False)
+                raise
+            # Kept after every path, so a run cut short still leaves what it measured.
+            write(output, command, args, models, results, started, load_before, final=index == len(paths) - 1)
     return 0
 
 
+def write(output: Path, command: str, args, models: list[str], results: list[PathResult], started: float,
+          load_before: tuple[float, ...], final: bool) -> None:
+    elapsed = time.monotonic() - started
+    load_after = os.getloadavg()
+
+    lines = [
+        "## Accuracy on the namespace test bed",
+        "",
+        f"Command: `{command.strip()}`",
+        "",
+        f"Probes: `tame probe --levels 1,10 --duration {args.probe_seconds:g} --max-duration "
+        f"{args.probe_max_seconds:g} --omit {args.omit}` (cubic). Ground truth: `iperf3 -J -P n -t {args.seconds} "
+        f"-O {args.omit} -C cubic`, receiver goodput; cross traffic: goodput of the cross flows (`ss` bytes_acked) "
+        f"over {args.seconds - 1} s inside each transfer's measured part. Relative error = (pred − meas) / meas; "
+        "predicted cross = cross(n=0) × (1 − impact(n)).",
+        "",
+        f"Run: {time.strftime('%Y-%m-%d %H:%M %Z')}, {elapsed / 60:.1f} min on {os.cpu_count()} CPUs; "
+        f"load average (1/5/15 min) {' '.join(f'{x:.2f}' for x in load_before)} before, "
+        f"{' '.join(f'{x:.2f}' for x in load_after)} after (other jobs share the CPUs with the delay line).",
+        "",
+    ]
+    for result in results:
+        lines += report(result, models)
+    text = "\n".join(lines)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(text + "\n")
+    if final:
+        print(text)
+        print(f"(written to {output})", file=sys.stderr)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except (KeyboardInterrupt, Terminated):
+        print("interrupted; test beds removed", file=sys.stderr)
+        sys.exit(130)

@@ -66,7 +66,7 @@ def testbed_path(request, tmp_path):
         @pytest.mark.netns
         def test_advise_end_to_end(testbed_path):
             dest = f"{testbed_path.server_addr}:{testbed_path.server_port}"
-            done = subprocess.run(testbed_path.in_sender([sys.executable, "-m", "advisor.cli", "advise", dest,
+            done = subprocess.run(testbed_path.in_sender([sys.executable, "-m", "advisor", "advise", dest,
                                                           "--max-impact", "0.1", "--json"]),
                                   capture_output=True, text=True, timeout=120)
 
