@@ -13,6 +13,15 @@ import numpy as np  # noqa: E402
 BUDGETS = (0.05, 0.1, 0.2, 0.3)
 
 
+def _save(fig, ax, path: Path) -> None:
+    """Grid, legend, tight layout; write the PNG and free the figure."""
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def _fig_per_path(path: Path, scores) -> None:
     fig, ax = plt.subplots(figsize=(7, 4))
     for name, sc in scores.items():
@@ -22,11 +31,7 @@ def _fig_per_path(path: Path, scores) -> None:
     ax.set_xlabel("per-path mean |relative error| of throughput (Lu Fig. 10)")
     ax.set_ylabel("fraction of paths")
     ax.set_xlim(0, 1)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save(fig, ax, path)
 
 
 def _fig_vs_n(path: Path, scores) -> None:
@@ -38,11 +43,7 @@ def _fig_vs_n(path: Path, scores) -> None:
     ax.axhline(0, color="k", lw=0.5)
     ax.set_xlabel("parallel streams n")
     ax.set_ylabel("mean relative error (signed, Lu Fig. 12)")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save(fig, ax, path)
 
 
 def _fig_cross(path: Path, scores) -> None:
@@ -54,11 +55,7 @@ def _fig_cross(path: Path, scores) -> None:
     ax.set_xlabel("relative error of predicted cross-traffic throughput (Lu Fig. 14)")
     ax.set_ylabel("CDF")
     ax.set_xlim(-1, 1)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save(fig, ax, path)
 
 
 def _fig_paths(path: Path, paths) -> None:

@@ -60,6 +60,7 @@ from probes import pathcheck, testbed  # noqa: E402
 from probes.errors import ProbeError  # noqa: E402
 from probes.iperf_parse import parse_iperf_json  # noqa: E402
 from probes.netns import run  # noqa: E402
+from probes.plan import ProbePlan  # noqa: E402
 from probes.result import PlanResult, ProbeResult  # noqa: E402
 
 PORT = 5201
@@ -141,8 +142,9 @@ def probe_plan(tb: testbed.Testbed, duration_s: float, max_duration_s: float, om
     argv = [sys.executable, "-m", "advisor", "probe", f"{tb.receiver_addr}:{PORT}", "--levels", "1,10",
             "--duration", f"{duration_s:g}", "--max-duration", f"{max_duration_s:g}", "--omit", f"{omit_s:g}",
             "--congestion-control", CONGESTION_CONTROL, "--json"]
-    # Worst case: idle RTT, then both probes extended to the cap (doubling), plus slack.
-    budget = 30 + 2 * sum(omit_s + d + 20 for d in _durations(duration_s, max_duration_s))
+    # The plan's own worst case (idle RTT, both probes extended to the cap), plus process start-up.
+    plan = ProbePlan(levels=(1, 10), duration_s=duration_s, omit_s=omit_s, max_duration_s=max_duration_s)
+    budget = plan.worst_case_s + 10
     done = subprocess.run(tb.exec_in(tb.sender_ns, argv), cwd=ROOT, stdout=subprocess.PIPE, stderr=None,
                           text=True, timeout=budget)
     if done.returncode != 0:
@@ -156,13 +158,6 @@ def probe_plan(tb: testbed.Testbed, duration_s: float, max_duration_s: float, om
         for p in doc["probes"]
     )
     return PlanResult(dest=doc["dest"], idle_rtt_s=doc["idle_rtt_s"], probes=probes)
-
-
-def _durations(first: float, cap: float) -> list[float]:
-    durations = [first]
-    while durations[-1] < cap:
-        durations.append(min(2 * durations[-1], cap))
-    return durations
 
 
 def transfer(tb: testbed.Testbed, streams: int, seconds: int, omit_s: int, with_cross: bool) -> Row:

@@ -17,7 +17,9 @@ from typing import Sequence
 
 import numpy as np
 
-from models.parallel import CONGESTED, SATURATED, UNCONGESTED, ParallelFit, ProbePoint, _level_warnings, _validated
+from models.parallel import (
+    CONGESTED, SATURATED, UNCONGESTED, ParallelFit, ProbePoint, _level_warnings, _validated, validated_streams,
+)
 
 # A saturated fit is given at least this many effective competing flows: with fewer the fit would
 # claim one stream already takes nearly the whole link, which the probes cannot show.
@@ -35,11 +37,7 @@ class FairShareFit(ParallelFit):
 
     def throughput_bps(self, streams):
         """Aggregate throughput of n streams, bits/s (n / (n + M) of C; n x per-stream rate when unsaturated)."""
-        n = np.asarray_chkfinite(streams, dtype=float)
-        if np.any(n < 0):
-            raise ValueError("streams must be >= 0")
-        if self.flat_beyond_streams is not None:
-            n = np.minimum(n, self.flat_beyond_streams)
+        n = validated_streams(streams, self.flat_beyond_streams)
         if np.isinf(self.link_capacity_bps):
             result = n * self.per_stream_bps
         else:
@@ -48,9 +46,7 @@ class FairShareFit(ParallelFit):
 
     def impact(self, streams):
         """Relative throughput loss of each competing flow, n / (n + M) (0 when unsaturated)."""
-        n = np.asarray_chkfinite(streams, dtype=float)
-        if np.any(n < 0):
-            raise ValueError("streams must be >= 0")
+        n = validated_streams(streams)
         if np.isinf(self.link_capacity_bps):
             result = np.zeros_like(n)
         else:

@@ -27,6 +27,14 @@ _P0_FLOOR_FRACTION = 0.01
 MIN_LEVEL_RATIO = 2.0
 
 
+def validated_streams(streams, flat_beyond_streams: float | None = None) -> np.ndarray:
+    """Stream counts as floats (>= 0, finite), capped at ``flat_beyond_streams`` when given."""
+    n = np.asarray_chkfinite(streams, dtype=float)
+    if np.any(n < 0):
+        raise ValueError("streams must be >= 0")
+    return n if flat_beyond_streams is None else np.minimum(n, flat_beyond_streams)
+
+
 @dataclass(frozen=True)
 class ProbePoint:
     """One probe as the models see it: streams n and the receiver throughput in bits/s.
@@ -92,18 +100,12 @@ class PolynomialFit(ParallelFit):
         return sum(c * n**e for c, e in zip(self.coefficients, self.exponents))
 
     def throughput_bps(self, streams):
-        n = np.asarray_chkfinite(streams, dtype=float)
-        if np.any(n < 0):
-            raise ValueError("streams must be >= 0")
-        if self.flat_beyond_streams is not None:
-            n = np.minimum(n, self.flat_beyond_streams)
+        n = validated_streams(streams, self.flat_beyond_streams)
         result = n / np.sqrt(self.p_prime(n))
         return result if result.ndim else float(result)
 
     def impact(self, streams):
-        n = np.asarray_chkfinite(streams, dtype=float)
-        if np.any(n < 0):
-            raise ValueError("streams must be >= 0")
+        n = validated_streams(streams)
         ratio = self.p_prime(0.0) / self.p_prime(n)
         result = np.clip(1.0 - np.sqrt(np.clip(ratio, 0.0, None)), 0.0, 1.0)
         return result if result.ndim else float(result)
