@@ -17,6 +17,7 @@ _EXPONENTS = {
     "lu": {"a_prime": 2, "b_prime": 0},
     "linear": {"a_prime": 1, "b_prime": 0},
     "full2": {"a_prime": 2, "b_prime": 1, "c_prime": 0},
+    "yildirim": {"a_prime": 2, "b_prime": 0},
 }
 
 
@@ -36,12 +37,19 @@ def fit_from_record(model: str, params: Mapping[str, float], regime: str,
     """Rebuild the fit the models module made; raises ValueError for an unknown model or parameter."""
     if model == "fair_share":
         return _fair_share_from_record(params, regime, probe_streams, warnings)
+    if model == "yildirim" and set(params) == {"a_prime", "b_prime", "exponent"}:
+        # Yildirim's a' n^c + b' keeps its fitted exponent c among the parameters.
+        streams = tuple(float(x) for x in probe_streams)
+        return PolynomialFit(model=model, params={k: float(v) for k, v in params.items()}, regime=regime,
+                             probe_streams=streams, warnings=tuple(warnings),
+                             exponents=(float(params["exponent"]), 0),
+                             coefficients=(float(params["a_prime"]), float(params["b_prime"])))
     try:
         table = _EXPONENTS[model]
     except KeyError:
         raise ValueError(f"stored fit has unknown model {model!r}") from None
-    if model == "full2" and set(params) == {"a_prime", "b_prime"}:
-        # full2 falls back to Lu's partial order-2 form when its own fit is not physical.
+    if model in ("full2", "yildirim") and set(params) == {"a_prime", "b_prime"}:
+        # full2 and yildirim fall back to Lu's partial order-2 form when its own fit is not physical.
         table = _EXPONENTS["lu"]
     names = sorted(params, key=lambda name: -table[name]) if set(params) <= set(table) else None
     if not names:

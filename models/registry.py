@@ -6,6 +6,7 @@ from typing import Callable, Sequence
 
 from models.fair_share import fit_fair_share
 from models.parallel import ParallelFit, ProbePoint, fit_full_order2, fit_linear, fit_lu
+from models.yildirim import fit_yildirim
 
 Fitter = Callable[[Sequence[ProbePoint]], ParallelFit]
 
@@ -14,13 +15,15 @@ MODELS: dict[str, Fitter] = {
     "linear": fit_linear,
     "full2": fit_full_order2,
     "fair_share": fit_fair_share,
+    "yildirim": fit_yildirim,
 }
 
 # How many distinct probe levels each model needs.
-MIN_LEVELS: dict[str, int] = {"lu": 2, "linear": 2, "full2": 3, "fair_share": 2}
+MIN_LEVELS: dict[str, int] = {"lu": 2, "linear": 2, "full2": 3, "fair_share": 2, "yildirim": 3}
 
 # The probe plan's fixed levels per model (Lu IV.B: (1, 10)); a model may add one adaptive level.
-PROBE_LEVELS: dict[str, tuple[int, ...]] = {"lu": (1, 10), "linear": (1, 10), "full2": (1, 5, 10), "fair_share": (1, 10)}
+PROBE_LEVELS: dict[str, tuple[int, ...]] = {"lu": (1, 10), "linear": (1, 10), "full2": (1, 5, 10), "fair_share": (1, 10),
+                                         "yildirim": (1, 5, 10)}
 
 # Models whose plan adds a probe chosen from the first probes' results: name -> chooser.
 ADAPTIVE_LEVEL: dict[str, Callable[[Sequence[ProbePoint]], int | None]] = {}

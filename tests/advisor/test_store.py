@@ -28,6 +28,8 @@ CASES = {
     "fair_share congested": ("fair_share", [ProbePoint(1, 12e6), ProbePoint(10, 55e6)]),
     "fair_share uncongested": ("fair_share", [ProbePoint(1, 1e6), ProbePoint(8, 9e6)]),
     "fair_share saturated": ("fair_share", [ProbePoint(1, 9e7), ProbePoint(10, 8.9e7)]),
+    "yildirim": ("yildirim", [ProbePoint(1, 12e6), ProbePoint(5, 40e6), ProbePoint(10, 55e6)]),
+    "yildirim falls back": ("yildirim", [ProbePoint(1, 1e6), ProbePoint(4, 4.5e6), ProbePoint(8, 9e6)]),
 }
 
 
