@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import dataclass, replace
-from typing import Callable, Literal
+from typing import Callable, Literal, Sequence
 
 from probes.base import ProbeDriver
 from probes.result import PlanResult, ProbeResult
@@ -23,7 +23,8 @@ class ProbePlan:
     plus ``duration_s`` measured seconds; one whose interval series has not settled
     (:func:`probes.settle.assess_series` with ``settle_tolerance`` and ``settle_z``) is re-run
     twice as long, up to ``max_duration_s``. A probe may take ``deadline_slack_s`` seconds past
-    its nominal length before the driver kills it.
+    its nominal length before the driver kills it. ``adaptive_probes`` more probes may follow, each at
+    a level chosen from the results so far by the ``next_level`` callable given to :func:`run_plan`.
     """
 
     levels: tuple[int, ...] = (1, 10)
@@ -36,6 +37,7 @@ class ProbePlan:
     max_duration_s: float = 60.0
     deadline_slack_s: float = 20.0
     idle_rtt_deadline_s: float = 20.0
+    adaptive_probes: int = 0
 
     def __post_init__(self) -> None:
         all_levels = self.levels + self.extra_levels
@@ -48,6 +50,9 @@ class ProbePlan:
             raise ValueError(f"levels and extra_levels must not repeat a stream count: {all_levels}")
         if isinstance(self.repeats, bool) or not isinstance(self.repeats, int) or self.repeats < 1:
             raise ValueError(f"repeats must be an integer >= 1, got {self.repeats!r}")
+        if isinstance(self.adaptive_probes, bool) or not isinstance(self.adaptive_probes, int) \
+                or self.adaptive_probes < 0:
+            raise ValueError(f"adaptive_probes must be an integer >= 0, got {self.adaptive_probes!r}")
         for name in ("duration_s", "max_duration_s", "deadline_slack_s", "idle_rtt_deadline_s"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
@@ -70,7 +75,7 @@ class ProbePlan:
         while durations[-1] < self.max_duration_s:
             durations.append(min(2 * durations[-1], self.max_duration_s))
         per_probe = sum(self.omit_s + d + self.deadline_slack_s for d in durations)
-        return self.idle_rtt_deadline_s + len(self.schedule) * per_probe
+        return self.idle_rtt_deadline_s + (len(self.schedule) + self.adaptive_probes) * per_probe
 
     @property
     def schedule(self) -> tuple[int, ...]:
@@ -93,6 +98,8 @@ class PlanEvent:
 
 
 Progress = Callable[[PlanEvent], None]
+# Chooses the next probe level from the probes so far, or None when no further probe would help.
+NextLevel = Callable[[Sequence[ProbeResult]], "int | None"]
 
 _dest_locks: dict[str, threading.Lock] = {}
 _dest_locks_guard = threading.Lock()
@@ -111,10 +118,15 @@ def run_plan(
     dest: str,
     plan: ProbePlan | None = None,
     progress: Progress | None = None,
+    next_level: NextLevel | None = None,
 ) -> PlanResult:
     """Measure ``dest``: idle RTT, then every probe of ``plan`` in turn, never two at once.
 
-    A ProbeError from the driver propagates and nothing measured so far is returned.
+    With ``plan.adaptive_probes`` > 0 and a ``next_level`` chooser, up to that many further probes
+    follow the schedule, each at the level the chooser picks from the results so far; a level
+    already probed, or None, ends the plan. Progress totals count the schedule; an adaptive
+    probe raises the total when it is chosen. A ProbeError from the driver propagates and
+    nothing measured so far is returned.
     """
     plan = plan or ProbePlan()
     report = progress or (lambda event: None)
@@ -126,6 +138,14 @@ def run_plan(
         probes = []
         for index, streams in enumerate(schedule, start=1):
             probes.append(_settled_probe(driver, dest, streams, plan, index, len(schedule), report))
+        for _ in range(plan.adaptive_probes if next_level is not None else 0):
+            streams = next_level(tuple(probes))
+            if streams is None or streams in {p.streams for p in probes}:
+                break
+            if isinstance(streams, bool) or not isinstance(streams, int) or streams < 1:
+                raise ValueError(f"the adaptive level chooser returned {streams!r}, not a stream count >= 1")
+            total = len(probes) + 1
+            probes.append(_settled_probe(driver, dest, streams, plan, total, total, report))
     return PlanResult(dest=dest, idle_rtt_s=idle_rtt_s, probes=tuple(probes))
 
 

@@ -136,3 +136,37 @@ def test_two_plans_to_one_destination_never_overlap():
 def test_bad_plan_raises_value_error_naming_the_field(kwargs, hint):
     with pytest.raises(ValueError, match=hint):
         ProbePlan(**kwargs)
+
+
+def test_adaptive_probe_follows_at_the_level_the_chooser_picks():
+    seen = []
+
+    def choose(results):
+        seen.append([r.streams for r in results])
+        return 4
+
+    driver = FakeDriver(rate)
+    plan = ProbePlan(levels=(1, 10), adaptive_probes=1)
+    result = run_plan(driver, DEST, plan, next_level=choose)
+    # The chooser sees both fixed probes, in order, before the third is run at its level.
+    assert seen == [[1, 10]]
+    assert [p.streams for p in result.probes] == [1, 10, 4]
+    assert_allclose(result.probes[2].throughput_bps, rate(4))
+    # The worst case counts the adaptive probe like any other: idle RTT + 3 x (2 + 10..60 s + 20 s slack).
+    per_probe = sum(2 + d + 20 for d in (10, 20, 40, 60))
+    assert plan.worst_case_s == pytest.approx(20 + 3 * per_probe)
+
+
+@pytest.mark.parametrize("choice", [None, 10])
+def test_adaptive_step_ends_when_the_chooser_has_nothing_new(choice):
+    driver = FakeDriver(rate)
+    result = run_plan(driver, DEST, ProbePlan(levels=(1, 10), adaptive_probes=2), next_level=lambda r: choice)
+    assert [p.streams for p in result.probes] == [1, 10]
+
+
+def test_adaptive_probes_need_a_chooser_and_a_bad_level_is_refused():
+    assert [p.streams for p in run_plan(FakeDriver(rate), DEST, ProbePlan(adaptive_probes=1)).probes] == [1, 10]
+    with pytest.raises(ValueError, match="stream count"):
+        run_plan(FakeDriver(rate), DEST, ProbePlan(adaptive_probes=1), next_level=lambda r: 0)
+    with pytest.raises(ValueError, match="adaptive_probes"):
+        ProbePlan(adaptive_probes=-1)
