@@ -9,7 +9,7 @@ from typing import Callable, Literal, Sequence
 
 from probes.base import ProbeDriver
 from probes.result import PlanResult, ProbeResult
-from probes.settle import assess_series
+from probes.settle import assess_series, congestion_cycle_s
 
 
 @dataclass(frozen=True)
@@ -21,8 +21,10 @@ class ProbePlan:
     Each level is probed ``repeats`` times, levels interleaved (1, 10, 1, 10, …) so a change of
     the path over time does not fall on one level only. A probe lasts ``omit_s`` warm-up seconds
     plus ``duration_s`` measured seconds; one whose interval series has not settled
-    (:func:`probes.settle.assess_series` with ``settle_tolerance`` and ``settle_z``) is re-run
-    twice as long, up to ``max_duration_s``. A probe may take ``deadline_slack_s`` seconds past
+    (:func:`probes.settle.assess_series` with ``settle_tolerance`` and ``settle_z``), or that saw
+    losses but spans fewer than ``settle_cycles`` congestion cycles of its streams
+    (:func:`probes.settle.congestion_cycle_s`), is re-run twice as long, or at once as long as the
+    cycles need, up to ``max_duration_s``. A probe may take ``deadline_slack_s`` seconds past
     its nominal length before the driver kills it. ``adaptive_probes`` more probes may follow, each at
     a level chosen from the results so far by the ``next_level`` callable given to :func:`run_plan`.
     """
@@ -34,6 +36,7 @@ class ProbePlan:
     extra_levels: tuple[int, ...] = ()
     settle_tolerance: float = 0.05
     settle_z: float = 2.0
+    settle_cycles: float = 8.0
     max_duration_s: float = 60.0
     deadline_slack_s: float = 20.0
     idle_rtt_deadline_s: float = 20.0
@@ -67,6 +70,8 @@ class ProbePlan:
             raise ValueError(f"settle_tolerance must be >= 0, got {self.settle_tolerance!r}")
         if not (math.isfinite(self.settle_z) and self.settle_z >= 0):
             raise ValueError(f"settle_z must be >= 0, got {self.settle_z!r}")
+        if not (math.isfinite(self.settle_cycles) and self.settle_cycles >= 0):
+            raise ValueError(f"settle_cycles must be >= 0, got {self.settle_cycles!r}")
 
     @property
     def worst_case_s(self) -> float:
@@ -167,16 +172,38 @@ def _settled_probe(
         if result.settled or duration_s >= plan.max_duration_s:
             report(PlanEvent("probe_done", dest, streams, duration_s, index, total, result))
             return result
-        duration_s = min(2 * duration_s, plan.max_duration_s)
+        duration_s = min(max(2 * duration_s, math.ceil(cycles_needed_s(result, plan))), plan.max_duration_s)
         report(PlanEvent("extend", dest, streams, duration_s, index, total, result))
 
 
-def judge(result: ProbeResult, plan: ProbePlan) -> ProbeResult:
-    """``result`` with ``settled`` and ``throughput_stderr_bps`` set by the plan's settle rule.
+def cycles_needed_s(result: ProbeResult, plan: ProbePlan) -> float:
+    """Measured seconds the probe needs to span ``plan.settle_cycles`` congestion cycles (0 if not loss-limited).
 
-    A driver without an interval series keeps its own verdict.
+    A probe that saw no retransmissions is not loss-limited (window-, receiver- or
+    application-limited): it has no sawtooth to average over. So is a driver that does not
+    report retransmissions, RTT or MSS.
+    """
+    if not result.retransmits or not result.rtt_mean_s or not result.mss_bytes or result.throughput_bps <= 0:
+        return 0.0
+    cycle_s = congestion_cycle_s(result.throughput_bps / result.streams, result.rtt_mean_s, result.mss_bytes)
+    return plan.settle_cycles * cycle_s
+
+
+def judge(result: ProbeResult, plan: ProbePlan) -> ProbeResult:
+    """``result`` judged by the plan's settle rule: settled, its rate and that rate's standard error.
+
+    The rate is the receiver's, scaled by the interval series to the part after the start-up
+    ramp (:func:`probes.settle.assess_series`); the whole window's rate stays in
+    ``window_throughput_bps``. A driver without an interval series keeps its own verdict and rate.
     """
     if not result.interval_bps:
         return result
     verdict = assess_series(result.interval_bps, tolerance=plan.settle_tolerance, z=plan.settle_z)
-    return replace(result, settled=verdict.settled, throughput_stderr_bps=verdict.stderr_bps)
+    window_mean = sum(result.interval_bps) / len(result.interval_bps)
+    scale = verdict.mean_bps / window_mean if window_mean > 0 else 1.0
+    judged = replace(result, throughput_bps=result.throughput_bps * scale,
+                     throughput_stderr_bps=None if verdict.stderr_bps is None else verdict.stderr_bps * (
+                         result.throughput_bps / window_mean if window_mean > 0 else 1.0),
+                     window_throughput_bps=result.throughput_bps)
+    settled = verdict.settled and result.duration_s >= cycles_needed_s(judged, plan)
+    return replace(judged, settled=settled)

@@ -19,10 +19,13 @@ class ProbeResult:
     """One transfer at a fixed number of parallel streams.
 
     Throughputs are bits/s (decimal); times are seconds; ``started_at`` is Unix time.
-    ``throughput_bps`` is measured at the receiver. ``throughput_stderr_bps`` is the
-    standard error of the settled rate estimated from the per-interval series
+    ``throughput_bps`` is measured at the receiver; once a probe plan has judged the result
+    (:func:`probes.plan.judge`) it is the rate after the start-up ramp, and
+    ``window_throughput_bps`` keeps the whole measured window's rate. ``throughput_stderr_bps``
+    is the standard error of the settled rate estimated from the per-interval series
     (None when the driver has no series). ``settled`` is False when the rate was
-    still rising or falling at the end of the probe.
+    still rising or falling at the end of the probe, or the probe was too short for its
+    streams' congestion cycles.
     """
 
     dest: str
@@ -42,6 +45,7 @@ class ProbeResult:
     throughput_stderr_bps: float | None = None
     settled: bool = True
     interval_bps: tuple[float, ...] = ()
+    window_throughput_bps: float | None = None
     raw: str = field(default="", repr=False)
 
 

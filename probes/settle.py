@@ -1,4 +1,4 @@
-"""Settle rule: has a probe's per-interval throughput stopped rising or falling?"""
+"""Settle rule: has a probe's per-interval throughput stopped rising or falling, and what is its rate?"""
 
 from __future__ import annotations
 
@@ -8,13 +8,18 @@ from typing import Sequence
 
 import numpy as np
 
+# The ramp (slow start, then recovery from its overshoot) ends at the first interval that
+# reaches this fraction of the mean of everything after it.
+RAMP_FRACTION = 0.9
+
 
 @dataclass(frozen=True)
 class SettleVerdict:
     """What the interval series says about a probe's rate.
 
-    ``mean_bps`` and ``stderr_bps`` describe the last two thirds of the series, the part taken
-    as the settled rate. ``drift`` is (last-third mean − middle-third mean) / middle-third mean:
+    ``start`` is the index of the first interval after the start-up ramp; ``mean_bps`` and
+    ``stderr_bps`` describe the series from there on, the part taken as the settled rate.
+    ``drift`` is (last-third mean − middle-third mean) / middle-third mean of that part:
     positive while the rate is still rising (slow start, recovery), negative while it falls.
     """
 
@@ -22,6 +27,36 @@ class SettleVerdict:
     mean_bps: float
     stderr_bps: float | None
     drift: float
+    start: int = 0
+
+
+def ramp_end(interval_bps: Sequence[float], fraction: float = RAMP_FRACTION) -> int:
+    """Index of the first interval that reaches ``fraction`` of the mean from it on (at most half the series).
+
+    A probe starts with slow start and a recovery that can take several seconds on long paths;
+    the intervals before this index are that ramp and are left out of the rate. No more than
+    half the series is ever dropped: a ramp that long means the probe is too short.
+    """
+    series = np.asarray(interval_bps, dtype=float)
+    half = series.size // 2
+    for index in range(half):
+        if series[index] >= fraction * series[index:].mean():
+            return index
+    return half
+
+
+def congestion_cycle_s(rate_per_stream_bps: float, rtt_s: float, mss_bytes: float) -> float:
+    """Seconds of one Reno congestion-avoidance cycle: W/2 round trips, W = rate x RTT / MSS packets.
+
+    A loss-limited stream's rate swings over this period (the sawtooth from W/2 to W at one
+    segment per RTT), and a stream that just started needs a few of them to reach its share;
+    a probe shorter than a few cycles measures a phase of the sawtooth, not the rate.
+    """
+    for name, value in (("rate_per_stream_bps", rate_per_stream_bps), ("rtt_s", rtt_s), ("mss_bytes", mss_bytes)):
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    window_segments = rate_per_stream_bps * rtt_s / (8.0 * mss_bytes)
+    return window_segments / 2.0 * rtt_s
 
 
 def assess_series(
@@ -33,15 +68,14 @@ def assess_series(
 ) -> SettleVerdict:
     """Judge a per-interval throughput series (bits/s, omitted warm-up already removed).
 
-    The series is cut into thirds counted from its end (the first takes any remainder); the rate is settled when the last third's mean is within
+    The start-up ramp (:func:`ramp_end`) is left out first; what follows is cut into thirds
+    counted from its end (the first takes any remainder); the rate is settled when the last third's mean is within
     ``tolerance`` (relative) of the middle third's, or when the difference is within ``z``
     standard errors of it (a flat but noisy path is settled; more time would not settle it
-    further). A series shorter than ``min_intervals`` is never settled: its thirds are too short
-    to tell a trend from noise. The first third is left out of both: it holds the start-up the
-    probe is trying to get past. ``stderr_bps`` treats intervals as independent; TCP rates are
-    autocorrelated over a few RTTs, so with 1 s intervals on paths of RTT well under 1 s this is
-    close, and on longer RTTs it understates the uncertainty. The trend test itself uses batch
-    means, which stay honest when shares swing slowly.
+    further). A part shorter than ``min_intervals`` is never settled: its thirds are too short
+    to tell a trend from noise. ``mean_bps`` and ``stderr_bps`` are those of the whole part after
+    the ramp, by batch means (TCP rates are autocorrelated over many seconds on a shared
+    bottleneck); the trend test uses batch means too, which stay honest when shares swing slowly.
     """
     if tolerance < 0 or not math.isfinite(tolerance):
         raise ValueError(f"tolerance must be a finite number >= 0, got {tolerance!r}")
@@ -54,28 +88,30 @@ def assess_series(
         raise ValueError("interval_bps must be one-dimensional")
     if np.any(series < 0):
         raise ValueError("interval_bps must not contain negative rates")
-    n = series.size
-    if n < 3:
-        mean_bps = float(series.mean()) if n else 0.0
-        stderr_bps = float(series.std(ddof=1) / math.sqrt(n)) if n >= 2 else None
+    if series.size < 3:
+        mean_bps = float(series.mean()) if series.size else 0.0
+        stderr_bps = float(series.std(ddof=1) / math.sqrt(series.size)) if series.size >= 2 else None
         return SettleVerdict(settled=False, mean_bps=mean_bps, stderr_bps=stderr_bps, drift=0.0)
 
+    start = ramp_end(series)
+    part = series[start:]
+    n = part.size
+    mean_bps = float(part.mean())
+    stderr_bps = math.sqrt(_sem_sq(part))
+    if n < 3:
+        return SettleVerdict(settled=False, mean_bps=mean_bps, stderr_bps=stderr_bps, drift=0.0, start=start)
     third = n // 3
-    middle = series[n - 2 * third : n - third]
-    last = series[n - third :]
-    window = series[n - 2 * third :]
-    mean_bps = float(window.mean())
-    stderr_bps = float(window.std(ddof=1) / math.sqrt(window.size))
-
+    middle = part[n - 2 * third : n - third]
+    last = part[n - third :]
     m_mid, m_last = float(middle.mean()), float(last.mean())
     drift = (m_last - m_mid) / m_mid if m_mid > 0 else (math.inf if m_last > 0 else 0.0)
     if n < min_intervals:
-        return SettleVerdict(settled=False, mean_bps=mean_bps, stderr_bps=stderr_bps, drift=drift)
+        return SettleVerdict(settled=False, mean_bps=mean_bps, stderr_bps=stderr_bps, drift=drift, start=start)
 
     diff = abs(m_last - m_mid)
     se_diff = math.sqrt(_sem_sq(middle) + _sem_sq(last))
     settled = diff <= tolerance * m_mid or diff <= z * se_diff
-    return SettleVerdict(settled=settled, mean_bps=mean_bps, stderr_bps=stderr_bps, drift=drift)
+    return SettleVerdict(settled=settled, mean_bps=mean_bps, stderr_bps=stderr_bps, drift=drift, start=start)
 
 
 # Batches for the standard error of a third's mean: more than this many intervals are averaged in

@@ -107,7 +107,8 @@ def run(args) -> int:
 
 
 def to_json(result: PlanResult) -> dict:
-    """The `tame probe --json` document (throughput_bps measured at the receiver)."""
+    """The `tame probe --json` document (throughput_bps: the receiver's rate after the start-up ramp;
+    window_throughput_bps: over the whole measured window)."""
     return {
         "dest": result.dest,
         "idle_rtt_s": result.idle_rtt_s,
@@ -115,6 +116,7 @@ def to_json(result: PlanResult) -> dict:
             {
                 "streams": p.streams,
                 "throughput_bps": p.throughput_bps,
+                "window_throughput_bps": p.window_throughput_bps,
                 "sender_bps": p.sender_bps,
                 "retransmits": p.retransmits,
                 "rtt_mean_s": p.rtt_mean_s,

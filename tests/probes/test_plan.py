@@ -170,3 +170,30 @@ def test_adaptive_probes_need_a_chooser_and_a_bad_level_is_refused():
         run_plan(FakeDriver(rate), DEST, ProbePlan(adaptive_probes=1), next_level=lambda r: 0)
     with pytest.raises(ValueError, match="adaptive_probes"):
         ProbePlan(adaptive_probes=-1)
+
+
+def test_loss_limited_probe_runs_as_long_as_its_congestion_cycles_need():
+    # 6 Mbit/s on one stream at 119 ms with 1000-byte segments: a Reno cycle is 89.25/2 round
+    # trips = 5.31 s, so 8 cycles need 42.5 s. The flat 10 s probe would pass the trend test but
+    # saw losses: it is re-run at once for ceil(42.5) = 43 s (not 20), which is enough.
+    driver = FakeDriver(lambda n: 6e6, rtt_s=0.119, mss_bytes=1000, retransmits_per_stream=3)
+    result = run_plan(driver, DEST, ProbePlan(levels=(1,), omit_s=0))
+    assert [c[3] for c in driver.calls if c[0] == "run"] == [10, 43]
+    assert result.probes[0].settled
+
+
+def test_probe_without_losses_needs_no_cycles():
+    driver = FakeDriver(lambda n: 6e6, rtt_s=0.119, mss_bytes=1000, retransmits_per_stream=0)
+    result = run_plan(driver, DEST, ProbePlan(levels=(1,), omit_s=0))
+    assert [c[3] for c in driver.calls if c[0] == "run"] == [10]
+    assert result.probes[0].settled
+
+
+def test_rate_is_taken_after_the_start_up_ramp():
+    # 20 intervals rising from 50 % to 100 % of 40 Mbit/s over the first 8 s (midpoints 0.5..7.5 s),
+    # then flat. The rate reported is the part after the ramp; the whole window's mean is kept.
+    driver = FakeDriver(lambda n: 40e6, ramp_s=8.0)
+    result = run_plan(driver, DEST, ProbePlan(levels=(1,), duration_s=20, omit_s=0)).probes[0]
+    series = driver.run(DEST, 1, 20, 0, 30).interval_bps
+    assert result.window_throughput_bps == pytest.approx(sum(series) / 20)
+    assert result.throughput_bps > 0.98 * 40e6 > result.window_throughput_bps

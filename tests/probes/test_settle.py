@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 from numpy.testing import assert_allclose
 
-from probes.settle import assess_series
+from probes.settle import assess_series, congestion_cycle_s, ramp_end
 
 
 def test_flat_series_is_settled_with_zero_stderr():
@@ -12,11 +12,14 @@ def test_flat_series_is_settled_with_zero_stderr():
 
 
 def test_steady_rise_is_not_settled():
-    # 5..14 Mbit/s, 10 intervals, thirds of 3 counted from the end (the first "third" takes the
-    # remainder): middle = 9,10,11 (mean 10), last = 12,13,14 (mean 13).
-    verdict = assess_series(np.arange(5, 15) * 1e6)
+    # 5..24 Mbit/s, 20 intervals. Interval i (rate 5 + i) reaches 0.9 x the mean after it,
+    # 0.45 (29 + i), only for i >= 14.6, past half the series: the ramp is cut at 10. The part
+    # left, 15..24, has thirds of 3 counted from the end: middle 19,20,21 (mean 20), last
+    # 22,23,24 (mean 23); 3 apart, more than 5 % and than 2 standard errors (2 sqrt(2/3)).
+    verdict = assess_series(np.arange(5, 25) * 1e6)
     assert not verdict.settled
-    assert_allclose(verdict.drift, (13 - 10) / 10)
+    assert verdict.start == 10
+    assert_allclose(verdict.drift, (23 - 20) / 20)
 
 
 def test_fall_is_not_settled_and_drift_is_negative():
@@ -30,11 +33,37 @@ def test_rise_confined_to_first_third_is_settled():
     assert assess_series(series).settled
 
 
-def test_mean_and_stderr_come_from_the_last_two_thirds():
-    # n = 6, thirds of 2: window = 3,4,5,6; mean 4.5; sample std = sqrt(5/3); stderr = std / sqrt(4).
+def test_mean_and_stderr_come_from_the_part_after_the_ramp():
+    # 1..6: no interval among the first three reaches 0.9 x the mean after it (1 < 3.15,
+    # 2 < 3.6, 3 < 4.05), so half is dropped: part 4,5,6, mean 5; three batches of one,
+    # sample variance 1, stderr sqrt(1/3).
     verdict = assess_series([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
-    assert_allclose(verdict.mean_bps, 4.5)
-    assert_allclose(verdict.stderr_bps, np.sqrt(5 / 3) / 2)
+    assert verdict.start == 3
+    assert_allclose(verdict.mean_bps, 5.0)
+    assert_allclose(verdict.stderr_bps, np.sqrt(1 / 3))
+
+
+def test_start_up_ramp_is_left_out_of_the_rate():
+    # A window-limited stream recovering from its slow-start loss (ns-2 scenario 5, 10 s probe):
+    # interval 5 (4.30) is the first to reach 0.9 x the mean after it (0.9 x 4.036 = 3.63; interval
+    # 4, 3.42, is below 0.9 x 3.93 = 3.54). The rate is the mean of the last five, 4.028, where the
+    # whole window's mean, 3.431, is 15 % low.
+    series = [1.31, 2.06, 2.34, 3.24, 3.42, 4.30, 3.84, 4.32, 3.84, 3.84]
+    assert ramp_end(series) == 5
+    assert_allclose(assess_series(series, min_intervals=3).mean_bps, np.mean(series[5:]))
+
+
+def test_ramp_end_is_zero_for_a_flat_start_and_never_past_half():
+    assert ramp_end([10.0] * 8) == 0
+    assert ramp_end([1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 9.0, 9.0]) == 4
+
+
+def test_congestion_cycle_is_half_a_window_of_round_trips():
+    # 6 Mbit/s per stream at 119 ms with 1000-byte segments: W = 6e6 x 0.119 / 8000 = 89.25
+    # segments; a cycle is W/2 = 44.6 round trips = 5.31 s.
+    assert_allclose(congestion_cycle_s(6e6, 0.119, 1000), 89.25 / 2 * 0.119)
+    with pytest.raises(ValueError, match="rtt_s"):
+        congestion_cycle_s(6e6, 0.0, 1000)
 
 
 def test_flat_noisy_series_is_settled_by_the_noise_rule():
@@ -44,8 +73,9 @@ def test_flat_noisy_series_is_settled_by_the_noise_rule():
 
 
 def test_within_tolerance_is_settled_even_without_noise():
-    # middle third 100, last third 104: a 4 % change, under the 5 % default.
-    series = [50.0] * 3 + [100.0] * 3 + [104.0] * 3
+    # The three 50s are the ramp (100 >= 0.9 x 101.3); in the part left, the middle third is 100
+    # and the last third 104: a 4 % change, under the 5 % default.
+    series = [50.0] * 3 + [100.0] * 6 + [104.0] * 3
     assert assess_series(series).settled
     assert not assess_series(series, tolerance=0.03).settled
 
