@@ -200,7 +200,8 @@ def judge(result: ProbeResult, plan: ProbePlan) -> ProbeResult:
         return result
     verdict = assess_series(result.interval_bps, tolerance=plan.settle_tolerance, z=plan.settle_z)
     window_mean = sum(result.interval_bps) / len(result.interval_bps)
-    scale = verdict.mean_bps / window_mean if window_mean > 0 else 1.0
+    # With no ramp dropped the receiver's own figure stands as it is.
+    scale = verdict.mean_bps / window_mean if verdict.start > 0 and window_mean > 0 else 1.0
     judged = replace(result, throughput_bps=result.throughput_bps * scale,
                      throughput_stderr_bps=None if verdict.stderr_bps is None else verdict.stderr_bps * (
                          result.throughput_bps / window_mean if window_mean > 0 else 1.0),
