@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
+from models.auto import KneeFit
 from models.fair_share import FairShareFit
 from models.parallel import UNCONGESTED, ParallelFit, PolynomialFit
 
@@ -36,7 +37,9 @@ def fit_from_record(model: str, params: Mapping[str, float], regime: str,
                     probe_streams: Sequence[float], warnings: Sequence[str] = ()) -> ParallelFit:
     """Rebuild the fit the models module made; raises ValueError for an unknown model or parameter."""
     if model == "fair_share":
-        return _fair_share_from_record(params, regime, probe_streams, warnings)
+        return _fair_share_from_record(model, params, regime, probe_streams, warnings)
+    if model == "auto":
+        return _auto_from_record(params, regime, probe_streams, warnings)
     if model == "yildirim" and set(params) == {"a_prime", "b_prime", "exponent"}:
         # Yildirim's a' n^c + b' keeps its fitted exponent c among the parameters.
         streams = tuple(float(x) for x in probe_streams)
@@ -67,14 +70,32 @@ def fit_from_record(model: str, params: Mapping[str, float], regime: str,
     )
 
 
-def _fair_share_from_record(params: Mapping[str, float], regime: str, probe_streams: Sequence[float],
+def _auto_from_record(params: Mapping[str, float], regime: str, probe_streams: Sequence[float],
+                      warnings: Sequence[str]) -> ParallelFit:
+    # The evidence-driven model stores one of fair_share's forms, or a knee: its own two
+    # parameters plus its congested part's, prefixed "congested_" (models.auto.knee_params).
+    if "linear_until_streams" not in params:
+        return _fair_share_from_record("auto", params, regime, probe_streams, warnings)
+    prefix = "congested_"
+    congested = {k[len(prefix):]: v for k, v in params.items() if k.startswith(prefix)}
+    own = {k for k in params if not k.startswith(prefix)}
+    if own != {"per_stream_bps", "linear_until_streams"} or not congested:
+        raise ValueError(f"stored fit of model 'auto' has unexpected parameters {sorted(params)}")
+    return KneeFit(model="auto", params={k: float(v) for k, v in params.items()}, regime=regime,
+                   probe_streams=tuple(float(x) for x in probe_streams), warnings=tuple(warnings),
+                   per_stream_bps=float(params["per_stream_bps"]),
+                   linear_until_streams=float(params["linear_until_streams"]),
+                   congested=_fair_share_from_record("auto", congested, regime, probe_streams, ()))
+
+
+def _fair_share_from_record(model: str, params: Mapping[str, float], regime: str, probe_streams: Sequence[float],
                             warnings: Sequence[str]) -> FairShareFit:
     streams = tuple(float(x) for x in probe_streams)
-    common = dict(model="fair_share", params={k: float(v) for k, v in params.items()}, regime=regime,
+    common = dict(model=model, params={k: float(v) for k, v in params.items()}, regime=regime,
                   probe_streams=streams, warnings=tuple(warnings))
     if set(params) == {"per_stream_bps"}:
         return FairShareFit(per_stream_bps=float(params["per_stream_bps"]), flat_beyond_streams=max(streams), **common)
     if set(params) == {"capacity_bps", "competing_flows"}:
         return FairShareFit(link_capacity_bps=float(params["capacity_bps"]),
                             competing_flows=float(params["competing_flows"]), **common)
-    raise ValueError(f"stored fit of model 'fair_share' has unexpected parameters {sorted(params)}")
+    raise ValueError(f"stored fit of model {model!r} has unexpected parameters {sorted(params)}")

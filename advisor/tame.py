@@ -147,6 +147,7 @@ def point_from_probe(probe: ProbeResult) -> ProbePoint:
         duration_s=probe.duration_s,
         throughput_stderr_bps=probe.throughput_stderr_bps,
         sender_bps=probe.sender_bps,
+        mss_bytes=probe.mss_bytes,
     )
 
 

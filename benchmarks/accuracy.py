@@ -197,7 +197,7 @@ def evaluate(settings: Settings) -> tuple[list[PathResult], dict[str, ModelScore
     extra = set()
     for path in paths:
         for name in models:
-            level = next_probe_level(name, [path.probes[n] for n in PROBE_LEVELS[name]])
+            level = next_probe_level(name, [path.probes[n] for n in PROBE_LEVELS[name]], max(settings.ns))
             if level is not None and level not in path.probes:
                 extra.add((path.scenario, path.m, (level,)))
     if extra:
@@ -209,7 +209,7 @@ def evaluate(settings: Settings) -> tuple[list[PathResult], dict[str, ModelScore
     for path in paths:
         for name in models:
             probes = [path.probes[n] for n in PROBE_LEVELS[name]]
-            level = next_probe_level(name, probes)
+            level = next_probe_level(name, probes, max(settings.ns))
             if level is not None:
                 probes.append(path.probes[level])
             if len({p.streams for p in probes}) < MIN_LEVELS[name]:

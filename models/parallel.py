@@ -40,7 +40,8 @@ class ProbePoint:
     """One probe as the models see it: streams n and the receiver throughput in bits/s.
 
     Optional evidence: mean RTT (seconds), retransmitted segments, probe duration (seconds),
-    the throughput's standard error (bits/s) and the sender-side rate (bits/s).
+    the throughput's standard error (bits/s), the sender-side rate (bits/s) and the segment
+    size (bytes).
     """
 
     streams: float
@@ -50,6 +51,7 @@ class ProbePoint:
     duration_s: float | None = None
     throughput_stderr_bps: float | None = None
     sender_bps: float | None = None
+    mss_bytes: float | None = None
 
 
 @dataclass(frozen=True)

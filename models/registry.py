@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
+from models import auto
 from models.fair_share import fit_fair_share
 from models.parallel import ParallelFit, ProbePoint, fit_full_order2, fit_linear, fit_lu
 from models.yildirim import fit_yildirim
@@ -11,6 +12,7 @@ from models.yildirim import fit_yildirim
 Fitter = Callable[[Sequence[ProbePoint]], ParallelFit]
 
 MODELS: dict[str, Fitter] = {
+    "auto": auto.fit_auto,
     "lu": fit_lu,
     "linear": fit_linear,
     "full2": fit_full_order2,
@@ -19,20 +21,22 @@ MODELS: dict[str, Fitter] = {
 }
 
 # How many distinct probe levels each model needs.
-MIN_LEVELS: dict[str, int] = {"lu": 2, "linear": 2, "full2": 3, "fair_share": 2, "yildirim": 3}
+MIN_LEVELS: dict[str, int] = {"auto": 2, "lu": 2, "linear": 2, "full2": 3, "fair_share": 2, "yildirim": 3}
 
 # The probe plan's fixed levels per model (Lu IV.B: (1, 10)); a model may add one adaptive level.
-PROBE_LEVELS: dict[str, tuple[int, ...]] = {"lu": (1, 10), "linear": (1, 10), "full2": (1, 5, 10), "fair_share": (1, 10),
-                                         "yildirim": (1, 5, 10)}
+PROBE_LEVELS: dict[str, tuple[int, ...]] = {
+    "auto": (1, 10), "lu": (1, 10), "linear": (1, 10), "full2": (1, 5, 10), "fair_share": (1, 10),
+    "yildirim": (1, 5, 10),
+}
 
-# Models whose plan adds a probe chosen from the first probes' results: name -> chooser.
-ADAPTIVE_LEVEL: dict[str, Callable[[Sequence[ProbePoint]], int | None]] = {}
+# Models whose plan adds a probe chosen from the first probes' results: name -> chooser(probes, n_max).
+ADAPTIVE_LEVEL: dict[str, Callable[[Sequence[ProbePoint], int], int | None]] = {"auto": auto.next_level}
 
 
-def next_probe_level(model: str, probes: Sequence[ProbePoint]) -> int | None:
-    """The extra probe level the model wants after its fixed levels, or None."""
+def next_probe_level(model: str, probes: Sequence[ProbePoint], n_max: int) -> int | None:
+    """The extra probe level the model wants after its fixed levels (at most ``n_max``), or None."""
     chooser = ADAPTIVE_LEVEL.get(model)
-    return chooser(probes) if chooser is not None else None
+    return chooser(probes, n_max) if chooser is not None else None
 
 
 def fit(model: str, points: Sequence[ProbePoint]) -> ParallelFit:

@@ -88,3 +88,28 @@ def hacker_upper_bound_bps(mss_bytes, rtt_s, loss_rates) -> float:
     rtt = float(_positive("rtt_s", rtt_s))
     p = _loss(np.atleast_1d(loss_rates))
     return float(mss * BITS_PER_BYTE / rtt * np.sum(1.0 / np.sqrt(p)))
+
+
+def congestion_cycle_s(rate_per_stream_bps: float, rtt_s: float, mss_bytes: float) -> float:
+    """Seconds of one Reno congestion-avoidance cycle: W/2 round trips, W = rate x RTT / MSS segments.
+
+    The sawtooth behind Mathis et al.'s formula (Lu 2004 eq. 1): the window grows by one segment
+    per round trip from W/2 to W, then halves. A loss-limited stream's rate swings over this
+    period and takes a few of them to reach its share, so a measurement shorter than a few
+    cycles sees a phase of the sawtooth rather than the rate.
+
+    Parameters
+    ----------
+    rate_per_stream_bps : one stream's throughput, bits/s (> 0)
+    rtt_s : round-trip time, seconds (> 0)
+    mss_bytes : segment size, bytes (> 0)
+
+    Returns
+    -------
+    float, seconds
+    """
+    rate = float(_positive("rate_per_stream_bps", rate_per_stream_bps))
+    rtt = float(_positive("rtt_s", rtt_s))
+    mss = float(_positive("mss_bytes", mss_bytes))
+    window_segments = rate * rtt / (BITS_PER_BYTE * mss)
+    return window_segments / 2.0 * rtt

@@ -9,7 +9,8 @@ from typing import Callable, Literal, Sequence
 
 from probes.base import ProbeDriver
 from probes.result import PlanResult, ProbeResult
-from probes.settle import assess_series, congestion_cycle_s
+from models.single_flow import congestion_cycle_s
+from probes.settle import assess_series
 
 
 @dataclass(frozen=True)
@@ -23,7 +24,7 @@ class ProbePlan:
     plus ``duration_s`` measured seconds; one whose interval series has not settled
     (:func:`probes.settle.assess_series` with ``settle_tolerance`` and ``settle_z``), or that saw
     losses but spans fewer than ``settle_cycles`` congestion cycles of its streams
-    (:func:`probes.settle.congestion_cycle_s`), is re-run twice as long, or at once as long as the
+    (:func:`models.single_flow.congestion_cycle_s`), is re-run twice as long, or at once as long as the
     cycles need, up to ``max_duration_s``. A probe may take ``deadline_slack_s`` seconds past
     its nominal length before the driver kills it. ``adaptive_probes`` more probes may follow, each at
     a level chosen from the results so far by the ``next_level`` callable given to :func:`run_plan`.

@@ -45,20 +45,6 @@ def ramp_end(interval_bps: Sequence[float], fraction: float = RAMP_FRACTION) -> 
     return half
 
 
-def congestion_cycle_s(rate_per_stream_bps: float, rtt_s: float, mss_bytes: float) -> float:
-    """Seconds of one Reno congestion-avoidance cycle: W/2 round trips, W = rate x RTT / MSS packets.
-
-    A loss-limited stream's rate swings over this period (the sawtooth from W/2 to W at one
-    segment per RTT), and a stream that just started needs a few of them to reach its share;
-    a probe shorter than a few cycles measures a phase of the sawtooth, not the rate.
-    """
-    for name, value in (("rate_per_stream_bps", rate_per_stream_bps), ("rtt_s", rtt_s), ("mss_bytes", mss_bytes)):
-        if not (math.isfinite(value) and value > 0):
-            raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-    window_segments = rate_per_stream_bps * rtt_s / (8.0 * mss_bytes)
-    return window_segments / 2.0 * rtt_s
-
-
 def assess_series(
     interval_bps: Sequence[float],
     *,

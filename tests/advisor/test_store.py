@@ -28,6 +28,14 @@ CASES = {
     "fair_share congested": ("fair_share", [ProbePoint(1, 12e6), ProbePoint(10, 55e6)]),
     "fair_share uncongested": ("fair_share", [ProbePoint(1, 1e6), ProbePoint(8, 9e6)]),
     "fair_share saturated": ("fair_share", [ProbePoint(1, 9e7), ProbePoint(10, 8.9e7)]),
+    "auto shared": ("auto", [ProbePoint(1, 12e6), ProbePoint(10, 55e6)]),
+    # 2 Mbit/s per stream with no losses over 30 s at 50 ms (3 cycles of 0.3 s are far less): clean at 1
+    # and 10 streams; 31 streams lose 200 segments: the knee form.
+    "auto knee": ("auto", [ProbePoint(1, 2e6, rtt_s=0.05, retransmits=0, duration_s=30, mss_bytes=1000),
+                           ProbePoint(10, 20e6, rtt_s=0.05, retransmits=0, duration_s=30, mss_bytes=1000),
+                           ProbePoint(31, 40e6, rtt_s=0.05, retransmits=200, duration_s=30, mss_bytes=1000)]),
+    "auto uncongested": ("auto", [ProbePoint(1, 2e6, rtt_s=0.05, retransmits=0, duration_s=30, mss_bytes=1000),
+                                  ProbePoint(10, 20e6, rtt_s=0.05, retransmits=0, duration_s=30, mss_bytes=1000)]),
     "yildirim": ("yildirim", [ProbePoint(1, 12e6), ProbePoint(5, 40e6), ProbePoint(10, 55e6)]),
     "yildirim falls back": ("yildirim", [ProbePoint(1, 1e6), ProbePoint(4, 4.5e6), ProbePoint(8, 9e6)]),
 }

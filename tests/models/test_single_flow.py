@@ -12,7 +12,9 @@ from models.fu_indulska import (
     fu_indulska_throughput_bps,
     multiplier_for_share,
 )
-from models.single_flow import hacker_upper_bound_bps, mathis_throughput_bps, padhye_throughput_bps
+from models.single_flow import (
+    congestion_cycle_s, hacker_upper_bound_bps, mathis_throughput_bps, padhye_throughput_bps,
+)
 
 
 def test_mathis_at_known_point():
@@ -93,3 +95,11 @@ def test_invalid_inputs_name_the_parameter(bad):
 def test_nan_is_rejected():
     with pytest.raises(ValueError):
         mathis_throughput_bps(1460, float("nan"), 0.01)
+
+
+def test_congestion_cycle_is_half_a_window_of_round_trips():
+    # 6 Mbit/s per stream at 119 ms with 1000-byte segments: W = 6e6 x 0.119 / 8000 = 89.25
+    # segments; a cycle is W/2 = 44.6 round trips = 5.31 s.
+    assert_allclose(congestion_cycle_s(6e6, 0.119, 1000), 89.25 / 2 * 0.119)
+    with pytest.raises(ValueError, match="rtt_s"):
+        congestion_cycle_s(6e6, 0.0, 1000)

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 from numpy.testing import assert_allclose
 
-from probes.settle import assess_series, congestion_cycle_s, ramp_end
+from probes.settle import assess_series, ramp_end
 
 
 def test_flat_series_is_settled_with_zero_stderr():
@@ -56,14 +56,6 @@ def test_start_up_ramp_is_left_out_of_the_rate():
 def test_ramp_end_is_zero_for_a_flat_start_and_never_past_half():
     assert ramp_end([10.0] * 8) == 0
     assert ramp_end([1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 9.0, 9.0]) == 4
-
-
-def test_congestion_cycle_is_half_a_window_of_round_trips():
-    # 6 Mbit/s per stream at 119 ms with 1000-byte segments: W = 6e6 x 0.119 / 8000 = 89.25
-    # segments; a cycle is W/2 = 44.6 round trips = 5.31 s.
-    assert_allclose(congestion_cycle_s(6e6, 0.119, 1000), 89.25 / 2 * 0.119)
-    with pytest.raises(ValueError, match="rtt_s"):
-        congestion_cycle_s(6e6, 0.0, 1000)
 
 
 def test_flat_noisy_series_is_settled_by_the_noise_rule():

@@ -1,0 +1,139 @@
+"""The evidence-driven model: per path, the form the probes' own measurements support.
+
+Each probe is first judged by :func:`models.evidence.loss_limited` (RTT, retransmissions and
+segment size against Mathis, Lu 2004 eq. 1), then:
+
+* no probe loss-limited and the per-stream rate held: the path is not congested up to the
+  highest probe: n x the per-stream rate, no impact on anyone, held flat beyond that probe
+  ("uncongested");
+* the lowest probes not loss-limited, the higher ones loss-limited ("knee"): n x the
+  per-stream rate up to the highest clean probe; beyond it the fair share of the loss-limited
+  probes (:mod:`models.fair_share`), never more than n x the clean per-stream rate; a competing
+  flow loses what each of our streams lost against the clean rate, 1 - (BW_n / n) / r0, by
+  Lu's equal-share assumption (section V.A);
+* otherwise, or when the probes carry no such evidence: the fair-share model on all probes
+  (least squares with three).
+
+Throughputs are bits/s, impacts fractions 0-1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Sequence
+
+import numpy as np
+
+from models.evidence import loss_limited
+from models.fair_share import FairShareFit, fit_fair_share
+from models.parallel import CONGESTED, ParallelFit, ProbePoint, _validated, validated_streams
+
+MODEL = "auto"
+# A clean (not loss-limited) probe still counts as uncongested only if its per-stream rate is
+# within this fraction of the lowest probe's: a rate that falls without losses is a queue
+# filling (a buffer large enough to hold the excess), which is congestion too.
+PER_STREAM_TOLERANCE = 0.10
+
+
+@dataclass(frozen=True)
+class KneeFit(ParallelFit):
+    """n x ``per_stream_bps`` up to ``linear_until_streams``; beyond, ``congested`` capped by that line."""
+
+    per_stream_bps: float = 0.0
+    linear_until_streams: float = 0.0
+    congested: FairShareFit | None = field(default=None)
+
+    def throughput_bps(self, streams):
+        """Aggregate throughput, bits/s: the clean line, then the congested fit below it."""
+        n = validated_streams(streams)
+        line = n * self.per_stream_bps
+        beyond = np.asarray(self.congested.throughput_bps(np.maximum(n, 1e-9)), dtype=float)
+        result = np.where(n <= self.linear_until_streams, line, np.minimum(line, beyond))
+        return result if result.ndim else float(result)
+
+    def impact(self, streams):
+        """Relative loss of each competing flow, 1 - (BW_n / n) / per_stream_bps beyond the knee, else 0."""
+        n = validated_streams(streams)
+        safe = np.maximum(n, 1e-9)
+        per_stream = np.asarray(self.throughput_bps(safe), dtype=float) / safe
+        result = np.where(n <= self.linear_until_streams, 0.0, np.clip(1.0 - per_stream / self.per_stream_bps, 0.0, 1.0))
+        return result if result.ndim else float(result)
+
+    @property
+    def capacity_bps(self) -> float | None:
+        return self.congested.capacity_bps
+
+
+def knee_params(fit: KneeFit) -> dict[str, float]:
+    """The stored parameters of a knee fit: its own two plus its congested part's, prefixed."""
+    return {"per_stream_bps": fit.per_stream_bps, "linear_until_streams": fit.linear_until_streams,
+            **{f"congested_{k}": float(v) for k, v in fit.congested.params.items()}}
+
+
+def _clean_prefix(points: Sequence[ProbePoint]) -> int:
+    """How many of the lowest probes (sorted by streams) ran uncongested."""
+    first_rate = points[0].throughput_bps / points[0].streams
+    count = 0
+    for point in points:
+        clean = loss_limited(point) is False
+        holds = point.throughput_bps / point.streams >= (1 - PER_STREAM_TOLERANCE) * first_rate
+        if not (clean and holds):
+            break
+        count += 1
+    return count
+
+
+def fit_auto(points: Sequence[ProbePoint]) -> ParallelFit:
+    """The evidence-driven fit (see the module docstring) from two or more probes."""
+    _validated(points, 2, MODEL)
+    ordered = sorted(points, key=lambda p: p.streams)
+    clean = _clean_prefix(ordered)
+    if clean == len(ordered):
+        return _uncongested(ordered)
+    if clean == 0:
+        fit = fit_fair_share(ordered)
+        return replace(fit, model=MODEL)
+    loss_side = ordered[clean:]
+    anchor = ordered[clean - 1]
+    congested = fit_fair_share(loss_side if len(loss_side) >= 2 else [anchor, *loss_side])
+    rate = float(np.exp(np.mean([np.log(p.throughput_bps / p.streams) for p in ordered[:clean]])))
+    knee = KneeFit(model=MODEL, params={}, regime=CONGESTED, probe_streams=tuple(float(p.streams) for p in ordered),
+                   warnings=congested.warnings + (
+                       f"not congested up to {anchor.streams:g} streams (no loss-limited streams); "
+                       f"congested from {loss_side[0].streams:g}",),
+                   per_stream_bps=rate, linear_until_streams=float(anchor.streams), congested=congested)
+    residuals = tuple(float(knee.throughput_bps(p.streams) / p.throughput_bps - 1.0) for p in ordered)
+    return replace(knee, params=knee_params(knee), residuals=residuals)
+
+
+def _uncongested(points: Sequence[ProbePoint]) -> FairShareFit:
+    """n x the geometric-mean per-stream rate up to the highest probe, flat beyond, impact 0."""
+    rate = float(np.exp(np.mean([np.log(p.throughput_bps / p.streams) for p in points])))
+    high = float(points[-1].streams)
+    warning = (f"no probe's streams were limited by losses: the path is not congested up to {high:g} streams; "
+               f"predictions are held flat beyond {high:g} streams")
+    fit = FairShareFit(model=MODEL, params={"per_stream_bps": rate}, regime="uncongested",
+                       probe_streams=tuple(float(p.streams) for p in points), warnings=(warning,),
+                       per_stream_bps=rate, flat_beyond_streams=high)
+    residuals = tuple(float(fit.throughput_bps(p.streams) / p.throughput_bps - 1.0) for p in points)
+    return replace(fit, residuals=residuals)
+
+
+# The adaptive probe never goes beyond this multiple of the highest probe so far: a probe is
+# itself a transfer that takes from the other traffic.
+ADAPTIVE_REACH = 4
+
+
+def next_level(points: Sequence[ProbePoint], n_max: int) -> int | None:
+    """The third probe's stream count: where the two-probe fit is least certain, or None.
+
+    A curve through two probes is exact at their levels and its error grows with the distance
+    it extrapolates, so the least certain place within the advice's range is its top: n_max,
+    or ADAPTIVE_REACH x the highest probe if that is lower. When no probe so far was congested,
+    that is also where congestion would first show. None when the probes already reach it.
+    """
+    if not points:
+        return None
+    highest = max(p.streams for p in points)
+    level = int(min(n_max, ADAPTIVE_REACH * highest))
+    return level if level > highest else None

@@ -1,0 +1,75 @@
+
+import pytest
+from numpy.testing import assert_allclose
+
+from models.auto import ADAPTIVE_REACH, KneeFit, fit_auto, next_level
+from models.fair_share import FairShareFit, fit_fair_share
+from models.parallel import CONGESTED, UNCONGESTED, ProbePoint
+
+RTT, MSS, SECONDS = 0.05, 1000, 30
+
+
+def clean(n, per_stream_bps):
+    """A probe without losses, long enough (30 s) to count: 2 Mbit/s at 50 ms cycles every 0.31 s."""
+    return ProbePoint(n, n * per_stream_bps, rtt_s=RTT, retransmits=0, duration_s=SECONDS, mss_bytes=MSS)
+
+
+def lossy(n, per_stream_bps):
+    """A probe whose streams run exactly at the Mathis rate of their loss rate."""
+    # BW = 8000 / (RTT sqrt(2p/3))  =>  p = 1.5 (8000 / (RTT BW))^2.
+    p = 1.5 * (8 * MSS / (RTT * per_stream_bps)) ** 2
+    segments = n * per_stream_bps * SECONDS / (8 * MSS)
+    return ProbePoint(n, n * per_stream_bps, rtt_s=RTT, retransmits=p * segments, duration_s=SECONDS, mss_bytes=MSS)
+
+
+def test_no_loss_limited_probe_means_uncongested_up_to_the_highest_probe():
+    fit = fit_auto([clean(1, 2e6), clean(10, 2e6)])
+    assert isinstance(fit, FairShareFit) and fit.model == "auto" and fit.regime == UNCONGESTED
+    # 2 Mbit/s per stream up to 10 streams, held flat beyond; nobody loses anything.
+    assert_allclose(fit.throughput_bps([5, 10, 20]), [10e6, 20e6, 20e6])
+    assert_allclose(fit.impact([5, 20]), [0.0, 0.0])
+
+
+def test_clean_low_probes_and_a_loss_limited_high_probe_make_a_knee():
+    fit = fit_auto([clean(1, 2e6), clean(10, 2e6), lossy(31, 1e6)])
+    assert isinstance(fit, KneeFit) and fit.regime == CONGESTED
+    assert fit.linear_until_streams == 10 and fit.per_stream_bps == pytest.approx(2e6)
+    # Fair share through (10, 20 Mbit/s) and (31, 31 Mbit/s): 1/BW = a + b/n gives b = 2.619e-7,
+    # a = 2.381e-8 s/bit: C = 42 Mbit/s, M = b C = 11.
+    assert_allclose(fit.params["congested_capacity_bps"], 42e6, rtol=1e-6)
+    assert_allclose(fit.params["congested_competing_flows"], 11.0, rtol=1e-6)
+    # n = 20: min(20 x 2, 42 x 20/31) = 27.10 Mbit/s; each of our streams gets 1.355 of the clean 2 Mbit/s,
+    # and by equal shares so does every competing flow: impact 1 - 1.355/2 = 0.3226.
+    assert_allclose(fit.throughput_bps(20), 42e6 * 20 / 31, rtol=1e-6)
+    assert_allclose(fit.impact(20), 1 - 42e6 * 20 / 31 / 20 / 2e6, rtol=1e-6)
+    # Below the knee: the clean line, no impact.
+    assert_allclose([fit.throughput_bps(5), fit.impact(5)], [10e6, 0.0])
+    assert_allclose(fit.residuals, 0.0, atol=1e-9)
+
+
+def test_loss_limited_lowest_probe_means_fair_share():
+    points = [lossy(1, 6e6), lossy(10, 4e6)]
+    fit = fit_auto(points)
+    expected = fit_fair_share(points)
+    assert fit.model == "auto" and fit.regime == expected.regime
+    assert fit.params == pytest.approx(expected.params)
+
+
+def test_probes_without_loss_evidence_fall_back_to_fair_share():
+    points = [ProbePoint(1, 2e6), ProbePoint(10, 20e6)]
+    assert fit_auto(points).params == pytest.approx(fit_fair_share(points).params)
+
+
+def test_a_lossless_probe_too_short_for_its_cycles_is_not_taken_as_clean():
+    # 80 Mbit/s at 50 ms: W = 500 segments, a cycle is 12.5 s; 30 s is under 3 cycles.
+    short = ProbePoint(1, 80e6, rtt_s=RTT, retransmits=0, duration_s=SECONDS, mss_bytes=MSS)
+    fit = fit_auto([short, lossy(10, 5e6)])
+    assert not isinstance(fit, KneeFit)
+
+
+def test_third_probe_goes_to_the_top_of_the_advice_range_within_reach():
+    points = [clean(1, 2e6), clean(10, 2e6)]
+    assert next_level(points, 31) == 31
+    assert next_level(points, 64) == ADAPTIVE_REACH * 10
+    assert next_level(points + [clean(31, 2e6)], 31) is None
+    assert next_level([], 31) is None

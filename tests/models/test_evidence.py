@@ -1,0 +1,41 @@
+import pytest
+from numpy.testing import assert_allclose
+
+from models.evidence import loss_limited, loss_rate, mathis_fraction
+from models.parallel import ProbePoint
+
+
+def test_loss_rate_is_retransmits_per_delivered_segment():
+    # 8 Mbit/s for 10 s in 1000-byte segments: 10,000 segments; 25 retransmitted: 0.25 %.
+    point = ProbePoint(1, 8e6, rtt_s=0.05, retransmits=25, duration_s=10, mss_bytes=1000)
+    assert_allclose(loss_rate(point), 0.0025)
+
+
+def test_stream_at_its_mathis_rate_is_loss_limited():
+    # Mathis at p = 0.0025, 50 ms, 1000 B: 8000 / (0.05 sqrt(2 x 0.0025 / 3)) = 3.919 Mbit/s per stream.
+    # Two streams at 3.919 Mbit/s each: fraction 1.
+    segments = 2 * 3.919e6 * 10 / 8000
+    point = ProbePoint(2, 2 * 3.919e6, rtt_s=0.05, retransmits=0.0025 * segments, duration_s=10, mss_bytes=1000)
+    assert_allclose(mathis_fraction(point), 1.0, rtol=1e-3)
+    assert loss_limited(point) is True
+
+
+def test_window_limited_stream_with_a_stray_loss_is_not_loss_limited():
+    # 0.5 Mbit/s where its 0.25 % loss rate would allow 3.919: fraction 0.128 < 0.5.
+    point = ProbePoint(1, 0.5e6, rtt_s=0.05, retransmits=0.0025 * 0.5e6 * 10 / 8000, duration_s=10, mss_bytes=1000)
+    assert_allclose(mathis_fraction(point), 0.5 / 3.919, rtol=1e-3)
+    assert loss_limited(point) is False
+
+
+def test_no_losses_count_only_over_enough_congestion_cycles():
+    # 2 Mbit/s at 50 ms, 1000 B: W = 12.5 segments, a cycle is 6.25 RTTs = 0.3125 s; 3 cycles = 0.94 s.
+    assert loss_limited(ProbePoint(1, 2e6, rtt_s=0.05, retransmits=0, duration_s=10, mss_bytes=1000)) is False
+    # 80 Mbit/s at 100 ms: W = 1000 segments, a cycle is 50 s: 10 s without a loss says nothing.
+    assert loss_limited(ProbePoint(1, 80e6, rtt_s=0.1, retransmits=0, duration_s=10, mss_bytes=1000)) is None
+
+
+@pytest.mark.parametrize("missing", ["retransmits", "rtt_s", "duration_s", "mss_bytes"])
+def test_probe_without_the_evidence_cannot_tell(missing):
+    fields = dict(streams=1, throughput_bps=2e6, rtt_s=0.05, retransmits=3, duration_s=10, mss_bytes=1000)
+    fields[missing] = None
+    assert loss_limited(ProbePoint(**fields)) is None
