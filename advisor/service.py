@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from advisor.advice import CurvePoint, curve_to_json
+from advisor.advice import curve_to_json
 from advisor.allowlist import Resolver, system_resolver
 from advisor.destinations import Destination, parse_destination
 from advisor.errors import BatchTooLarge, DestinationNotAllowed, InvalidRequest, UnknownDestination
