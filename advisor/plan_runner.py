@@ -1,18 +1,34 @@
-"""The probe plan a job or the agent runs, built from the service's settings."""
+"""The probe plan a job, the agent or `tame advise` runs, built from the service's settings and model."""
 
 from __future__ import annotations
 
 from typing import Sequence
 
 from advisor.settings import Settings
-from probes.plan import ProbePlan
+from advisor.tame import point_from_probe
+from models.registry import ADAPTIVE_LEVEL, next_probe_level
+from probes.plan import NextLevel, ProbePlan
 
 
 def plan_for(settings: Settings, levels: Sequence[int], duration_s: float) -> ProbePlan:
-    """ProbePlan for `levels` at `duration_s` seconds each, extended up to the configured cap."""
+    """ProbePlan for `levels` at `duration_s` seconds each, extended up to the configured cap,
+    plus the adaptive probe when the configured model chooses one."""
     return ProbePlan(
         levels=tuple(int(n) for n in levels),
         duration_s=duration_s,
         omit_s=settings.omit_s,
         max_duration_s=max(duration_s, settings.max_probe_duration_s),
+        adaptive_probes=adaptive_probes(settings.model),
     )
+
+
+def adaptive_probes(model: str) -> int:
+    """How many probes the model adds after the fixed levels (0 or 1)."""
+    return 1 if model in ADAPTIVE_LEVEL else 0
+
+
+def level_chooser(model: str, n_max: int) -> NextLevel | None:
+    """The plan's ``next_level`` for ``model``: its adaptive level from the probes so far, or None."""
+    if model not in ADAPTIVE_LEVEL:
+        return None
+    return lambda results: next_probe_level(model, [point_from_probe(r) for r in results], n_max)

@@ -191,10 +191,10 @@ class Store:
             for r in results:
                 tx.execute(
                     "INSERT INTO probe_results (probe_run_id, streams, throughput_bps, sender_bps, retransmits, "
-                    "rtt_mean_s, duration_s, omit_s, throughput_stderr_bps, started_at, raw) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "rtt_mean_s, duration_s, omit_s, throughput_stderr_bps, started_at, raw, mss_bytes) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (run_id, r.streams, r.throughput_bps, r.sender_bps, r.retransmits, r.rtt_mean_s, r.duration_s,
-                     r.omit_s, r.throughput_stderr_bps, r.started_at, r.raw),
+                     r.omit_s, r.throughput_stderr_bps, r.started_at, r.raw, r.mss_bytes),
                 )
             if fit is not None:
                 self._insert_fit(tx, destination_id, run_id, fit)
@@ -207,7 +207,8 @@ class Store:
         return run_id
 
     def latest_run_points(self, dest_key: str) -> tuple[float | None, float | None, list[dict[str, float]]]:
-        """(run finished_at, idle RTT, [{streams, throughput_bps, rtt_mean_s}]) of the newest run, or (None, None, [])."""
+        """(run finished_at, idle RTT, [{streams, throughput_bps, rtt_mean_s, retransmits, duration_s, mss_bytes}])
+        of the newest run, or (None, None, [])."""
         with self.db.transaction() as tx:
             run = tx.execute(
                 "SELECT r.id, r.finished_at, r.idle_rtt_s FROM probe_runs r JOIN destinations d ON d.id = r.destination_id "
@@ -218,10 +219,12 @@ class Store:
             if not run:
                 return None, None, []
             rows = tx.execute(
-                "SELECT streams, throughput_bps, rtt_mean_s FROM probe_results WHERE probe_run_id = ? ORDER BY id",
+                "SELECT streams, throughput_bps, rtt_mean_s, retransmits, duration_s, mss_bytes FROM probe_results "
+                "WHERE probe_run_id = ? ORDER BY id",
                 (run[0],),
             ).fetchall()
-        return run[1], run[2], [{"streams": r[0], "throughput_bps": r[1], "rtt_mean_s": r[2]} for r in rows]
+        names = ("streams", "throughput_bps", "rtt_mean_s", "retransmits", "duration_s", "mss_bytes")
+        return run[1], run[2], [dict(zip(names, r)) for r in rows]
 
     # -- observations ---------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ from typing import Callable
 
 from advisor.destinations import parse_destination
 from advisor.errors import AdvisorError
-from advisor.plan_runner import plan_for
+from advisor.plan_runner import level_chooser, plan_for
 from probes.plan import run_plan
 from advisor.service import AdviceService
 from advisor.store import Job, process_owner
@@ -98,7 +98,8 @@ class ProbeWorker:
                 if event.kind == "probe_done":
                     self.store.set_progress(job.id, self.owner, round(0.99 * event.index / event.total, 4))
 
-            plan = run_plan(self.driver, dest.key, plan_for(self.settings, job.levels, job.duration_s), progress)
+            plan = run_plan(self.driver, dest.key, plan_for(self.settings, job.levels, job.duration_s), progress,
+                            level_chooser(self.settings.model, self.settings.n_max))
             _, error = self.service.ingest_run(dest, plan.idle_rtt_s, plan.probes, started_wall,
                                                source="probe", job_id=job.id)
         except (ProbeError, AdvisorError) as exc:

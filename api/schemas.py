@@ -146,6 +146,7 @@ class ProbeResultIn(BaseModel):
     omit_s: float = Field(default=0.0, ge=0, le=3600, allow_inf_nan=False)
     throughput_stderr_bps: float | None = Field(default=None, ge=0, lt=1e15, allow_inf_nan=False)
     started_at: float = Field(default=0.0, ge=0, lt=1e11, allow_inf_nan=False)
+    mss_bytes: int | None = Field(default=None, ge=1, le=65535)
     raw: str = Field(default="", max_length=1_000_000)
 
 

@@ -10,6 +10,7 @@ from advisor.advice import Advice
 from advisor.cli import UsageError
 from advisor.commands.common import fraction, positive_int, print_advice, print_json
 from advisor.commands.probe import EXIT_PROBE_FAILED, add_plan_options, measure
+from advisor.plan_runner import level_chooser
 from advisor.tame import DEFAULT_MODEL, DEFAULT_N_MAX, advise_from_plan
 from models.errors import FitError
 from models.registry import MODELS
@@ -45,7 +46,7 @@ def run(args) -> int:
 
 
 def _locally(args) -> dict | None:
-    plan = measure(args, "advise")
+    plan = measure(args, "advise", level_chooser(args.model, args.n_max))
     if plan is None:
         return None
     try:

@@ -12,7 +12,7 @@ from advisor.cli import UsageError
 from advisor.commands.runtime import default_driver, load_settings, open_store, setup_logging
 from advisor.destinations import parse_destination
 from advisor.errors import AdvisorError
-from advisor.plan_runner import plan_for
+from advisor.plan_runner import level_chooser, plan_for
 from probes.plan import run_plan
 from advisor.service import AdviceService
 from advisor.worker import ProbeWorker
@@ -102,11 +102,12 @@ def _run_push(args, settings, driver) -> int:
                 try:
                     settings.allowed.check(parse_destination(dest))
                     started = time.time()
-                    plan = run_plan(driver, dest, plan_for(settings, settings.default_levels, settings.default_duration_s))
+                    plan = run_plan(driver, dest, plan_for(settings, settings.default_levels, settings.default_duration_s),
+                                    next_level=level_chooser(settings.model, settings.n_max))
                     answer = client.push_probe_run({
                         "dest": dest, "idle_rtt_s": plan.idle_rtt_s, "started_at": started,
                         "probes": [{k: v for k, v in dataclasses.asdict(p).items()
-                                    if k not in ("dest", "stream_rtts", "interval_bps", "settled", "mss_bytes",
+                                    if k not in ("dest", "stream_rtts", "interval_bps", "settled", "window_throughput_bps",
                                                  "congestion_control", "rtt_min_s", "rtt_max_s")}
                                    for p in plan.probes],
                     })

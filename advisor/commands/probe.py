@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
@@ -10,7 +11,7 @@ from advisor.cli import UsageError
 from probes.destination import parse_destination
 from probes.errors import ProbeError
 from probes.iperf import CONGESTION_CONTROLS, MAX_STREAMS, IperfDriver
-from probes.plan import PlanEvent, ProbePlan, run_plan
+from probes.plan import NextLevel, PlanEvent, ProbePlan, run_plan
 from probes.result import PlanResult
 
 EXIT_PROBE_FAILED = 1
@@ -80,16 +81,22 @@ def plan_from_args(args) -> ProbePlan:
     )
 
 
-def measure(args, command: str) -> PlanResult | None:
-    """Run the plan the options describe against DEST with progress on stderr; None after a ProbeError."""
+def measure(args, command: str, next_level: NextLevel | None = None) -> PlanResult | None:
+    """Run the plan the options describe against DEST with progress on stderr; None after a ProbeError.
+
+    With ``next_level``, one adaptive probe follows at the level it picks (the model's choice).
+    """
     try:
         dest = str(parse_destination(args.dest))
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
     plan = plan_from_args(args)
+    if next_level is not None:
+        plan = dataclasses.replace(plan, adaptive_probes=1)
     driver = IperfDriver(congestion_control=args.congestion_control)
     try:
-        return run_plan(driver, dest, plan, progress=lambda event: _print_progress(event, command))
+        return run_plan(driver, dest, plan, progress=lambda event: _print_progress(event, command),
+                        next_level=next_level)
     except ProbeError as exc:
         print(f"tame {command}: {exc}", file=sys.stderr)
         return None

@@ -64,11 +64,12 @@ def test_a_stored_fit_gives_the_same_advice_as_the_original(case):
 
 def test_migrations_are_versioned_and_idempotent(tmp_path):
     db = Database(f"sqlite:///{tmp_path}/s.sqlite3")
-    assert db.migrate() == [1]
+    assert db.migrate() == [1, 2]
     assert db.migrate() == []
     with db.transaction() as tx:
         assert tx.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        assert tx.execute("SELECT version, name FROM schema_migrations").fetchall() == [(1, "initial")]
+        assert tx.execute("SELECT version, name FROM schema_migrations ORDER BY version").fetchall() == [
+            (1, "initial"), (2, "probe_mss")]
     db.close()
 
 
@@ -111,3 +112,23 @@ def test_destinations_are_canonical(text, key):
 def test_bad_destinations_are_refused(text):
     with pytest.raises(InvalidRequest):
         parse_destination(text)
+
+
+def test_a_stored_run_keeps_the_evidence_the_auto_model_reads(tmp_path):
+    # Retransmissions, duration and segment size come back with each probe, so a refit after an
+    # observation judges the probes as the first fit did.
+    from probes.result import ProbeResult
+
+    store = Store.open(f"sqlite:///{tmp_path}/s.sqlite3")
+    results = [ProbeResult(dest="127.0.0.1:5201", streams=n, duration_s=30.0, omit_s=2.0, throughput_bps=2e6 * n,
+                           sender_bps=2e6 * n, retransmits=r, rtt_mean_s=0.05, mss_bytes=1448)
+               for n, r in ((1, 0), (10, 7))]
+    store.record_run(parse_destination("127.0.0.1"), source="probe", idle_rtt_s=0.05, results=results,
+                     started_at=0.0, fit=None)
+    _, idle, points = store.latest_run_points("127.0.0.1:5201")
+    assert idle == 0.05
+    assert points == [
+        {"streams": 1, "throughput_bps": 2e6, "rtt_mean_s": 0.05, "retransmits": 0, "duration_s": 30.0, "mss_bytes": 1448},
+        {"streams": 10, "throughput_bps": 2e7, "rtt_mean_s": 0.05, "retransmits": 7, "duration_s": 30.0, "mss_bytes": 1448},
+    ]
+    store.close()

@@ -1,10 +1,12 @@
 import sqlite3
+from dataclasses import replace
 
 import pytest
 from numpy.testing import assert_allclose
 
 from advisor.tame import tame_parallel_tcp
 from models.parallel import ProbePoint
+from probes.fake import FakeDriver
 from tests.api.conftest import A, B, probe_and_wait, rate
 
 
@@ -163,3 +165,30 @@ def test_warm_answers_from_the_fast_path_equal_the_routed_ones(service_factory, 
     # Odd spellings are not guessed at by the fast path: FastAPI validates them.
     assert client.get("/v1/advice", params={"dest": "127.0.0.1:5201", "max_impact": "0.25", "x": "1"}).status_code == 200
     assert client.get("/v1/advice", params={"dest": "127.0.0.1:5201", "max_impact": "1e3"}).status_code == 422
+
+
+def test_auto_model_job_adds_the_adaptive_probe_and_stores_a_knee(service_factory):
+    # A window-limited path: 2 Mbit/s per stream with no losses up to 20 streams, beyond which
+    # the streams lose segments. The job probes 1 and 10 (clean), then the auto model's third
+    # level, min(n_max = 32, 4 x 10) = 32, which is loss-limited: the stored fit is a knee.
+    def window_limited(n):
+        return 2e6 * min(n, 20)
+
+    class Lossy(FakeDriver):
+        def run(self, dest, streams, duration_s, omit_s, deadline_s):
+            result = super().run(dest, streams, duration_s, omit_s, deadline_s)
+            # Past 20 streams: 1 % of segments lost, which puts 1.25 Mbit/s streams at their Mathis rate
+            # (8000 / (0.05 sqrt(0.02 / 3)) = 1.96 Mbit/s; fraction 0.64 > 0.5).
+            segments = result.throughput_bps * result.duration_s / 8000
+            return replace(result, retransmits=int(0.01 * segments) if streams > 20 else 0)
+
+    driver = Lossy(window_limited, rtt_s=0.05, mss_bytes=1000)
+    base, client, app = service_factory(driver=driver, model="auto", n_max=32, default_duration_s=30.0)
+    status = probe_and_wait(client)
+    assert status["status"] == "done", status
+    assert [c[2] for c in driver.calls if c[0] == "run"] == [1, 10, 32]
+    assert status["result"]["model"] == "auto"
+    assert status["result"]["params"]["linear_until_streams"] == 10
+    advice = client.get("/v1/advice", params={"dest": "127.0.0.1", "max_impact": 0.0}).json()
+    # Nothing is taken from anyone up to the last clean probe.
+    assert advice["num_flows"] == 10 and advice["cross_traffic_impact"] == 0.0

@@ -32,10 +32,11 @@ def pg_url():
 def test_migrations_are_versioned_and_idempotent(pg_url):
     db = Database(pg_url)
     try:
-        assert db.migrate() == [1]
+        assert db.migrate() == [1, 2]
         assert db.migrate() == []
         with db.transaction() as tx:
-            assert tx.execute("SELECT version, name FROM schema_migrations").fetchall() == [(1, "initial")]
+            assert tx.execute("SELECT version, name FROM schema_migrations ORDER BY version").fetchall() == [
+                (1, "initial"), (2, "probe_mss")]
     finally:
         db.close()
 
