@@ -8,11 +8,16 @@ from typing import Any
 
 @dataclass(frozen=True)
 class CurvePoint:
-    """Predicted aggregate throughput (bits/s) and cross-traffic impact (fraction 0-1) at `streams`."""
+    """Predicted aggregate throughput (bits/s) and cross-traffic impact (fraction 0-1) at `streams`.
+
+    ``impact_bound`` is the impact raised by the advisor's margin for the prediction's error
+    (:class:`advisor.tame.ImpactMargin`): what the advice compares with the budget.
+    """
 
     streams: int
     throughput_bps: float
     impact: float
+    impact_bound: float
 
 
 @dataclass(frozen=True)
@@ -20,7 +25,7 @@ class Advice:
     """TameParallelTCP's answer for one path and impact budget (field names are the JSON names).
 
     ``tcp_equivalent_streams`` is n*, the largest parallelism (in standard streams) whose
-    predicted impact is within ``max_impact``; ``num_flows`` = max(1, floor(n*)) standard streams;
+    predicted impact, raised by the margin for the prediction's error, is within ``max_impact``; ``num_flows`` = max(1, floor(n*)) standard streams;
     ``fractional_multiplier`` is the FM of one extra fractional stream carrying the remainder
     (None when the remainder is negligible or would need FM > 1000).
     """

@@ -7,7 +7,7 @@ from typing import Any, Sequence
 
 
 def plot_curve(curve: Sequence[dict[str, Any]], probes: Sequence[dict[str, Any]], title: str, path: Path) -> None:
-    """`curve`: {streams, throughput_bps, impact}; `probes`: {streams, throughput_bps}. Writes `path` (PNG)."""
+    """`curve`: {streams, throughput_bps, impact, impact_bound}; `probes`: {streams, throughput_bps}. Writes `path` (PNG)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -23,6 +23,8 @@ def plot_curve(curve: Sequence[dict[str, Any]], probes: Sequence[dict[str, Any]]
     left.set_ylabel("throughput (Mbit/s)", color="tab:blue")
     right = left.twinx()
     right.plot(streams, [100 * p["impact"] for p in curve], color="tab:orange", label="impact on competing flows")
+    right.plot(streams, [100 * p["impact_bound"] for p in curve], color="tab:orange", linestyle=":",
+               label="impact with the margin for error")
     right.set_ylabel("impact on each competing flow (%)", color="tab:orange")
     right.set_ylim(0, 100)
     handles = left.get_legend_handles_labels()[0] + right.get_legend_handles_labels()[0]

@@ -154,8 +154,9 @@ class Store:
         ).fetchone()[0]
         for point, advisable in fit.curve:
             tx.execute(
-                "INSERT INTO curve_points (fit_id, streams, throughput_bps, impact, advisable) VALUES (?, ?, ?, ?, ?)",
-                (fit_id, point.streams, point.throughput_bps, point.impact, 1 if advisable else 0),
+                "INSERT INTO curve_points (fit_id, streams, throughput_bps, impact, impact_bound, advisable) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (fit_id, point.streams, point.throughput_bps, point.impact, point.impact_bound, 1 if advisable else 0),
             )
         return fit_id
 
@@ -172,10 +173,11 @@ class Store:
     def curve(self, fit_id: int) -> list[tuple[CurvePoint, bool]]:
         with self.db.transaction() as tx:
             rows = tx.execute(
-                "SELECT streams, throughput_bps, impact, advisable FROM curve_points WHERE fit_id = ? ORDER BY streams",
+                "SELECT streams, throughput_bps, impact, impact_bound, advisable FROM curve_points "
+                "WHERE fit_id = ? ORDER BY streams",
                 (fit_id,),
             ).fetchall()
-        return [(CurvePoint(r[0], r[1], r[2]), bool(r[3])) for r in rows]
+        return [(CurvePoint(r[0], r[1], r[2], r[3]), bool(r[4])) for r in rows]
 
     def record_run(self, dest: Destination, *, source: str, idle_rtt_s: float | None,
                    results: Sequence[ProbeResult], started_at: float, fit: NewFit | None,

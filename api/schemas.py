@@ -106,6 +106,8 @@ class CurvePointOut(BaseModel):
     streams: int
     throughput_bps: float
     impact: float
+    impact_bound: float = Field(description="impact raised by the margin for the prediction's error; "
+                                            "advice holds this to the budget")
     advisable: bool
 
 

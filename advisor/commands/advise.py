@@ -8,7 +8,7 @@ import time
 
 from advisor.advice import Advice
 from advisor.cli import UsageError
-from advisor.commands.common import fraction, positive_int, print_advice, print_json
+from advisor.commands.common import add_margin_option, fraction, margin_from_args, positive_int, print_advice, print_json
 from advisor.commands.probe import EXIT_PROBE_FAILED, add_plan_options, measure
 from advisor.plan_runner import level_chooser
 from advisor.tame import DEFAULT_MODEL, DEFAULT_N_MAX, advise_from_plan
@@ -28,6 +28,7 @@ def register(subparsers) -> None:
                         help="largest tolerated throughput loss of competing flows, fraction 0-1")
     parser.add_argument("--model", choices=sorted(MODELS), default=DEFAULT_MODEL, help=f"default {DEFAULT_MODEL}")
     parser.add_argument("--n-max", type=positive_int, default=DEFAULT_N_MAX, help="largest stream count considered")
+    add_margin_option(parser)
     parser.add_argument("--json", action="store_true", help="print the advice as JSON (the fields of `tame fit --json`)")
     parser.set_defaults(handler=run)
 
@@ -50,7 +51,7 @@ def _locally(args) -> dict | None:
     if plan is None:
         return None
     try:
-        advice = advise_from_plan(plan, args.max_impact, args.n_max, args.model)
+        advice = advise_from_plan(plan, args.max_impact, args.n_max, args.model, margin_from_args(args))
     except (FitError, ValueError) as exc:
         print(f"tame advise: the probes of {plan.dest} cannot be fitted: {exc}", file=sys.stderr)
         return None

@@ -11,7 +11,7 @@ from typing import Any
 
 from advisor.advice import Advice
 from advisor.cli import UsageError
-from advisor.tame import DEFAULT_MODEL, DEFAULT_N_MAX
+from advisor.tame import DEFAULT_MARGIN, DEFAULT_MODEL, DEFAULT_N_MAX, NO_MARGIN, ImpactMargin
 from models.parallel import ProbePoint
 from models.registry import MODELS, MIN_LEVELS
 
@@ -68,7 +68,20 @@ def add_probe_options(parser: argparse.ArgumentParser, required: bool = True) ->
     parser.add_argument("--model", choices=sorted(MODELS), default=DEFAULT_MODEL,
                         help=f"throughput model (default: {DEFAULT_MODEL}; lu = Lu et al. partial order-2, eq. 5-11)")
     parser.add_argument("--n-max", type=positive_int, default=DEFAULT_N_MAX, help="largest stream count considered")
+    add_margin_option(parser)
     parser.add_argument("--json", action="store_true", help="print JSON")
+
+
+def add_margin_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--no-margin", action="store_true",
+        help="hold the budget to the bare predicted impact (Lu's rule) instead of the prediction raised by "
+             f"{DEFAULT_MARGIN.relative:.0%} + {DEFAULT_MARGIN.absolute:g} for its error",
+    )
+
+
+def margin_from_args(args: argparse.Namespace) -> ImpactMargin:
+    return NO_MARGIN if args.no_margin else DEFAULT_MARGIN
 
 
 def probes_from_args(args: argparse.Namespace) -> list[ProbePoint]:

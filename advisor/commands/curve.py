@@ -7,7 +7,7 @@ from pathlib import Path
 
 from advisor.advice import curve_to_json
 from advisor.cli import UsageError
-from advisor.commands.common import add_probe_options, format_bps, print_json, probes_from_args
+from advisor.commands.common import add_probe_options, format_bps, margin_from_args, print_json, probes_from_args
 from advisor.tame import predicted_curve
 from models.errors import FitError
 from models.registry import fit
@@ -38,9 +38,10 @@ def run(args) -> int:
     if args.json:
         print_json(payload)
         return 0
-    print(f"{'streams':>7}  {'throughput':>14}  {'impact':>7}")
+    print(f"{'streams':>7}  {'throughput':>14}  {'impact':>7}  {'bound':>7}")
     for point in payload["curve"]:
-        print(f"{point['streams']:>7}  {format_bps(point['throughput_bps']):>14}  {point['impact']:>7.1%}")
+        print(f"{point['streams']:>7}  {format_bps(point['throughput_bps']):>14}  {point['impact']:>7.1%}  "
+              f"{point['impact_bound']:>7.1%}")
     for warning in payload.get("warnings", []):
         print(f"warning: {warning}")
     return 0
@@ -52,7 +53,8 @@ def _fitted_curve(args) -> dict:
         fitted = fit(args.model, points)
     except (FitError, ValueError) as exc:
         raise UsageError(str(exc)) from exc
-    payload = curve_to_json(fitted.model, dict(fitted.params), predicted_curve(fitted, args.n_max))
+    curve = predicted_curve(fitted, args.n_max, margin_from_args(args))
+    payload = curve_to_json(fitted.model, dict(fitted.params), curve)
     payload["probes"] = [{"streams": p.streams, "throughput_bps": p.throughput_bps} for p in points]
     payload["warnings"] = list(fitted.warnings)
     return payload

@@ -21,7 +21,7 @@ PROBE_ARGS = ["--probe", f"1:{rate(1)!r}", "--probe", f"10:{rate(10)!r}"]
 
 
 def test_fit_json_fields_and_values():
-    result = tame("fit", *PROBE_ARGS, "--max-impact", "0.5", "--model", "lu", "--json")
+    result = tame("fit", *PROBE_ARGS, "--max-impact", "0.5", "--model", "lu", "--no-margin", "--json")
     assert result.returncode == 0, result.stderr
     advice = json.loads(result.stdout)
     assert {"num_flows", "fractional_multiplier", "max_nondisruptive_throughput_bps", "cross_traffic_impact",
@@ -32,18 +32,29 @@ def test_fit_json_fields_and_values():
 
 
 def test_fit_human_output():
-    result = tame("fit", *PROBE_ARGS, "--max-impact", "0.5")
+    result = tame("fit", *PROBE_ARGS, "--max-impact", "0.5", "--model", "lu", "--no-margin")
     assert result.returncode == 0
     assert "streams to open:            3" in result.stdout
 
 
+def test_fit_keeps_a_margin_for_the_prediction_error_by_default():
+    # Lu's curve: impact(n) = 1 - sqrt(4 / (n^2 + 4)). With the default margin the budget 0.5 holds
+    # 1.15 impact + 0.02 <= 0.5, i.e. impact <= 0.41739: n^2 = 4 (1/(1 - 0.41739)^2 - 1), n* = 2.7909.
+    result = tame("fit", *PROBE_ARGS, "--max-impact", "0.5", "--model", "lu", "--json")
+    advice = json.loads(result.stdout)
+    assert_allclose(advice["tcp_equivalent_streams"], math.sqrt(4 * (1 / (1 - 0.48 / 1.15) ** 2 - 1)), atol=1e-4)
+    assert advice["num_flows"] == 2
+
+
 def test_curve_json():
-    result = tame("curve", *PROBE_ARGS, "--n-max", "5", "--json")
+    result = tame("curve", *PROBE_ARGS, "--n-max", "5", "--model", "lu", "--json")
     payload = json.loads(result.stdout)
     assert payload["model"] == "lu" and set(payload["params"]) == {"a_prime", "b_prime"}
     assert [p["streams"] for p in payload["curve"]] == [1, 2, 3, 4, 5]
     assert_allclose([p["throughput_bps"] for p in payload["curve"]], [rate(n) for n in range(1, 6)], rtol=1e-6)
     assert_allclose(payload["curve"][1]["impact"], 1 - math.sqrt(0.5), rtol=1e-6)
+    # The bound is the impact raised by the default margin: 1.15 x 0.29289 + 0.02.
+    assert_allclose(payload["curve"][1]["impact_bound"], 1.15 * (1 - math.sqrt(0.5)) + 0.02, rtol=1e-6)
 
 
 def test_curve_table():

@@ -69,7 +69,7 @@ def test_migrations_are_versioned_and_idempotent(tmp_path):
     with db.transaction() as tx:
         assert tx.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert tx.execute("SELECT version, name FROM schema_migrations ORDER BY version").fetchall() == [
-            (1, "initial"), (2, "probe_mss")]
+            (1, "initial"), (2, "evidence_and_margin")]
     db.close()
 
 

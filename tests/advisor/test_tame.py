@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from numpy.testing import assert_allclose
 
-from advisor.tame import fractional_multiplier_for, predicted_curve, tame_parallel_tcp
+from advisor.tame import NO_MARGIN, fractional_multiplier_for, predicted_curve, tame_parallel_tcp
 from models.parallel import ProbePoint, fit_lu
 
 A, B = 1e-16, 4e-16  # BW_n = n / sqrt(A n^2 + B): 44.7 Mbit/s at n = 1, capacity 100 Mbit/s
@@ -15,11 +15,13 @@ def rate(n):
 
 
 PROBES = [ProbePoint(1, rate(1)), ProbePoint(10, rate(10))]
+# These tests check Lu's closed forms (eq. 5-16) and TameParallelTCP's search on them exactly.
+LU = "lu"
 
 
 def test_n_star_closed_form():
     # impact(n) = I  <=>  n^2 = b'(1/(1-I)^2 - 1)/a'. For I = 0.5: n^2 = 4 * (4 - 1) = 12, n* = 3.4641
-    advice = tame_parallel_tcp(PROBES, max_impact=0.5)
+    advice = tame_parallel_tcp(PROBES, max_impact=0.5, model=LU, margin=NO_MARGIN)
     assert_allclose(advice.tcp_equivalent_streams, math.sqrt(12), atol=1e-4)
     assert advice.num_flows == 3
     # remainder r = 0.4641 -> FM = 1/r^2 = 4.642
@@ -33,7 +35,7 @@ def test_n_star_closed_form():
 
 def test_budget_below_one_stream_gives_one_stream_and_a_warning():
     # impact(1) = 1 - sqrt(4/5) = 0.1056 > 0.05; n* = sqrt(4 * (1/0.95^2 - 1)) = 0.65737
-    advice = tame_parallel_tcp(PROBES, max_impact=0.05)
+    advice = tame_parallel_tcp(PROBES, max_impact=0.05, model=LU, margin=NO_MARGIN)
     assert advice.num_flows == 1
     assert_allclose(advice.tcp_equivalent_streams, math.sqrt(4 * (1 / 0.95**2 - 1)), atol=1e-4)
     # r = n* when n* < 1: FM = 1/0.65737^2 = 2.3141
@@ -42,13 +44,13 @@ def test_budget_below_one_stream_gives_one_stream_and_a_warning():
 
 
 def test_full_budget_is_capped_at_n_max():
-    advice = tame_parallel_tcp(PROBES, max_impact=1.0, n_max=16)
+    advice = tame_parallel_tcp(PROBES, max_impact=1.0, n_max=16, model=LU, margin=NO_MARGIN)
     assert advice.num_flows == 16 and advice.tcp_equivalent_streams == 16
     assert advice.fractional_multiplier is None
 
 
 def test_zero_budget():
-    advice = tame_parallel_tcp(PROBES, max_impact=0.0)
+    advice = tame_parallel_tcp(PROBES, max_impact=0.0, model=LU, margin=NO_MARGIN)
     assert advice.num_flows == 1 and advice.tcp_equivalent_streams == 0.0
     assert advice.fractional_multiplier is None
 
@@ -60,27 +62,27 @@ def test_fractional_multiplier_rules():
 
 
 def test_uncongested_advice_is_capped_at_highest_probe():
-    advice = tame_parallel_tcp([ProbePoint(1, 10e6), ProbePoint(10, 120e6)], max_impact=0.1)
+    advice = tame_parallel_tcp([ProbePoint(1, 10e6), ProbePoint(10, 120e6)], max_impact=0.1, model=LU, margin=NO_MARGIN)
     assert advice.regime == "uncongested"
     assert advice.num_flows == 10 and advice.cross_traffic_impact == 0.0
     assert advice.warnings
 
 
 def test_saturated_path_advises_the_lowest_level_without_nan():
-    advice = tame_parallel_tcp([ProbePoint(1, 90e6), ProbePoint(10, 85e6)], max_impact=0.1)
+    advice = tame_parallel_tcp([ProbePoint(1, 90e6), ProbePoint(10, 85e6)], max_impact=0.1, model=LU, margin=NO_MARGIN)
     assert advice.regime == "saturated" and advice.num_flows == 1
     assert all(math.isfinite(v) for v in (advice.max_nondisruptive_throughput_bps, advice.cross_traffic_impact))
 
 
 def test_buffer_advice_uses_idle_rtt_and_capacity():
     # capacity 1/sqrt(a') = 100 Mbit/s, RTT 40 ms -> BDP 500 kB; 95 % over 3 streams = 158,333 bytes
-    advice = tame_parallel_tcp(PROBES, max_impact=0.5, idle_rtt_s=0.04)
+    advice = tame_parallel_tcp(PROBES, max_impact=0.5, idle_rtt_s=0.04, model=LU, margin=NO_MARGIN)
     assert advice.per_stream_buffer_bytes == 158333
 
 
 def test_invalid_budget_and_model():
     with pytest.raises(ValueError, match="max_impact"):
-        tame_parallel_tcp(PROBES, max_impact=1.5)
+        tame_parallel_tcp(PROBES, max_impact=1.5, model=LU, margin=NO_MARGIN)
     with pytest.raises(ValueError, match="unknown model"):
         tame_parallel_tcp(PROBES, max_impact=0.1, model="nope")
 
@@ -101,8 +103,8 @@ def test_advise_from_plan_uses_probe_rtts_and_idle_rtt():
                     rtt_mean_s=0.05)
         for n in (1, 10)
     )
-    advice = advise_from_plan(PlanResult(dest="h", idle_rtt_s=0.04, probes=probes), max_impact=0.5)
+    advice = advise_from_plan(PlanResult(dest="h", idle_rtt_s=0.04, probes=probes), max_impact=0.5, model=LU, margin=NO_MARGIN)
     assert advice.num_flows == 3 and advice.per_stream_buffer_bytes == 158333  # idle RTT wins over 50 ms
-    advice = advise_from_plan(PlanResult(dest="h", idle_rtt_s=None, probes=probes), max_impact=0.5)
+    advice = advise_from_plan(PlanResult(dest="h", idle_rtt_s=None, probes=probes), max_impact=0.5, model=LU, margin=NO_MARGIN)
     # no idle RTT: 100 Mbit/s x 50 ms = 625,000 B; 95 % / 3 = 197,916
     assert advice.per_stream_buffer_bytes == 197916

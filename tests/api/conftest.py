@@ -94,6 +94,8 @@ def service_factory(tmp_path, clock):
     stack = []
 
     def make(driver=FakeDriver(rate, rtt_s=0.01), start_worker=True, url=None, **overrides):
+        # The fake path follows Lu's model exactly, so the service fits Lu's model unless a test says otherwise.
+        overrides.setdefault("model", "lu")
         settings = replace(Settings(database_url=url or f"sqlite:///{tmp_path}/tame.sqlite3",
                                     allowed=AllowList.parse("127.0.0.0/8,::1/128,localhost"),
                                     default_duration_s=1.0), **overrides)

@@ -22,7 +22,8 @@ def test_advise_end_to_end(testbed_path):
     assert advice["dest"] == dest
     bottleneck = testbed_path.testbed.spec.rate_bps
     rates = {p["streams"]: p["throughput_bps"] for p in advice["probes"]}
-    assert set(rates) == {1, 10}
+    # The paired probes, then the default model's adaptive one at min(n_max = 64, 4 x 10) streams.
+    assert set(rates) == {1, 10, 40}
     for streams, bps in rates.items():
         assert 0 < bps <= bottleneck, (streams, bps)
     # Against 5 long flows, 10 streams take a larger share of the bottleneck than 1 stream.
