@@ -11,6 +11,10 @@ a Markdown report with PNG figures.
 
     python benchmarks/accuracy.py --quick            # <= 5 minutes on 2 cores
     python benchmarks/accuracy.py                    # scenarios 1-6 x m 5..30 x n 1..31
+    python benchmarks/accuracy.py --holdout          # scenarios 7-10 (not Lu's) x m 5,15,25 x n 1..31
+
+Advice is scored as the service gives it (advisor.tame.DEFAULT_MARGIN) and with Lu's bare rule
+(no margin), for every model.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import argparse
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -27,16 +31,17 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from advisor.tame import advise, point_from_probe  # noqa: E402
+from advisor.tame import DEFAULT_MARGIN, NO_MARGIN, advise, point_from_probe  # noqa: E402
 from models.errors import FitError  # noqa: E402
 from models.parallel import ProbePoint  # noqa: E402
 from models.registry import MIN_LEVELS, MODELS, PROBE_LEVELS, next_probe_level  # noqa: E402
-from probes.ns2 import Ns2Config, Ns2Driver, simulate  # noqa: E402
+from probes.ns2 import HELD_OUT, Ns2Config, Ns2Driver, simulate  # noqa: E402
 from probes.plan import PlanEvent, ProbePlan, run_plan  # noqa: E402
 
 BUDGETS = (0.05, 0.1, 0.2, 0.3)
 FULL = dict(scenarios=(1, 2, 3, 4, 5, 6), ms=(5, 10, 15, 20, 25, 30), ns=tuple(range(1, 32)))
 QUICK = dict(scenarios=(2, 3, 6), ms=(5, 20), ns=(1, 2, 4, 8, 16, 31))
+HOLDOUT = dict(scenarios=HELD_OUT, ms=(5, 15, 25), ns=tuple(range(1, 32)))
 
 
 @dataclass(frozen=True)
@@ -54,6 +59,7 @@ class Settings:
     workers: int = 2
     cache_dir: Path = ROOT / "benchmarks" / "cache"
     models: tuple[str, ...] = ()
+    floor_seed: int | None = None
 
     def truth_config(self, scenario: int, m: int, n: int) -> Ns2Config:
         return Ns2Config(scenario, m, n, self.seed, self.truth_duration_s, self.truth_omit_s, self.queue)
@@ -107,25 +113,32 @@ class PathResult:
 class ModelScore:
     name: str
     per_path_error: list[float] = field(default_factory=list)
+    per_path_scenario: list[int] = field(default_factory=list)
     error_vs_n: dict[int, list[float]] = field(default_factory=dict)
     cross_error: list[float] = field(default_factory=list)
     advice_ratio: dict[float, list[float]] = field(default_factory=dict)
     advice_exceeded: dict[float, list[bool]] = field(default_factory=dict)
+    # The same without the advisor's margin (Lu's bare rule: predicted impact <= budget).
+    advice_ratio_bare: dict[float, list[float]] = field(default_factory=dict)
+    advice_exceeded_bare: dict[float, list[bool]] = field(default_factory=dict)
     probes_used: list[int] = field(default_factory=list)
     probe_seconds: list[float] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
 
 
 def _probe_path(scenario: int, m: int, levels: tuple[int, ...], settings: Settings):
-    """Run the real probe plan on one simulated path: (probe points by level, simulated seconds probed)."""
-    spent = []
+    """Run the real probe plan on one simulated path: (probe points by level, simulated seconds by level).
+
+    Seconds count every run of a level, warm-up and the runs its extensions replaced included.
+    """
+    spent: dict[int, float] = {}
 
     def cost(event: PlanEvent) -> None:
         if event.kind in ("probe", "extend"):
-            spent.append(event.duration_s + settings.probe_omit_s)
+            spent[event.streams] = spent.get(event.streams, 0.0) + event.duration_s + settings.probe_omit_s
 
     plan = run_plan(settings.probe_driver(scenario, m), f"s{scenario}m{m}", settings.probe_plan(levels), cost)
-    return scenario, m, {p.streams: point_from_probe(p) for p in plan.probes}, float(sum(spent))
+    return scenario, m, levels, {p.streams: point_from_probe(p) for p in plan.probes}, spent
 
 
 def probe_all(requests: list[tuple[int, int, tuple[int, ...]]], settings: Settings) -> dict:
@@ -134,8 +147,8 @@ def probe_all(requests: list[tuple[int, int, tuple[int, ...]]], settings: Settin
     with ProcessPoolExecutor(max_workers=settings.workers) as pool:
         futures = [pool.submit(_probe_path, s, m, levels, settings) for s, m, levels in requests]
         for future in as_completed(futures):
-            s, m, points, seconds = future.result()
-            results[(s, m)] = (points, seconds)
+            s, m, levels, points, seconds = future.result()
+            results[(s, m, levels)] = (points, seconds)
     print(f"[accuracy] probed {len(results)} paths through the probe plan", file=sys.stderr)
     return results
 
@@ -151,6 +164,7 @@ def score_model(name: str, path: PathResult, probes: list[ProbePoint], score: Mo
     pred = np.asarray(fitted.throughput_bps(ns))
     rel = (pred - path.ours_bps) / path.ours_bps
     score.per_path_error.append(float(np.mean(np.abs(rel))))
+    score.per_path_scenario.append(path.scenario)
     for n, e in zip(path.ns, rel):
         score.error_vs_n.setdefault(n, []).append(float(e))
     pred_cross = path.cross0_bps * (1.0 - np.asarray(fitted.impact(ns)))
@@ -159,12 +173,14 @@ def score_model(name: str, path: PathResult, probes: list[ProbePoint], score: Mo
         within = path.true_impact <= budget
         if not within.any():
             continue
-        advised = advise(fitted, budget, n_max=max(path.ns)).num_flows
-        # The sweep may not hold every n: take the largest measured n not above the advice.
-        index = max(int(np.searchsorted(ns, advised, side="right")) - 1, 0)
         best = float(path.ours_bps[within].max())
-        score.advice_ratio.setdefault(budget, []).append(float(path.ours_bps[index]) / best)
-        score.advice_exceeded.setdefault(budget, []).append(bool(path.true_impact[index] > budget))
+        for margin, ratios, exceeded in ((DEFAULT_MARGIN, score.advice_ratio, score.advice_exceeded),
+                                         (NO_MARGIN, score.advice_ratio_bare, score.advice_exceeded_bare)):
+            advised = advise(fitted, budget, n_max=max(path.ns), margin=margin).num_flows
+            # The sweep may not hold every n: take the largest measured n not above the advice.
+            index = max(int(np.searchsorted(ns, advised, side="right")) - 1, 0)
+            ratios.setdefault(budget, []).append(float(path.ours_bps[index]) / best)
+            exceeded.setdefault(budget, []).append(bool(path.true_impact[index] > budget))
     score.probes_used.append(len(probes))
     score.probe_seconds.append(sum(path.probe_seconds.get(p.streams, 0.0) for p in probes))
 
@@ -179,6 +195,7 @@ def evaluate(settings: Settings) -> tuple[list[PathResult], dict[str, ModelScore
             configs += [settings.truth_config(s, m, n) for n in (0, *settings.ns)]
     runs = run_all(configs, settings)
     probed = probe_all([(s, m, tuple(first_levels)) for s in settings.scenarios for m in settings.ms], settings)
+    probed = {(s, m): value for (s, m, _), value in probed.items()}
     paths = []
     for s in settings.scenarios:
         for m in settings.ms:
@@ -191,7 +208,7 @@ def evaluate(settings: Settings) -> tuple[list[PathResult], dict[str, ModelScore
             )
             points, seconds = probed[(s, m)]
             path.probes.update(points)
-            path.probe_seconds.update({n: seconds / len(points) for n in points})
+            path.probe_seconds.update(seconds)
             paths.append(path)
     # Adaptive plans pick a further level from the first probes; those runs are made now.
     extra = set()
@@ -201,10 +218,10 @@ def evaluate(settings: Settings) -> tuple[list[PathResult], dict[str, ModelScore
             if level is not None and level not in path.probes:
                 extra.add((path.scenario, path.m, (level,)))
     if extra:
-        for (s, m), (points, seconds) in probe_all(sorted(extra), settings).items():
+        for (s, m, _), (points, seconds) in probe_all(sorted(extra), settings).items():
             path = next(p for p in paths if p.scenario == s and p.m == m)
             path.probes.update(points)
-            path.probe_seconds.update({n: seconds for n in points})
+            path.probe_seconds.update(seconds)
     scores = {name: ModelScore(name) for name in models}
     for path in paths:
         for name in models:
@@ -217,6 +234,27 @@ def evaluate(settings: Settings) -> tuple[list[PathResult], dict[str, ModelScore
                 continue
             score_model(name, path, probes, scores[name], settings)
     return paths, scores
+
+
+def seed_floor(paths: list[PathResult], settings: Settings) -> dict[str, float]:
+    """How well the ground truth of another seed predicts this seed's: the noise no model can beat.
+
+    For every path, the long transfers at every n are run again with ``settings.floor_seed`` and
+    scored as a perfect model would be: per-path mean |relative error| of our throughput, and
+    |relative error| of the cross traffic's.
+    """
+    configs = [replace(settings.truth_config(p.scenario, p.m, n), seed=settings.floor_seed)
+               for p in paths for n in (0, *p.ns)]
+    runs = run_all(configs, settings)
+    per_path, cross = [], []
+    for p in paths:
+        other = [runs[replace(settings.truth_config(p.scenario, p.m, n), seed=settings.floor_seed)][0] for n in p.ns]
+        ours = np.array([r.ours_bps for r in other])
+        per_path.append(float(np.mean(np.abs(ours / p.ours_bps - 1))))
+        cross.extend(np.abs(np.array([r.cross_bps for r in other]) / p.cross_bps - 1).tolist())
+    return {"seed": settings.floor_seed, "thr_median": float(np.median(per_path)),
+            "thr_p90": float(np.quantile(per_path, 0.9)), "cross_p50": float(np.median(cross)),
+            "cross_p90": float(np.quantile(cross, 0.9))}
 
 
 def summary(scores: dict[str, ModelScore]) -> dict[str, dict[str, float]]:
@@ -236,10 +274,20 @@ def summary(scores: dict[str, ModelScore]) -> dict[str, dict[str, float]]:
             "failures": len(sc.failures),
         }
         for budget in BUDGETS:
-            ratios = sc.advice_ratio.get(budget, [])
-            exceeded = sc.advice_exceeded.get(budget, [])
-            row[f"adv_{budget}"] = float(np.median(ratios)) if ratios else float("nan")
-            row[f"exc_{budget}"] = float(np.mean(exceeded)) if exceeded else float("nan")
+            for suffix, ratios, exceeded in (("", sc.advice_ratio, sc.advice_exceeded),
+                                             ("_bare", sc.advice_ratio_bare, sc.advice_exceeded_bare)):
+                r, e = ratios.get(budget, []), exceeded.get(budget, [])
+                row[f"adv{suffix}_{budget}"] = float(np.median(r)) if r else float("nan")
+                row[f"exc{suffix}_{budget}"] = float(np.mean(e)) if e else float("nan")
+        for suffix, ratios, exceeded in (("", sc.advice_ratio, sc.advice_exceeded),
+                                         ("_bare", sc.advice_ratio_bare, sc.advice_exceeded_bare)):
+            every_r = [x for b in BUDGETS for x in ratios.get(b, [])]
+            every_e = [x for b in BUDGETS for x in exceeded.get(b, [])]
+            row[f"adv{suffix}_all"] = float(np.median(every_r)) if every_r else float("nan")
+            row[f"exc{suffix}_all"] = float(np.mean(every_e)) if every_e else float("nan")
+        scenarios = sorted(set(sc.per_path_scenario))
+        row["by_scenario"] = {s: float(np.median([e for e, t in zip(sc.per_path_error, sc.per_path_scenario) if t == s]))
+                              for s in scenarios}
         rows[name] = row
     return rows
 
@@ -247,6 +295,8 @@ def summary(scores: dict[str, ModelScore]) -> dict[str, dict[str, float]]:
 def parse_args(argv=None) -> tuple[Settings, Path]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="scenarios 2,3,6 x m 5,20 x n 1,2,4,8,16,31")
+    parser.add_argument("--holdout", action="store_true",
+                        help="the held-out scenarios 7-10 (not in Lu's Fig. 2) x m 5,15,25 x n 1..31")
     parser.add_argument("--scenarios", help="comma-separated scenario numbers (overrides the preset)")
     parser.add_argument("--ms", help="comma-separated cross-flow counts (overrides the preset)")
     parser.add_argument("--ns", help="comma-separated stream counts (overrides the preset)")
@@ -259,11 +309,16 @@ def parse_args(argv=None) -> tuple[Settings, Path]:
                         help="longest a probe is extended to while its rate has not settled")
     parser.add_argument("--probe-omit", type=float, default=2.0, help="probe warm-up seconds")
     parser.add_argument("--queue", default="DropTail", choices=("DropTail", "RED"))
+    parser.add_argument("--floor-seed", type=int, metavar="SEED",
+                        help="also run the ground truth with SEED and report how well it predicts seed --seed's "
+                             "(the noise floor no model can beat)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--cache", type=Path, default=ROOT / "benchmarks" / "cache")
     parser.add_argument("--out", type=Path, help="report directory (default benchmarks/results/quick or full)")
     args = parser.parse_args(argv)
-    preset = QUICK if args.quick else FULL
+    if args.quick and args.holdout:
+        parser.error("--quick and --holdout are different presets; give one")
+    preset = QUICK if args.quick else HOLDOUT if args.holdout else FULL
     ints = lambda text: tuple(int(x) for x in text.split(","))  # noqa: E731
     settings = Settings(
         scenarios=ints(args.scenarios) if args.scenarios else preset["scenarios"],
@@ -279,8 +334,9 @@ def parse_args(argv=None) -> tuple[Settings, Path]:
         workers=max(1, min(args.workers, 2)),
         cache_dir=args.cache,
         models=tuple(args.models.split(",")) if args.models else (),
+        floor_seed=args.floor_seed,
     )
-    out = args.out or ROOT / "benchmarks" / "results" / ("quick" if args.quick else "full")
+    out = args.out or ROOT / "benchmarks" / "results" / ("quick" if args.quick else "holdout" if args.holdout else "full")
     return settings, out
 
 
@@ -290,13 +346,19 @@ def main(argv=None) -> int:
     settings, out = parse_args(argv)
     start = time.monotonic()
     paths, scores = evaluate(settings)
-    elapsed = time.monotonic() - start
     rows = summary(scores)
-    write_report(out, settings, paths, scores, rows, elapsed, " ".join(sys.argv))
+    floor = seed_floor(paths, settings) if settings.floor_seed is not None else None
+    elapsed = time.monotonic() - start
+    write_report(out, settings, paths, scores, rows, elapsed, " ".join(sys.argv), floor)
     for name, row in rows.items():
         print(f"{name:>10}: thr median {row['thr_median']:.3f} p90 {row['thr_p90']:.3f}  "
               f"cross p50 {row['cross_p50']:.3f} p90 {row['cross_p90']:.3f}  "
-              f"advice@0.1 {row['adv_0.1']:.2f} exceeded {row['exc_0.1']:.0%}  probes {row['probes']:.1f}")
+              f"advice (all budgets) {row['adv_all']:.2f} exceeded {row['exc_all']:.0%} "
+              f"[bare rule {row['adv_bare_all']:.2f}, {row['exc_bare_all']:.0%}]  "
+              f"probes {row['probes']:.1f} ({row['probe_s']:.0f} s)")
+    if floor is not None:
+        print(f"seed {floor['seed']} as a model: thr median {floor['thr_median']:.3f} p90 {floor['thr_p90']:.3f}  "
+              f"cross p50 {floor['cross_p50']:.3f} p90 {floor['cross_p90']:.3f}")
     print(f"report: {out / 'README.md'} ({elapsed:.0f} s)", file=sys.stderr)
     return 0
 

@@ -78,7 +78,7 @@ def _fig_paths(path: Path, paths) -> None:
     plt.close(fig)
 
 
-def write_report(out: Path, settings, paths, scores, rows, elapsed_s: float, command: str) -> None:
+def write_report(out: Path, settings, paths, scores, rows, elapsed_s: float, command: str, floor=None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     _fig_per_path(out / "throughput_per_path.png", scores)
     _fig_vs_n(out / "throughput_vs_n.png", scores)
@@ -100,23 +100,57 @@ def write_report(out: Path, settings, paths, scores, rows, elapsed_s: float, com
         "|relative error| over n; median and p90 over paths. Cross traffic: predicted = measured cross "
         "throughput at n = 0 x (1 - impact(n)), |relative error| over all paths and n. Advice: true "
         "throughput at the advised n / best true throughput among n whose true impact is within the budget "
-        "(median over paths that have such an n), and the share of advice whose true impact exceeds the budget.",
+        "(median over paths that have such an n), and the share of advice whose true impact exceeds the budget; "
+        "advice as the service gives it, holding the budget to the predicted impact raised by the margin for its "
+        "error (advisor.tame.DEFAULT_MARGIN); the same under Lu's bare rule further down.",
         "",
         "| model | paths | thr median | thr p90 | cross p50 | cross p90 | "
         + " | ".join(f"adv {b:g} (exc)" for b in BUDGETS)
-        + " | probes | probe s | fit failures |",
-        "|---" * (9 + len(BUDGETS)) + "|",
+        + " | all budgets | probes | probe s | fit failures |",
+        "|---" * (10 + len(BUDGETS)) + "|",
     ]
     for name, r in rows.items():
         adv = " | ".join(f"{r[f'adv_{b}']:.2f} ({r[f'exc_{b}']:.0%})" for b in BUDGETS)
         lines.append(
             f"| {name} | {r['paths']} | {r['thr_median']:.3f} | {r['thr_p90']:.3f} | {r['cross_p50']:.3f} | "
-            f"{r['cross_p90']:.3f} | {adv} | {r['probes']:.1f} | {r['probe_s']:.0f} | {r['failures']} |"
+            f"{r['cross_p90']:.3f} | {adv} | {r['adv_all']:.2f} ({r['exc_all']:.0%}) | {r['probes']:.1f} | "
+            f"{r['probe_s']:.0f} | {r['failures']} |"
         )
     lines += [
         "",
         "Goals (issue 5): throughput median <= 0.04, p90 <= 0.10 with <= 3 probes; cross p50 <= 0.05, "
         "p90 <= 0.20; advice >= 0.95 of best on median, exceeded <= 10 %.",
+        "",
+    ]
+    if floor is not None:
+        lines += [
+            f"Noise floor: the ground truth of seed {floor['seed']} taken as a perfect model of seed "
+            f"{settings.seed}'s: throughput median {floor['thr_median']:.3f}, p90 {floor['thr_p90']:.3f}; cross traffic "
+            f"p50 {floor['cross_p50']:.3f}, p90 {floor['cross_p90']:.3f}. No model fitted to probes of one run can "
+            "expect to do better than this against another.",
+            "",
+        ]
+    lines += [
+        "## Advice under Lu's bare rule (predicted impact <= budget, no margin)",
+        "",
+        "| model | " + " | ".join(f"adv {b:g} (exc)" for b in BUDGETS) + " | all budgets |",
+        "|---" * (len(BUDGETS) + 2) + "|",
+    ]
+    for name, r in rows.items():
+        adv = " | ".join(f"{r[f'adv_bare_{b}']:.2f} ({r[f'exc_bare_{b}']:.0%})" for b in BUDGETS)
+        lines.append(f"| {name} | {adv} | {r['adv_bare_all']:.2f} ({r['exc_bare_all']:.0%}) |")
+    scenarios = sorted({s for r in rows.values() for s in r["by_scenario"]})
+    lines += [
+        "",
+        "## By scenario (median over its paths of the per-path mean |relative error| of throughput)",
+        "",
+        "| model | " + " | ".join(f"s{s}" for s in scenarios) + " |",
+        "|---" * (len(scenarios) + 1) + "|",
+    ]
+    for name, r in rows.items():
+        lines.append(f"| {name} | " + " | ".join(
+            f"{r['by_scenario'][s]:.3f}" if s in r["by_scenario"] else "" for s in scenarios) + " |")
+    lines += [
         "",
         "## Per path (mean |relative error| of throughput)",
         "",
