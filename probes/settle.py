@@ -54,7 +54,8 @@ def assess_series(
 ) -> SettleVerdict:
     """Judge a per-interval throughput series (bits/s, omitted warm-up already removed).
 
-    The start-up ramp (:func:`ramp_end`) is left out first; what follows is cut into thirds
+    The start-up ramp (:func:`ramp_end`) is left out first; a ramp that fills the first half
+    (no interval there reaches 0.9 of what follows) is still under way: not settled. What follows is cut into thirds
     counted from its end (the first takes any remainder); the rate is settled when the last third's mean is within
     ``tolerance`` (relative) of the middle third's, or when the difference is within ``z``
     standard errors of it (a flat but noisy path is settled; more time would not settle it
@@ -96,7 +97,8 @@ def assess_series(
 
     diff = abs(m_last - m_mid)
     se_diff = math.sqrt(_sem_sq(middle) + _sem_sq(last))
-    settled = diff <= tolerance * m_mid or diff <= z * se_diff
+    ramping = start >= series.size // 2
+    settled = not ramping and (diff <= tolerance * m_mid or diff <= z * se_diff)
     return SettleVerdict(settled=settled, mean_bps=mean_bps, stderr_bps=stderr_bps, drift=drift, start=start)
 
 

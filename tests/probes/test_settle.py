@@ -53,6 +53,17 @@ def test_start_up_ramp_is_left_out_of_the_rate():
     assert_allclose(assess_series(series, min_intervals=3).mean_bps, np.mean(series[5:]))
 
 
+def test_rise_through_the_whole_probe_is_not_settled_even_when_noisy():
+    # A congestion-avoidance ramp on a long fat path (ns-2 scenario 4, one stream, 20 s): the rate
+    # climbs the whole time; no interval in the first half reaches 0.9 of the mean after it. The
+    # alternation makes the thirds' difference (10.8 -> 12.03) fall inside 2 standard errors, so
+    # only the unfinished ramp tells.
+    series = [2.0, 2.8, 3.0, 4.0, 4.1, 5.2, 5.2, 6.4, 6.2, 6.8, 8.2, 7.8, 9.4, 8.9, 10.6, 10.0, 11.8, 11.0, 13.0, 12.1]
+    verdict = assess_series(series)
+    assert verdict.start == 10
+    assert not verdict.settled
+
+
 def test_ramp_end_is_zero_for_a_flat_start_and_never_past_half():
     assert ramp_end([10.0] * 8) == 0
     assert ramp_end([1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 9.0, 9.0]) == 4
