@@ -78,6 +78,36 @@ def _fig_paths(path: Path, paths) -> None:
     plt.close(fig)
 
 
+def _probe_table(paths) -> list[str]:
+    """Each probe against the ground truth at its own n, with the evidence 'auto' reads from it."""
+    from models.evidence import loss_limited, reno_fraction
+
+    lines = [
+        "## Probes against the ground truth",
+        "",
+        "Per probe: streams, seconds measured, (probe rate / long-transfer rate at the same n) - 1 "
+        "(blank when the sweep has no such n), the streams' rate as a fraction of their Reno rate (Padhye, T0 = 1 s) "
+        "(0: no losses) and the verdict of models.evidence.loss_limited (L: loss-limited, c: clean, ?: "
+        "cannot tell).",
+        "",
+        "| path | probes |",
+        "|---|---|",
+    ]
+    for p in paths:
+        cells = []
+        for n in sorted(p.probes):
+            point = p.probes[n]
+            error = ""
+            if n in p.ns:
+                error = f" {point.throughput_bps / p.ours_bps[p.ns.index(n)] - 1:+.0%}"
+            fraction = reno_fraction(point)
+            verdict = {True: "L", False: "c", None: "?"}[loss_limited(point)]
+            cells.append(f"{n}: {point.duration_s:.0f} s{error}, "
+                         f"{'' if fraction is None else f'{fraction:.2f} '}{verdict}")
+        lines.append(f"| s{p.scenario} m{p.m} | " + "; ".join(cells) + " |")
+    return lines + [""]
+
+
 def write_report(out: Path, settings, paths, scores, rows, elapsed_s: float, command: str, floor=None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     _fig_per_path(out / "throughput_per_path.png", scores)
@@ -173,6 +203,7 @@ def write_report(out: Path, settings, paths, scores, rows, elapsed_s: float, com
         "![ground truth](ground_truth.png)",
         "",
     ]
+    lines += _probe_table(paths)
     failures = [f"- {name}: {f}" for name, sc in scores.items() for f in sc.failures]
     if failures:
         lines += ["## Fit failures", "", *failures, ""]

@@ -1,7 +1,7 @@
 """The evidence-driven model: per path, the form the probes' own measurements support.
 
 Each probe is first judged by :func:`models.evidence.loss_limited` (RTT, retransmissions and
-segment size against Mathis, Lu 2004 eq. 1), then:
+segment size against the Reno rate, Lu 2004 eq. 1-2), then:
 
 * no probe loss-limited and the per-stream rate held: the path is not congested up to the
   highest probe: n x the per-stream rate, no impact on anyone, held flat beyond that probe

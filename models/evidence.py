@@ -1,7 +1,8 @@
 """What one probe's own measurements say about its streams: limited by losses, or by something else?
 
-A stream that is limited by congestion losses runs at about the Mathis rate for the loss rate
-it sees (Lu 2004 eq. 1); one limited by its window, the receiver or the application runs well
+A stream that is limited by congestion losses runs at about the Reno rate for the loss rate it
+sees: Padhye et al.'s, which counts retransmission timeouts (Lu 2004 eq. 2; Mathis's eq. 1
+where losses are rare); one limited by its window, the receiver or the application runs well
 below it, or sees no losses at all. Probes in the second state add throughput without taking
 it from anyone: the path is not congested at that parallelism.
 """
@@ -9,16 +10,18 @@ it from anyone: the path is not congested at that parallelism.
 from __future__ import annotations
 
 from models.parallel import ProbePoint
-from models.single_flow import BITS_PER_BYTE, congestion_cycle_s, mathis_throughput_bps
+from models.single_flow import BITS_PER_BYTE, congestion_cycle_s, padhye_throughput_bps
 
-# A stream at this fraction of its Mathis rate or above is taken as loss-limited. Measured on
-# ns-2 (Lu's scenarios, 10-60 s probes): loss-limited streams sit at 0.8-2.0 (more with
-# timeouts), window-limited streams that saw a stray loss at about 0.13.
+# A stream at this fraction of its Reno rate or above is taken as loss-limited; the benchmark's
+# probe table (benchmarks/accuracy.py) shows the fractions its probes reach on ns-2.
 LOSS_LIMITED_FRACTION = 0.5
+# Padhye's T0: the smallest retransmission timeout RFC 6298 allows, seconds. A longer real RTO
+# only lowers the Reno rate, so this errs towards calling streams loss-limited.
+TIMEOUT_S = 1.0
 # "No losses" only says the streams are not loss-limited when the probe spanned this many of
 # the congestion cycles a loss-limited stream at the same rate would go through.
 MIN_LOSSLESS_CYCLES = 3.0
-# Loss rates are capped here for the Mathis rate: timeouts can retransmit more segments than
+# Loss rates are capped here for the Reno rate: timeouts can retransmit more segments than
 # got through, which makes the ratio of the two meaningless as a probability.
 _MAX_LOSS_RATE = 0.5
 
@@ -31,24 +34,24 @@ def loss_rate(point: ProbePoint) -> float | None:
     return min(point.retransmits / segments, _MAX_LOSS_RATE) if segments > 0 else None
 
 
-def mathis_fraction(point: ProbePoint) -> float | None:
-    """Measured per-stream rate / Mathis rate at the probe's loss rate and RTT; 0 with no losses, None if unknown."""
+def reno_fraction(point: ProbePoint) -> float | None:
+    """Measured per-stream rate / Padhye's Reno rate at the probe's loss rate and RTT; 0 with no losses, None if unknown."""
     p = loss_rate(point)
     if p is None or not point.rtt_s:
         return None
     if p == 0:
         return 0.0
     per_stream = point.throughput_bps / point.streams
-    return per_stream / float(mathis_throughput_bps(point.mss_bytes, point.rtt_s, p))
+    return per_stream / float(padhye_throughput_bps(point.mss_bytes, point.rtt_s, p, max(TIMEOUT_S, point.rtt_s)))
 
 
 def loss_limited(point: ProbePoint) -> bool | None:
-    """True if the probe's streams ran at their Mathis rate, False if clearly below it, None if the probe cannot tell.
+    """True if the probe's streams ran at their Reno rate, False if clearly below it, None if the probe cannot tell.
 
     A probe without losses tells only if it lasted :data:`MIN_LOSSLESS_CYCLES` congestion cycles
     (:func:`models.single_flow.congestion_cycle_s`); a shorter one may just have been lucky.
     """
-    fraction = mathis_fraction(point)
+    fraction = reno_fraction(point)
     if fraction is None:
         return None
     if fraction > 0:

@@ -1,7 +1,7 @@
 import pytest
 from numpy.testing import assert_allclose
 
-from models.evidence import loss_limited, loss_rate, mathis_fraction
+from models.evidence import loss_limited, loss_rate, reno_fraction
 from models.parallel import ProbePoint
 
 
@@ -11,19 +11,30 @@ def test_loss_rate_is_retransmits_per_delivered_segment():
     assert_allclose(loss_rate(point), 0.0025)
 
 
-def test_stream_at_its_mathis_rate_is_loss_limited():
-    # Mathis at p = 0.0025, 50 ms, 1000 B: 8000 / (0.05 sqrt(2 x 0.0025 / 3)) = 3.919 Mbit/s per stream.
-    # Two streams at 3.919 Mbit/s each: fraction 1.
-    segments = 2 * 3.919e6 * 10 / 8000
-    point = ProbePoint(2, 2 * 3.919e6, rtt_s=0.05, retransmits=0.0025 * segments, duration_s=10, mss_bytes=1000)
-    assert_allclose(mathis_fraction(point), 1.0, rtol=1e-3)
+def test_stream_at_its_reno_rate_is_loss_limited():
+    # Padhye (Lu eq. 2) at p = 0.0025, 50 ms, 1000 B, T0 = 1 s: the denominator is
+    # 0.05 sqrt(2 x 0.0025 / 3) + 1 x 3 sqrt(3 x 0.0025 / 8) x 0.0025 x (1 + 32 x 0.0025^2)
+    # = 0.0020412 + 0.0002297 = 0.0022710 s, so 8000 / 0.0022710 = 3.5227 Mbit/s per stream.
+    # Two streams at 3.5227 Mbit/s each: fraction 1.
+    segments = 2 * 3.5227e6 * 10 / 8000
+    point = ProbePoint(2, 2 * 3.5227e6, rtt_s=0.05, retransmits=0.0025 * segments, duration_s=10, mss_bytes=1000)
+    assert_allclose(reno_fraction(point), 1.0, rtol=1e-3)
+    assert loss_limited(point) is True
+
+
+def test_timeout_bound_stream_is_loss_limited_though_far_below_mathis():
+    # p = 0.1 at 200 ms: Mathis allows 8000 / (0.2 x 0.2582) = 154.9 kbit/s, Padhye with timeouts
+    # 8000 / (0.05164 + 1 x min(1, 3 sqrt(0.0375)) x 0.1 x 1.32) = 8000 / 0.12832 = 62.3 kbit/s.
+    # A stream at 40 kbit/s is at 0.26 of Mathis but 0.64 of Padhye: loss-limited (starved by timeouts).
+    point = ProbePoint(1, 40e3, rtt_s=0.2, retransmits=0.1 * 40e3 * 100 / 8000, duration_s=100, mss_bytes=1000)
+    assert_allclose(reno_fraction(point), 40e3 / 62.34e3, rtol=2e-3)
     assert loss_limited(point) is True
 
 
 def test_window_limited_stream_with_a_stray_loss_is_not_loss_limited():
-    # 0.5 Mbit/s where its 0.25 % loss rate would allow 3.919: fraction 0.128 < 0.5.
+    # 0.5 Mbit/s where its 0.25 % loss rate would allow 3.5227: fraction 0.142 < 0.5.
     point = ProbePoint(1, 0.5e6, rtt_s=0.05, retransmits=0.0025 * 0.5e6 * 10 / 8000, duration_s=10, mss_bytes=1000)
-    assert_allclose(mathis_fraction(point), 0.5 / 3.919, rtol=1e-3)
+    assert_allclose(reno_fraction(point), 0.5 / 3.5227, rtol=1e-3)
     assert loss_limited(point) is False
 
 
