@@ -18,7 +18,6 @@ _EXPONENTS = {
     "lu": {"a_prime": 2, "b_prime": 0},
     "linear": {"a_prime": 1, "b_prime": 0},
     "full2": {"a_prime": 2, "b_prime": 1, "c_prime": 0},
-    "yildirim": {"a_prime": 2, "b_prime": 0},
 }
 
 
@@ -47,13 +46,13 @@ def fit_from_record(model: str, params: Mapping[str, float], regime: str,
                              probe_streams=streams, warnings=tuple(warnings),
                              exponents=(float(params["exponent"]), 0),
                              coefficients=(float(params["a_prime"]), float(params["b_prime"])))
-    try:
-        table = _EXPONENTS[model]
-    except KeyError:
-        raise ValueError(f"stored fit has unknown model {model!r}") from None
     if model in ("full2", "yildirim") and set(params) == {"a_prime", "b_prime"}:
-        # full2 and yildirim fall back to Lu's partial order-2 form when its own fit is not physical.
+        # full2 and yildirim fall back to Lu's partial order-2 form when their own fit is not physical.
         table = _EXPONENTS["lu"]
+    elif model in _EXPONENTS:
+        table = _EXPONENTS[model]
+    else:
+        raise ValueError(f"stored fit has unknown model {model!r}")
     names = sorted(params, key=lambda name: -table[name]) if set(params) <= set(table) else None
     if not names:
         raise ValueError(f"stored fit of model {model!r} has unexpected parameters {sorted(params)}")

@@ -26,7 +26,7 @@ import numpy as np
 
 from models.evidence import loss_limited
 from models.fair_share import FairShareFit, fit_fair_share
-from models.parallel import CONGESTED, ParallelFit, ProbePoint, _validated, validated_streams
+from models.parallel import CONGESTED, ParallelFit, ProbePoint, _validated, _with_residuals, validated_streams
 
 MODEL = "auto"
 # A clean (not loss-limited) probe still counts as uncongested only if its per-stream rate is
@@ -83,40 +83,44 @@ def _clean_prefix(points: Sequence[ProbePoint]) -> int:
     return count
 
 
+def _per_stream_rate(points: Sequence[ProbePoint]) -> float:
+    """Geometric mean of the probes' per-stream rates, bits/s."""
+    return float(np.exp(np.mean([np.log(p.throughput_bps / p.streams) for p in points])))
+
+
 def fit_auto(points: Sequence[ProbePoint]) -> ParallelFit:
     """The evidence-driven fit (see the module docstring) from two or more probes."""
     _validated(points, 2, MODEL)
     ordered = sorted(points, key=lambda p: p.streams)
+    # Residuals follow probe_streams, which is sorted.
+    n, bw = (np.array([getattr(p, k) for p in ordered], dtype=float) for k in ("streams", "throughput_bps"))
     clean = _clean_prefix(ordered)
     if clean == len(ordered):
-        return _uncongested(ordered)
+        return _with_residuals(_uncongested(ordered), n, bw)
     if clean == 0:
         fit = fit_fair_share(ordered)
         return replace(fit, model=MODEL)
     loss_side = ordered[clean:]
     anchor = ordered[clean - 1]
     congested = fit_fair_share(loss_side if len(loss_side) >= 2 else [anchor, *loss_side])
-    rate = float(np.exp(np.mean([np.log(p.throughput_bps / p.streams) for p in ordered[:clean]])))
+    rate = _per_stream_rate(ordered[:clean])
     knee = KneeFit(model=MODEL, params={}, regime=CONGESTED, probe_streams=tuple(float(p.streams) for p in ordered),
                    warnings=congested.warnings + (
                        f"not congested up to {anchor.streams:g} streams (no loss-limited streams); "
                        f"congested from {loss_side[0].streams:g}",),
                    per_stream_bps=rate, linear_until_streams=float(anchor.streams), congested=congested)
-    residuals = tuple(float(knee.throughput_bps(p.streams) / p.throughput_bps - 1.0) for p in ordered)
-    return replace(knee, params=knee_params(knee), residuals=residuals)
+    return _with_residuals(replace(knee, params=knee_params(knee)), n, bw)
 
 
 def _uncongested(points: Sequence[ProbePoint]) -> FairShareFit:
     """n x the geometric-mean per-stream rate up to the highest probe, flat beyond, impact 0."""
-    rate = float(np.exp(np.mean([np.log(p.throughput_bps / p.streams) for p in points])))
+    rate = _per_stream_rate(points)
     high = float(points[-1].streams)
     warning = (f"no probe's streams were limited by losses: the path is not congested up to {high:g} streams; "
                f"predictions are held flat beyond {high:g} streams")
-    fit = FairShareFit(model=MODEL, params={"per_stream_bps": rate}, regime="uncongested",
-                       probe_streams=tuple(float(p.streams) for p in points), warnings=(warning,),
-                       per_stream_bps=rate, flat_beyond_streams=high)
-    residuals = tuple(float(fit.throughput_bps(p.streams) / p.throughput_bps - 1.0) for p in points)
-    return replace(fit, residuals=residuals)
+    return FairShareFit(model=MODEL, params={"per_stream_bps": rate}, regime="uncongested",
+                        probe_streams=tuple(float(p.streams) for p in points), warnings=(warning,),
+                        per_stream_bps=rate, flat_beyond_streams=high)
 
 
 # The adaptive probe never goes beyond this multiple of the highest probe so far: a probe is

@@ -18,7 +18,8 @@ from typing import Sequence
 import numpy as np
 
 from models.parallel import (
-    CONGESTED, SATURATED, UNCONGESTED, ParallelFit, ProbePoint, _level_warnings, _validated, validated_streams,
+    CONGESTED, SATURATED, UNCONGESTED, ParallelFit, ProbePoint, _level_warnings, _validated, _with_residuals,
+    validated_streams,
 )
 
 # A saturated fit is given at least this many effective competing flows: with fewer the fit would
@@ -117,5 +118,4 @@ def fit_fair_share(points: Sequence[ProbePoint]) -> FairShareFit:
             )
         fit = FairShareFit(params={"capacity_bps": capacity, "competing_flows": competing}, regime=regime,
                            warnings=tuple(warnings), link_capacity_bps=capacity, competing_flows=competing, **common)
-    residuals = tuple(float(r) for r in np.asarray(fit.throughput_bps(n)) / bw - 1.0)
-    return FairShareFit(**{**fit.__dict__, "residuals": residuals})
+    return _with_residuals(fit, n, bw)

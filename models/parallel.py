@@ -8,7 +8,7 @@ Throughputs are bits/s; p' is in (s/bit)^2.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -256,9 +256,10 @@ def _fit_two_term(points: Sequence[ProbePoint], exponent: int, model: str) -> Po
     return _with_residuals(fit, n, bw)
 
 
-def _with_residuals(fit: PolynomialFit, n: np.ndarray, bw: np.ndarray) -> PolynomialFit:
+def _with_residuals(fit: ParallelFit, n: np.ndarray, bw: np.ndarray) -> ParallelFit:
+    """``fit`` with its relative error at each probe (streams n, measured bits/s bw)."""
     residuals = tuple(float(r) for r in np.asarray(fit.throughput_bps(n)) / bw - 1.0)
-    return PolynomialFit(**{**fit.__dict__, "residuals": residuals})
+    return replace(fit, residuals=residuals)
 
 
 def fit_lu(points: Sequence[ProbePoint]) -> PolynomialFit:

@@ -7,9 +7,9 @@ import threading
 from dataclasses import dataclass, replace
 from typing import Callable, Literal, Sequence
 
+from models.single_flow import congestion_cycle_s
 from probes.base import ProbeDriver
 from probes.result import PlanResult, ProbeResult
-from models.single_flow import congestion_cycle_s
 from probes.settle import assess_series
 
 
