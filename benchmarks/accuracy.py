@@ -246,15 +246,17 @@ def seed_floor(paths: list[PathResult], settings: Settings) -> dict[str, float]:
     configs = [replace(settings.truth_config(p.scenario, p.m, n), seed=settings.floor_seed)
                for p in paths for n in (0, *p.ns)]
     runs = run_all(configs, settings)
-    per_path, cross = [], []
+    per_path, cross, by_scenario = [], [], {}
     for p in paths:
         other = [runs[replace(settings.truth_config(p.scenario, p.m, n), seed=settings.floor_seed)][0] for n in p.ns]
         ours = np.array([r.ours_bps for r in other])
         per_path.append(float(np.mean(np.abs(ours / p.ours_bps - 1))))
+        by_scenario.setdefault(p.scenario, []).append(per_path[-1])
         cross.extend(np.abs(np.array([r.cross_bps for r in other]) / p.cross_bps - 1).tolist())
     return {"seed": settings.floor_seed, "thr_median": float(np.median(per_path)),
             "thr_p90": float(np.quantile(per_path, 0.9)), "cross_p50": float(np.median(cross)),
-            "cross_p90": float(np.quantile(cross, 0.9))}
+            "cross_p90": float(np.quantile(cross, 0.9)),
+            "thr_median_by_scenario": {s: float(np.median(v)) for s, v in sorted(by_scenario.items())}}
 
 
 def summary(scores: dict[str, ModelScore]) -> dict[str, dict[str, float]]:

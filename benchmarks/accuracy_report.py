@@ -157,7 +157,8 @@ def write_report(out: Path, settings, paths, scores, rows, elapsed_s: float, com
             f"Noise floor: the ground truth of seed {floor['seed']} taken as a perfect model of seed "
             f"{settings.seed}'s: throughput median {floor['thr_median']:.3f}, p90 {floor['thr_p90']:.3f}; cross traffic "
             f"p50 {floor['cross_p50']:.3f}, p90 {floor['cross_p90']:.3f}. No model fitted to probes of one run can "
-            "expect to do better than this against another.",
+            "expect to do better than this against another. By scenario (median per-path throughput error): "
+            + ", ".join(f"s{s} {v:.3f}" for s, v in floor["thr_median_by_scenario"].items()) + ".",
             "",
         ]
     lines += [

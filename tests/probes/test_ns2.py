@@ -1,5 +1,7 @@
+from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 from numpy.testing import assert_allclose
 
@@ -120,3 +122,26 @@ def test_accuracy_benchmark_quick_preset_runs(tmp_path):
     for model in MODELS:
         assert f"| {model} |" in report
     assert (tmp_path / "out" / "cross_traffic_cdf.png").stat().st_size > 0
+
+
+@pytest.mark.ns2
+def test_seed_floor_is_zero_for_the_same_seed_and_not_for_another(tmp_path):
+    # The noise floor scores another seed's ground truth as a model of this one's: the same seed
+    # must score exactly 0 (runs are deterministic), a different one must not.
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import accuracy
+
+    settings = accuracy.Settings(scenarios=(1,), ms=(3,), ns=(1, 2), truth_duration_s=8.0, truth_omit_s=2.0,
+                                 cache_dir=tmp_path, workers=1)
+    runs = accuracy.run_all([settings.truth_config(1, 3, n) for n in (0, 1, 2)], settings)
+    truth = [runs[settings.truth_config(1, 3, n)][0] for n in (1, 2)]
+    path = accuracy.PathResult(1, 3, (1, 2), ours_bps=np.array([r.ours_bps for r in truth]),
+                               cross_bps=np.array([r.cross_bps for r in truth]),
+                               cross0_bps=runs[settings.truth_config(1, 3, 0)][0].cross_bps)
+    same = accuracy.seed_floor([path], replace(settings, floor_seed=settings.seed))
+    assert same["thr_median"] == 0.0 and same["cross_p90"] == 0.0
+    assert same["thr_median_by_scenario"] == {1: 0.0}
+    other = accuracy.seed_floor([path], replace(settings, floor_seed=settings.seed + 1))
+    assert other["thr_median"] > 0.0
