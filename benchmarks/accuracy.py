@@ -35,7 +35,7 @@ from advisor.tame import DEFAULT_MARGIN, NO_MARGIN, advise, point_from_probe  # 
 from models.errors import FitError  # noqa: E402
 from models.parallel import ProbePoint  # noqa: E402
 from models.registry import MIN_LEVELS, MODELS, PROBE_LEVELS, next_probe_level  # noqa: E402
-from probes.ns2 import HELD_OUT, Ns2Config, Ns2Driver, simulate  # noqa: E402
+from probes.ns2 import HELD_OUT, Ns2Config, Ns2Driver, probe_result, simulate  # noqa: E402
 from probes.plan import PlanEvent, ProbePlan, run_plan  # noqa: E402
 
 BUDGETS = (0.05, 0.1, 0.2, 0.3)
@@ -103,6 +103,8 @@ class PathResult:
     probes: dict[int, ProbePoint] = field(default_factory=dict)
     # simulated seconds spent probing each level, extensions included
     probe_seconds: dict[int, float] = field(default_factory=dict)
+    # The ground truth's own long transfers read as probes, by n (for form_scores).
+    truth_points: dict[int, ProbePoint] = field(default_factory=dict)
 
     @property
     def true_impact(self) -> np.ndarray:
@@ -205,6 +207,8 @@ def evaluate(settings: Settings) -> tuple[list[PathResult], dict[str, ModelScore
                 ours_bps=np.array([r.ours_bps for r in truth]),
                 cross_bps=np.array([r.cross_bps for r in truth]),
                 cross0_bps=runs[settings.truth_config(s, m, 0)][0].cross_bps,
+                truth_points={n: point_from_probe(probe_result(r, f"s{s}m{m}", n, settings.truth_omit_s))
+                              for n, r in zip(settings.ns, truth)},
             )
             points, seconds = probed[(s, m)]
             path.probes.update(points)
@@ -234,6 +238,29 @@ def evaluate(settings: Settings) -> tuple[list[PathResult], dict[str, ModelScore
                 continue
             score_model(name, path, probes, scores[name], settings)
     return paths, scores
+
+
+def form_scores(paths: list[PathResult], settings: Settings) -> dict[str, ModelScore]:
+    """Every model fitted to the ground truth's own runs at its probe levels, scored like the probes' fits.
+
+    No probe noise enters: what is left is the error of the model's form between and beyond its
+    levels (and, for 'auto', of its reading of the evidence). Paths whose sweep lacks one of the
+    model's levels are left out.
+    """
+    models = settings.models or tuple(MODELS)
+    scores = {name: ModelScore(name) for name in models}
+    for path in paths:
+        for name in models:
+            levels = list(PROBE_LEVELS[name])
+            if not all(n in path.truth_points for n in levels):
+                continue
+            extra = next_probe_level(name, [path.truth_points[n] for n in levels], max(path.ns))
+            if extra is not None:
+                if extra not in path.truth_points:
+                    continue
+                levels.append(extra)
+            score_model(name, path, [path.truth_points[n] for n in levels], scores[name], settings)
+    return scores
 
 
 def seed_floor(paths: list[PathResult], settings: Settings) -> dict[str, float]:
@@ -350,8 +377,9 @@ def main(argv=None) -> int:
     paths, scores = evaluate(settings)
     rows = summary(scores)
     floor = seed_floor(paths, settings) if settings.floor_seed is not None else None
+    form = summary(form_scores(paths, settings))
     elapsed = time.monotonic() - start
-    write_report(out, settings, paths, scores, rows, elapsed, " ".join(sys.argv), floor)
+    write_report(out, settings, paths, scores, rows, elapsed, " ".join(sys.argv), floor, form)
     for name, row in rows.items():
         print(f"{name:>10}: thr median {row['thr_median']:.3f} p90 {row['thr_p90']:.3f}  "
               f"cross p50 {row['cross_p50']:.3f} p90 {row['cross_p90']:.3f}  "

@@ -108,7 +108,8 @@ def _probe_table(paths) -> list[str]:
     return lines + [""]
 
 
-def write_report(out: Path, settings, paths, scores, rows, elapsed_s: float, command: str, floor=None) -> None:
+def write_report(out: Path, settings, paths, scores, rows, elapsed_s: float, command: str, floor=None,
+                 form=None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     _fig_per_path(out / "throughput_per_path.png", scores)
     _fig_vs_n(out / "throughput_vs_n.png", scores)
@@ -181,6 +182,24 @@ def write_report(out: Path, settings, paths, scores, rows, elapsed_s: float, com
     for name, r in rows.items():
         lines.append(f"| {name} | " + " | ".join(
             f"{r['by_scenario'][s]:.3f}" if s in r["by_scenario"] else "" for s in scenarios) + " |")
+    if form:
+        lines += [
+            "",
+            "## Where the error comes from: each model fitted to the ground truth's own runs",
+            "",
+            "The same scoring, but each model is fitted to the long transfers of the ground truth at its own probe "
+            "levels (the adaptive level included) instead of to the probes: no probe noise, so what is left is the "
+            "error of the model's form between and beyond its levels. Paths whose sweep lacks a level are left out.",
+            "",
+            "| model | paths | thr median | thr p90 | cross p50 | cross p90 | advice (exc) | "
+            + " | ".join(f"s{s}" for s in scenarios) + " |",
+            "|---" * (7 + len(scenarios)) + "|",
+        ]
+        for name, r in form.items():
+            lines.append(
+                f"| {name} | {r['paths']} | {r['thr_median']:.3f} | {r['thr_p90']:.3f} | {r['cross_p50']:.3f} | "
+                f"{r['cross_p90']:.3f} | {r['adv_all']:.2f} ({r['exc_all']:.0%}) | "
+                + " | ".join(f"{r['by_scenario'][s]:.3f}" if s in r["by_scenario"] else "" for s in scenarios) + " |")
     lines += [
         "",
         "## Per path (mean |relative error| of throughput)",

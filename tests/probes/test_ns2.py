@@ -145,3 +145,29 @@ def test_seed_floor_is_zero_for_the_same_seed_and_not_for_another(tmp_path):
     assert same["thr_median_by_scenario"] == {1: 0.0}
     other = accuracy.seed_floor([path], replace(settings, floor_seed=settings.seed + 1))
     assert other["thr_median"] > 0.0
+
+
+@pytest.mark.ns2
+def test_form_scores_fit_the_ground_truths_own_runs(tmp_path):
+    # Fitted to the long transfers at its own two levels, Lu's two-parameter curve passes through
+    # both, so scored at just those n its error is 0 (up to rounding); a model whose levels the
+    # sweep lacks (yildirim probes 5 streams) is left out rather than scored on something else.
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import accuracy
+
+    settings = accuracy.Settings(scenarios=(2,), ms=(3,), ns=(1, 10), truth_duration_s=8.0, truth_omit_s=2.0,
+                                 cache_dir=tmp_path, workers=1, models=("lu", "yildirim"))
+    runs = accuracy.run_all([settings.truth_config(2, 3, n) for n in (0, 1, 10)], settings)
+    truth = {n: runs[settings.truth_config(2, 3, n)][0] for n in (1, 10)}
+    path = accuracy.PathResult(
+        2, 3, (1, 10), ours_bps=np.array([truth[n].ours_bps for n in (1, 10)]),
+        cross_bps=np.array([truth[n].cross_bps for n in (1, 10)]),
+        cross0_bps=runs[settings.truth_config(2, 3, 0)][0].cross_bps,
+        truth_points={n: accuracy.point_from_probe(accuracy.probe_result(r, "s2m3", n, 2.0)) for n, r in truth.items()},
+    )
+    scores = accuracy.form_scores([path], settings)
+    assert len(scores["lu"].per_path_error) == 1
+    assert scores["lu"].per_path_error[0] < 1e-9
+    assert scores["yildirim"].per_path_error == []
