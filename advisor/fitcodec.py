@@ -78,12 +78,14 @@ def _auto_from_record(params: Mapping[str, float], regime: str, probe_streams: S
     prefix = "congested_"
     congested = {k[len(prefix):]: v for k, v in params.items() if k.startswith(prefix)}
     own = {k for k in params if not k.startswith(prefix)}
-    if own != {"per_stream_bps", "linear_until_streams"} or not congested:
+    # Knees stored before the plateau (models.auto) lack plateau_until_streams: no plateau.
+    if own - {"plateau_until_streams"} != {"per_stream_bps", "linear_until_streams"} or not congested:
         raise ValueError(f"stored fit of model 'auto' has unexpected parameters {sorted(params)}")
     return KneeFit(model="auto", params={k: float(v) for k, v in params.items()}, regime=regime,
                    probe_streams=tuple(float(x) for x in probe_streams), warnings=tuple(warnings),
                    per_stream_bps=float(params["per_stream_bps"]),
                    linear_until_streams=float(params["linear_until_streams"]),
+                   plateau_until_streams=float(params.get("plateau_until_streams", 0.0)),
                    congested=_fair_share_from_record("auto", congested, regime, probe_streams, ()))
 
 

@@ -8,9 +8,11 @@ segment size against the Reno rate, Lu 2004 eq. 1-2), then:
   ("uncongested");
 * the lowest probes not loss-limited, the higher ones loss-limited ("knee"): n x the
   per-stream rate up to the highest clean probe; beyond it the fair share of the loss-limited
-  probes (:mod:`models.fair_share`), never more than n x the clean per-stream rate; a competing
-  flow loses what each of our streams lost against the clean rate, 1 - (BW_n / n) / r0, by
-  Lu's equal-share assumption (section V.A);
+  probes (:mod:`models.fair_share`), held at the lowest loss-limited probe's throughput below
+  that probe (the link filled somewhere between the two probes, and a full link's aggregate
+  does not fall back along the fair-share curve), never more than n x the clean per-stream
+  rate; a competing flow loses what each of our streams lost against the clean rate,
+  1 - (BW_n / n) / r0, by Lu's equal-share assumption (section V.A);
 * otherwise, or when the probes carry no such evidence: the fair-share model on all probes
   (least squares with three).
 
@@ -37,17 +39,23 @@ PER_STREAM_TOLERANCE = 0.10
 
 @dataclass(frozen=True)
 class KneeFit(ParallelFit):
-    """n x ``per_stream_bps`` up to ``linear_until_streams``; beyond, ``congested`` capped by that line."""
+    """n x ``per_stream_bps`` up to ``linear_until_streams``; beyond, ``congested`` capped by that line.
+
+    Below ``plateau_until_streams`` (the lowest loss-limited probe) the congested part is held at
+    its value there; a fit stored without it has no plateau.
+    """
 
     per_stream_bps: float = 0.0
     linear_until_streams: float = 0.0
     congested: FairShareFit | None = field(default=None)
+    plateau_until_streams: float = 0.0
 
     def throughput_bps(self, streams):
-        """Aggregate throughput, bits/s: the clean line, then the congested fit below it."""
+        """Aggregate throughput, bits/s: the clean line, then the congested fit (held flat below its lowest probe) under it."""
         n = validated_streams(streams)
         line = n * self.per_stream_bps
-        beyond = np.asarray(self.congested.throughput_bps(np.maximum(n, 1e-9)), dtype=float)
+        beyond = np.asarray(self.congested.throughput_bps(np.maximum(n, max(self.plateau_until_streams, 1e-9))),
+                            dtype=float)
         result = np.where(n <= self.linear_until_streams, line, np.minimum(line, beyond))
         return result if result.ndim else float(result)
 
@@ -67,6 +75,7 @@ class KneeFit(ParallelFit):
 def knee_params(fit: KneeFit) -> dict[str, float]:
     """The stored parameters of a knee fit: its own two plus its congested part's, prefixed."""
     return {"per_stream_bps": fit.per_stream_bps, "linear_until_streams": fit.linear_until_streams,
+            "plateau_until_streams": fit.plateau_until_streams,
             **{f"congested_{k}": float(v) for k, v in fit.congested.params.items()}}
 
 
@@ -108,7 +117,8 @@ def fit_auto(points: Sequence[ProbePoint]) -> ParallelFit:
                    warnings=congested.warnings + (
                        f"not congested up to {anchor.streams:g} streams (no loss-limited streams); "
                        f"congested from {loss_side[0].streams:g}",),
-                   per_stream_bps=rate, linear_until_streams=float(anchor.streams), congested=congested)
+                   per_stream_bps=rate, linear_until_streams=float(anchor.streams), congested=congested,
+                   plateau_until_streams=float(loss_side[0].streams))
     return _with_residuals(replace(knee, params=knee_params(knee)), n, bw)
 
 

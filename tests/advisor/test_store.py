@@ -62,6 +62,19 @@ def test_a_stored_fit_gives_the_same_advice_as_the_original(case):
     assert_allclose(rebuilt.throughput_bps(n), original.throughput_bps(n), rtol=1e-12)
 
 
+def test_a_knee_stored_before_the_plateau_is_read_without_one():
+    # Knees stored before models.auto held the congested part flat below its lowest probe carry no
+    # plateau_until_streams; they must keep the curve they were stored with (the fair share beyond the line).
+    model, points = CASES["auto knee"]
+    record = fit_to_record(fit(model, points))
+    params = {k: v for k, v in record["params"].items() if k != "plateau_until_streams"}
+    assert len(params) == len(record["params"]) - 1
+    old = fit_from_record(model, params, record["regime"], record["probe_streams"], record["warnings"])
+    capacity, competing = params["congested_capacity_bps"], params["congested_competing_flows"]
+    assert_allclose(old.throughput_bps(17), capacity * 17 / (17 + competing), rtol=1e-12)
+    assert old.throughput_bps(17) < fit(model, points).throughput_bps(17)
+
+
 def test_migrations_are_versioned_and_idempotent(tmp_path):
     db = Database(f"sqlite:///{tmp_path}/s.sqlite3")
     assert db.migrate() == [1, 2]

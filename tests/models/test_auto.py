@@ -38,10 +38,14 @@ def test_clean_low_probes_and_a_loss_limited_high_probe_make_a_knee():
     # a = 2.381e-8 s/bit: C = 42 Mbit/s, M = b C = 11.
     assert_allclose(fit.params["congested_capacity_bps"], 42e6, rtol=1e-6)
     assert_allclose(fit.params["congested_competing_flows"], 11.0, rtol=1e-6)
-    # n = 20: min(20 x 2, 42 x 20/31) = 27.10 Mbit/s; each of our streams gets 1.355 of the clean 2 Mbit/s,
-    # and by equal shares so does every competing flow: impact 1 - 1.355/2 = 0.3226.
-    assert_allclose(fit.throughput_bps(20), 42e6 * 20 / 31, rtol=1e-6)
-    assert_allclose(fit.impact(20), 1 - 42e6 * 20 / 31 / 20 / 2e6, rtol=1e-6)
+    # Between the probes the link is full and the aggregate holds at the 31-stream probe's 31 Mbit/s
+    # (not the fair-share curve's 42 x 20/31 = 27.1): n = 20 gives min(20 x 2, 31) = 31 Mbit/s, each of our
+    # streams 1.55 of the clean 2 Mbit/s, and by equal shares so does every competing flow: impact 0.225.
+    assert fit.plateau_until_streams == 31
+    assert_allclose(fit.throughput_bps([12, 20, 31]), [24e6, 31e6, 31e6], rtol=1e-6)
+    assert_allclose(fit.impact(20), 1 - 31e6 / 20 / 2e6, rtol=1e-6)
+    # Beyond the lowest loss-limited probe, the fair share: 42 x 40/51.
+    assert_allclose(fit.throughput_bps(40), 42e6 * 40 / 51, rtol=1e-6)
     # Below the knee: the clean line, no impact.
     assert_allclose([fit.throughput_bps(5), fit.impact(5)], [10e6, 0.0])
     assert_allclose(fit.residuals, 0.0, atol=1e-9)
