@@ -182,6 +182,8 @@ def write_report(out: Path, settings, paths, scores, rows, elapsed_s: float, com
     for name, r in rows.items():
         lines.append(f"| {name} | " + " | ".join(
             f"{r['by_scenario'][s]:.3f}" if s in r["by_scenario"] else "" for s in scenarios) + " |")
+    # Models whose probe levels the sweep lacks (every one, on --quick) have nothing to show here.
+    form = {name: r for name, r in (form or {}).items() if r["paths"]}
     if form:
         lines += [
             "",
