@@ -171,3 +171,36 @@ def test_form_scores_fit_the_ground_truths_own_runs(tmp_path):
     assert len(scores["lu"].per_path_error) == 1
     assert scores["lu"].per_path_error[0] < 1e-9
     assert scores["yildirim"].per_path_error == []
+
+
+def test_probe_length_path_argument_is_parsed_or_explained():
+    import argparse
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import probe_length
+
+    assert probe_length.parse_path("7:25:5,10,31") == (7, 25, (5, 10, 31))
+    with pytest.raises(argparse.ArgumentTypeError, match="scenario:m:n1,n2"):
+        probe_length.parse_path("7-25")
+
+
+@pytest.mark.ns2
+def test_probe_length_prints_one_row_per_stream_count(tmp_path, capsys):
+    import re
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import probe_length
+
+    assert probe_length.main(["--path", "1:3:1,2", "--lengths", "2,4", "--truth-seeds", "2",
+                              "--cache", str(tmp_path)]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| s1 m3 |")]
+    assert [row.split("|")[2].strip() for row in rows] == ["1", "2"]
+    for row in rows:
+        # two probe lengths and one other seed, each a signed percentage
+        assert len(re.findall(r"[+-]\d+%", row)) == 3
+    # the same seeds give the same table
+    assert probe_length.main(["--path", "1:3:1,2", "--lengths", "2,4", "--truth-seeds", "2",
+                              "--cache", str(tmp_path)]) == 0
+    assert [line for line in capsys.readouterr().out.splitlines() if line.startswith("| s1 m3 |")] == rows
