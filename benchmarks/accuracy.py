@@ -118,6 +118,9 @@ class ModelScore:
     per_path_scenario: list[int] = field(default_factory=list)
     error_vs_n: dict[int, list[float]] = field(default_factory=dict)
     cross_error: list[float] = field(default_factory=list)
+    # Per path, the median signed relative error of the predicted cross traffic (> 0: it lost
+    # more than predicted, so the impact was under-predicted).
+    per_path_cross_bias: list[float] = field(default_factory=list)
     advice_ratio: dict[float, list[float]] = field(default_factory=dict)
     advice_exceeded: dict[float, list[bool]] = field(default_factory=dict)
     # The same without the advisor's margin (Lu's bare rule: predicted impact <= budget).
@@ -170,7 +173,9 @@ def score_model(name: str, path: PathResult, probes: list[ProbePoint], score: Mo
     for n, e in zip(path.ns, rel):
         score.error_vs_n.setdefault(n, []).append(float(e))
     pred_cross = path.cross0_bps * (1.0 - np.asarray(fitted.impact(ns)))
-    score.cross_error.extend(((pred_cross - path.cross_bps) / path.cross_bps).tolist())
+    cross_rel = (pred_cross - path.cross_bps) / path.cross_bps
+    score.cross_error.extend(cross_rel.tolist())
+    score.per_path_cross_bias.append(float(np.median(cross_rel)))
     for budget in BUDGETS:
         within = path.true_impact <= budget
         if not within.any():

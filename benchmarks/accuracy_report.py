@@ -216,6 +216,19 @@ def write_report(out: Path, settings, paths, scores, rows, elapsed_s: float, com
         lines.append(f"| s{p.scenario} m{p.m} | " + " | ".join(cells) + " |")
     lines += [
         "",
+        "## Per path: median signed relative error of the predicted cross traffic",
+        "",
+        "Positive: the cross traffic lost more than predicted (impact under-predicted); negative: it kept more.",
+        "",
+        "| path | " + " | ".join(rows) + " |",
+        "|---" * (len(rows) + 1) + "|",
+    ]
+    for i, p in enumerate(paths):
+        cells = [f"{sc.per_path_cross_bias[i]:+.3f}" if i < len(sc.per_path_cross_bias) and not sc.failures else ""
+                 for sc in scores.values()]
+        lines.append(f"| s{p.scenario} m{p.m} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
         "![per path](throughput_per_path.png)",
         "",
         "![vs n](throughput_vs_n.png)",
