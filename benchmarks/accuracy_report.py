@@ -108,6 +108,19 @@ def _probe_table(paths) -> list[str]:
     return lines + [""]
 
 
+def _per_path_table(title: str, note: str, paths, scores, values_of, fmt: str) -> list[str]:
+    """A Markdown table: one row per path, one column per model, cells values_of(score)[path index]."""
+    lines = ["", f"## {title}", ""] + ([note, ""] if note else []) + [
+        "| path | " + " | ".join(scores) + " |",
+        "|---" * (len(scores) + 1) + "|",
+    ]
+    for i, p in enumerate(paths):
+        cells = [fmt.format(values_of(sc)[i]) if i < len(values_of(sc)) and not sc.failures else ""
+                 for sc in scores.values()]
+        lines.append(f"| s{p.scenario} m{p.m} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def write_report(out: Path, settings, paths, scores, rows, elapsed_s: float, command: str, floor=None,
                  form=None) -> None:
     out.mkdir(parents=True, exist_ok=True)
@@ -202,31 +215,12 @@ def write_report(out: Path, settings, paths, scores, rows, elapsed_s: float, com
                 f"| {name} | {r['paths']} | {r['thr_median']:.3f} | {r['thr_p90']:.3f} | {r['cross_p50']:.3f} | "
                 f"{r['cross_p90']:.3f} | {r['adv_all']:.2f} ({r['exc_all']:.0%}) | "
                 + " | ".join(f"{r['by_scenario'][s]:.3f}" if s in r["by_scenario"] else "" for s in scenarios) + " |")
-    lines += [
-        "",
-        "## Per path (mean |relative error| of throughput)",
-        "",
-        "| path | " + " | ".join(rows) + " |",
-        "|---" * (len(rows) + 1) + "|",
-    ]
-    for i, p in enumerate(paths):
-        cells = []
-        for sc in scores.values():
-            cells.append(f"{sc.per_path_error[i]:.3f}" if i < len(sc.per_path_error) and not sc.failures else "")
-        lines.append(f"| s{p.scenario} m{p.m} | " + " | ".join(cells) + " |")
-    lines += [
-        "",
-        "## Per path: median signed relative error of the predicted cross traffic",
-        "",
+    lines += _per_path_table("Per path (mean |relative error| of throughput)", "", paths, scores,
+                             lambda sc: sc.per_path_error, "{:.3f}")
+    lines += _per_path_table(
+        "Per path: median signed relative error of the predicted cross traffic",
         "Positive: the cross traffic lost more than predicted (impact under-predicted); negative: it kept more.",
-        "",
-        "| path | " + " | ".join(rows) + " |",
-        "|---" * (len(rows) + 1) + "|",
-    ]
-    for i, p in enumerate(paths):
-        cells = [f"{sc.per_path_cross_bias[i]:+.3f}" if i < len(sc.per_path_cross_bias) and not sc.failures else ""
-                 for sc in scores.values()]
-        lines.append(f"| s{p.scenario} m{p.m} | " + " | ".join(cells) + " |")
+        paths, scores, lambda sc: sc.per_path_cross_bias, "{:+.3f}")
     lines += [
         "",
         "![per path](throughput_per_path.png)",
