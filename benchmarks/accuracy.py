@@ -275,12 +275,13 @@ def seed_floor(paths: list[PathResult], settings: Settings) -> dict[str, float]:
     scored as a perfect model would be: per-path mean |relative error| of our throughput, and
     |relative error| of the cross traffic's.
     """
-    configs = [replace(settings.truth_config(p.scenario, p.m, n), seed=settings.floor_seed)
-               for p in paths for n in (0, *p.ns)]
-    runs = run_all(configs, settings)
+    def other_seed(p: PathResult, n: int) -> Ns2Config:
+        return replace(settings.truth_config(p.scenario, p.m, n), seed=settings.floor_seed)
+
+    runs = run_all([other_seed(p, n) for p in paths for n in (0, *p.ns)], settings)
     per_path, cross, by_scenario = [], [], {}
     for p in paths:
-        other = [runs[replace(settings.truth_config(p.scenario, p.m, n), seed=settings.floor_seed)][0] for n in p.ns]
+        other = [runs[other_seed(p, n)][0] for n in p.ns]
         ours = np.array([r.ours_bps for r in other])
         per_path.append(float(np.mean(np.abs(ours / p.ours_bps - 1))))
         by_scenario.setdefault(p.scenario, []).append(per_path[-1])
@@ -307,14 +308,12 @@ def summary(scores: dict[str, ModelScore]) -> dict[str, dict[str, float]]:
             "probe_s": float(np.mean(sc.probe_seconds)) if sc.probe_seconds else float("nan"),
             "failures": len(sc.failures),
         }
-        for budget in BUDGETS:
-            for suffix, ratios, exceeded in (("", sc.advice_ratio, sc.advice_exceeded),
-                                             ("_bare", sc.advice_ratio_bare, sc.advice_exceeded_bare)):
+        for suffix, ratios, exceeded in (("", sc.advice_ratio, sc.advice_exceeded),
+                                         ("_bare", sc.advice_ratio_bare, sc.advice_exceeded_bare)):
+            for budget in BUDGETS:
                 r, e = ratios.get(budget, []), exceeded.get(budget, [])
                 row[f"adv{suffix}_{budget}"] = float(np.median(r)) if r else float("nan")
                 row[f"exc{suffix}_{budget}"] = float(np.mean(e)) if e else float("nan")
-        for suffix, ratios, exceeded in (("", sc.advice_ratio, sc.advice_exceeded),
-                                         ("_bare", sc.advice_ratio_bare, sc.advice_exceeded_bare)):
             every_r = [x for b in BUDGETS for x in ratios.get(b, [])]
             every_e = [x for b in BUDGETS for x in exceeded.get(b, [])]
             row[f"adv{suffix}_all"] = float(np.median(every_r)) if every_r else float("nan")

@@ -108,6 +108,11 @@ def _probe_table(paths) -> list[str]:
     return lines + [""]
 
 
+def _scenario_cells(row, scenarios) -> str:
+    """A summary row's per-scenario medians as Markdown cells (blank where the model has no path)."""
+    return " | ".join(f"{row['by_scenario'][s]:.3f}" if s in row["by_scenario"] else "" for s in scenarios)
+
+
 def _per_path_table(title: str, note: str, paths, scores, values_of, fmt: str) -> list[str]:
     """A Markdown table: one row per path, one column per model, cells values_of(score)[path index]."""
     lines = ["", f"## {title}", ""] + ([note, ""] if note else []) + [
@@ -193,8 +198,7 @@ def write_report(out: Path, settings, paths, scores, rows, elapsed_s: float, com
         "|---" * (len(scenarios) + 1) + "|",
     ]
     for name, r in rows.items():
-        lines.append(f"| {name} | " + " | ".join(
-            f"{r['by_scenario'][s]:.3f}" if s in r["by_scenario"] else "" for s in scenarios) + " |")
+        lines.append(f"| {name} | " + _scenario_cells(r, scenarios) + " |")
     # Models whose probe levels the sweep lacks (every one, on --quick) have nothing to show here.
     form = {name: r for name, r in (form or {}).items() if r["paths"]}
     if form:
@@ -214,7 +218,7 @@ def write_report(out: Path, settings, paths, scores, rows, elapsed_s: float, com
             lines.append(
                 f"| {name} | {r['paths']} | {r['thr_median']:.3f} | {r['thr_p90']:.3f} | {r['cross_p50']:.3f} | "
                 f"{r['cross_p90']:.3f} | {r['adv_all']:.2f} ({r['exc_all']:.0%}) | "
-                + " | ".join(f"{r['by_scenario'][s]:.3f}" if s in r["by_scenario"] else "" for s in scenarios) + " |")
+                + _scenario_cells(r, scenarios) + " |")
     lines += _per_path_table("Per path (mean |relative error| of throughput)", "", paths, scores,
                              lambda sc: sc.per_path_error, "{:.3f}")
     lines += _per_path_table(

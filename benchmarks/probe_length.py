@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from accuracy import FULL, Settings, simulate  # noqa: E402
+from models.single_flow import BITS_PER_BYTE  # noqa: E402
 
 DEFAULT_PATHS = ("1:15:5,10,31", "1:25:5,10,31", "7:5:10,31", "7:25:5,10,31")
 
@@ -59,7 +60,7 @@ def main(argv=None) -> int:
                 last = driver.run(f"s{scenario}m{m}", n, length, settings.probe_omit_s, deadline_s=3600.0)
                 cells.append(f"{last.throughput_bps / truth.ours_bps - 1:+.0%}")
             # Segments in flight per stream in the longest probe: below 4 a loss waits for a timeout.
-            window = last.throughput_bps / n * (last.rtt_mean_s or 0.0) / (8 * last.mss_bytes)
+            window = last.throughput_bps / n * (last.rtt_mean_s or 0.0) / (BITS_PER_BYTE * last.mss_bytes)
             for seed in seeds:
                 other, _ = simulate(replace(settings.truth_config(scenario, m, n), seed=seed), deadline_s=3600.0,
                                     cache_dir=args.cache)

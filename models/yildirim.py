@@ -8,6 +8,7 @@ bound where c < 2, so the exponent is kept inside a physical range.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Sequence
 
 import numpy as np
@@ -69,13 +70,9 @@ def fit_yildirim(points: Sequence[ProbePoint]) -> PolynomialFit:
     a, b, c = yildirim_params(n, bw)
     if a <= 0 or b <= 0:
         lu = fit_lu(points)
-        return PolynomialFit(**{
-            **lu.__dict__,
-            "model": "yildirim",
-            "warnings": lu.warnings + (
-                "the probes do not fix the exponent of a' n^c + b' (no congestion seen, or more streams "
-                "were no faster); used Lu's partial order-2 fit instead",),
-        })
+        return replace(lu, model="yildirim", warnings=lu.warnings + (
+            "the probes do not fix the exponent of a' n^c + b' (no congestion seen, or more streams "
+            "were no faster); used Lu's partial order-2 fit instead",))
     fit = PolynomialFit(
         model="yildirim",
         params={"a_prime": a, "b_prime": b, "exponent": c},
