@@ -1,5 +1,5 @@
 -- The segment size of each probe, so that a stored run can be refitted with the evidence the
--- 'auto' model reads (retransmissions per segment against the Mathis rate).
+-- 'auto' model reads (retransmissions per segment against the Reno rate, Padhye's).
 ALTER TABLE probe_results ADD COLUMN mss_bytes INTEGER;
 
 -- The predicted impact raised by the advisor's margin for the prediction's error
