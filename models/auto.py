@@ -14,7 +14,11 @@ segment size against the Reno rate, Lu 2004 eq. 1-2), then:
   rate; a competing flow loses what each of our streams lost against the clean rate,
   1 - (BW_n / n) / r0, by Lu's equal-share assumption (section V.A);
 * otherwise, or when the probes carry no such evidence: the fair-share model on all probes
-  (least squares with three).
+  (least squares with three). When even the lowest probe's loss rate keeps a Reno window under
+  :data:`TIMEOUT_REGIME_WINDOW_SEGMENTS` ("timeout regime": a small, crowded bottleneck), flows
+  recover from losses by timeouts, DropTail locks some out, and our per-stream rate stops being
+  a fair proxy for a competing flow's; the impact is then the mean of the fair share's and Lu's
+  eq. 15 with the loss rate and RTT the probes measured (:class:`TimeoutRegimeFit`).
 
 Throughputs are bits/s, impacts fractions 0-1.
 """
@@ -26,15 +30,85 @@ from typing import Sequence
 
 import numpy as np
 
-from models.evidence import loss_limited
+from models.evidence import loss_limited, loss_rate
 from models.fair_share import FairShareFit, fit_fair_share
-from models.parallel import CONGESTED, ParallelFit, ProbePoint, _validated, _with_residuals, validated_streams
+from models.parallel import CONGESTED, UNCONGESTED, ParallelFit, ProbePoint, _validated, _with_residuals, validated_streams
+from models.single_flow import mathis_throughput_bps
 
 MODEL = "auto"
 # A clean (not loss-limited) probe still counts as uncongested only if its per-stream rate is
 # within this fraction of the lowest probe's: a rate that falls without losses is a queue
 # filling (a buffer large enough to hold the excess), which is congestion too.
 PER_STREAM_TOLERANCE = 0.10
+
+
+# A Reno stream's window at loss rate p is about sqrt(3/2) / sqrt(p) segments (Mathis, Lu eq. 1);
+# below this many, three duplicate ACKs rarely follow a loss, so losses end in timeouts. The lowest
+# probe's loss rate above (sqrt(3/2) / 8)^2 = 0.023 marks the timeout regime. On ns-2 the lowest
+# probe loses 3.5-39 % on scenario 1 and at most 1.1 % on scenarios 2-6 (the accuracy reports' probe tables).
+TIMEOUT_REGIME_WINDOW_SEGMENTS = 8.0
+TIMEOUT_REGIME_LOSS_RATE = 1.5 / TIMEOUT_REGIME_WINDOW_SEGMENTS ** 2
+FLOW_RATE_PREFIX = "flow_rate_bps_at_"
+
+
+@dataclass(frozen=True)
+class TimeoutRegimeFit(FairShareFit):
+    """The fair share's throughput; impact from both the fair share and the probes' loss rates and RTTs.
+
+    ``flow_rates_bps`` are the Mathis rates (Lu eq. 1) of the loss rate and RTT measured at each of
+    ``flow_rate_streams``, made non-increasing in n: what a competing flow on the same queue gets.
+    Between probes they are interpolated linearly; below the lowest probe, extrapolated to n = 0 along
+    the first two (never below the lowest probe's); beyond the highest, held. The impact is the mean
+    of 1 - rate(n) / rate(0) (Lu eq. 15 with measured p and RTT) and the fair share's n / (n + M):
+    on ns-2's scenario 1 the first over-predicts what the competing traffic keeps as often as the
+    second under-predicts it.
+    """
+
+    flow_rate_streams: tuple[float, ...] = ()
+    flow_rates_bps: tuple[float, ...] = ()
+
+    def impact(self, streams):
+        """Relative throughput loss of each competing flow, 0-1."""
+        n = validated_streams(streams)
+        xs, rates = np.asarray(self.flow_rate_streams), np.asarray(self.flow_rates_bps)
+        at_zero = max(rates[0] + (rates[0] - rates[1]) * xs[0] / (xs[1] - xs[0]), rates[0])
+        rate = np.interp(n, np.concatenate([[0.0], xs]), np.concatenate([[at_zero], rates]))
+        measured = np.clip(1.0 - rate / at_zero, 0.0, 1.0)
+        result = 0.5 * (measured + np.asarray(super().impact(n), dtype=float))
+        return result if result.ndim else float(result)
+
+
+def flow_rates(points: Sequence[ProbePoint]) -> tuple[float, ...] | None:
+    """Mathis rate of each probe's loss rate and RTT, bits/s, non-increasing; None if a probe lacks them."""
+    rates = []
+    for point in points:
+        p = loss_rate(point)
+        if not p or not point.rtt_s or not point.mss_bytes:
+            return None
+        rates.append(mathis_throughput_bps(point.mss_bytes, point.rtt_s, p))
+    return tuple(float(r) for r in np.minimum.accumulate(rates))
+
+
+def with_flow_rates(fit: FairShareFit, streams: Sequence[float], rates_bps: Sequence[float],
+                    warnings: Sequence[str] = ()) -> TimeoutRegimeFit:
+    """``fit`` in the timeout-regime form with the Mathis rates (bits/s) measured at ``streams``, stored in its params."""
+    params = {**fit.params, **{f"{FLOW_RATE_PREFIX}{n:g}": float(r) for n, r in zip(streams, rates_bps)}}
+    return TimeoutRegimeFit(**{**fit.__dict__, "params": params, "warnings": fit.warnings + tuple(warnings),
+                               "flow_rate_streams": tuple(float(n) for n in streams),
+                               "flow_rates_bps": tuple(float(r) for r in rates_bps)})
+
+
+def timeout_regime_fit(fit: FairShareFit, points: Sequence[ProbePoint]) -> FairShareFit:
+    """``fit`` as a TimeoutRegimeFit when the probes (sorted by streams) show the timeout regime, else unchanged."""
+    low = loss_rate(points[0])
+    if fit.regime == UNCONGESTED or low is None or low <= TIMEOUT_REGIME_LOSS_RATE:
+        return fit
+    rates = flow_rates(points)
+    if rates is None:
+        return fit
+    streams = [float(p.streams) for p in points]
+    return with_flow_rates(fit, streams, rates, (f"losses of {low:.0%} at {streams[0]:g} stream(s): flows recover "
+                                                 "by timeouts; impact also from the measured loss rates and RTTs",))
 
 
 @dataclass(frozen=True)
@@ -107,8 +181,7 @@ def fit_auto(points: Sequence[ProbePoint]) -> ParallelFit:
     if clean == len(ordered):
         return _with_residuals(_uncongested(ordered), n, bw)
     if clean == 0:
-        fit = fit_fair_share(ordered)
-        return replace(fit, model=MODEL)
+        return timeout_regime_fit(replace(fit_fair_share(ordered), model=MODEL), ordered)
     loss_side = ordered[clean:]
     anchor = ordered[clean - 1]
     congested = fit_fair_share(loss_side if len(loss_side) >= 2 else [anchor, *loss_side])
@@ -128,7 +201,7 @@ def _uncongested(points: Sequence[ProbePoint]) -> FairShareFit:
     high = float(points[-1].streams)
     warning = (f"no probe's streams were limited by losses: the path is not congested up to {high:g} streams; "
                f"predictions are held flat beyond {high:g} streams")
-    return FairShareFit(model=MODEL, params={"per_stream_bps": rate}, regime="uncongested",
+    return FairShareFit(model=MODEL, params={"per_stream_bps": rate}, regime=UNCONGESTED,
                         probe_streams=tuple(float(p.streams) for p in points), warnings=(warning,),
                         per_stream_bps=rate, flat_beyond_streams=high)
 

@@ -36,6 +36,11 @@ CASES = {
                            ProbePoint(31, 40e6, rtt_s=0.05, retransmits=200, duration_s=30, mss_bytes=1000)]),
     "auto uncongested": ("auto", [ProbePoint(1, 2e6, rtt_s=0.05, retransmits=0, duration_s=30, mss_bytes=1000),
                                   ProbePoint(10, 20e6, rtt_s=0.05, retransmits=0, duration_s=30, mss_bytes=1000)]),
+    # Losses of 4 % at one stream (a Reno window of 6 segments): the timeout regime.
+    "auto timeout regime": ("auto", [ProbePoint(1, 0.25e6, rtt_s=0.2, retransmits=12.5, duration_s=10, mss_bytes=1000),
+                                     ProbePoint(10, 0.7e6, rtt_s=0.2, retransmits=140, duration_s=10, mss_bytes=1000),
+                                     ProbePoint(31, 0.75e6, rtt_s=0.2, retransmits=337.5, duration_s=10,
+                                                mss_bytes=1000)]),
     "yildirim": ("yildirim", [ProbePoint(1, 12e6), ProbePoint(5, 40e6), ProbePoint(10, 55e6)]),
     "yildirim falls back": ("yildirim", [ProbePoint(1, 1e6), ProbePoint(4, 4.5e6), ProbePoint(8, 9e6)]),
 }
@@ -60,6 +65,8 @@ def test_a_stored_fit_gives_the_same_advice_as_the_original(case):
         assert advise(rebuilt, budget, 64, 0.02, points) == advise(original, budget, 64, 0.02, points)
     n = [1, 2, 5, 17, 64]
     assert_allclose(rebuilt.throughput_bps(n), original.throughput_bps(n), rtol=1e-12)
+    assert_allclose(rebuilt.impact(n), original.impact(n), rtol=1e-12)
+    assert type(rebuilt) is type(original)
 
 
 def test_a_knee_stored_before_the_plateau_is_read_without_one():

@@ -1,8 +1,9 @@
 
+import numpy as np
 import pytest
 from numpy.testing import assert_allclose
 
-from models.auto import ADAPTIVE_REACH, KneeFit, fit_auto, next_level
+from models.auto import ADAPTIVE_REACH, TIMEOUT_REGIME_LOSS_RATE, KneeFit, TimeoutRegimeFit, fit_auto, next_level
 from models.fair_share import FairShareFit, fit_fair_share
 from models.parallel import CONGESTED, UNCONGESTED, ProbePoint
 
@@ -57,6 +58,36 @@ def test_loss_limited_lowest_probe_means_fair_share():
     expected = fit_fair_share(points)
     assert fit.model == "auto" and fit.regime == expected.regime
     assert fit.params == pytest.approx(expected.params)
+
+
+def at_loss_rate(n, throughput_bps, p, rtt_s=0.2, seconds=10):
+    """A probe whose streams lost the fraction p of the segments they delivered."""
+    return ProbePoint(n, throughput_bps, rtt_s=rtt_s, retransmits=p * throughput_bps * seconds / (8 * MSS),
+                      duration_s=seconds, mss_bytes=MSS)
+
+
+def test_heavy_losses_at_one_stream_take_the_impact_also_from_the_measured_loss_rates():
+    # Losses of 4 %, 16 % and 36 % at 200 ms: Mathis rates in the ratio 1/sqrt(p) = 5 : 2.5 : 1.667.
+    points = [at_loss_rate(1, 0.25e6, 0.04), at_loss_rate(10, 0.7e6, 0.16), at_loss_rate(31, 0.75e6, 0.36)]
+    fit = fit_auto(points)
+    shared = fit_fair_share(points)
+    assert isinstance(fit, TimeoutRegimeFit) and fit.regime == shared.regime
+    assert_allclose(fit.throughput_bps([1, 7, 31, 64]), shared.throughput_bps([1, 7, 31, 64]), rtol=1e-12)
+    # At n = 0, extrapolated along the first two: 5 + (5 - 2.5) / 9 = 5.278; at 20 streams, between
+    # 10 and 31: 2.5 - (10/21) 0.833 = 2.103; held beyond 31.
+    measured = 1 - np.array([5, 2.5, 2.5 - 10 / 21 * (2.5 - 5 / 3), 5 / 3, 5 / 3]) / (5 + 2.5 / 9)
+    n = [1, 10, 20, 31, 64]
+    assert_allclose(fit.impact(n), (measured + shared.impact(n)) / 2, rtol=1e-9)
+    assert fit.params["flow_rate_bps_at_10"] == pytest.approx(8 * MSS / (0.2 * np.sqrt(2 * 0.16 / 3)))
+    assert any("timeouts" in w for w in fit.warnings)
+
+
+def test_light_losses_or_no_rtt_keep_the_fair_share_impact():
+    light = TIMEOUT_REGIME_LOSS_RATE * 0.9
+    points = [at_loss_rate(1, 0.25e6, light), at_loss_rate(10, 0.7e6, 0.16)]
+    assert type(fit_auto(points)) is FairShareFit
+    no_rtt = [ProbePoint(1, 0.25e6, retransmits=100, duration_s=10, mss_bytes=MSS), at_loss_rate(10, 0.7e6, 0.16)]
+    assert type(fit_auto(no_rtt)) is FairShareFit
 
 
 def test_probes_without_loss_evidence_fall_back_to_fair_share():
