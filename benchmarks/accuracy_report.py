@@ -80,15 +80,16 @@ def _fig_paths(path: Path, paths) -> None:
 
 def _probe_table(paths) -> list[str]:
     """Each probe against the ground truth at its own n, with the evidence 'auto' reads from it."""
-    from models.evidence import loss_limited, reno_fraction
+    from models.evidence import loss_limited, loss_rate, reno_fraction
 
     lines = [
         "## Probes against the ground truth",
         "",
         "Per probe: streams, seconds measured, (probe rate / long-transfer rate at the same n) - 1 "
         "(blank when the sweep has no such n), the streams' rate as a fraction of their Reno rate (Padhye, T0 = 1 s) "
-        "(0: no losses) and the verdict of models.evidence.loss_limited (L: loss-limited, c: clean, ?: "
-        "cannot tell).",
+        "(0: no losses), the verdict of models.evidence.loss_limited (L: loss-limited, c: clean, ?: "
+        "cannot tell) and the share of segments retransmitted (models.evidence.loss_rate; 'auto' takes the "
+        "timeout regime above 2.3 % at the lowest probe).",
         "",
         "| path | probes |",
         "|---|---|",
@@ -102,8 +103,10 @@ def _probe_table(paths) -> list[str]:
                 error = f" {point.throughput_bps / p.ours_bps[p.ns.index(n)] - 1:+.0%}"
             fraction = reno_fraction(point)
             verdict = {True: "L", False: "c", None: "?"}[loss_limited(point)]
+            lost = loss_rate(point)
             cells.append(f"{n}: {point.duration_s:.0f} s{error}, "
-                         f"{'' if fraction is None else f'{fraction:.2f} '}{verdict}")
+                         f"{'' if fraction is None else f'{fraction:.2f} '}{verdict}"
+                         f"{'' if lost is None else f', {lost:.1%} lost'}")
         lines.append(f"| s{p.scenario} m{p.m} | " + "; ".join(cells) + " |")
     return lines + [""]
 
