@@ -7,6 +7,7 @@ so runs never touch each other's namespaces. They need root (CI runs them as roo
 from __future__ import annotations
 
 import json
+import math
 import os
 import stat
 import subprocess
@@ -88,9 +89,22 @@ def test_rtt_is_configured_rtt_with_low_jitter(wan100):
     # The delay line holds each direction 20 ms; veths, forwarding and the verdict round trip add ~0.1-0.3 ms.
     assert rtt.loss_rate == 0.0
     assert 0.040 <= min(rtt.samples_s)
+    _assert_low_jitter(rtt)
+
+
+def _assert_low_jitter(rtt: pathcheck.RttStats) -> None:
+    """The delay line holds a steady 40 ms: 9 in 10 replies within 0.5 ms of the median.
+
+    The tail is bounded loosely (2 ms, 5 % of the RTT): a 2-core machine that deschedules the delay line for a
+    millisecond delays the two or three replies in flight, and p99 of 200 samples is only the third-largest.
+    ``benchmarks/testbed_check.py`` prints the figures themselves (p99 − p50 has been 0.1–0.3 ms here).
+    """
+    ordered = sorted(rtt.samples_s)
+    p90_s = ordered[math.ceil(0.9 * len(ordered)) - 1]
     assert 0.040 <= rtt.p50_s <= 0.0405, rtt
+    assert p90_s - rtt.p50_s <= 0.0005, rtt
     assert rtt.mdev_s < 0.001, rtt
-    assert rtt.jitter_s < 0.001, rtt
+    assert rtt.jitter_s <= 0.002, rtt
 
 
 @netns
@@ -104,9 +118,7 @@ def test_delay_line_keeps_rtt_stable_at_100_mbit(tmp_path, bed_name):
             rtt = pathcheck.ping_under_udp_load(tb, PORT, load_bps=100e6, count=200, interval_s=0.01)
     finally:
         testbed.down(spec.name, state_dir=tmp_path)
-    assert 0.040 <= rtt.p50_s <= 0.0405, rtt
-    assert rtt.mdev_s < 0.001, rtt
-    assert rtt.jitter_s < 0.001, rtt
+    _assert_low_jitter(rtt)
 
 
 @netns
