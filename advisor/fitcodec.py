@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from models.auto import FLOW_RATE_PREFIX, KneeFit, with_flow_rates
+from models.auto import KneeFit, split_flow_rates, with_flow_rates
 from models.fair_share import FairShareFit
 from models.parallel import UNCONGESTED, ParallelFit, PolynomialFit
 
@@ -73,13 +73,11 @@ def _auto_from_record(params: Mapping[str, float], regime: str, probe_streams: S
                       warnings: Sequence[str]) -> ParallelFit:
     # The evidence-driven model stores one of fair_share's forms, or a knee: its own two
     # parameters plus its congested part's, prefixed "congested_" (models.auto.knee_params).
-    rates = {k: v for k, v in params.items() if k.startswith(FLOW_RATE_PREFIX)}
-    if rates:
+    rest, rate_streams, rates_bps = split_flow_rates(params)
+    if rate_streams:
         # The timeout regime: fair_share's form plus the Mathis rate measured at each probe.
-        base = _fair_share_from_record("auto", {k: v for k, v in params.items() if k not in rates}, regime,
-                                       probe_streams, warnings)
-        measured = sorted((float(k[len(FLOW_RATE_PREFIX):]), float(v)) for k, v in rates.items())
-        return with_flow_rates(base, [n for n, _ in measured], [r for _, r in measured])
+        base = _fair_share_from_record("auto", rest, regime, probe_streams, warnings)
+        return with_flow_rates(base, rate_streams, rates_bps)
     if "linear_until_streams" not in params:
         return _fair_share_from_record("auto", params, regime, probe_streams, warnings)
     prefix = "congested_"

@@ -26,7 +26,7 @@ Throughputs are bits/s, impacts fractions 0-1.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -96,6 +96,13 @@ def with_flow_rates(fit: FairShareFit, streams: Sequence[float], rates_bps: Sequ
     return TimeoutRegimeFit(**{**fit.__dict__, "params": params, "warnings": fit.warnings + tuple(warnings),
                                "flow_rate_streams": tuple(float(n) for n in streams),
                                "flow_rates_bps": tuple(float(r) for r in rates_bps)})
+
+
+def split_flow_rates(params: Mapping[str, float]) -> tuple[dict[str, float], list[float], list[float]]:
+    """Stored params split into the rest and the flow rates :func:`with_flow_rates` stored: (rest, streams, bits/s), by streams."""
+    rest = {k: v for k, v in params.items() if not k.startswith(FLOW_RATE_PREFIX)}
+    measured = sorted((float(k[len(FLOW_RATE_PREFIX):]), float(v)) for k, v in params.items() if k not in rest)
+    return rest, [n for n, _ in measured], [r for _, r in measured]
 
 
 def timeout_regime_fit(fit: FairShareFit, points: Sequence[ProbePoint]) -> FairShareFit:
