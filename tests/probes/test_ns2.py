@@ -1,3 +1,5 @@
+import importlib
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -7,6 +9,16 @@ from numpy.testing import assert_allclose
 
 from probes.errors import SimulatorError
 from probes.ns2 import SCENARIOS, Ns2Config, Ns2Driver, cache_key, parse_ns2_output, probe_result, simulate
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def _benchmark(name: str):
+    """A script under benchmarks/ imported as a module (they import each other by bare name)."""
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.insert(0, str(BENCHMARKS))
+    return importlib.import_module(name)
+
 
 DATA = Path(__file__).parent / "data"
 
@@ -110,9 +122,8 @@ def test_accuracy_benchmark_quick_preset_runs(tmp_path):
     # CI's smoke test of the benchmark (issue 5): the real --quick preset, uncached, end to end.
     # It checks that the benchmark runs and reports every model, not the accuracy targets.
     import subprocess
-    import sys
 
-    script = Path(__file__).resolve().parents[2] / "benchmarks" / "accuracy.py"
+    script = BENCHMARKS / "accuracy.py"
     argv = [sys.executable, str(script), "--quick", "--cache", str(tmp_path / "cache"), "--out", str(tmp_path / "out")]
     completed = subprocess.run(argv, capture_output=True, text=True, timeout=600)
     assert completed.returncode == 0, completed.stderr
@@ -128,10 +139,8 @@ def test_accuracy_benchmark_quick_preset_runs(tmp_path):
 def test_seed_floor_is_zero_for_the_same_seed_and_not_for_another(tmp_path):
     # The noise floor scores another seed's ground truth as a model of this one's: the same seed
     # must score exactly 0 (runs are deterministic), a different one must not.
-    import sys
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    import accuracy
+    accuracy = _benchmark("accuracy")
 
     settings = accuracy.Settings(scenarios=(1,), ms=(3,), ns=(1, 2), truth_duration_s=8.0, truth_omit_s=2.0,
                                  cache_dir=tmp_path, workers=1)
@@ -152,10 +161,8 @@ def test_form_scores_fit_the_ground_truths_own_runs(tmp_path):
     # Fitted to the long transfers at its own two levels, Lu's two-parameter curve passes through
     # both, so scored at just those n its error is 0 (up to rounding); a model whose levels the
     # sweep lacks (yildirim probes 5 streams) is left out rather than scored on something else.
-    import sys
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    import accuracy
+    accuracy = _benchmark("accuracy")
 
     settings = accuracy.Settings(scenarios=(2,), ms=(3,), ns=(1, 10), truth_duration_s=8.0, truth_omit_s=2.0,
                                  cache_dir=tmp_path, workers=1, models=("lu", "yildirim"))
@@ -175,10 +182,8 @@ def test_form_scores_fit_the_ground_truths_own_runs(tmp_path):
 
 def test_probe_length_path_argument_is_parsed_or_explained():
     import argparse
-    import sys
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    import probe_length
+    probe_length = _benchmark("probe_length")
 
     assert probe_length.parse_path("7:25:5,10,31") == (7, 25, (5, 10, 31))
     with pytest.raises(argparse.ArgumentTypeError, match="scenario:m:n1,n2"):
@@ -188,10 +193,8 @@ def test_probe_length_path_argument_is_parsed_or_explained():
 @pytest.mark.ns2
 def test_probe_length_prints_one_row_per_stream_count(tmp_path, capsys):
     import re
-    import sys
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    import probe_length
+    probe_length = _benchmark("probe_length")
 
     assert probe_length.main(["--path", "1:3:1,2", "--lengths", "2,4", "--truth-seeds", "2",
                               "--cache", str(tmp_path)]) == 0
