@@ -8,7 +8,7 @@ gap the probe table of benchmarks/results/*/README.md reports. The last columns 
 long transfer with other seeds: (their rate / seed 1's) - 1, the spread of the truth itself.
 Runs are cached like the benchmark's.
 
-    python benchmarks/probe_length.py                               # s1 and s7, lock-out paths
+    python benchmarks/probe_length.py                               # s1 and s7 (lock-out), s6
     python benchmarks/probe_length.py --path 7:25:5,10,31 --lengths 10,60,120
 """
 
@@ -25,7 +25,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from accuracy import FULL, Settings, simulate  # noqa: E402
 from models.single_flow import BITS_PER_BYTE  # noqa: E402
 
-DEFAULT_PATHS = ("1:15:5,10,31", "1:25:5,10,31", "7:5:10,31", "7:25:5,10,31")
+# Lock-out paths (s1, s7) and s6, whose fair-share probes miss the ground truth by up to 40 %.
+DEFAULT_PATHS = ("1:15:5,10,31", "1:25:5,10,31", "7:5:10,31", "7:25:5,10,31", "6:15:10", "6:20:10", "6:30:5")
 
 
 def parse_path(text: str) -> tuple[int, int, tuple[int, ...]]:
