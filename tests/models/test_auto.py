@@ -15,12 +15,17 @@ def clean(n, per_stream_bps):
     return ProbePoint(n, n * per_stream_bps, rtt_s=RTT, retransmits=0, duration_s=SECONDS, mss_bytes=MSS)
 
 
+def at_loss_rate(n, throughput_bps, p, rtt_s=0.2, seconds=10):
+    """A probe whose streams lost the fraction p of the segments they delivered."""
+    return ProbePoint(n, throughput_bps, rtt_s=rtt_s, retransmits=p * throughput_bps * seconds / (8 * MSS),
+                      duration_s=seconds, mss_bytes=MSS)
+
+
 def lossy(n, per_stream_bps):
     """A probe whose streams run exactly at the Mathis rate of their loss rate."""
     # BW = 8000 / (RTT sqrt(2p/3))  =>  p = 1.5 (8000 / (RTT BW))^2.
     p = 1.5 * (8 * MSS / (RTT * per_stream_bps)) ** 2
-    segments = n * per_stream_bps * SECONDS / (8 * MSS)
-    return ProbePoint(n, n * per_stream_bps, rtt_s=RTT, retransmits=p * segments, duration_s=SECONDS, mss_bytes=MSS)
+    return at_loss_rate(n, n * per_stream_bps, p, rtt_s=RTT, seconds=SECONDS)
 
 
 def test_no_loss_limited_probe_means_uncongested_up_to_the_highest_probe():
@@ -58,12 +63,6 @@ def test_loss_limited_lowest_probe_means_fair_share():
     expected = fit_fair_share(points)
     assert fit.model == "auto" and fit.regime == expected.regime
     assert fit.params == pytest.approx(expected.params)
-
-
-def at_loss_rate(n, throughput_bps, p, rtt_s=0.2, seconds=10):
-    """A probe whose streams lost the fraction p of the segments they delivered."""
-    return ProbePoint(n, throughput_bps, rtt_s=rtt_s, retransmits=p * throughput_bps * seconds / (8 * MSS),
-                      duration_s=seconds, mss_bytes=MSS)
 
 
 def test_heavy_losses_at_one_stream_take_the_impact_also_from_the_measured_loss_rates():
