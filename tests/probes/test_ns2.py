@@ -207,3 +207,38 @@ def test_probe_length_prints_one_row_per_stream_count(tmp_path, capsys):
     assert probe_length.main(["--path", "1:3:1,2", "--lengths", "2,4", "--truth-seeds", "2",
                               "--cache", str(tmp_path)]) == 0
     assert [line for line in capsys.readouterr().out.splitlines() if line.startswith("| s1 m3 |")] == rows
+
+
+@pytest.mark.ns2
+def test_explain_path_prints_the_models_prediction_against_the_truth_at_every_n(tmp_path, capsys):
+    explain_path = _benchmark("explain_path")
+    accuracy = _benchmark("accuracy")
+    from models.registry import MODELS
+
+    assert explain_path.main(["1:3", "--ns", "1,2,4", "--cache", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    rows = {int(cells[1]): cells for cells in (line.split("|") for line in out.splitlines())
+            if len(cells) == 9 and cells[1].strip().isdigit()}
+    assert sorted(rows) == [1, 2, 4]
+    # The same settings, read back from the cache the script filled, fitted here independently.
+    settings = accuracy.Settings(scenarios=(1,), ms=(3,), ns=(1, 2, 4), models=("auto",), cache_dir=tmp_path)
+    (path,), _ = accuracy.evaluate(settings)
+    fitted = MODELS["auto"]([path.probes[1], path.probes[10]])
+    for k, n in enumerate(path.ns):
+        ours, predicted, error = (rows[n][i].strip() for i in (2, 3, 4))
+        assert float(ours) == pytest.approx(path.ours_bps[k] / 1e6, abs=5e-4)
+        assert float(predicted) == pytest.approx(fitted.throughput_bps(n) / 1e6, abs=5e-4)
+        assert float(error.rstrip("%")) == pytest.approx((fitted.throughput_bps(n) / path.ours_bps[k] - 1) * 100, abs=0.06)
+    # One advice row per budget the benchmark scores.
+    advice = [line for line in out.splitlines() if line.startswith(("| 0.05 |", "| 0.1 |", "| 0.2 |", "| 0.3 |"))]
+    assert len(advice) == len(accuracy.BUDGETS)
+
+
+def test_explain_path_argument_is_parsed_or_explained():
+    import argparse
+
+    explain_path = _benchmark("explain_path")
+
+    assert explain_path.parse_path("6:10") == (6, 10)
+    with pytest.raises(argparse.ArgumentTypeError, match="scenario:m"):
+        explain_path.parse_path("6")

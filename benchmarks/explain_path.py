@@ -1,0 +1,96 @@
+"""One path of the accuracy benchmark, n by n: the ground truth, a model's predictions, its probes and its advice.
+
+The per-path rows of benchmarks/results/*/README.md say how far a model is off; this says where
+and why: the probes it was fitted to (rate, RTT, share of segments lost, evidence verdict), the
+regime and warnings of the fit, then for every n the measured and predicted throughput and
+cross-traffic impact, and the advice for each budget against the best in-budget n. It runs the
+same settings as the benchmark (same seeds, same probe plan), reading the benchmark's cache.
+
+    python benchmarks/explain_path.py 6:10                  # scenario 6, 10 cross flows, model auto
+    python benchmarks/explain_path.py 10:25 --model lu      # held-out scenario 10, Lu's model
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from accuracy import BUDGETS, FULL, Settings, evaluate  # noqa: E402
+from advisor.tame import DEFAULT_MARGIN, advise  # noqa: E402
+from models.evidence import loss_limited, loss_rate  # noqa: E402
+from models.registry import MODELS, PROBE_LEVELS, next_probe_level  # noqa: E402
+
+MBPS = 1e6
+VERDICT = {True: "loss-limited", False: "clean", None: "cannot tell"}
+
+
+def parse_path(text: str) -> tuple[int, int]:
+    """'scenario:m' -> (scenario, m)."""
+    try:
+        scenario, m = text.split(":")
+        return int(scenario), int(m)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a path is scenario:m (e.g. 6:10), got {text!r}") from None
+
+
+def explain(path, model: str) -> list[str]:
+    """Markdown lines describing one PathResult under one model."""
+    probes = [path.probes[n] for n in PROBE_LEVELS[model]]
+    level = next_probe_level(model, probes, max(path.ns))
+    if level is not None:
+        probes.append(path.probes[level])
+    fitted = MODELS[model](probes)
+    lines = [f"## s{path.scenario} m{path.m}, model {model}: regime {fitted.regime}", ""]
+    lines += [f"- warning: {w}" for w in fitted.warnings] + ([""] if fitted.warnings else [])
+    lines += ["| probe streams | Mbit/s | per stream | RTT ms | % lost | verdict |", "|---|---|---|---|---|---|"]
+    for p in sorted(probes, key=lambda q: q.streams):
+        lost = loss_rate(p)
+        lines.append(f"| {p.streams} | {p.throughput_bps / MBPS:.3f} | {p.throughput_bps / p.streams / MBPS:.3f} | "
+                     f"{(p.rtt_s or 0) * 1e3:.1f} | {'' if lost is None else f'{lost:.2%}'} | "
+                     f"{VERDICT[loss_limited(p)]} |")
+    ns = np.array(path.ns, dtype=float)
+    pred, impact = np.asarray(fitted.throughput_bps(ns)), np.asarray(fitted.impact(ns))
+    lines += ["", f"Cross traffic alone: {path.cross0_bps / MBPS:.3f} Mbit/s.", "",
+              "| n | ours Mbit/s | predicted | error | cross Mbit/s | impact | predicted impact |",
+              "|---|---|---|---|---|---|---|"]
+    for k, n in enumerate(path.ns):
+        lines.append(f"| {n} | {path.ours_bps[k] / MBPS:.3f} | {pred[k] / MBPS:.3f} | "
+                     f"{pred[k] / path.ours_bps[k] - 1:+.1%} | {path.cross_bps[k] / MBPS:.3f} | "
+                     f"{path.true_impact[k]:.3f} | {impact[k]:.3f} |")
+    lines += ["", "| budget | advised n | best in-budget n | ratio | true impact at advice |", "|---|---|---|---|---|"]
+    for budget in BUDGETS:
+        within = path.true_impact <= budget
+        advised = advise(fitted, budget, n_max=max(path.ns), margin=DEFAULT_MARGIN).num_flows
+        index = max(int(np.searchsorted(ns, advised, side="right")) - 1, 0)
+        if within.any():
+            best = int(np.argmax(np.where(within, path.ours_bps, -np.inf)))
+            lines.append(f"| {budget:g} | {advised} | {path.ns[best]} | {path.ours_bps[index] / path.ours_bps[best]:.2f} "
+                         f"| {path.true_impact[index]:.3f} |")
+        else:
+            lines.append(f"| {budget:g} | {advised} | none | - | {path.true_impact[index]:.3f} |")
+    return lines
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("paths", nargs="+", type=parse_path, help="scenario:m, e.g. 6:10")
+    parser.add_argument("--model", default="auto", choices=sorted(MODELS))
+    parser.add_argument("--ns", help="comma-separated stream counts (default: the benchmark's 1..31)")
+    parser.add_argument("--cache", type=Path, default=ROOT / "benchmarks" / "cache")
+    args = parser.parse_args(argv)
+    ns = tuple(int(x) for x in args.ns.split(",")) if args.ns else FULL["ns"]
+    for scenario, m in args.paths:
+        settings = Settings(scenarios=(scenario,), ms=(m,), ns=ns, models=(args.model,), cache_dir=args.cache)
+        paths, _ = evaluate(settings)
+        print("\n".join(explain(paths[0], args.model)) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
