@@ -18,8 +18,9 @@ LOSS_LIMITED_FRACTION = 0.5
 # Padhye's T0: the smallest retransmission timeout RFC 6298 allows, seconds. A longer real RTO
 # only lowers the Reno rate, so this errs towards calling streams loss-limited.
 TIMEOUT_S = 1.0
-# "No losses" only says the streams are not loss-limited when the probe spanned this many of
-# the congestion cycles a loss-limited stream at the same rate would go through.
+# "No losses" only says the streams are not loss-limited when the probe's streams together
+# spanned this many of the congestion cycles a loss-limited stream at the same rate would go
+# through: each such cycle ends in a loss, and n streams go through n cycles in one cycle's time.
 MIN_LOSSLESS_CYCLES = 3.0
 # Loss rates are capped here for the Reno rate: timeouts can retransmit more segments than
 # got through, which makes the ratio of the two meaningless as a probability.
@@ -48,8 +49,10 @@ def reno_fraction(point: ProbePoint) -> float | None:
 def loss_limited(point: ProbePoint) -> bool | None:
     """True if the probe's streams ran at their Reno rate, False if clearly below it, None if the probe cannot tell.
 
-    A probe without losses tells only if it lasted :data:`MIN_LOSSLESS_CYCLES` congestion cycles
-    (:func:`models.single_flow.congestion_cycle_s`); a shorter one may just have been lucky.
+    A probe without losses tells only if its streams together went through
+    :data:`MIN_LOSSLESS_CYCLES` congestion cycles (:func:`models.single_flow.congestion_cycle_s`
+    per stream, times the streams): loss-limited streams would have lost a segment in each; fewer
+    may just have been lucky.
     """
     fraction = reno_fraction(point)
     if fraction is None:
@@ -57,4 +60,4 @@ def loss_limited(point: ProbePoint) -> bool | None:
     if fraction > 0:
         return fraction >= LOSS_LIMITED_FRACTION
     cycle_s = congestion_cycle_s(point.throughput_bps / point.streams, point.rtt_s, point.mss_bytes)
-    return False if point.duration_s >= MIN_LOSSLESS_CYCLES * cycle_s else None
+    return False if point.streams * point.duration_s >= MIN_LOSSLESS_CYCLES * cycle_s else None

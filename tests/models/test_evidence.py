@@ -45,6 +45,14 @@ def test_no_losses_count_only_over_enough_congestion_cycles():
     assert loss_limited(ProbePoint(1, 80e6, rtt_s=0.1, retransmits=0, duration_s=10, mss_bytes=1000)) is None
 
 
+def test_no_losses_count_over_the_cycles_of_all_streams():
+    # 80 Mbit/s per stream at 100 ms: a 50 s cycle, each ending in a loss for a loss-limited stream.
+    # 10 streams for 10 s go through 10 x 10 / 50 = 2 cycles in all (under 3): cannot tell;
+    # 20 streams through 4 cycles with no loss at all: not loss-limited.
+    assert loss_limited(ProbePoint(10, 800e6, rtt_s=0.1, retransmits=0, duration_s=10, mss_bytes=1000)) is None
+    assert loss_limited(ProbePoint(20, 1.6e9, rtt_s=0.1, retransmits=0, duration_s=10, mss_bytes=1000)) is False
+
+
 @pytest.mark.parametrize("missing", ["retransmits", "rtt_s", "duration_s", "mss_bytes"])
 def test_probe_without_the_evidence_cannot_tell(missing):
     fields = dict(streams=1, throughput_bps=2e6, rtt_s=0.05, retransmits=3, duration_s=10, mss_bytes=1000)
