@@ -126,6 +126,9 @@ class ModelScore:
     # The same without the advisor's margin (Lu's bare rule: predicted impact <= budget).
     advice_ratio_bare: dict[float, list[float]] = field(default_factory=dict)
     advice_exceeded_bare: dict[float, list[bool]] = field(default_factory=dict)
+    # Per path, per budget, the advice as the service gives it: (advised n, best in-budget n or None,
+    # true throughput ratio or None, whether the advised n truly exceeds the budget).
+    advice_by_path: list[dict[float, tuple[int, int | None, float | None, bool]]] = field(default_factory=list)
     probes_used: list[int] = field(default_factory=list)
     probe_seconds: list[float] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
@@ -176,18 +179,23 @@ def score_model(name: str, path: PathResult, probes: list[ProbePoint], score: Mo
     cross_rel = (pred_cross - path.cross_bps) / path.cross_bps
     score.cross_error.extend(cross_rel.tolist())
     score.per_path_cross_bias.append(float(np.median(cross_rel)))
+    by_budget = {}
     for budget in BUDGETS:
         within = path.true_impact <= budget
-        if not within.any():
-            continue
-        best = float(path.ours_bps[within].max())
+        best_index = int(np.argmax(np.where(within, path.ours_bps, -np.inf))) if within.any() else None
         for margin, ratios, exceeded in ((DEFAULT_MARGIN, score.advice_ratio, score.advice_exceeded),
                                          (NO_MARGIN, score.advice_ratio_bare, score.advice_exceeded_bare)):
             advised = advise(fitted, budget, n_max=max(path.ns), margin=margin).num_flows
             # The sweep may not hold every n: take the largest measured n not above the advice.
             index = max(int(np.searchsorted(ns, advised, side="right")) - 1, 0)
-            ratios.setdefault(budget, []).append(float(path.ours_bps[index]) / best)
-            exceeded.setdefault(budget, []).append(bool(path.true_impact[index] > budget))
+            ratio = None if best_index is None else float(path.ours_bps[index] / path.ours_bps[best_index])
+            over = bool(path.true_impact[index] > budget)
+            if margin is DEFAULT_MARGIN:
+                by_budget[budget] = (advised, None if best_index is None else path.ns[best_index], ratio, over)
+            if ratio is not None:
+                ratios.setdefault(budget, []).append(ratio)
+                exceeded.setdefault(budget, []).append(over)
+    score.advice_by_path.append(by_budget)
     score.probes_used.append(len(probes))
     score.probe_seconds.append(sum(path.probe_seconds.get(p.streams, 0.0) for p in probes))
 

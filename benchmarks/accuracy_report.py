@@ -10,6 +10,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from advisor.tame import DEFAULT_MODEL  # noqa: E402
+
 BUDGETS = (0.05, 0.1, 0.2, 0.3)
 
 
@@ -129,6 +131,22 @@ def _per_path_table(title: str, note: str, paths, scores, values_of, fmt: str) -
     return lines
 
 
+def _advice_table(paths, score) -> list[str]:
+    """Per path and budget, the default model's advice against the best in-budget n."""
+    lines = ["", f"## Advice per path ({score.name}, the default, as the service gives it)", "",
+             "Per budget: advised n / best n whose true impact is within the budget (true throughput at the "
+             "advice / at the best); '!' where the advised n truly exceeds the budget, 'none' where no n is within it.",
+             "", "| path | " + " | ".join(f"{b:g}" for b in BUDGETS) + " |", "|---" * (len(BUDGETS) + 1) + "|"]
+    for p, by_budget in zip(paths, score.advice_by_path):
+        cells = []
+        for budget in BUDGETS:
+            advised, best, ratio, over = by_budget[budget]
+            cells.append(f"{advised} / {'none' if best is None else best}"
+                         + ("" if ratio is None else f" ({ratio:.2f})") + (" !" if over else ""))
+        lines.append(f"| s{p.scenario} m{p.m} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def write_report(out: Path, settings, paths, scores, rows, elapsed_s: float, command: str, floor=None,
                  form=None) -> None:
     out.mkdir(parents=True, exist_ok=True)
@@ -228,6 +246,9 @@ def write_report(out: Path, settings, paths, scores, rows, elapsed_s: float, com
         "Per path: median signed relative error of the predicted cross traffic",
         "Positive: the cross traffic lost more than predicted (impact under-predicted); negative: it kept more.",
         paths, scores, lambda sc: sc.per_path_cross_bias, "{:+.3f}")
+    default = scores.get(DEFAULT_MODEL)
+    if default is not None and not default.failures:
+        lines += _advice_table(paths, default)
     lines += [
         "",
         "![per path](throughput_per_path.png)",

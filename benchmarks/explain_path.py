@@ -21,8 +21,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from accuracy import BUDGETS, FULL, Settings, evaluate  # noqa: E402
-from advisor.tame import DEFAULT_MARGIN, advise  # noqa: E402
+from accuracy import FULL, ModelScore, Settings, evaluate, score_model  # noqa: E402
 from models.evidence import loss_limited, loss_rate  # noqa: E402
 from models.registry import MODELS, PROBE_LEVELS, next_probe_level  # noqa: E402
 
@@ -39,7 +38,7 @@ def parse_path(text: str) -> tuple[int, int]:
         raise argparse.ArgumentTypeError(f"a path is scenario:m (e.g. 6:10), got {text!r}") from None
 
 
-def explain(path, model: str) -> list[str]:
+def explain(path, model: str, settings: Settings) -> list[str]:
     """Markdown lines describing one PathResult under one model."""
     probes = [path.probes[n] for n in PROBE_LEVELS[model]]
     level = next_probe_level(model, probes, max(path.ns))
@@ -63,17 +62,13 @@ def explain(path, model: str) -> list[str]:
         lines.append(f"| {n} | {path.ours_bps[k] / MBPS:.3f} | {pred[k] / MBPS:.3f} | "
                      f"{pred[k] / path.ours_bps[k] - 1:+.1%} | {path.cross_bps[k] / MBPS:.3f} | "
                      f"{path.true_impact[k]:.3f} | {impact[k]:.3f} |")
+    score = ModelScore(model)
+    score_model(model, path, probes, score, settings)
     lines += ["", "| budget | advised n | best in-budget n | ratio | true impact at advice |", "|---|---|---|---|---|"]
-    for budget in BUDGETS:
-        within = path.true_impact <= budget
-        advised = advise(fitted, budget, n_max=max(path.ns), margin=DEFAULT_MARGIN).num_flows
+    for budget, (advised, best, ratio, _) in score.advice_by_path[0].items():
         index = max(int(np.searchsorted(ns, advised, side="right")) - 1, 0)
-        if within.any():
-            best = int(np.argmax(np.where(within, path.ours_bps, -np.inf)))
-            lines.append(f"| {budget:g} | {advised} | {path.ns[best]} | {path.ours_bps[index] / path.ours_bps[best]:.2f} "
-                         f"| {path.true_impact[index]:.3f} |")
-        else:
-            lines.append(f"| {budget:g} | {advised} | none | - | {path.true_impact[index]:.3f} |")
+        lines.append(f"| {budget:g} | {advised} | {'none' if best is None else best} | "
+                     f"{'-' if ratio is None else f'{ratio:.2f}'} | {path.true_impact[index]:.3f} |")
     return lines
 
 
@@ -88,7 +83,7 @@ def main(argv=None) -> int:
     for scenario, m in args.paths:
         settings = Settings(scenarios=(scenario,), ms=(m,), ns=ns, models=(args.model,), cache_dir=args.cache)
         paths, _ = evaluate(settings)
-        print("\n".join(explain(paths[0], args.model)) + "\n")
+        print("\n".join(explain(paths[0], args.model, settings)) + "\n")
     return 0
 
 

@@ -242,3 +242,34 @@ def test_explain_path_argument_is_parsed_or_explained():
     assert explain_path.parse_path("6:10") == (6, 10)
     with pytest.raises(argparse.ArgumentTypeError, match="scenario:m"):
         explain_path.parse_path("6")
+
+
+def test_advice_is_recorded_per_path_and_budget_against_the_best_in_budget_n():
+    # A made-up path: our throughput 10 Mbit/s per stream, the cross traffic losing 7 % per stream,
+    # so the true impact is 0.07 n: nothing fits 0.05, n <= 1 fits 0.1, n <= 2 fits 0.2, n <= 4 fits 0.3.
+    accuracy = _benchmark("accuracy")
+    report = _benchmark("accuracy_report")
+    from advisor.tame import DEFAULT_MARGIN, advise
+    from models.parallel import ProbePoint
+    from models.registry import MODELS
+
+    ns = tuple(range(1, 9))
+    path = accuracy.PathResult(2, 5, ns, ours_bps=np.array([10e6 * n for n in ns]),
+                               cross_bps=np.array([100e6 * (1 - 0.07 * n) for n in ns]), cross0_bps=100e6)
+    probes = [ProbePoint(1, 10e6), ProbePoint(10, 60e6)]
+    score = accuracy.ModelScore("lu")
+    accuracy.score_model("lu", path, probes, score, accuracy.Settings(scenarios=(2,), ms=(5,), ns=ns))
+    (by_budget,) = score.advice_by_path
+    fitted = MODELS["lu"](probes)
+    for budget, best in ((0.05, None), (0.1, 1), (0.2, 2), (0.3, 4)):
+        advised, best_n, ratio, over = by_budget[budget]
+        assert advised == advise(fitted, budget, n_max=8, margin=DEFAULT_MARGIN).num_flows
+        assert best_n == best
+        assert over == (0.07 * advised > budget)
+        # Throughput is 10 n, so the ratio is advised / best; no best, no ratio, and nothing scored.
+        assert ratio == (None if best is None else pytest.approx(advised / best))
+    assert 0.05 not in score.advice_ratio and len(score.advice_ratio[0.3]) == 1
+    row = report._advice_table([path], score)[-1]
+    advised, _, ratio, over = by_budget[0.3]
+    assert row.startswith(f"| s2 m5 | {by_budget[0.05][0]} / none")
+    assert f"{advised} / 4 ({ratio:.2f}){' !' if over else ''} |" in row
