@@ -4,7 +4,8 @@ The per-path rows of benchmarks/results/*/README.md say how far a model is off; 
 and why: the probes it was fitted to (rate, RTT, share of segments lost, evidence verdict), the
 regime and warnings of the fit, then for every n the measured and predicted throughput and
 cross-traffic impact, and the advice for each budget against the best in-budget n. It runs the
-same settings as the benchmark (same seeds, same probe plan), reading the benchmark's cache.
+same settings as the benchmark (same seeds, same probe plan), reading the benchmark's cache and
+simulating what it lacks.
 
     python benchmarks/explain_path.py 6:10                  # scenario 6, 10 cross flows, model auto
     python benchmarks/explain_path.py 10:25 --model lu      # held-out scenario 10, Lu's model
@@ -24,6 +25,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from accuracy import FULL, ModelScore, Settings, evaluate, score_model  # noqa: E402
 from models.evidence import loss_limited, loss_rate  # noqa: E402
 from models.registry import MODELS, PROBE_LEVELS, next_probe_level  # noqa: E402
+from probes.ns2 import SCENARIOS  # noqa: E402
 
 MBPS = 1e6
 VERDICT = {True: "loss-limited", False: "clean", None: "cannot tell"}
@@ -79,6 +81,9 @@ def main(argv=None) -> int:
     parser.add_argument("--ns", help="comma-separated stream counts (default: the benchmark's 1..31)")
     parser.add_argument("--cache", type=Path, default=ROOT / "benchmarks" / "cache")
     args = parser.parse_args(argv)
+    unknown = sorted({s for s, _ in args.paths} - set(SCENARIOS))
+    if unknown:
+        parser.error(f"no scenario {', '.join(map(str, unknown))}; the scenarios are {', '.join(map(str, SCENARIOS))}")
     ns = tuple(int(x) for x in args.ns.split(",")) if args.ns else FULL["ns"]
     for scenario, m in args.paths:
         settings = Settings(scenarios=(scenario,), ms=(m,), ns=ns, models=(args.model,), cache_dir=args.cache)

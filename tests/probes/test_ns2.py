@@ -244,6 +244,15 @@ def test_explain_path_argument_is_parsed_or_explained():
         explain_path.parse_path("6")
 
 
+def test_explain_path_names_the_scenarios_when_given_an_unknown_one(capsys):
+    explain_path = _benchmark("explain_path")
+
+    with pytest.raises(SystemExit) as exit_info:
+        explain_path.main(["11:5"])
+    assert exit_info.value.code == 2
+    assert "no scenario 11; the scenarios are 1, 2, 3, 4, 5, 6, 7, 8, 9, 10" in capsys.readouterr().err
+
+
 def test_advice_is_recorded_per_path_and_budget_against_the_best_in_budget_n():
     # A made-up path: our throughput 10 Mbit/s per stream, the cross traffic losing 7 % per stream,
     # so the true impact is 0.07 n: nothing fits 0.05, n <= 1 fits 0.1, n <= 2 fits 0.2, n <= 4 fits 0.3.
