@@ -329,6 +329,10 @@ def summary(scores: dict[str, ModelScore]) -> dict[str, dict[str, float]]:
         scenarios = sorted(set(sc.per_path_scenario))
         row["by_scenario"] = {s: float(np.median([e for e, t in zip(sc.per_path_error, sc.per_path_scenario) if t == s]))
                               for s in scenarios}
+        advice_by_scenario = {}
+        for by_budget, scenario in zip(sc.advice_by_path, sc.per_path_scenario):
+            advice_by_scenario.setdefault(scenario, []).extend(r for _, _, r, _ in by_budget.values() if r is not None)
+        row["adv_by_scenario"] = {s: float(np.median(v)) for s, v in sorted(advice_by_scenario.items()) if v}
         rows[name] = row
     return rows
 

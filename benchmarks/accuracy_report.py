@@ -113,9 +113,9 @@ def _probe_table(paths) -> list[str]:
     return lines + [""]
 
 
-def _scenario_cells(row, scenarios) -> str:
-    """A summary row's per-scenario medians as Markdown cells (blank where the model has no path)."""
-    return " | ".join(f"{row['by_scenario'][s]:.3f}" if s in row["by_scenario"] else "" for s in scenarios)
+def _scenario_cells(row, scenarios, key: str = "by_scenario", fmt: str = "{:.3f}") -> str:
+    """A summary row's per-scenario medians (row[key]) as Markdown cells (blank where the model has none)."""
+    return " | ".join(fmt.format(row[key][s]) if s in row[key] else "" for s in scenarios)
 
 
 def _per_path_table(title: str, note: str, paths, scores, values_of, fmt: str) -> list[str]:
@@ -220,6 +220,16 @@ def write_report(out: Path, settings, paths, scores, rows, elapsed_s: float, com
     ]
     for name, r in rows.items():
         lines.append(f"| {name} | " + _scenario_cells(r, scenarios) + " |")
+    lines += [
+        "",
+        "Advice by scenario (median over its paths and the budgets of true throughput at the advice / best "
+        "in-budget, with the margin):",
+        "",
+        "| model | " + " | ".join(f"s{s}" for s in scenarios) + " |",
+        "|---" * (len(scenarios) + 1) + "|",
+    ]
+    for name, r in rows.items():
+        lines.append(f"| {name} | " + _scenario_cells(r, scenarios, "adv_by_scenario", "{:.2f}") + " |")
     # Models whose probe levels the sweep lacks (every one, on --quick) have nothing to show here.
     form = {name: r for name, r in (form or {}).items() if r["paths"]}
     if form:

@@ -278,6 +278,9 @@ def test_advice_is_recorded_per_path_and_budget_against_the_best_in_budget_n():
         # Throughput is 10 n, so the ratio is advised / best; no best, no ratio, and nothing scored.
         assert ratio == (None if best is None else pytest.approx(advised / best))
     assert 0.05 not in score.advice_ratio and len(score.advice_ratio[0.3]) == 1
+    # By scenario: the median over the budgets that have a best n (0.05 has none).
+    ratios = [by_budget[b][2] for b in (0.1, 0.2, 0.3)]
+    assert accuracy.summary({"lu": score})["lu"]["adv_by_scenario"] == {2: pytest.approx(float(np.median(ratios)))}
     row = report._advice_table([path], score)[-1]
     advised, _, ratio, over = by_budget[0.3]
     assert row.startswith(f"| s2 m5 | {by_budget[0.05][0]} / none")
