@@ -161,6 +161,20 @@ def probe_all(requests: list[tuple[int, int, tuple[int, ...]]], settings: Settin
     return results
 
 
+def model_probes(name: str, path: PathResult) -> list[ProbePoint]:
+    """The probes a model is fitted to on a path: its fixed levels, then the adaptive level it picks from them, if any."""
+    probes = [path.probes[n] for n in PROBE_LEVELS[name]]
+    level = next_probe_level(name, probes, max(path.ns))
+    if level is not None:
+        probes.append(path.probes[level])
+    return probes
+
+
+def sweep_index(ns, streams: int) -> int:
+    """Index in the sorted sweep ``ns`` of the largest measured n not above ``streams`` (the sweep may not hold every n)."""
+    return max(int(np.searchsorted(ns, streams, side="right")) - 1, 0)
+
+
 def score_model(name: str, path: PathResult, probes: list[ProbePoint], score: ModelScore, settings: Settings) -> None:
     """Add one path's errors for one model to its score."""
     try:
@@ -186,8 +200,7 @@ def score_model(name: str, path: PathResult, probes: list[ProbePoint], score: Mo
         for margin, ratios, exceeded in ((DEFAULT_MARGIN, score.advice_ratio, score.advice_exceeded),
                                          (NO_MARGIN, score.advice_ratio_bare, score.advice_exceeded_bare)):
             advised = advise(fitted, budget, n_max=max(path.ns), margin=margin).num_flows
-            # The sweep may not hold every n: take the largest measured n not above the advice.
-            index = max(int(np.searchsorted(ns, advised, side="right")) - 1, 0)
+            index = sweep_index(path.ns, advised)
             ratio = None if best_index is None else float(path.ours_bps[index] / path.ours_bps[best_index])
             over = bool(path.true_impact[index] > budget)
             if margin is DEFAULT_MARGIN:
@@ -242,10 +255,7 @@ def evaluate(settings: Settings) -> tuple[list[PathResult], dict[str, ModelScore
     scores = {name: ModelScore(name) for name in models}
     for path in paths:
         for name in models:
-            probes = [path.probes[n] for n in PROBE_LEVELS[name]]
-            level = next_probe_level(name, probes, max(settings.ns))
-            if level is not None:
-                probes.append(path.probes[level])
+            probes = model_probes(name, path)
             if len({p.streams for p in probes}) < MIN_LEVELS[name]:
                 scores[name].failures.append(f"s{path.scenario} m{path.m}: too few probe levels")
                 continue

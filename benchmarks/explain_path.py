@@ -22,9 +22,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from accuracy import FULL, ModelScore, Settings, evaluate, score_model  # noqa: E402
+from accuracy import FULL, ModelScore, Settings, evaluate, model_probes, score_model, sweep_index  # noqa: E402
 from models.evidence import loss_limited, loss_rate  # noqa: E402
-from models.registry import MODELS, PROBE_LEVELS, next_probe_level  # noqa: E402
+from models.registry import MODELS  # noqa: E402
 from probes.ns2 import SCENARIOS  # noqa: E402
 
 MBPS = 1e6
@@ -42,10 +42,7 @@ def parse_path(text: str) -> tuple[int, int]:
 
 def explain(path, model: str, settings: Settings) -> list[str]:
     """Markdown lines describing one PathResult under one model."""
-    probes = [path.probes[n] for n in PROBE_LEVELS[model]]
-    level = next_probe_level(model, probes, max(path.ns))
-    if level is not None:
-        probes.append(path.probes[level])
+    probes = model_probes(model, path)
     fitted = MODELS[model](probes)
     lines = [f"## s{path.scenario} m{path.m}, model {model}: regime {fitted.regime}", ""]
     lines += [f"- warning: {w}" for w in fitted.warnings] + ([""] if fitted.warnings else [])
@@ -68,7 +65,7 @@ def explain(path, model: str, settings: Settings) -> list[str]:
     score_model(model, path, probes, score, settings)
     lines += ["", "| budget | advised n | best in-budget n | ratio | true impact at advice |", "|---|---|---|---|---|"]
     for budget, (advised, best, ratio, _) in score.advice_by_path[0].items():
-        index = max(int(np.searchsorted(ns, advised, side="right")) - 1, 0)
+        index = sweep_index(path.ns, advised)
         lines.append(f"| {budget:g} | {advised} | {'none' if best is None else best} | "
                      f"{'-' if ratio is None else f'{ratio:.2f}'} | {path.true_impact[index]:.3f} |")
     return lines
