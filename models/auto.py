@@ -11,8 +11,13 @@ segment size against the Reno rate, Lu 2004 eq. 1-2), then:
   probes (:mod:`models.fair_share`), held at the lowest loss-limited probe's throughput below
   that probe (the link filled somewhere between the two probes, and a full link's aggregate
   does not fall back along the fair-share curve), never more than n x the clean per-stream
-  rate; a competing flow loses what each of our streams lost against the clean rate,
-  1 - (BW_n / n) / r0, by Lu's equal-share assumption (section V.A);
+  rate. Between the knee and the lowest loss-limited probe a competing flow loses what each
+  of our streams lost against the clean rate, 1 - (BW_n / n) / r0, by Lu's equal-share
+  assumption (section V.A). From that probe on, the link is full and carries a fixed total,
+  the fair share's capacity C, so the cross traffic keeps what we leave of it: it carried
+  C - BW_l alone (BW_l our aggregate where the link filled, the plateau) and loses
+  (BW_n - BW_l) / (C - BW_l) ("link conservation"; equal shares again when the fair share
+  sees no finite capacity above the plateau);
 * otherwise, or when the probes carry no such evidence: the fair-share model on all probes
   (least squares with three). When even the lowest probe's loss rate keeps a Reno window under
   :data:`TIMEOUT_REGIME_WINDOW_SEGMENTS` ("timeout regime": a small, crowded bottleneck), flows
@@ -141,11 +146,22 @@ class KneeFit(ParallelFit):
         return result if result.ndim else float(result)
 
     def impact(self, streams):
-        """Relative loss of each competing flow, 1 - (BW_n / n) / per_stream_bps beyond the knee, else 0."""
+        """Relative loss of each competing flow, 0-1 (module docstring).
+
+        0 on the clean line; then 1 - (BW_n / n) / per_stream_bps (equal shares); from the lowest
+        loss-limited probe on, (BW_n - BW_l) / (C - BW_l) (link conservation) when the congested
+        fit's capacity C is finite and above the plateau BW_l.
+        """
         n = validated_streams(streams)
         safe = np.maximum(n, 1e-9)
-        per_stream = np.asarray(self.throughput_bps(safe), dtype=float) / safe
-        result = np.where(n <= self.linear_until_streams, 0.0, np.clip(1.0 - per_stream / self.per_stream_bps, 0.0, 1.0))
+        throughput = np.asarray(self.throughput_bps(safe), dtype=float)
+        equal_share = np.clip(1.0 - throughput / safe / self.per_stream_bps, 0.0, 1.0)
+        result = np.where(n <= self.linear_until_streams, 0.0, equal_share)
+        capacity = self.congested.link_capacity_bps if isinstance(self.congested, FairShareFit) else float("inf")
+        plateau = float(self.throughput_bps(self.plateau_until_streams)) if self.plateau_until_streams else 0.0
+        if self.plateau_until_streams and np.isfinite(capacity) and capacity > plateau:
+            conserved = np.clip((throughput - plateau) / (capacity - plateau), 0.0, 1.0)
+            result = np.where(n >= self.plateau_until_streams, conserved, result)
         return result if result.ndim else float(result)
 
     @property

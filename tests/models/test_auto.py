@@ -107,3 +107,27 @@ def test_third_probe_goes_to_the_top_of_the_advice_range_within_reach():
     assert next_level(points, 64) == ADAPTIVE_REACH * 10
     assert next_level(points + [clean(31, 2e6)], 31) is None
     assert next_level([], 31) is None
+
+
+def test_beyond_the_lowest_loss_limited_probe_the_full_link_keeps_its_total():
+    fit = fit_auto([clean(1, 2e6), clean(10, 2e6), lossy(31, 1e6)])
+    # The link (C = 42 Mbit/s, see the knee test) filled at our 31 Mbit/s plateau, so the cross traffic
+    # alone carried 42 - 31 = 11 Mbit/s and keeps 42 - BW_n: at 40 streams (32.94 Mbit/s) it loses
+    # (32.94 - 31) / 11 = 0.176, where equal shares (1 - (32.94 / 40) / 2) would say 0.588.
+    bw40 = 42e6 * 40 / 51
+    assert_allclose(fit.impact(40), (bw40 - 31e6) / 11e6, rtol=1e-6)
+    assert fit.impact(40) < 1 - bw40 / 40 / 2e6
+    # At the plateau itself nothing is lost yet beyond what the link already held; in the gap below it,
+    # equal shares as before; the impact never falls as n grows.
+    assert fit.impact(31) == pytest.approx(0.0, abs=1e-9)
+    impacts = np.asarray(fit.impact(np.arange(31, 200)))
+    assert np.all(np.diff(impacts) >= -1e-12) and impacts[-1] <= 1.0
+
+
+def test_a_loss_limited_side_without_a_finite_capacity_keeps_equal_shares():
+    # 0.5 and 0.55 Mbit/s per stream at the loss-limited probes: throughput grew faster than the streams, so
+    # the fair share sees no capacity (n x their geometric-mean rate) and the impact stays Lu's equal share.
+    fit = fit_auto([clean(1, 2e6), lossy(10, 0.5e6), lossy(31, 0.55e6)])
+    assert isinstance(fit, KneeFit) and fit.congested.regime == UNCONGESTED
+    per_stream = np.sqrt(0.5e6 * 0.55e6)
+    assert_allclose(fit.impact([10, 20, 31]), [1 - per_stream / 2e6] * 3, rtol=1e-6)
