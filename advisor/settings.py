@@ -11,6 +11,7 @@ from advisor.allowlist import DEFAULT_ALLOWED, AllowList
 from advisor.errors import ConfigError
 from advisor.tame import DEFAULT_MODEL, DEFAULT_N_MAX
 from models.registry import MODELS
+from probes.plan import ProbePlan
 
 DEFAULT_LEVELS = (1, 10)
 
@@ -35,10 +36,10 @@ class Settings:
     model: str = DEFAULT_MODEL
     n_max: int = DEFAULT_N_MAX
     default_levels: tuple[int, ...] = DEFAULT_LEVELS
-    default_duration_s: float = 10.0
-    omit_s: float = 2.0
+    default_duration_s: float = ProbePlan.duration_s
+    omit_s: float = ProbePlan.omit_s
     # A probe whose rate has not settled is re-run twice as long, up to this (probes.plan.ProbePlan).
-    max_probe_duration_s: float = 60.0
+    max_probe_duration_s: float = ProbePlan.max_duration_s
     max_batch: int = 1000
     max_probe_attempts: int = 3
     # Advice cached in memory is re-read after this long even without a local write, so writes
@@ -88,7 +89,7 @@ class Settings:
             max_concurrent_probes=number("TAME_MAX_CONCURRENT_PROBES", 1, 1, 64, int),
             model=model,
             default_levels=levels,
-            default_duration_s=number("TAME_PROBE_DURATION_S", 10.0, 1.0, 300.0),
-            max_probe_duration_s=number("TAME_PROBE_MAX_DURATION_S", 60.0, 1.0, 600.0),
+            default_duration_s=number("TAME_PROBE_DURATION_S", ProbePlan.duration_s, 1.0, 300.0),
+            max_probe_duration_s=number("TAME_PROBE_MAX_DURATION_S", ProbePlan.max_duration_s, 1.0, 600.0),
             max_batch=number("TAME_MAX_BATCH", 1000, 1, 100_000, int),
         )

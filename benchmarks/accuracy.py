@@ -52,9 +52,10 @@ class Settings:
     seed: int = 1
     truth_duration_s: float = 80.0
     truth_omit_s: float = 10.0
-    probe_duration_s: float = 10.0
-    probe_omit_s: float = 2.0
-    probe_max_duration_s: float = 60.0
+    # The service's own probe plan unless told otherwise.
+    probe_duration_s: float = ProbePlan.duration_s
+    probe_omit_s: float = ProbePlan.omit_s
+    probe_max_duration_s: float = ProbePlan.max_duration_s
     queue: str = "DropTail"
     workers: int = 2
     cache_dir: Path = ROOT / "benchmarks" / "cache"
@@ -359,10 +360,11 @@ def parse_args(argv=None) -> tuple[Settings, Path]:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--truth-duration", type=float, default=80.0, help="ground-truth seconds measured")
     parser.add_argument("--truth-omit", type=float, default=10.0, help="ground-truth warm-up seconds")
-    parser.add_argument("--probe-duration", type=float, default=10.0, help="probe seconds measured")
-    parser.add_argument("--probe-max-duration", type=float, default=60.0,
+    parser.add_argument("--probe-duration", type=float, default=ProbePlan.duration_s,
+                        help="probe seconds measured (default: the service's probe plan's)")
+    parser.add_argument("--probe-max-duration", type=float, default=ProbePlan.max_duration_s,
                         help="longest a probe is extended to while its rate has not settled")
-    parser.add_argument("--probe-omit", type=float, default=2.0, help="probe warm-up seconds")
+    parser.add_argument("--probe-omit", type=float, default=ProbePlan.omit_s, help="probe warm-up seconds")
     parser.add_argument("--queue", default="DropTail", choices=("DropTail", "RED"))
     parser.add_argument("--floor-seed", type=int, metavar="SEED",
                         help="also run the ground truth with SEED and report how well it predicts seed --seed's "

@@ -31,8 +31,13 @@ class ProbePlan:
     """
 
     levels: tuple[int, ...] = (1, 10)
-    duration_s: float = 10.0
-    omit_s: float = 2.0
+    # 30 s measured after 5 s of warm-up: on the ns-2 accuracy benchmark, 10 s after 2 s (the
+    # defaults before) left probes that passed the settling rule off the long transfers often enough to
+    # take auto's per-path throughput error from 0.066 to 0.100 (median), and 30 s probes need fewer
+    # re-runs, so probing a path costs about the same (161 s either way). Figures and the commands
+    # that give them: benchmarks/results/SUMMARY.md.
+    duration_s: float = 30.0
+    omit_s: float = 5.0
     repeats: int = 1
     extra_levels: tuple[int, ...] = ()
     settle_tolerance: float = 0.05

@@ -30,10 +30,13 @@ def add_plan_options(parser) -> None:
     """DEST and the probe-plan options shared by `tame probe` and `tame advise`."""
     parser.add_argument("dest", metavar="DEST[:PORT]", help="iperf3 server; port 5201 if none; IPv6 as [addr]:port")
     parser.add_argument("--levels", default="1,10", help="stream counts to probe, comma-separated (default 1,10)")
-    parser.add_argument("--duration", default="10", metavar="S", help="measured seconds per probe (default 10)")
-    parser.add_argument("--omit", default="2", metavar="S", help="warm-up seconds left out of each probe (default 2)")
-    parser.add_argument("--max-duration", default="60", metavar="S",
-                        help="longest a probe is extended to while its rate has not settled (default 60)")
+    plan = ProbePlan()
+    parser.add_argument("--duration", default=f"{plan.duration_s:g}", metavar="S",
+                        help=f"measured seconds per probe (default {plan.duration_s:g})")
+    parser.add_argument("--omit", default=f"{plan.omit_s:g}", metavar="S",
+                        help=f"warm-up seconds left out of each probe (default {plan.omit_s:g})")
+    parser.add_argument("--max-duration", default=f"{plan.max_duration_s:g}", metavar="S",
+                        help=f"longest a probe is extended to while its rate has not settled (default {plan.max_duration_s:g})")
     parser.add_argument("--repeats", default="1", metavar="K", help="probe every level K times (default 1)")
     parser.add_argument("--congestion-control", choices=CONGESTION_CONTROLS, default=None,
                         help="sender congestion control (default: the kernel's)")

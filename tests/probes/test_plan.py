@@ -19,7 +19,7 @@ def test_default_plan_measures_idle_rtt_then_1_and_10_streams():
     result = run_plan(driver, DEST)
     assert [c[0] for c in driver.calls] == ["idle_rtt", "run", "run"]
     assert [c[2] for c in driver.calls[1:]] == [1, 10]
-    assert [(c[3], c[4]) for c in driver.calls[1:]] == [(10.0, 2.0), (10.0, 2.0)]
+    assert [(c[3], c[4]) for c in driver.calls[1:]] == [(30.0, 5.0), (30.0, 5.0)]
     assert result.dest == DEST and result.idle_rtt_s == 0.04
     # A flat fake series: the rate is the function's value, settled, with zero spread.
     assert_allclose([p.throughput_bps for p in result.probes], [rate(1), rate(10)])
@@ -70,7 +70,7 @@ def test_deadline_given_to_the_driver_covers_warm_up_duration_and_slack():
 
 def test_progress_reports_every_step_in_order():
     events = []
-    run_plan(FakeDriver(rate, ramp_s=15.0), DEST, ProbePlan(levels=(1, 10), omit_s=0), progress=events.append)
+    run_plan(FakeDriver(rate, ramp_s=15.0), DEST, ProbePlan(levels=(1, 10), duration_s=10, omit_s=0), progress=events.append)
     kinds = [e.kind for e in events]
     assert kinds[:2] == ["idle_rtt", "idle_rtt_done"]
     assert kinds.count("probe") == 2 and kinds.count("probe_done") == 2 and "extend" in kinds
@@ -146,7 +146,7 @@ def test_adaptive_probe_follows_at_the_level_the_chooser_picks():
         return 4
 
     driver = FakeDriver(rate)
-    plan = ProbePlan(levels=(1, 10), adaptive_probes=1)
+    plan = ProbePlan(levels=(1, 10), duration_s=10, omit_s=2, adaptive_probes=1)
     result = run_plan(driver, DEST, plan, next_level=choose)
     # The chooser sees both fixed probes, in order, before the third is run at its level.
     assert seen == [[1, 10]]
@@ -177,14 +177,14 @@ def test_loss_limited_probe_runs_as_long_as_its_congestion_cycles_need():
     # trips = 5.31 s, so 8 cycles need 42.5 s. The flat 10 s probe would pass the trend test but
     # saw losses: it is re-run at once for ceil(42.5) = 43 s (not 20), which is enough.
     driver = FakeDriver(lambda n: 6e6, rtt_s=0.119, mss_bytes=1000, retransmits_per_stream=3)
-    result = run_plan(driver, DEST, ProbePlan(levels=(1,), omit_s=0))
+    result = run_plan(driver, DEST, ProbePlan(levels=(1,), duration_s=10, omit_s=0))
     assert [c[3] for c in driver.calls if c[0] == "run"] == [10, 43]
     assert result.probes[0].settled
 
 
 def test_probe_without_losses_needs_no_cycles():
     driver = FakeDriver(lambda n: 6e6, rtt_s=0.119, mss_bytes=1000, retransmits_per_stream=0)
-    result = run_plan(driver, DEST, ProbePlan(levels=(1,), omit_s=0))
+    result = run_plan(driver, DEST, ProbePlan(levels=(1,), duration_s=10, omit_s=0))
     assert [c[3] for c in driver.calls if c[0] == "run"] == [10]
     assert result.probes[0].settled
 
