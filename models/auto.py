@@ -157,11 +157,12 @@ class KneeFit(ParallelFit):
         throughput = np.asarray(self.throughput_bps(safe), dtype=float)
         equal_share = np.clip(1.0 - throughput / safe / self.per_stream_bps, 0.0, 1.0)
         result = np.where(n <= self.linear_until_streams, 0.0, equal_share)
-        capacity = self.congested.link_capacity_bps if isinstance(self.congested, FairShareFit) else float("inf")
-        plateau = float(self.throughput_bps(self.plateau_until_streams)) if self.plateau_until_streams else 0.0
-        if self.plateau_until_streams and np.isfinite(capacity) and capacity > plateau:
-            conserved = np.clip((throughput - plateau) / (capacity - plateau), 0.0, 1.0)
-            result = np.where(n >= self.plateau_until_streams, conserved, result)
+        if self.plateau_until_streams:
+            capacity = self.congested.link_capacity_bps
+            plateau = float(self.throughput_bps(self.plateau_until_streams))
+            if np.isfinite(capacity) and capacity > plateau:
+                conserved = np.clip((throughput - plateau) / (capacity - plateau), 0.0, 1.0)
+                result = np.where(n >= self.plateau_until_streams, conserved, result)
         return result if result.ndim else float(result)
 
     @property
