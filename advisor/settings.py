@@ -13,7 +13,7 @@ from advisor.tame import DEFAULT_MODEL, DEFAULT_N_MAX
 from models.registry import MODELS
 from probes.plan import ProbePlan
 
-DEFAULT_LEVELS = (1, 10)
+DEFAULT_LEVELS = ProbePlan.levels
 
 
 def default_database_url(env: Mapping[str, str]) -> str:

@@ -29,8 +29,9 @@ def register(subparsers) -> None:
 def add_plan_options(parser) -> None:
     """DEST and the probe-plan options shared by `tame probe` and `tame advise`."""
     parser.add_argument("dest", metavar="DEST[:PORT]", help="iperf3 server; port 5201 if none; IPv6 as [addr]:port")
-    parser.add_argument("--levels", default="1,10", help="stream counts to probe, comma-separated (default 1,10)")
     plan = ProbePlan()
+    levels = ",".join(map(str, plan.levels))
+    parser.add_argument("--levels", default=levels, help=f"stream counts to probe, comma-separated (default {levels})")
     parser.add_argument("--duration", default=f"{plan.duration_s:g}", metavar="S",
                         help=f"measured seconds per probe (default {plan.duration_s:g})")
     parser.add_argument("--omit", default=f"{plan.omit_s:g}", metavar="S",
