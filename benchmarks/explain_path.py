@@ -3,9 +3,10 @@
 The per-path rows of benchmarks/results/*/README.md say how far a model is off; this says where
 and why: the probes it was fitted to (rate, RTT, share of segments lost, evidence verdict), the
 regime and warnings of the fit, then for every n the measured and predicted throughput and
-cross-traffic impact, and the advice for each budget against the best in-budget n. It runs the
-same settings as the benchmark (same seeds, same probe plan), reading the benchmark's cache and
-simulating what it lacks.
+cross-traffic impact, the link's total (ours + cross traffic) and how our per-stream rate compares
+with a cross flow's (1.00: equal shares, Lu's assumption), and the advice for each budget against
+the best in-budget n. It runs the same settings as the benchmark (same seeds, same probe plan),
+reading the benchmark's cache and simulating what it lacks.
 
     python benchmarks/explain_path.py 6:10                  # scenario 6, 10 cross flows, model auto
     python benchmarks/explain_path.py 10:25 --model lu      # held-out scenario 10, Lu's model
@@ -55,12 +56,14 @@ def explain(path, model: str, settings: Settings) -> list[str]:
     ns = np.array(path.ns, dtype=float)
     pred, impact = np.asarray(fitted.throughput_bps(ns)), np.asarray(fitted.impact(ns))
     lines += ["", f"Cross traffic alone: {path.cross0_bps / MBPS:.3f} Mbit/s.", "",
-              "| n | ours Mbit/s | predicted | error | cross Mbit/s | impact | predicted impact |",
-              "|---|---|---|---|---|---|---|"]
+              "| n | ours Mbit/s | predicted | error | cross Mbit/s | impact | predicted impact | ours + cross Mbit/s "
+              "| per stream / per cross flow |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for k, n in enumerate(path.ns):
         lines.append(f"| {n} | {path.ours_bps[k] / MBPS:.3f} | {pred[k] / MBPS:.3f} | "
                      f"{pred[k] / path.ours_bps[k] - 1:+.1%} | {path.cross_bps[k] / MBPS:.3f} | "
-                     f"{path.true_impact[k]:.3f} | {impact[k]:.3f} |")
+                     f"{path.true_impact[k]:.3f} | {impact[k]:.3f} | {(path.ours_bps[k] + path.cross_bps[k]) / MBPS:.3f} | "
+                     f"{(path.ours_bps[k] / n) / (path.cross_bps[k] / path.m):.2f} |")
     score = ModelScore(model)
     score_model(model, path, probes, score, settings)
     lines += ["", "| budget | advised n | best in-budget n | ratio | true impact at advice |", "|---|---|---|---|---|"]

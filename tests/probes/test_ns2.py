@@ -218,7 +218,7 @@ def test_explain_path_prints_the_models_prediction_against_the_truth_at_every_n(
     assert explain_path.main(["1:3", "--ns", "1,2,4", "--cache", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     rows = {int(cells[1]): cells for cells in (line.split("|") for line in out.splitlines())
-            if len(cells) == 9 and cells[1].strip().isdigit()}
+            if len(cells) == 11 and cells[1].strip().isdigit()}
     assert sorted(rows) == [1, 2, 4]
     # The same settings, read back from the cache the script filled, fitted here independently.
     settings = accuracy.Settings(scenarios=(1,), ms=(3,), ns=(1, 2, 4), models=("auto",), cache_dir=tmp_path)
@@ -229,6 +229,9 @@ def test_explain_path_prints_the_models_prediction_against_the_truth_at_every_n(
         assert float(ours) == pytest.approx(path.ours_bps[k] / 1e6, abs=5e-4)
         assert float(predicted) == pytest.approx(fitted.throughput_bps(n) / 1e6, abs=5e-4)
         assert float(error.rstrip("%")) == pytest.approx((fitted.throughput_bps(n) / path.ours_bps[k] - 1) * 100, abs=0.06)
+        total, share = (float(rows[n][i]) for i in (8, 9))
+        assert total == pytest.approx((path.ours_bps[k] + path.cross_bps[k]) / 1e6, abs=5e-4)
+        assert share == pytest.approx((path.ours_bps[k] / n) / (path.cross_bps[k] / 3), abs=5e-3)
     # One advice row per budget the benchmark scores.
     advice = [line for line in out.splitlines() if line.startswith(("| 0.05 |", "| 0.1 |", "| 0.2 |", "| 0.3 |"))]
     assert len(advice) == len(accuracy.BUDGETS)
