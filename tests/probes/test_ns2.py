@@ -288,3 +288,49 @@ def test_advice_is_recorded_per_path_and_budget_against_the_best_in_budget_n():
     advised, _, ratio, over = by_budget[0.3]
     assert row.startswith(f"| s2 m5 | {by_budget[0.05][0]} / none")
     assert f"{advised} / 4 ({ratio:.2f}){' !' if over else ''} |" in row
+
+
+def test_cross_breakdown_counts_errors_within_the_tolerance_per_scenario():
+    cross_breakdown = _benchmark("cross_breakdown")
+    accuracy = _benchmark("accuracy")
+    # Two paths of scenario 2 and one of scenario 6, three n each.
+    score = accuracy.ModelScore("auto", per_path_scenario=[2, 6, 2],
+                                cross_error=[0.01, -0.04, 0.2, -0.5, 0.05, 0.0, 0.06, -0.06, 0.03])
+    by_scenario = cross_breakdown.errors_by_scenario(score, 3)
+    assert sorted(by_scenario) == [2, 6]
+    assert_allclose(by_scenario[2], [0.01, 0.04, 0.2, 0.06, 0.06, 0.03])
+    lines = cross_breakdown.breakdown_lines(by_scenario, {}, 0.05)
+    assert "| s2 | 3 / 6 (50%) | 0.050 | - | - |" in lines
+    assert "| s6 | 2 / 3 (67%) | 0.050 | - | - |" in lines
+    assert "| all | 5 / 9 (56%) | 0.050 | - | - |" in lines
+    assert lines[-1] == "A p50 within 0.05 needs 5 of the 9 errors within it."
+
+
+def test_cross_breakdown_refuses_a_tolerance_that_is_not_positive(capsys):
+    cross_breakdown = _benchmark("cross_breakdown")
+
+    with pytest.raises(SystemExit) as exit_info:
+        cross_breakdown.main(["--tolerance", "0"])
+    assert exit_info.value.code == 2
+    assert "--tolerance must be above 0, got 0" in capsys.readouterr().err
+
+
+@pytest.mark.ns2
+def test_cross_breakdown_agrees_with_the_benchmarks_own_cross_errors(tmp_path, capsys):
+    cross_breakdown = _benchmark("cross_breakdown")
+    accuracy = _benchmark("accuracy")
+
+    # n = 10 is in the sweep so that the form (auto fitted to the truth at its levels 1 and 10) is scored too.
+    assert cross_breakdown.main(["--scenarios", "1", "--ms", "3", "--ns", "1,2,4,10", "--cache", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    settings = accuracy.Settings(scenarios=(1,), ms=(3,), ns=(1, 2, 4, 10), models=("auto",), cache_dir=tmp_path)
+    paths, scores = accuracy.evaluate(settings)
+    errors = np.abs(scores["auto"].cross_error)
+    form = np.abs(accuracy.form_scores(paths, settings)["auto"].cross_error)
+    assert len(errors) == len(form) == 4
+    within = int(np.sum(errors <= 0.05))
+    row = next(line for line in out.splitlines() if line.startswith("| s1 |"))
+    cells = [c.strip() for c in row.split("|")[1:-1]]
+    assert cells[1].startswith(f"{within} / 4 ")
+    assert float(cells[2]) == pytest.approx(np.median(errors), abs=5e-4)
+    assert cells[3].startswith(f"{int(np.sum(form <= 0.05))} / {form.size} ")
