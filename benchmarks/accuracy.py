@@ -25,6 +25,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Mapping
 
 import numpy as np
 
@@ -162,12 +163,13 @@ def probe_all(requests: list[tuple[int, int, tuple[int, ...]]], settings: Settin
     return results
 
 
-def model_probes(name: str, path: PathResult) -> list[ProbePoint]:
-    """The probes a model is fitted to on a path: its fixed levels, then the adaptive level it picks from them, if any."""
-    probes = [path.probes[n] for n in PROBE_LEVELS[name]]
-    level = next_probe_level(name, probes, max(path.ns))
+def model_probes(name: str, points: Mapping[int, ProbePoint], n_max: int) -> list[ProbePoint]:
+    """The points a model is fitted to, taken from ``points`` by stream count: its fixed levels, then the
+    adaptive level it picks from them (up to ``n_max``), if any. KeyError when ``points`` lacks one."""
+    probes = [points[n] for n in PROBE_LEVELS[name]]
+    level = next_probe_level(name, probes, n_max)
     if level is not None:
-        probes.append(path.probes[level])
+        probes.append(points[level])
     return probes
 
 
@@ -256,7 +258,7 @@ def evaluate(settings: Settings) -> tuple[list[PathResult], dict[str, ModelScore
     scores = {name: ModelScore(name) for name in models}
     for path in paths:
         for name in models:
-            probes = model_probes(name, path)
+            probes = model_probes(name, path.probes, max(path.ns))
             if len({p.streams for p in probes}) < MIN_LEVELS[name]:
                 scores[name].failures.append(f"s{path.scenario} m{path.m}: too few probe levels")
                 continue
@@ -275,15 +277,11 @@ def form_scores(paths: list[PathResult], settings: Settings) -> dict[str, ModelS
     scores = {name: ModelScore(name) for name in models}
     for path in paths:
         for name in models:
-            levels = list(PROBE_LEVELS[name])
-            if not all(n in path.truth_points for n in levels):
+            try:
+                points = model_probes(name, path.truth_points, max(path.ns))
+            except KeyError:
                 continue
-            extra = next_probe_level(name, [path.truth_points[n] for n in levels], max(path.ns))
-            if extra is not None:
-                if extra not in path.truth_points:
-                    continue
-                levels.append(extra)
-            score_model(name, path, [path.truth_points[n] for n in levels], scores[name], settings)
+            score_model(name, path, points, scores[name], settings)
     return scores
 
 

@@ -43,7 +43,7 @@ def parse_path(text: str) -> tuple[int, int]:
 
 def explain(path, model: str, settings: Settings) -> list[str]:
     """Markdown lines describing one PathResult under one model."""
-    probes = model_probes(model, path)
+    probes = model_probes(model, path.probes, max(path.ns))
     fitted = MODELS[model](probes)
     lines = [f"## s{path.scenario} m{path.m}, model {model}: regime {fitted.regime}", ""]
     lines += [f"- warning: {w}" for w in fitted.warnings] + ([""] if fitted.warnings else [])
