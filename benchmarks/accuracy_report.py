@@ -147,6 +147,21 @@ def _advice_table(paths, score) -> list[str]:
     return lines
 
 
+def _floor_table(paths, floor, default, seed: int) -> list[str]:
+    """Per path, the noise floor's throughput error out of and in sample, beside the default model's."""
+    seeds = ", ".join(map(str, floor["seeds"]))
+    model = [] if default is None or default.failures else [default.name]
+    lines = ["", "## Noise floor per path (mean |relative error| of throughput)", "",
+             f"The per-n median of seeds {seeds}'s ground truth as a model of seed {seed}'s (out of sample), the same "
+             f"with seed {seed}'s own run in the median (in sample); the path's expected curve lies between the two.",
+             "", "| " + " | ".join(["path", "out of sample", "in sample", *model]) + " |", "|---" * (3 + len(model)) + "|"]
+    for i, p in enumerate(paths):
+        cells = [f"{floor['per_path'][i]:.3f}", f"{floor['in_sample']['per_path'][i]:.3f}"]
+        cells += [f"{default.per_path_error[i]:.3f}" for _ in model]
+        lines.append(f"| s{p.scenario} m{p.m} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def write_report(out: Path, settings, paths, scores, rows, elapsed_s: float, command: str, floor=None,
                  form=None) -> None:
     out.mkdir(parents=True, exist_ok=True)
@@ -193,12 +208,20 @@ def write_report(out: Path, settings, paths, scores, rows, elapsed_s: float, com
         "",
     ]
     if floor is not None:
+        seeds = ", ".join(map(str, floor["seeds"]))
+        inside = floor["in_sample"]
         lines += [
-            f"Noise floor: the ground truth of seed {floor['seed']} taken as a perfect model of seed "
+            f"Noise floor: the per-n median of the ground truth of seed(s) {seeds} taken as a perfect model of seed "
             f"{settings.seed}'s: throughput median {floor['thr_median']:.3f}, p90 {floor['thr_p90']:.3f}; cross traffic "
-            f"p50 {floor['cross_p50']:.3f}, p90 {floor['cross_p90']:.3f}. No model fitted to probes of one run can "
-            "expect to do better than this against another. By scenario (median per-path throughput error): "
-            + ", ".join(f"s{s} {v:.3f}" for s, v in floor["thr_median_by_scenario"].items()) + ".",
+            f"p50 {floor['cross_p50']:.3f}, p90 {floor['cross_p90']:.3f}. The probes run with a seed of their own, so "
+            "no model fitted to them can expect to do better than the path's expected curve; this median has not "
+            "seen seed " f"{settings.seed} and over-estimates that curve's error, the same median with seed "
+            f"{settings.seed}'s own run in it under-estimates it: throughput median {inside['thr_median']:.3f}, p90 "
+            f"{inside['thr_p90']:.3f}; cross traffic p50 {inside['cross_p50']:.3f}, p90 {inside['cross_p90']:.3f}. "
+            "By scenario (median / largest per-path throughput error, out of sample; in sample): "
+            + ", ".join(f"s{s} {v:.3f} / {floor['thr_max_by_scenario'][s]:.3f}; "
+                        f"{inside['thr_median_by_scenario'][s]:.3f} / {inside['thr_max_by_scenario'][s]:.3f}"
+                        for s, v in floor["thr_median_by_scenario"].items()) + ".",
             "",
         ]
     lines += [
@@ -257,6 +280,8 @@ def write_report(out: Path, settings, paths, scores, rows, elapsed_s: float, com
         "Positive: the cross traffic lost more than predicted (impact under-predicted); negative: it kept more.",
         paths, scores, lambda sc: sc.per_path_cross_bias, "{:+.3f}")
     default = scores.get(DEFAULT_MODEL)
+    if floor is not None:
+        lines += _floor_table(paths, floor, default, settings.seed)
     if default is not None and not default.failures:
         lines += _advice_table(paths, default)
     lines += [

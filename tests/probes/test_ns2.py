@@ -136,9 +136,11 @@ def test_accuracy_benchmark_quick_preset_runs(tmp_path):
 
 
 @pytest.mark.ns2
-def test_seed_floor_is_zero_for_the_same_seed_and_not_for_another(tmp_path):
-    # The noise floor scores another seed's ground truth as a model of this one's: the same seed
-    # must score exactly 0 (runs are deterministic), a different one must not.
+def test_seed_floor_is_zero_for_the_same_seed_and_brackets_another(tmp_path):
+    # The noise floor scores other seeds' ground truth as a model of this one's: the same seed
+    # must score exactly 0 out of sample and in sample (runs are deterministic). With one other
+    # seed, the in-sample median of two curves is their mean, (a + b) / 2, whose relative error
+    # against a is |b / a - 1| / 2: exactly half the out-of-sample error at every n.
 
     accuracy = _benchmark("accuracy")
 
@@ -149,11 +151,19 @@ def test_seed_floor_is_zero_for_the_same_seed_and_not_for_another(tmp_path):
     path = accuracy.PathResult(1, 3, (1, 2), ours_bps=np.array([r.ours_bps for r in truth]),
                                cross_bps=np.array([r.cross_bps for r in truth]),
                                cross0_bps=runs[settings.truth_config(1, 3, 0)][0].cross_bps)
-    same = accuracy.seed_floor([path], replace(settings, floor_seed=settings.seed))
+    same = accuracy.seed_floor([path], replace(settings, floor_seeds=(settings.seed,)))
     assert same["thr_median"] == 0.0 and same["cross_p90"] == 0.0
     assert same["thr_median_by_scenario"] == {1: 0.0}
-    other = accuracy.seed_floor([path], replace(settings, floor_seed=settings.seed + 1))
+    assert same["in_sample"]["thr_median"] == 0.0 and same["in_sample"]["cross_p90"] == 0.0
+    other = accuracy.seed_floor([path], replace(settings, floor_seeds=(settings.seed + 1,)))
+    assert other["seeds"] == (settings.seed + 1,)
     assert other["thr_median"] > 0.0
+    assert_allclose(other["in_sample"]["thr_median"], other["thr_median"] / 2)
+    assert_allclose(other["in_sample"]["cross_p90"], other["cross_p90"] / 2)
+    # The report's per-path table carries both figures of the one path.
+    table = _benchmark("accuracy_report")._floor_table([path], other, None, settings.seed)
+    assert table[-3] == "| path | out of sample | in sample |"
+    assert table[-1] == f"| s1 m3 | {other['per_path'][0]:.3f} | {other['in_sample']['per_path'][0]:.3f} |"
 
 
 @pytest.mark.ns2
