@@ -291,7 +291,8 @@ def _floor_row(per_path: list[float], cross: list[float], scenarios: list[int]) 
     by_scenario = {}
     for s, e in zip(scenarios, per_path):
         by_scenario.setdefault(s, []).append(e)
-    return {"per_path": list(per_path), "thr_median": float(np.median(per_path)), "thr_p90": float(np.quantile(per_path, 0.9)),
+    return {"per_path": list(per_path),
+            "thr_median": float(np.median(per_path)), "thr_p90": float(np.quantile(per_path, 0.9)),
             "cross_p50": float(np.median(cross)), "cross_p90": float(np.quantile(cross, 0.9)),
             "thr_median_by_scenario": {s: float(np.median(v)) for s, v in sorted(by_scenario.items())},
             "thr_max_by_scenario": {s: float(np.max(v)) for s, v in sorted(by_scenario.items())}}
@@ -316,8 +317,8 @@ def seed_floor(paths: list[PathResult], settings: Settings) -> dict:
     errors = {"out_of_sample": ([], []), "in_sample": ([], [])}
     for p in paths:
         others = [[runs[other_seed(p, n, seed)][0] for n in p.ns] for seed in seeds]
-        others_ours = np.array([[r.ours_bps for r in runs_] for runs_ in others])
-        others_cross = np.array([[r.cross_bps for r in runs_] for runs_ in others])
+        others_ours = np.array([[r.ours_bps for r in seed_runs] for seed_runs in others])
+        others_cross = np.array([[r.cross_bps for r in seed_runs] for seed_runs in others])
         for kind, ours, cross in (
                 ("out_of_sample", others_ours, others_cross),
                 ("in_sample", np.vstack([others_ours, p.ours_bps]), np.vstack([others_cross, p.cross_bps]))):

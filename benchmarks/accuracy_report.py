@@ -152,8 +152,9 @@ def _floor_table(paths, floor, default, seed: int) -> list[str]:
     seeds = ", ".join(map(str, floor["seeds"]))
     model = [] if default is None or default.failures else [default.name]
     lines = ["", "## Noise floor per path (mean |relative error| of throughput)", "",
-             f"The per-n median of seeds {seeds}'s ground truth as a model of seed {seed}'s (out of sample), the same "
-             f"with seed {seed}'s own run in the median (in sample); the path's expected curve lies between the two.",
+             f"The per-n median of seeds {seeds}'s ground truth as a model of seed {seed}'s (out of sample), "
+             f"the same with seed {seed}'s own run in the median (in sample); the path's expected curve lies "
+             "between the two.",
              "", "| " + " | ".join(["path", "out of sample", "in sample", *model]) + " |", "|---" * (3 + len(model)) + "|"]
     for i, p in enumerate(paths):
         cells = [f"{floor['per_path'][i]:.3f}", f"{floor['in_sample']['per_path'][i]:.3f}"]
@@ -215,7 +216,7 @@ def write_report(out: Path, settings, paths, scores, rows, elapsed_s: float, com
             f"{settings.seed}'s: throughput median {floor['thr_median']:.3f}, p90 {floor['thr_p90']:.3f}; cross traffic "
             f"p50 {floor['cross_p50']:.3f}, p90 {floor['cross_p90']:.3f}. The probes run with a seed of their own, so "
             "no model fitted to them can expect to do better than the path's expected curve; this median has not "
-            "seen seed " f"{settings.seed} and over-estimates that curve's error, the same median with seed "
+            f"seen seed {settings.seed} and over-estimates that curve's error, the same median with seed "
             f"{settings.seed}'s own run in it under-estimates it: throughput median {inside['thr_median']:.3f}, p90 "
             f"{inside['thr_p90']:.3f}; cross traffic p50 {inside['cross_p50']:.3f}, p90 {inside['cross_p90']:.3f}. "
             "By scenario (median / largest per-path throughput error, out of sample; in sample): "
