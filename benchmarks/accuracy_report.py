@@ -158,7 +158,8 @@ def _floor_table(paths, floor, default, seed: int) -> list[str]:
              "", "| " + " | ".join(["path", "out of sample", "in sample", *model]) + " |", "|---" * (3 + len(model)) + "|"]
     for i, p in enumerate(paths):
         cells = [f"{floor['per_path'][i]:.3f}", f"{floor['in_sample']['per_path'][i]:.3f}"]
-        cells += [f"{default.per_path_error[i]:.3f}" for _ in model]
+        if model:
+            cells.append(f"{default.per_path_error[i]:.3f}")
         lines.append(f"| s{p.scenario} m{p.m} | " + " | ".join(cells) + " |")
     return lines
 
