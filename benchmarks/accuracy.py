@@ -140,12 +140,13 @@ class ModelScore:
 def _probe_path(scenario: int, m: int, levels: tuple[int, ...], settings: Settings):
     """Run the real probe plan on one simulated path: (probe points by level, simulated seconds by level).
 
-    Seconds count every run of a level, warm-up and the runs its extensions replaced included.
+    Seconds count every run of a level, warm-up, the runs its extensions replaced and its attempts
+    again after idle streams included.
     """
     spent: dict[int, float] = {}
 
     def cost(event: PlanEvent) -> None:
-        if event.kind in ("probe", "extend"):
+        if event.kind in ("probe", "extend", "retry"):
             spent[event.streams] = spent.get(event.streams, 0.0) + event.duration_s + settings.probe_omit_s
 
     plan = run_plan(settings.probe_driver(scenario, m), f"s{scenario}m{m}", settings.probe_plan(levels), cost)

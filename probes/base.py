@@ -10,7 +10,10 @@ from probes.result import ProbeResult
 class ProbeDriver(Protocol):
     """Runs a transfer at ``streams`` parallel streams to ``dest`` and reports it.
 
-    ``duration_s`` is the measured time after ``omit_s`` seconds of warm-up.
+    ``duration_s`` is the measured time after ``omit_s`` seconds of warm-up. ``attempt`` > 0
+    asks for the same probe again at another time (the plan does so when some streams carried
+    nothing): on a live network any later run is another time, so a real driver ignores it; a
+    simulator gives each attempt conditions of its own.
     Implementations raise a :class:`probes.errors.ProbeError` subclass and keep
     nothing on failure; nothing they do may outlive ``deadline_s``.
     """
@@ -22,6 +25,7 @@ class ProbeDriver(Protocol):
         duration_s: float,
         omit_s: float,
         deadline_s: float,
+        attempt: int = 0,
     ) -> ProbeResult: ...
 
     def idle_rtt(self, dest: str, deadline_s: float) -> float | None:

@@ -41,7 +41,8 @@ class FakeDriver:
     delay_s: float = 0.0
     calls: list[tuple] = field(default_factory=list)
 
-    def run(self, dest: str, streams: int, duration_s: float, omit_s: float, deadline_s: float) -> ProbeResult:
+    def run(self, dest: str, streams: int, duration_s: float, omit_s: float, deadline_s: float,
+            attempt: int = 0) -> ProbeResult:
         self.calls.append(("run", dest, streams, duration_s, omit_s))
         if self.fail_with is not None:
             raise self.fail_with

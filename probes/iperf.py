@@ -64,8 +64,9 @@ class IperfDriver:
         duration_s: float,
         omit_s: float,
         deadline_s: float,
+        attempt: int = 0,
     ) -> ProbeResult:
-        """Run one probe of ``streams`` parallel TCP streams to ``dest``."""
+        """Run one probe of ``streams`` parallel TCP streams to ``dest`` (``attempt``: a re-run is another time anyway)."""
         if not isinstance(streams, int) or not 1 <= streams <= MAX_STREAMS:
             raise ValueError(f"streams must be an integer from 1 to {MAX_STREAMS}, got {streams!r}")
         if not (math.isfinite(duration_s) and duration_s > 0):

@@ -89,6 +89,11 @@ def _result(doc: dict[str, Any], text: str, dest: str) -> ProbeResult:
         for s in end.get("streams", [])
         if "sender" in s and "mean_rtt" in s["sender"]
     )
+    stream_bps = tuple(
+        float(s["receiver"]["bits_per_second"])
+        for s in end.get("streams", [])
+        if "receiver" in s and "bits_per_second" in s["receiver"]
+    )
     intervals = tuple(
         float(iv["sum"]["bits_per_second"])
         for iv in doc.get("intervals", [])
@@ -115,5 +120,6 @@ def _result(doc: dict[str, Any], text: str, dest: str) -> ProbeResult:
         throughput_stderr_bps=verdict.stderr_bps,
         settled=verdict.settled,
         interval_bps=intervals,
+        stream_bps=stream_bps,
         raw=text,
     )

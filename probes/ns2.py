@@ -328,8 +328,14 @@ def probe_result(run: Ns2Run, dest: str, streams: int, omit_s: float, raw: str =
         throughput_stderr_bps=verdict.stderr_bps,
         settled=verdict.settled,
         interval_bps=run.ours_interval_bps,
+        stream_bps=tuple(f.throughput_bps for f in ours),
         raw=raw,
     )
+
+
+# Seeds of a probe's later attempts (Ns2Driver.run): far from the seeds the benchmark gives its
+# ground truth (1, 2, ...) and its probes (1000 x seed + 7).
+ATTEMPT_SEED_STRIDE = 1_000_000
 
 
 @dataclass
@@ -337,7 +343,9 @@ class Ns2Driver:
     """ProbeDriver over a simulated path: scenario, m cross flows, queue policy and seed fix the path.
 
     ``dest`` is only a label. Each probe uses the seed it is given at construction, so two
-    drivers with different seeds see different cross-traffic start times.
+    drivers with different seeds see different cross-traffic start times. A probe asked again at
+    another time (``attempt`` > 0) runs with seed + ATTEMPT_SEED_STRIDE x attempt: the same path,
+    its cross traffic started at other times, as a real re-run some minutes later would meet it.
     """
 
     scenario: int
@@ -347,10 +355,14 @@ class Ns2Driver:
     cache_dir: Path | None = None
     ns_binary: str = "ns"
 
-    def run(self, dest: str, streams: int, duration_s: float, omit_s: float, deadline_s: float) -> ProbeResult:
+    def run(self, dest: str, streams: int, duration_s: float, omit_s: float, deadline_s: float,
+            attempt: int = 0) -> ProbeResult:
         if streams < 1:
             raise ValueError(f"streams must be >= 1, got {streams!r}")
-        config = Ns2Config(self.scenario, self.m, streams, self.seed, duration_s, omit_s, self.queue)
+        if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 0:
+            raise ValueError(f"attempt must be an integer >= 0, got {attempt!r}")
+        seed = self.seed + ATTEMPT_SEED_STRIDE * attempt
+        config = Ns2Config(self.scenario, self.m, streams, seed, duration_s, omit_s, self.queue)
         run, raw = simulate(config, deadline_s, self.cache_dir, self.ns_binary)
         return probe_result(run, dest, streams, omit_s, raw)
 

@@ -25,7 +25,8 @@ class ProbeResult:
     is the standard error of the settled rate estimated from the per-interval series
     (None when the driver has no series). ``settled`` is False when the rate was
     still rising or falling at the end of the probe, or the probe was too short for its
-    streams' congestion cycles.
+    streams' congestion cycles. ``stream_bps`` holds each stream's receiver rate over the
+    measured window (empty when the driver does not report streams apart).
     """
 
     dest: str
@@ -46,6 +47,7 @@ class ProbeResult:
     settled: bool = True
     interval_bps: tuple[float, ...] = ()
     window_throughput_bps: float | None = None
+    stream_bps: tuple[float, ...] = ()
     raw: str = field(default="", repr=False)
 
 

@@ -11,7 +11,7 @@ from advisor.cli import UsageError
 from probes.destination import parse_destination
 from probes.errors import ProbeError
 from probes.iperf import CONGESTION_CONTROLS, MAX_STREAMS, IperfDriver
-from probes.plan import NextLevel, PlanEvent, ProbePlan, run_plan
+from probes.plan import NextLevel, PlanEvent, ProbePlan, idle_streams, run_plan
 from probes.result import PlanResult
 
 EXIT_PROBE_FAILED = 1
@@ -119,7 +119,8 @@ def run(args) -> int:
 
 def to_json(result: PlanResult) -> dict:
     """The `tame probe --json` document (throughput_bps: the receiver's rate after the start-up ramp;
-    window_throughput_bps: over the whole measured window)."""
+    window_throughput_bps: over the whole measured window; stream_bps: each stream's rate over it;
+    idle_streams: how many carried next to nothing, :func:`probes.plan.idle_streams`)."""
     return {
         "dest": result.dest,
         "idle_rtt_s": result.idle_rtt_s,
@@ -135,6 +136,8 @@ def to_json(result: PlanResult) -> dict:
                 "omit_s": p.omit_s,
                 "throughput_stderr_bps": p.throughput_stderr_bps,
                 "settled": p.settled,
+                "stream_bps": list(p.stream_bps),
+                "idle_streams": idle_streams(p),
                 "congestion_control": p.congestion_control,
                 "mss_bytes": p.mss_bytes,
                 "started_at": p.started_at,
@@ -155,11 +158,15 @@ def _print_progress(event: PlanEvent, command: str) -> None:
         line = f"{step} {event.streams} stream(s) for {event.duration_s:g} s …"
     elif event.kind == "extend":
         line = f"{step} {event.streams} stream(s): rate not settled, again for {event.duration_s:g} s …"
+    elif event.kind == "retry":
+        line = (f"{step} {event.streams} stream(s): {idle_streams(event.result)} stream(s) carried nothing, "
+                f"again later for {event.duration_s:g} s …")
     else:
         r = event.result
+        idle = idle_streams(r)
         line = f"{step} {event.streams} stream(s): {r.throughput_bps / 1e6:.1f} Mbit/s" + (
             "" if r.settled else " (not settled at the longest duration)"
-        )
+        ) + (f" ({idle} stream(s) carried nothing)" if idle else "")
     print(f"tame {command}: {line}", file=sys.stderr, flush=True)
 
 

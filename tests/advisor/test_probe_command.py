@@ -2,6 +2,7 @@
 
 import argparse
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -79,3 +80,25 @@ def test_bad_input_raises_usage_error_saying_what_to_fix(fake, argv, hint):
     with pytest.raises(UsageError, match=hint):
         args.handler(args)
     assert fake.calls == []
+
+
+class LockedOutOnce(FakeDriver):
+    """Three of a probe's streams carry nothing on its first attempt, none on the next."""
+
+    def run(self, dest, streams, duration_s, omit_s, deadline_s, attempt=0):
+        result = super().run(dest, streams, duration_s, omit_s, deadline_s, attempt)
+        idle = 3 if attempt == 0 and streams > 3 else 0
+        share = result.throughput_bps / (streams - idle)
+        return replace(result, stream_bps=(share,) * (streams - idle) + (0.0,) * idle)
+
+
+def test_idle_streams_are_said_on_stderr_and_the_kept_probe_shows_its_streams(monkeypatch, capsys):
+    driver = LockedOutOnce(lambda n: 30e6 * n / (1 + 0.2 * n), rtt_s=0.03)
+    monkeypatch.setattr(probe, "IperfDriver", lambda congestion_control=None: driver)
+    args = parse("192.0.2.7:5300", "--levels", "1,10", "--duration", "10", "--json")
+    assert args.handler(args) == 0
+    out, err = capsys.readouterr()
+    assert "[2/2] 10 stream(s): 3 stream(s) carried nothing, again later for 10 s" in err
+    doc = json.loads(out)
+    assert [p["idle_streams"] for p in doc["probes"]] == [0, 0]
+    assert len(doc["probes"][1]["stream_bps"]) == 10 and min(doc["probes"][1]["stream_bps"]) > 0

@@ -176,8 +176,8 @@ def test_auto_model_job_adds_the_adaptive_probe_and_stores_a_knee(service_factor
         return 2e6 * min(n, 20)
 
     class Lossy(FakeDriver):
-        def run(self, dest, streams, duration_s, omit_s, deadline_s):
-            result = super().run(dest, streams, duration_s, omit_s, deadline_s)
+        def run(self, dest, streams, duration_s, omit_s, deadline_s, attempt=0):
+            result = super().run(dest, streams, duration_s, omit_s, deadline_s, attempt)
             # Past 20 streams: 1 % of segments lost, which puts 1.25 Mbit/s streams at their Mathis rate
             # (8000 / (0.05 sqrt(0.02 / 3)) = 1.96 Mbit/s; fraction 0.64 > 0.5).
             segments = result.throughput_bps * result.duration_s / 8000

@@ -48,6 +48,10 @@ def test_recorded_result_is_parsed_field_by_field(name, streams, omit_s, cc):
     if cc:
         assert result.congestion_control == cc
     assert result.started_at == doc["start"]["timestamp"]["timesecs"]
+    # Each stream's receiver rate, in stream order; together they make up the receiver's total.
+    assert_allclose(result.stream_bps, [s["receiver"]["bits_per_second"] for s in end["streams"]])
+    assert len(result.stream_bps) == streams
+    assert_allclose(sum(result.stream_bps), result.throughput_bps, rtol=1e-6)
     kept = [iv["sum"]["bits_per_second"] for iv in doc["intervals"] if not iv["sum"]["omitted"]]
     assert_allclose(result.interval_bps, kept)
     assert result.throughput_stderr_bps is not None and result.throughput_stderr_bps >= 0

@@ -8,7 +8,10 @@ import pytest
 from numpy.testing import assert_allclose
 
 from probes.errors import SimulatorError
-from probes.ns2 import SCENARIOS, Ns2Config, Ns2Driver, cache_key, parse_ns2_output, probe_result, simulate
+from probes.ns2 import (
+    ATTEMPT_SEED_STRIDE, SCENARIOS, Ns2Config, Ns2Driver, cache_key, parse_ns2_output, probe_result, simulate,
+)
+from probes.plan import ProbePlan, idle_streams, run_plan
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
@@ -92,6 +95,25 @@ def test_tuned_window_covers_the_bandwidth_delay_product():
     for s in SCENARIOS.values():
         bdp_packets = s.l3_bps * s.idle_rtt_s / 8000
         assert s.window_packets >= bdp_packets if s.tuned else s.window_packets == 60
+
+
+@pytest.mark.ns2
+def test_streams_locked_out_of_a_probe_show_as_idle_and_a_later_attempt_runs_them():
+    # Held-out scenario 7 (10 Mbit/s) with 25 cross flows and the benchmark's probe seed: 7 of 10 streams
+    # started together carry nothing for the whole probe. The same probe at another time (attempt 1, its own
+    # seed) runs all ten, and the plan keeps that attempt.
+    driver = Ns2Driver(scenario=7, m=25, seed=1007)
+    first = driver.run("ns2:s7", 10, duration_s=30.0, omit_s=5.0, deadline_s=120)
+    assert len(first.stream_bps) == 10 and sum(first.stream_bps) == pytest.approx(first.throughput_bps)
+    assert idle_streams(first) == 7 and sorted(first.stream_bps)[:7] == [0.0] * 7
+    later = driver.run("ns2:s7", 10, duration_s=30.0, omit_s=5.0, deadline_s=120, attempt=1)
+    assert idle_streams(later) == 0 and later.throughput_bps > 2 * first.throughput_bps
+    assert later.throughput_bps == Ns2Driver(scenario=7, m=25, seed=1007 + ATTEMPT_SEED_STRIDE).run(
+        "ns2:s7", 10, duration_s=30.0, omit_s=5.0, deadline_s=120).throughput_bps
+    kept = run_plan(driver, "ns2:s7", ProbePlan(levels=(10,))).probes[0]
+    assert idle_streams(kept) == 0 and kept.stream_bps == later.stream_bps
+    with pytest.raises(ValueError, match="attempt"):
+        driver.run("ns2:s7", 10, duration_s=30.0, omit_s=5.0, deadline_s=120, attempt=-1)
 
 
 @pytest.mark.ns2

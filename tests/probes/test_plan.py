@@ -1,11 +1,12 @@
 import threading
+from dataclasses import replace
 
 import pytest
 from numpy.testing import assert_allclose
 
 from probes.errors import NothingListening
 from probes.fake import FakeDriver
-from probes.plan import ProbePlan, run_plan
+from probes.plan import IDLE_STREAM_SHARE, ProbePlan, idle_streams, run_plan
 
 DEST = "192.0.2.7:5201"
 
@@ -60,9 +61,9 @@ def test_deadline_given_to_the_driver_covers_warm_up_duration_and_slack():
     seen = []
 
     class Recording(FakeDriver):
-        def run(self, dest, streams, duration_s, omit_s, deadline_s):
+        def run(self, dest, streams, duration_s, omit_s, deadline_s, attempt=0):
             seen.append(deadline_s)
-            return super().run(dest, streams, duration_s, omit_s, deadline_s)
+            return super().run(dest, streams, duration_s, omit_s, deadline_s, attempt)
 
     run_plan(Recording(rate), DEST, ProbePlan(levels=(1,), duration_s=10, omit_s=2, deadline_slack_s=5))
     assert seen == [17]
@@ -92,14 +93,14 @@ def test_two_plans_to_one_destination_never_overlap():
     lock = threading.Lock()
 
     class Blocking(FakeDriver):
-        def run(self, dest, streams, duration_s, omit_s, deadline_s):
+        def run(self, dest, streams, duration_s, omit_s, deadline_s, attempt=0):
             with lock:
                 active[0] += 1
                 most[0] = max(most[0], active[0])
             entered.set()
             release.wait(timeout=30)
             try:
-                return super().run(dest, streams, duration_s, omit_s, deadline_s)
+                return super().run(dest, streams, duration_s, omit_s, deadline_s, attempt)
             finally:
                 with lock:
                     active[0] -= 1
@@ -152,9 +153,11 @@ def test_adaptive_probe_follows_at_the_level_the_chooser_picks():
     assert seen == [[1, 10]]
     assert [p.streams for p in result.probes] == [1, 10, 4]
     assert_allclose(result.probes[2].throughput_bps, rate(4))
-    # The worst case counts the adaptive probe like any other: idle RTT + 3 x (2 + 10..60 s + 20 s slack).
+    # The worst case counts the adaptive probe like any other, each level tried twice (idle streams):
+    # idle RTT + 3 x 2 x (2 + 10..60 s + 20 s slack).
     per_probe = sum(2 + d + 20 for d in (10, 20, 40, 60))
-    assert plan.worst_case_s == pytest.approx(20 + 3 * per_probe)
+    assert plan.worst_case_s == pytest.approx(20 + 3 * 2 * per_probe)
+    assert replace(plan, idle_retries=0).worst_case_s == pytest.approx(20 + 3 * per_probe)
 
 
 @pytest.mark.parametrize("choice", [None, 10])
@@ -197,3 +200,63 @@ def test_rate_is_taken_after_the_start_up_ramp():
     series = driver.run(DEST, 1, 20, 0, 30).interval_bps
     assert result.window_throughput_bps == pytest.approx(sum(series) / 20)
     assert result.throughput_bps > 0.98 * 40e6 > result.window_throughput_bps
+
+
+class LockedOut(FakeDriver):
+    """A fake whose streams carry nothing on some attempts: ``idle_by_attempt[k]`` streams sit idle on attempt k."""
+
+    def __init__(self, idle_by_attempt):
+        super().__init__(rate)
+        self.idle_by_attempt = idle_by_attempt
+
+    def run(self, dest, streams, duration_s, omit_s, deadline_s, attempt=0):
+        result = super().run(dest, streams, duration_s, omit_s, deadline_s, attempt)
+        idle = min(self.idle_by_attempt[attempt], streams - 1)
+        per_stream = result.throughput_bps / (streams - idle)
+        return replace(result, stream_bps=(per_stream,) * (streams - idle) + (0.0,) * idle)
+
+
+def test_idle_streams_counts_streams_under_a_share_of_the_mean():
+    base = FakeDriver(rate).run(DEST, 4, 10, 0, 30)
+    assert idle_streams(base) == 0  # no per-stream rates: nothing to judge
+    mean = 1e6
+    just_under, just_over = mean * IDLE_STREAM_SHARE * 0.99, mean * IDLE_STREAM_SHARE * 1.01
+    # Rates chosen so the mean is 1 Mbit/s: the third stream is under 1 % of it, the fourth over.
+    rest = 4 * mean - just_under - just_over
+    assert idle_streams(replace(base, stream_bps=(rest / 2, rest / 2, just_under, just_over))) == 1
+    assert idle_streams(replace(base, stream_bps=(mean,) * 4)) == 0
+
+
+def test_a_probe_with_idle_streams_is_tried_again_and_the_fuller_attempt_kept():
+    events = []
+    driver = LockedOut({0: 7, 1: 0})
+    result = run_plan(driver, DEST, ProbePlan(levels=(1, 10), duration_s=10, omit_s=0), progress=events.append)
+    # One stream cannot sit idle beside itself, so level 1 is run once; level 10 twice, the second time
+    # as attempt 1 (another time), whose ten running streams are kept.
+    runs = [c for c in driver.calls if c[0] == "run"]
+    assert [c[2] for c in runs] == [1, 10, 10]
+    assert [idle_streams(p) for p in result.probes] == [0, 0]
+    assert len(result.probes[1].stream_bps) == 10
+    retries = [e for e in events if e.kind == "retry"]
+    assert [(e.streams, idle_streams(e.result)) for e in retries] == [(10, 7)]
+    done = [e for e in events if e.kind == "probe_done"]
+    assert [(e.index, e.streams, idle_streams(e.result)) for e in done] == [(1, 1, 0), (2, 10, 0)]
+
+
+@pytest.mark.parametrize("idle_by_attempt, kept_idle", [({0: 7, 1: 3}, 3), ({0: 3, 1: 7}, 3), ({0: 5, 1: 5}, 5)])
+def test_when_every_attempt_has_idle_streams_the_one_with_fewest_is_kept(idle_by_attempt, kept_idle):
+    result = run_plan(LockedOut(idle_by_attempt), DEST, ProbePlan(levels=(10,), duration_s=10, omit_s=0))
+    assert idle_streams(result.probes[0]) == kept_idle
+
+
+def test_no_retry_when_the_plan_allows_none():
+    driver = LockedOut({0: 7})
+    result = run_plan(driver, DEST, ProbePlan(levels=(10,), duration_s=10, omit_s=0, idle_retries=0))
+    assert len([c for c in driver.calls if c[0] == "run"]) == 1
+    assert idle_streams(result.probes[0]) == 7
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, True])
+def test_idle_retries_must_be_a_count(value):
+    with pytest.raises(ValueError, match="idle_retries"):
+        ProbePlan(idle_retries=value)
