@@ -180,39 +180,29 @@ def _probed_level(
     report: Progress,
 ) -> ProbeResult:
     """One level of the plan: a settled probe, tried again while some of its streams sat idle."""
+
+    def settled(attempt: int) -> ProbeResult:
+        # One attempt, re-run longer while its rate has not settled, up to plan.max_duration_s.
+        duration_s = plan.duration_s
+        while True:
+            deadline_s = plan.omit_s + duration_s + plan.deadline_slack_s
+            result = judge(driver.run(dest, streams, duration_s, plan.omit_s, deadline_s, attempt=attempt), plan)
+            if result.settled or duration_s >= plan.max_duration_s:
+                return result
+            duration_s = min(max(2 * duration_s, math.ceil(cycles_needed_s(result, plan))), plan.max_duration_s)
+            report(PlanEvent("extend", dest, streams, duration_s, index, total, result))
+
     report(PlanEvent("probe", dest, streams, plan.duration_s, index, total))
-    kept = _settled_probe(driver, dest, streams, plan, index, total, report, attempt=0)
+    kept = settled(0)
     for attempt in range(1, plan.idle_retries + 1):
         if not idle_streams(kept):
             break
         report(PlanEvent("retry", dest, streams, plan.duration_s, index, total, kept))
-        again = _settled_probe(driver, dest, streams, plan, index, total, report, attempt=attempt)
+        again = settled(attempt)
         if idle_streams(again) < idle_streams(kept):
             kept = again
     report(PlanEvent("probe_done", dest, streams, kept.duration_s, index, total, kept))
     return kept
-
-
-def _settled_probe(
-    driver: ProbeDriver,
-    dest: str,
-    streams: int,
-    plan: ProbePlan,
-    index: int,
-    total: int,
-    report: Progress,
-    attempt: int,
-) -> ProbeResult:
-    """One attempt at a level, re-run longer while its rate has not settled, up to ``plan.max_duration_s``."""
-    duration_s = plan.duration_s
-    while True:
-        deadline_s = plan.omit_s + duration_s + plan.deadline_slack_s
-        raw = driver.run(dest, streams, duration_s, plan.omit_s, deadline_s, attempt=attempt)
-        result = judge(raw, plan)
-        if result.settled or duration_s >= plan.max_duration_s:
-            return result
-        duration_s = min(max(2 * duration_s, math.ceil(cycles_needed_s(result, plan))), plan.max_duration_s)
-        report(PlanEvent("extend", dest, streams, duration_s, index, total, result))
 
 
 # A stream whose rate over the probe is below this share of the probe's mean per-stream rate
