@@ -50,7 +50,7 @@ class ProbePlan:
     deadline_slack_s: float = 20.0
     idle_rtt_deadline_s: float = 20.0
     adaptive_probes: int = 0
-    # On ns-2's 10 Mbit/s held-out scenario 7, 5-28 of 31 streams started together carry nothing
+    # On ns-2's 10 Mbit/s held-out scenario 7, 8-28 of 31 streams started together carry nothing
     # for a whole 30 s probe (their first segments lost, their retransmission timers backing off),
     # while the long transfers of the ground truth carry on every stream; a later attempt mostly
     # finds every stream running. Figures: benchmarks/results/SUMMARY.md.
