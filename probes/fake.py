@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Mapping
 
 import numpy as np
 
@@ -24,8 +24,9 @@ class FakeDriver:
     The series rises linearly from ``ramp_start_fraction`` of the final rate over the first
     ``ramp_s`` seconds (after warm-up), a stand-in for slow start and recovery, then stays flat;
     ``noise`` adds seeded relative Gaussian noise. ``rtt_s`` is reported as the idle RTT and
-    every stream's RTT. ``fail_with`` makes every call raise. ``calls`` records
-    ``(method, dest, streams, duration_s, omit_s)`` in order.
+    every stream's RTT. The streams share the rate equally, except that on attempt k
+    ``idle_streams_by_attempt[k]`` of them (at most all but one) carry nothing. ``fail_with`` makes
+    every call raise. ``calls`` records ``(method, dest, streams, duration_s, omit_s)`` in order.
     """
 
     throughput_bps: Callable[[int], float]
@@ -39,6 +40,7 @@ class FakeDriver:
     congestion_control: str = "cubic"
     fail_with: ProbeError | None = None
     delay_s: float = 0.0
+    idle_streams_by_attempt: Mapping[int, int] = field(default_factory=dict)
     calls: list[tuple] = field(default_factory=list)
 
     def run(self, dest: str, streams: int, duration_s: float, omit_s: float, deadline_s: float,
@@ -59,6 +61,8 @@ class FakeDriver:
         series = final * fraction * (1 + self.noise * rng.standard_normal(seconds))
         series = np.clip(series, 0.0, None)
         mean = float(series.mean())
+        idle = min(self.idle_streams_by_attempt.get(attempt, 0), streams - 1)
+        running = streams - idle
         return ProbeResult(
             dest=dest,
             streams=streams,
@@ -74,6 +78,7 @@ class FakeDriver:
             mss_bytes=self.mss_bytes,
             congestion_control=self.congestion_control,
             interval_bps=tuple(float(x) for x in series),
+            stream_bps=(mean / running,) * running + (0.0,) * idle,
         )
 
     def idle_rtt(self, dest: str, deadline_s: float) -> float | None:

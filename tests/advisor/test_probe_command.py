@@ -2,7 +2,6 @@
 
 import argparse
 import json
-from dataclasses import replace
 
 import pytest
 
@@ -82,18 +81,9 @@ def test_bad_input_raises_usage_error_saying_what_to_fix(fake, argv, hint):
     assert fake.calls == []
 
 
-class LockedOutOnce(FakeDriver):
-    """Three of a probe's streams carry nothing on its first attempt, none on the next."""
-
-    def run(self, dest, streams, duration_s, omit_s, deadline_s, attempt=0):
-        result = super().run(dest, streams, duration_s, omit_s, deadline_s, attempt)
-        idle = 3 if attempt == 0 and streams > 3 else 0
-        share = result.throughput_bps / (streams - idle)
-        return replace(result, stream_bps=(share,) * (streams - idle) + (0.0,) * idle)
-
-
 def test_idle_streams_are_said_on_stderr_and_the_kept_probe_shows_its_streams(monkeypatch, capsys):
-    driver = LockedOutOnce(lambda n: 30e6 * n / (1 + 0.2 * n), rtt_s=0.03)
+    # Three of the 10-stream probe's streams carry nothing on its first attempt, none on the next.
+    driver = FakeDriver(lambda n: 30e6 * n / (1 + 0.2 * n), rtt_s=0.03, idle_streams_by_attempt={0: 3})
     monkeypatch.setattr(probe, "IperfDriver", lambda congestion_control=None: driver)
     args = parse("192.0.2.7:5300", "--levels", "1,10", "--duration", "10", "--json")
     assert args.handler(args) == 0

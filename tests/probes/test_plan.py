@@ -202,23 +202,10 @@ def test_rate_is_taken_after_the_start_up_ramp():
     assert result.throughput_bps > 0.98 * 40e6 > result.window_throughput_bps
 
 
-class LockedOut(FakeDriver):
-    """A fake whose streams carry nothing on some attempts: ``idle_by_attempt[k]`` streams sit idle on attempt k."""
-
-    def __init__(self, idle_by_attempt):
-        super().__init__(rate)
-        self.idle_by_attempt = idle_by_attempt
-
-    def run(self, dest, streams, duration_s, omit_s, deadline_s, attempt=0):
-        result = super().run(dest, streams, duration_s, omit_s, deadline_s, attempt)
-        idle = min(self.idle_by_attempt[attempt], streams - 1)
-        per_stream = result.throughput_bps / (streams - idle)
-        return replace(result, stream_bps=(per_stream,) * (streams - idle) + (0.0,) * idle)
-
-
 def test_idle_streams_counts_streams_under_a_share_of_the_mean():
     base = FakeDriver(rate).run(DEST, 4, 10, 0, 30)
-    assert idle_streams(base) == 0  # no per-stream rates: nothing to judge
+    assert idle_streams(base) == 0 and len(base.stream_bps) == 4
+    assert idle_streams(replace(base, stream_bps=())) == 0  # no per-stream rates: nothing to judge
     mean = 1e6
     just_under, just_over = mean * IDLE_STREAM_SHARE * 0.99, mean * IDLE_STREAM_SHARE * 1.01
     # Rates chosen so the mean is 1 Mbit/s: the third stream is under 1 % of it, the fourth over.
@@ -229,7 +216,7 @@ def test_idle_streams_counts_streams_under_a_share_of_the_mean():
 
 def test_a_probe_with_idle_streams_is_tried_again_and_the_fuller_attempt_kept():
     events = []
-    driver = LockedOut({0: 7, 1: 0})
+    driver = FakeDriver(rate, idle_streams_by_attempt={0: 7, 1: 0})
     result = run_plan(driver, DEST, ProbePlan(levels=(1, 10), duration_s=10, omit_s=0), progress=events.append)
     # One stream cannot sit idle beside itself, so level 1 is run once; level 10 twice, the second time
     # as attempt 1 (another time), whose ten running streams are kept.
@@ -245,12 +232,13 @@ def test_a_probe_with_idle_streams_is_tried_again_and_the_fuller_attempt_kept():
 
 @pytest.mark.parametrize("idle_by_attempt, kept_idle", [({0: 7, 1: 3}, 3), ({0: 3, 1: 7}, 3), ({0: 5, 1: 5}, 5)])
 def test_when_every_attempt_has_idle_streams_the_one_with_fewest_is_kept(idle_by_attempt, kept_idle):
-    result = run_plan(LockedOut(idle_by_attempt), DEST, ProbePlan(levels=(10,), duration_s=10, omit_s=0))
+    driver = FakeDriver(rate, idle_streams_by_attempt=idle_by_attempt)
+    result = run_plan(driver, DEST, ProbePlan(levels=(10,), duration_s=10, omit_s=0))
     assert idle_streams(result.probes[0]) == kept_idle
 
 
 def test_no_retry_when_the_plan_allows_none():
-    driver = LockedOut({0: 7})
+    driver = FakeDriver(rate, idle_streams_by_attempt={0: 7})
     result = run_plan(driver, DEST, ProbePlan(levels=(10,), duration_s=10, omit_s=0, idle_retries=0))
     assert len([c for c in driver.calls if c[0] == "run"]) == 1
     assert idle_streams(result.probes[0]) == 7
