@@ -7,9 +7,10 @@ has integer n only); the curve is kept for plotting and for schedulers reading p
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Mapping, Sequence
 
-from models.auto import KneeFit, split_flow_rates, with_flow_rates
+from models.auto import LEVEL_RATE_PREFIX, KneeFit, split_flow_rates, with_flow_rates, with_levels
 from models.fair_share import FairShareFit
 from models.parallel import UNCONGESTED, ParallelFit, PolynomialFit
 
@@ -73,6 +74,14 @@ def _auto_from_record(params: Mapping[str, float], regime: str, probe_streams: S
                       warnings: Sequence[str]) -> ParallelFit:
     # The evidence-driven model stores one of fair_share's forms, or a knee: its own two
     # parameters plus its congested part's, prefixed "congested_" (models.auto.knee_params).
+    # A fair share through its probes also stores each probe level's throughput, and in the timeout
+    # regime the Mathis rate measured at each probe; the record's params keep both.
+    rest, level_streams, level_bps = split_flow_rates(params, LEVEL_RATE_PREFIX)
+    if level_streams:
+        base = _auto_from_record(rest, regime, probe_streams, warnings)
+        if not isinstance(base, FairShareFit) or len(level_streams) < 2:
+            raise ValueError(f"stored fit of model 'auto' has unexpected parameters {sorted(params)}")
+        return replace(with_levels(base, level_streams, level_bps), params={k: float(v) for k, v in params.items()})
     rest, rate_streams, rates_bps = split_flow_rates(params)
     if rate_streams:
         # The timeout regime: fair_share's form plus the Mathis rate measured at each probe.

@@ -8,6 +8,11 @@ number of flows as C N / (N + k) (a small drop-tail buffer is used better by mor
 formulas keep their shape with M = m + k, and the impact on a competing flow is
 1 - (C / (n + M)) / (C / M) = n / (n + M). Two parameters, C (bits/s) and M (effective
 competing flows), fitted from two or more probes on 1/BW_n = 1/C + (M/C) (1/n), which is linear.
+
+With three or more probes one curve of two parameters need not pass through them all; a fit may
+then carry the probes themselves (``level_streams``, ``level_bps``) and follow the fair share
+through each adjacent pair of them (:func:`piecewise_fair_share_bps`), so that it is exact at
+every probe, as Lu's two-probe solution is at its two.
 """
 
 from __future__ import annotations
@@ -27,19 +32,58 @@ from models.parallel import (
 MIN_COMPETING_FLOWS = 0.05
 
 
+def piecewise_fair_share_bps(streams, level_streams, level_bps) -> np.ndarray:
+    """Aggregate throughput, bits/s, through measured (streams, bits/s) levels by the fair share of each adjacent pair.
+
+    Between two levels 1/BW is linear in 1/n (the fair share BW = C n / (n + M) through both);
+    beyond the highest level the highest pair's curve goes on, held flat at the highest level when
+    that pair's capacity is not finite (throughput grew faster than the fair share allows); below
+    the lowest level, n x its per-stream rate. ``level_streams`` strictly increasing, two or more.
+    """
+    n = np.asarray(streams, dtype=float)
+    xs = np.asarray(level_streams, dtype=float)
+    ys = np.asarray(level_bps, dtype=float)
+    inv_n = 1.0 / np.maximum(n, np.finfo(float).tiny)
+    inv_x, inv_y = 1.0 / xs, 1.0 / ys
+    inner = np.interp(inv_n, inv_x[::-1], inv_y[::-1])
+    slope = (inv_y[-1] - inv_y[-2]) / (inv_x[-1] - inv_x[-2])
+    intercept = inv_y[-1] - slope * inv_x[-1]
+    beyond = inv_y[-1] + slope * (inv_n - inv_x[-1]) if intercept > 0 else np.full_like(inv_n, inv_y[-1])
+    inverse = np.where(n > xs[-1], beyond, inner)
+    return np.where(n < xs[0], n * ys[0] / xs[0], 1.0 / inverse)
+
+
+def probe_levels(points: Sequence[ProbePoint]) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """The probes' distinct stream counts, increasing, and the geometric-mean throughput (bits/s) at each."""
+    levels: dict[float, list[float]] = {}
+    for point in points:
+        levels.setdefault(float(point.streams), []).append(float(point.throughput_bps))
+    ordered = sorted(levels)
+    return tuple(ordered), tuple(float(np.exp(np.mean(np.log(levels[x])))) for x in ordered)
+
+
 @dataclass(frozen=True)
 class FairShareFit(ParallelFit):
-    """BW_n = capacity_bps n / (n + competing_flows); held flat beyond ``flat_beyond_streams`` if set."""
+    """BW_n = capacity_bps n / (n + competing_flows); held flat beyond ``flat_beyond_streams`` if set.
+
+    With ``level_streams`` and ``level_bps`` set, the throughput instead follows the fair share
+    through each adjacent pair of those measured levels (:func:`piecewise_fair_share_bps`); the
+    impact stays n / (n + M) of the one fitted curve.
+    """
 
     link_capacity_bps: float = float("inf")
     competing_flows: float = 0.0
     per_stream_bps: float = 0.0
     flat_beyond_streams: float | None = field(default=None)
+    level_streams: tuple[float, ...] = ()
+    level_bps: tuple[float, ...] = ()
 
     def throughput_bps(self, streams):
         """Aggregate throughput of n streams, bits/s (n / (n + M) of C; n x per-stream rate when unsaturated)."""
         n = validated_streams(streams, self.flat_beyond_streams)
-        if np.isinf(self.link_capacity_bps):
+        if len(self.level_streams) >= 2:
+            result = piecewise_fair_share_bps(n, self.level_streams, self.level_bps)
+        elif np.isinf(self.link_capacity_bps):
             result = n * self.per_stream_bps
         else:
             result = self.link_capacity_bps * n / (n + self.competing_flows)

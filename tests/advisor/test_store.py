@@ -29,6 +29,8 @@ CASES = {
     "fair_share uncongested": ("fair_share", [ProbePoint(1, 1e6), ProbePoint(8, 9e6)]),
     "fair_share saturated": ("fair_share", [ProbePoint(1, 9e7), ProbePoint(10, 8.9e7)]),
     "auto shared": ("auto", [ProbePoint(1, 12e6), ProbePoint(10, 55e6)]),
+    # Three probes one fair-share curve misses: the throughput goes through each.
+    "auto shared through probes": ("auto", [ProbePoint(1, 12e6), ProbePoint(10, 55e6), ProbePoint(31, 120e6)]),
     # 2 Mbit/s per stream with no losses over 30 s at 50 ms (3 cycles of 0.3 s are far less): clean at 1
     # and 10 streams; 31 streams lose 200 segments: the knee form.
     "auto knee": ("auto", [ProbePoint(1, 2e6, rtt_s=0.05, retransmits=0, duration_s=30, mss_bytes=1000),

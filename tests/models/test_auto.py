@@ -71,7 +71,9 @@ def test_heavy_losses_at_one_stream_take_the_impact_also_from_the_measured_loss_
     fit = fit_auto(points)
     shared = fit_fair_share(points)
     assert isinstance(fit, TimeoutRegimeFit) and fit.regime == shared.regime
-    assert_allclose(fit.throughput_bps([1, 7, 31, 64]), shared.throughput_bps([1, 7, 31, 64]), rtol=1e-12)
+    # The throughput goes through the three probes (the fair share of each adjacent pair between them).
+    assert_allclose(fit.throughput_bps([1, 10, 31]), [0.25e6, 0.7e6, 0.75e6], rtol=1e-12)
+    assert_allclose(fit.residuals, 0.0, atol=1e-12)
     # At n = 0, extrapolated along the first two: 5 + (5 - 2.5) / 9 = 5.278; at 20 streams, between
     # 10 and 31: 2.5 - (10/21) 0.833 = 2.103; held beyond 31.
     measured = 1 - np.array([5, 2.5, 2.5 - 10 / 21 * (2.5 - 5 / 3), 5 / 3, 5 / 3]) / (5 + 2.5 / 9)
@@ -79,6 +81,27 @@ def test_heavy_losses_at_one_stream_take_the_impact_also_from_the_measured_loss_
     assert_allclose(fit.impact(n), (measured + shared.impact(n)) / 2, rtol=1e-9)
     assert fit.params["flow_rate_bps_at_10"] == pytest.approx(8 * MSS / (0.2 * np.sqrt(2 * 0.16 / 3)))
     assert any("timeouts" in w for w in fit.warnings)
+
+
+def test_three_probes_one_fair_share_misses_are_followed_pair_by_pair():
+    # Scenario 4-like: 12 Mbit/s alone, 55 at 10 streams, 120 at 31 (the link filled late). One fair
+    # share by least squares misses them; the auto fit goes through each and keeps that curve's impact.
+    points = [ProbePoint(1, 12e6), ProbePoint(10, 55e6), ProbePoint(31, 120e6)]
+    fit, shared = fit_auto(points), fit_fair_share(points)
+    assert max(abs(r) for r in shared.residuals) > 0.10
+    assert_allclose(fit.throughput_bps([1, 10, 31]), [12e6, 55e6, 120e6], rtol=1e-12)
+    # Between 10 and 31 streams: the fair share through those two (1/BW linear in 1/n).
+    b = (1 / 55e6 - 1 / 120e6) / (1 / 10 - 1 / 31)
+    a = 1 / 120e6 - b / 31
+    assert_allclose(fit.throughput_bps(20), 1 / (a + b / 20), rtol=1e-12)
+    assert_allclose(fit.impact([5, 20, 64]), shared.impact([5, 20, 64]), rtol=1e-12)
+    assert fit.params["probe_bps_at_31"] == pytest.approx(120e6)
+    assert any("misses the probe" in w for w in fit.warnings)
+
+
+def test_two_probes_keep_the_plain_fair_share():
+    points = [ProbePoint(1, 12e6), ProbePoint(10, 55e6)]
+    assert fit_auto(points).params == pytest.approx(fit_fair_share(points).params)
 
 
 def test_light_losses_or_no_rtt_keep_the_fair_share_impact():

@@ -3,7 +3,7 @@ import pytest
 from numpy.testing import assert_allclose
 
 from models.errors import FitError
-from models.fair_share import MIN_COMPETING_FLOWS, fit_fair_share
+from models.fair_share import MIN_COMPETING_FLOWS, fit_fair_share, piecewise_fair_share_bps, probe_levels
 from models.parallel import CONGESTED, SATURATED, UNCONGESTED, ProbePoint
 
 
@@ -45,3 +45,28 @@ def test_no_gain_from_more_streams_is_saturated():
 def test_needs_two_levels():
     with pytest.raises(FitError):
         fit_fair_share([ProbePoint(4, 10e6), ProbePoint(4, 11e6)])
+
+
+def test_piecewise_fair_share_goes_through_each_level_and_follows_each_pair():
+    levels, rates = (1.0, 10.0, 31.0), (12e6, 55e6, 120e6)
+    assert_allclose(piecewise_fair_share_bps(levels, levels, rates), rates, rtol=1e-12)
+    # Between and beyond: the fair share through the adjacent (or the highest) pair, exact at both.
+    for (n1, r1), (n2, r2), n in (((1, 12e6), (10, 55e6), 4), ((10, 55e6), (31, 120e6), 20),
+                                  ((10, 55e6), (31, 120e6), 64)):
+        pair = fit_fair_share([ProbePoint(n1, r1), ProbePoint(n2, r2)])
+        assert_allclose(piecewise_fair_share_bps(n, levels, rates), pair.throughput_bps(n), rtol=1e-9)
+    # Below the lowest level: n x its per-stream rate.
+    assert_allclose(piecewise_fair_share_bps(0.5, levels, rates), 6e6)
+
+
+def test_piecewise_fair_share_holds_flat_where_the_top_pair_has_no_capacity():
+    # 10 -> 31 streams more than tripled the rate: the top pair's 1/BW would cross zero beyond 31.
+    levels, rates = (1.0, 10.0, 31.0), (12e6, 40e6, 140e6)
+    assert_allclose(piecewise_fair_share_bps([31, 64, 1000], levels, rates), [140e6] * 3)
+
+
+def test_probe_levels_merge_repeated_levels_by_geometric_mean():
+    points = [ProbePoint(10, 4e6), ProbePoint(1, 1e6), ProbePoint(10, 9e6)]
+    levels, rates = probe_levels(points)
+    assert levels == (1.0, 10.0)
+    assert_allclose(rates, (1e6, 6e6), rtol=1e-12)
