@@ -133,7 +133,7 @@ def through_probes(fit: FairShareFit, points: Sequence[ProbePoint]) -> FairShare
     (Through two levels the fair share is exact already.)
 
     One curve of two parameters fitted to three probes can miss one of them by a lot (on ns-2 the
-    fair share misses the top probe of scenario 4's busiest paths by 15-24 %); the fair share
+    fair share lies 15-24 % above the 10-stream probe of scenario 4's busiest paths); the fair share
     through each adjacent pair keeps its shape between probes and is exact at each, and the
     impact stays the one curve's, which all the probes inform.
     """
@@ -142,8 +142,8 @@ def through_probes(fit: FairShareFit, points: Sequence[ProbePoint]) -> FairShare
         return fit
     missed = [(n, r) for n, r in zip(streams, np.asarray(fit.throughput_bps(np.array(streams))) / rates - 1.0)
               if abs(r) > FAIR_SHARE_MISS]
-    warnings = [f"one fair-share curve misses the probe at {n:g} streams by {r:+.0%}; throughput follows the "
-                "fair share between adjacent probes" for n, r in missed]
+    warnings = [f"one fair-share curve misses the probe at {n:g} stream{'' if n == 1 else 's'} by {r:+.0%}; "
+                "throughput follows the fair share between adjacent probes" for n, r in missed]
     return with_levels(fit, streams, rates, warnings)
 
 
