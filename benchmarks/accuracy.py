@@ -25,7 +25,6 @@ import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Mapping
 
 import numpy as np
 
@@ -35,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 from advisor.tame import DEFAULT_MARGIN, NO_MARGIN, advise, point_from_probe  # noqa: E402
 from models.errors import FitError  # noqa: E402
 from models.parallel import ProbePoint  # noqa: E402
-from models.registry import MIN_LEVELS, MODELS, PROBE_LEVELS, next_probe_level  # noqa: E402
+from models.registry import MIN_LEVELS, MODELS, PROBE_LEVELS, model_probes, next_probe_level  # noqa: E402
 from probes.ns2 import HELD_OUT, Ns2Config, Ns2Driver, probe_result, simulate  # noqa: E402
 from probes.plan import PlanEvent, ProbePlan, run_plan  # noqa: E402
 
@@ -163,16 +162,6 @@ def probe_all(requests: list[tuple[int, int, tuple[int, ...]]], settings: Settin
             results[(s, m, levels)] = (points, seconds)
     print(f"[accuracy] probed {len(results)} paths through the probe plan", file=sys.stderr)
     return results
-
-
-def model_probes(name: str, points: Mapping[int, ProbePoint], n_max: int) -> list[ProbePoint]:
-    """The points a model is fitted to, taken from ``points`` by stream count: its fixed levels, then the
-    adaptive level it picks from them (up to ``n_max``), if any. KeyError when ``points`` lacks one."""
-    probes = [points[n] for n in PROBE_LEVELS[name]]
-    level = next_probe_level(name, probes, n_max)
-    if level is not None:
-        probes.append(points[level])
-    return probes
 
 
 def sweep_index(ns, streams: int) -> int:

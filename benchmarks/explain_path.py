@@ -23,9 +23,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from accuracy import FULL, ModelScore, Settings, evaluate, model_probes, score_model, sweep_index  # noqa: E402
+from accuracy import FULL, ModelScore, Settings, evaluate, score_model, sweep_index  # noqa: E402
 from models.evidence import loss_limited, loss_rate  # noqa: E402
-from models.registry import MODELS  # noqa: E402
+from models.registry import MODELS, model_probes  # noqa: E402
 from probes.ns2 import SCENARIOS  # noqa: E402
 
 MBPS = 1e6

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 from models import auto
 from models.fair_share import fit_fair_share
@@ -37,6 +37,16 @@ def next_probe_level(model: str, probes: Sequence[ProbePoint], n_max: int) -> in
     """The extra probe level the model wants after its fixed levels (at most ``n_max``), or None."""
     chooser = ADAPTIVE_LEVEL.get(model)
     return chooser(probes, n_max) if chooser is not None else None
+
+
+def model_probes(model: str, by_streams: Mapping[int, ProbePoint], n_max: int) -> list[ProbePoint]:
+    """The probes ``model`` is fitted to, taken from ``by_streams`` (probes by stream count): its fixed
+    levels, then the adaptive level it picks from them (up to ``n_max``), if any. KeyError when one is missing."""
+    probes = [by_streams[n] for n in PROBE_LEVELS[model]]
+    level = next_probe_level(model, probes, n_max)
+    if level is not None:
+        probes.append(by_streams[level])
+    return probes
 
 
 def fit(model: str, points: Sequence[ProbePoint]) -> ParallelFit:
