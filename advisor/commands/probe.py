@@ -8,11 +8,15 @@ import math
 import sys
 
 from advisor.cli import UsageError
+from advisor.commands.common import positive_int
+from advisor.plan_runner import level_chooser
+from advisor.tame import DEFAULT_N_MAX
+from models.registry import ADAPTIVE_LEVEL, MODELS
 from probes.destination import parse_destination
 from probes.errors import ProbeError
 from probes.iperf import CONGESTION_CONTROLS, MAX_STREAMS, IperfDriver
 from probes.plan import NextLevel, PlanEvent, ProbePlan, idle_streams, run_plan
-from probes.result import PlanResult
+from probes.result import PlanResult, ProbeResult
 
 EXIT_PROBE_FAILED = 1
 
@@ -22,6 +26,12 @@ def register(subparsers) -> None:
         "probe", help="measure DEST with paired iperf3 probes (needs `iperf3 -s` there)"
     )
     add_plan_options(parser)
+    adaptive = ", ".join(sorted(ADAPTIVE_LEVEL))
+    parser.add_argument("--model", choices=sorted(MODELS), default=None,
+                        help="also run the probe MODEL adds after the levels, as `tame advise --model MODEL` does "
+                             f"(models that add one: {adaptive}; default: the levels only)")
+    parser.add_argument("--n-max", type=positive_int, default=DEFAULT_N_MAX,
+                        help=f"largest stream count the added probe may use (default {DEFAULT_N_MAX})")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.set_defaults(handler=run)
 
@@ -107,7 +117,7 @@ def measure(args, command: str, next_level: NextLevel | None = None) -> PlanResu
 
 
 def run(args) -> int:
-    result = measure(args, "probe")
+    result = measure(args, "probe", level_chooser(args.model, args.n_max) if args.model else None)
     if result is None:
         return EXIT_PROBE_FAILED
     if args.json:
@@ -145,6 +155,17 @@ def to_json(result: PlanResult) -> dict:
             for p in result.probes
         ],
     }
+
+
+def from_json(doc: dict) -> PlanResult:
+    """The PlanResult a `tame probe --json` document describes (the inverse of :func:`to_json`; ``idle_streams``
+    is derived, so it is not read back). KeyError or TypeError when the document lacks a field or has the wrong shape."""
+    fields = ("streams", "throughput_bps", "window_throughput_bps", "sender_bps", "retransmits", "rtt_mean_s",
+              "duration_s", "omit_s", "throughput_stderr_bps", "settled", "congestion_control", "mss_bytes",
+              "started_at")
+    probes = tuple(ProbeResult(dest=doc["dest"], stream_bps=tuple(p["stream_bps"]), **{k: p[k] for k in fields})
+                   for p in doc["probes"])
+    return PlanResult(dest=doc["dest"], idle_rtt_s=doc["idle_rtt_s"], probes=probes)
 
 
 def _print_progress(event: PlanEvent, command: str) -> None:

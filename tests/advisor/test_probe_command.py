@@ -92,3 +92,33 @@ def test_idle_streams_are_said_on_stderr_and_the_kept_probe_shows_its_streams(mo
     doc = json.loads(out)
     assert [p["idle_streams"] for p in doc["probes"]] == [0, 0]
     assert len(doc["probes"][1]["stream_bps"]) == 10 and min(doc["probes"][1]["stream_bps"]) > 0
+
+
+def test_model_option_adds_the_models_adaptive_probe_as_advise_does(fake, capsys):
+    # auto's third probe goes to min(n_max, 4 x the highest level): 4 x 10 = 40 with the default n_max (64),
+    # 24 with --n-max 24; without --model only the levels are probed.
+    for argv, expected in ((["--model", "auto"], [1, 10, 40]), (["--model", "auto", "--n-max", "24"], [1, 10, 24]),
+                           ([], [1, 10]), (["--model", "lu"], [1, 10])):
+        fake.calls.clear()
+        args = parse("192.0.2.7:5300", "--levels", "1,10", "--duration", "10", "--json", *argv)
+        assert args.handler(args) == 0
+        out, err = capsys.readouterr()
+        assert [p["streams"] for p in json.loads(out)["probes"]] == expected
+        assert [c[2] for c in fake.calls if c[0] == "run"] == expected
+
+
+def test_json_document_reads_back_into_what_the_models_are_fitted_to(fake, capsys):
+    from advisor.plan_runner import level_chooser
+    from advisor.tame import point_from_probe
+
+    args = parse("192.0.2.7:5300", "--levels", "1,10", "--duration", "10", "--json", "--model", "auto")
+    assert args.handler(args) == 0
+    doc = json.loads(capsys.readouterr().out)
+    back = probe.from_json(doc)
+    assert probe.to_json(back) == doc
+    # The same plan run in-process gives the same points the fit would see.
+    direct = probe.measure(args, "probe", level_chooser("auto", 64))
+    assert [point_from_probe(p) for p in back.probes] == [point_from_probe(p) for p in direct.probes]
+    assert back.idle_rtt_s == direct.idle_rtt_s == 0.03
+    with pytest.raises(KeyError):
+        probe.from_json({**doc, "probes": [{k: v for k, v in doc["probes"][0].items() if k != "retransmits"}]})
