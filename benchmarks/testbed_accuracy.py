@@ -6,9 +6,11 @@
 For each of three namespace test beds (probes/testbed.py) it
 
 1. builds the path and starts an iperf3 server in the receiver namespace;
-2. runs the advisor's real probe plan from the sender namespace (``tame probe --json``:
-   idle RTT, then levels 1 and 10, each extended while its rate has not settled) and fits
-   every model of ``--models`` to the two probes;
+2. runs the advisor's real probe plan from the sender namespace (``tame probe --json --model
+   auto``: idle RTT, levels 1 and 10, then auto's adaptive probe, each extended while its rate
+   has not settled, 30 s after 5 s of warm-up as the service probes) and fits every model of
+   ``--models`` to its own levels, with the losses, RTT and segment size the probes measured
+   (what the service fits from);
 3. measures ground truth with the iperf3 CLI (``-J``, receiver-side goodput) for n = 1, 2, 4,
    8, 16, 32 streams, ``--seconds`` each after ``--omit`` warm-up seconds, and, on the path with
    cross traffic, the cross flows' goodput over the same window (their sockets' ``bytes_acked``
@@ -52,16 +54,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from advisor.tame import DEFAULT_MODEL, advise_from_plan  # noqa: E402
+from advisor.commands.probe import from_json  # noqa: E402
+from advisor.tame import DEFAULT_MODEL, DEFAULT_N_MAX, point_from_probe, tame_parallel_tcp  # noqa: E402
 from models.errors import FitError  # noqa: E402
-from models.parallel import ProbePoint  # noqa: E402
-from models.registry import MODELS, fit  # noqa: E402
+from models.evidence import loss_limited, loss_rate  # noqa: E402
+from models.registry import ADAPTIVE_LEVEL, MODELS, PROBE_LEVELS, fit, model_probes  # noqa: E402
 from probes import pathcheck, testbed  # noqa: E402
 from probes.errors import ProbeError  # noqa: E402
 from probes.iperf_parse import parse_iperf_json  # noqa: E402
 from probes.netns import run  # noqa: E402
 from probes.plan import ProbePlan  # noqa: E402
-from probes.result import PlanResult, ProbeResult  # noqa: E402
+from probes.result import PlanResult  # noqa: E402
 
 PORT = 5201
 STREAMS = (1, 2, 4, 8, 16, 32)
@@ -109,6 +112,7 @@ class PathResult:
     path: BenchPath
     plan: PlanResult | None = None
     fits: dict = field(default_factory=dict)        # model -> ParallelFit or the error text
+    model_points: dict = field(default_factory=dict)  # model -> the ProbePoints it was fitted to
     rows: list[Row] = field(default_factory=list)
     cross_idle_bps: list[float] = field(default_factory=list)  # n = 0 windows, before and after the sweep
     notes: list[str] = field(default_factory=list)
@@ -137,27 +141,31 @@ def cross_rate(before: tuple[float, int], after: tuple[float, int]) -> float:
     return (after[1] - before[1]) * 8 / (after[0] - before[0])
 
 
-def probe_plan(tb: testbed.Testbed, duration_s: float, max_duration_s: float, omit_s: float) -> PlanResult:
-    """Run the advisor's probe plan (levels 1 and 10) from the sender namespace via `tame probe --json`."""
-    argv = [sys.executable, "-m", "advisor", "probe", f"{tb.receiver_addr}:{PORT}", "--levels", "1,10",
-            "--duration", f"{duration_s:g}", "--max-duration", f"{max_duration_s:g}", "--omit", f"{omit_s:g}",
-            "--congestion-control", CONGESTION_CONTROL, "--json"]
-    # The plan's own worst case (idle RTT, both probes extended to the cap), plus process start-up.
-    plan = ProbePlan(levels=(1, 10), duration_s=duration_s, omit_s=omit_s, max_duration_s=max_duration_s)
-    budget = plan.worst_case_s + 10
+def probe_options(args, models: list[str]) -> tuple[list[str], ProbePlan]:
+    """`tame probe` options and the plan they make: the levels the models share, then the adaptive probe of
+    the first model in ``models`` that adds one, as `tame advise` would."""
+    levels = sorted({n for model in models for n in PROBE_LEVELS[model]})
+    adaptive = next((m for m in models if m in ADAPTIVE_LEVEL), None)
+    options = ["--levels", ",".join(map(str, levels)), "--duration", f"{args.probe_seconds:g}",
+               "--max-duration", f"{args.probe_max_seconds:g}", "--omit", f"{args.probe_omit:g}",
+               "--congestion-control", CONGESTION_CONTROL]
+    if adaptive:
+        options += ["--model", adaptive, "--n-max", str(DEFAULT_N_MAX)]
+    plan = ProbePlan(levels=tuple(levels), duration_s=args.probe_seconds, omit_s=args.probe_omit,
+                     max_duration_s=args.probe_max_seconds, adaptive_probes=1 if adaptive else 0)
+    return options, plan
+
+
+def probe_plan(tb: testbed.Testbed, args, models: list[str]) -> PlanResult:
+    """Run the advisor's probe plan (:func:`probe_options`) from the sender namespace via `tame probe --json`."""
+    options, plan = probe_options(args, models)
+    argv = [sys.executable, "-m", "advisor", "probe", f"{tb.receiver_addr}:{PORT}", *options, "--json"]
+    # The plan's own worst case (idle RTT, every probe extended to the cap and tried again), plus start-up.
     done = subprocess.run(tb.exec_in(tb.sender_ns, argv), cwd=ROOT, stdout=subprocess.PIPE, stderr=None,
-                          text=True, timeout=budget)
+                          text=True, timeout=plan.worst_case_s + 10)
     if done.returncode != 0:
         raise RuntimeError(f"tame probe failed (exit {done.returncode}); see its message above")
-    doc = json.loads(done.stdout)
-    probes = tuple(
-        ProbeResult(dest=doc["dest"], streams=p["streams"], duration_s=p["duration_s"], omit_s=p["omit_s"],
-                    throughput_bps=p["throughput_bps"], sender_bps=p["sender_bps"], retransmits=p["retransmits"],
-                    rtt_mean_s=p["rtt_mean_s"], mss_bytes=p["mss_bytes"], congestion_control=p["congestion_control"],
-                    started_at=p["started_at"], throughput_stderr_bps=p["throughput_stderr_bps"], settled=p["settled"])
-        for p in doc["probes"]
-    )
-    return PlanResult(dest=doc["dest"], idle_rtt_s=doc["idle_rtt_s"], probes=probes)
+    return from_json(json.loads(done.stdout))
 
 
 def transfer(tb: testbed.Testbed, streams: int, seconds: int, omit_s: int, with_cross: bool) -> Row:
@@ -227,15 +235,20 @@ def measure_path(result: PathResult, name: str, state_dir: Path, args, models: l
         if spec.cross_flows:
             time.sleep(CROSS_WARMUP_S)
         with pathcheck.iperf3_server(tb, PORT):
-            result.plan = probe_plan(tb, args.probe_seconds, args.probe_max_seconds, args.omit)
-            points = []
+            result.plan = probe_plan(tb, args, models)
             for p in result.plan.probes:
-                points.append(ProbePoint(p.streams, p.throughput_bps))
                 print(f"probe n={p.streams}: {p.throughput_bps / 1e6:.2f} Mbit/s over {p.duration_s:.1f} s"
                       f"{'' if p.settled else ' (not settled)'}", file=sys.stderr, flush=True)
+            by_streams = {p.streams: point_from_probe(p) for p in result.plan.probes}
             for model in models:
+                # Each model sees its own probes, with the loss, RTT and segment size the service fits from.
                 try:
-                    result.fits[model] = fit(model, points)
+                    result.model_points[model] = model_probes(model, by_streams, DEFAULT_N_MAX)
+                except KeyError as exc:
+                    result.fits[model] = f"not probed: it needs a probe at {exc} streams"
+                    continue
+                try:
+                    result.fits[model] = fit(model, result.model_points[model])
                 except (FitError, ValueError) as exc:
                     result.fits[model] = f"cannot fit: {exc}"
             if spec.cross_flows:
@@ -274,6 +287,15 @@ def _mean_abs(values: list[float | None]) -> str:
     return f"{sum(kept) / len(kept):.1%}" if kept else "-"
 
 
+def _probe_text(probe) -> str:
+    """One probe as the report shows it: rate, seconds, share of segments lost and auto's verdict on its streams."""
+    point = point_from_probe(probe)
+    lost = loss_rate(point)
+    verdict = {True: "loss-limited", False: "not loss-limited", None: "cannot tell"}[loss_limited(point)]
+    return (f"n={probe.streams}: {probe.throughput_bps / 1e6:.2f} Mbit/s ({probe.duration_s:.1f} s"
+            f"{'' if probe.settled else ', not settled'}, {'-' if lost is None else f'{lost:.2%}'} lost, {verdict})")
+
+
 def report(result: PathResult, models: list[str]) -> list[str]:
     """Markdown lines for one path: the probes, then one table per model."""
     lines = [f"### {result.path.title}", ""]
@@ -281,9 +303,7 @@ def report(result: PathResult, models: list[str]) -> list[str]:
     if plan is None:
         return lines + [f"- {note}" for note in result.notes] + [""]
     rtt = "unknown" if plan.idle_rtt_s is None else f"{plan.idle_rtt_s * 1e3:.1f} ms"
-    probes = ", ".join(f"n={p.streams}: {p.throughput_bps / 1e6:.2f} Mbit/s ({p.duration_s:.1f} s"
-                       f"{'' if p.settled else ', not settled'})" for p in plan.probes)
-    lines.append(f"Probes (idle RTT {rtt}): {probes}.")
+    lines.append(f"Probes (idle RTT {rtt}): " + ", ".join(_probe_text(p) for p in plan.probes) + ".")
     baseline = None
     if result.cross_idle_bps:
         baseline = sum(result.cross_idle_bps) / len(result.cross_idle_bps)
@@ -299,7 +319,8 @@ def report(result: PathResult, models: list[str]) -> list[str]:
             continue
         params = ", ".join(f"{k}={v:.4g}" for k, v in fitted.params.items())
         try:
-            advice = advise_from_plan(plan, MAX_IMPACT_SHOWN, model=model)
+            advice = tame_parallel_tcp(result.model_points[model], MAX_IMPACT_SHOWN, DEFAULT_N_MAX, model,
+                                       plan.idle_rtt_s)
             advice_text = f"advice at max-impact {MAX_IMPACT_SHOWN:g}: {advice.num_flows} stream(s)"
         except (FitError, ValueError) as exc:
             advice_text = f"no advice: {exc}"
@@ -342,9 +363,12 @@ def main() -> int:
     parser.add_argument("--output", type=Path, default=None,
                         help="markdown file for the tables (default benchmarks/results/testbed[-quick].md)")
     args = parser.parse_args()
-    args.omit = 2
-    args.seconds = args.seconds or (5 if args.quick else 12)
-    args.probe_seconds, args.probe_max_seconds = (5.0, 5.0) if args.quick else (10.0, 20.0)
+    args.omit = 2 if args.quick else 5
+    args.seconds = args.seconds or (5 if args.quick else 20)
+    # The service's own plan (probes.plan.ProbePlan's defaults) unless --quick.
+    default = ProbePlan()
+    args.probe_seconds, args.probe_max_seconds, args.probe_omit = (
+        (5.0, 5.0, 2.0) if args.quick else (default.duration_s, default.max_duration_s, default.omit_s))
     output = args.output or ROOT / "benchmarks" / "results" / ("testbed-quick.md" if args.quick else "testbed.md")
     models = [m for m in args.models.split(",") if m]
     unknown = [m for m in models if m not in MODELS]
@@ -388,8 +412,9 @@ def write(output: Path, command: str, args, models: list[str], results: list[Pat
         "",
         f"Command: `{command.strip()}`",
         "",
-        f"Probes: `tame probe --levels 1,10 --duration {args.probe_seconds:g} --max-duration "
-        f"{args.probe_max_seconds:g} --omit {args.omit}` (cubic). Ground truth: `iperf3 -J -P n -t {args.seconds} "
+        f"Probes: `tame probe {' '.join(probe_options(args, models)[0])}` (`--model` adds the adaptive probe "
+        "`tame advise` runs); each model is fitted to its own levels with the probes' losses, RTT and segment size. "
+        f"Ground truth: `iperf3 -J -P n -t {args.seconds} "
         f"-O {args.omit} -C cubic`, receiver goodput; cross traffic: goodput of the cross flows (`ss` bytes_acked) "
         f"over {args.seconds - 1} s inside each transfer's measured part. Relative error = (pred − meas) / meas; "
         "predicted cross = cross(n=0) × (1 − impact(n)).",

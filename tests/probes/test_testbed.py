@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import stat
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -230,3 +232,26 @@ def test_fixture_path_serves_iperf3_through_the_bottleneck(testbed_path):
     # One new flow against 5 established cross flows on 50 Mbit/s (47.8 Mbit/s of goodput): about a sixth,
     # 8 Mbit/s, less while it is still growing; far below half unless the cross traffic were missing.
     assert 0 < goodput_bps < 25e6
+
+
+@netns
+def test_accuracy_benchmark_fits_the_default_to_the_probes_the_service_runs(tmp_path):
+    # The buffer-limited bed (64 KB socket buffers, 100 Mbit/s, 40 ms): one stream is window-limited and sees no
+    # losses, ten fill the link. The default model can only call that a knee from the probes' losses and RTT, and
+    # it adds its third probe at 4 x 10 = 40 streams; a throughput-only fit would be the fair share on two probes.
+    report = tmp_path / "testbed.md"
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, str(root / "benchmarks" / "testbed_accuracy.py"), "--quick",
+                           "--paths", "buffer", "--output", str(report)],
+                          cwd=root, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    text = report.read_text()
+    probes = next(line for line in text.splitlines() if line.startswith("Probes (idle RTT"))
+    assert [int(n) for n in re.findall(r"n=(\d+):", probes)] == [1, 10, 40]
+    assert "n=1: " in probes and probes.split("n=10:")[0].rstrip(", ").endswith("not loss-limited)")
+    auto = next(line for line in text.splitlines() if line.startswith("Model `auto`"))
+    assert "linear_until_streams=1," in auto and "plateau_until_streams=10," in auto
+    # lu is fitted to its own two levels, not to the adaptive probe.
+    assert re.search(r"Model `lu`: regime \w+, a_prime=", text)
+    rows = re.findall(r"^\| (\d+) \| ([\d.]+) \| ([\d.]+) \|", text, flags=re.M)
+    assert [int(n) for n, _, _ in rows[:6]] == [1, 2, 4, 8, 16, 32]
