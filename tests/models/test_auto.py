@@ -154,3 +154,48 @@ def test_a_loss_limited_side_without_a_finite_capacity_keeps_equal_shares():
     assert isinstance(fit, KneeFit) and fit.congested.regime == UNCONGESTED
     per_stream = np.sqrt(0.5e6 * 0.55e6)
     assert_allclose(fit.impact([10, 20, 31]), [1 - per_stream / 2e6] * 3, rtol=1e-6)
+
+
+def latent(n, throughput_bps, p):
+    """A 30 s probe at 40 ms whose streams lost the fraction p (1000-byte segments)."""
+    return at_loss_rate(n, throughput_bps, p, rtt_s=0.04, seconds=30)
+
+
+def test_losses_that_do_not_grow_with_the_streams_up_to_a_full_link_are_not_congestion():
+    # Hacker et al. 2004, section II, first scenario: a latent loss rate of 0.1 % limits each stream to about
+    # its Mathis rate (8000 x 1.22 / (0.04 sqrt(0.001)) = 7.7 Mbit/s); ten streams keep the rate (9.56 of 10.5 each,
+    # within 10 %) and the loss rate (0.1 %), forty find the link full (95.6 Mbit/s as at ten) and lose more.
+    points = [latent(1, 10.5e6, 0.001), latent(10, 95.6e6, 0.001), latent(40, 95.6e6, 0.0065)]
+    fit = fit_auto(points)
+    assert isinstance(fit, KneeFit) and fit.linear_until_streams == 10 and fit.plateau_until_streams == 40
+    assert fit.per_stream_bps == pytest.approx((10.5e6 * 9.56e6) ** 0.5)
+    # Up to ten streams nobody else loses anything; beyond, the full link's streams take from others.
+    assert_allclose(fit.impact([1, 5, 10]), 0.0)
+    assert fit.impact(11) > 0.1
+    assert any("latent losses, not congestion" in w for w in fit.warnings)
+
+
+def test_latent_losses_on_every_probe_mean_uncongested():
+    # 0.1 % at 1, 10 and 40 streams, 10 Mbit/s a stream throughout: no bottleneck reached up to 40 streams.
+    fit = fit_auto([latent(1, 10e6, 0.001), latent(10, 98e6, 0.001), latent(40, 380e6, 0.001)])
+    assert fit.regime == UNCONGESTED
+    assert_allclose(fit.impact([1, 40, 64]), 0.0)
+    assert_allclose(fit.throughput_bps(40), 40 * (10e6 * 9.8e6 * 9.5e6) ** (1 / 3), rtol=1e-9)
+
+
+def test_one_probe_of_unchanged_losses_without_a_full_link_is_not_taken_as_latent():
+    # ns-2 scenario 6 with 30 cross flows: the one-stream probe drew a small share (1.91 Mbit/s) and a high loss rate
+    # (0.63 %), so ten streams seem to hold both (1.99 each, 0.58 %); the 31-stream probe's aggregate kept growing
+    # (41.5 from 19.9 Mbit/s) at a higher loss rate, as a fair share among competing flows does. Read as congestion.
+    points = [latent(1, 1.91e6, 0.0063), latent(10, 19.9e6, 0.0058), latent(31, 41.5e6, 0.0097)]
+    fit = fit_auto(points)
+    assert not isinstance(fit, KneeFit) and fit.regime == CONGESTED
+    assert fit.impact(10) > 0.1
+    # Two probes alone cannot confirm latent losses either.
+    assert fit_auto(points[:2]).params == pytest.approx(fit_fair_share(points[:2]).params)
+
+
+def test_losses_that_grow_with_the_streams_are_congestion():
+    # Per-stream rate held within 10 % but the loss rate tripled: congestion, whatever the aggregate does next.
+    points = [latent(1, 10.5e6, 0.001), latent(10, 95.6e6, 0.003), latent(40, 95.6e6, 0.0065)]
+    assert not isinstance(fit_auto(points), KneeFit)
