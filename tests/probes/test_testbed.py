@@ -253,5 +253,11 @@ def test_accuracy_benchmark_fits_the_default_to_the_probes_the_service_runs(tmp_
     assert "linear_until_streams=1," in auto and "plateau_until_streams=10," in auto
     # lu is fitted to its own two levels, not to the adaptive probe.
     assert re.search(r"Model `lu`: regime \w+, a_prime=", text)
-    rows = re.findall(r"^\| (\d+) \| ([\d.]+) \| ([\d.]+) \|", text, flags=re.M)
-    assert [int(n) for n, _, _ in rows[:6]] == [1, 2, 4, 8, 16, 32]
+    auto_section = text.split("Model `auto`")[1].split("Model `lu`")[0]
+    measured = {int(n) for n in re.findall(r"^\| (\d+)(?: \(advised\))? \| [\d.]+ \|", auto_section, flags=re.M)}
+    assert {1, 2, 4, 8, 16, 32} <= measured
+    # Every budget's advice is measured where it lands: the advised n is one of the measured rows.
+    advice = re.findall(r"^\| (0\.05|0\.1|0\.2|0\.3) \| (\d+) \| [\d.]+ \| ([\d.]+) \|", auto_section, flags=re.M)
+    assert [b for b, _, _ in advice] == ["0.05", "0.1", "0.2", "0.3"]
+    assert all(int(n) in measured for _, n, _ in advice)
+    assert re.search(r"^\| buffer \| auto \| [\d.]+% \| - \| ([\d.]+ / ){3}[\d.]+ \| 0 of 4 \|$", text, flags=re.M)
