@@ -199,3 +199,21 @@ def test_losses_that_grow_with_the_streams_are_congestion():
     # Per-stream rate held within 10 % but the loss rate tripled: congestion, whatever the aggregate does next.
     points = [latent(1, 10.5e6, 0.001), latent(10, 95.6e6, 0.003), latent(40, 95.6e6, 0.0065)]
     assert not isinstance(fit_auto(points), KneeFit)
+
+
+def test_latent_losses_below_a_link_that_filled_need_not_hold_the_per_stream_rate():
+    # The test bed's random-loss path as measured (benchmarks/results/testbed.md): ten streams filled the link
+    # (95.53 Mbit/s, 9.55 each: 0.898 of the one stream's 10.64, just outside the 10 % tolerance) at the same 0.1 %
+    # loss rate, and forty found it full (95.62). The link capped the ten, not other flows.
+    points = [latent(1, 10.64e6, 0.001), latent(10, 95.53e6, 0.001), latent(40, 95.62e6, 0.0065)]
+    fit = fit_auto(points)
+    assert isinstance(fit, KneeFit) and fit.linear_until_streams == 10
+    assert_allclose(fit.impact([1, 10]), 0.0)
+
+
+def test_losses_in_the_timeout_regime_are_not_read_as_latent():
+    # ns-2 scenario 1 with 25 cross flows: 33-43 % lost at 1, 10 and 31 streams, each stream's rate falling from
+    # 65 to 5 kbit/s while the aggregate stays at 0.15 Mbit/s from 10 to 31. A saturated loss rate shows no growth.
+    points = [at_loss_rate(1, 0.065e6, 0.335), at_loss_rate(10, 0.15e6, 0.37), at_loss_rate(31, 0.155e6, 0.427)]
+    fit = fit_auto(points)
+    assert isinstance(fit, TimeoutRegimeFit) and fit.impact(10) > 0.1
