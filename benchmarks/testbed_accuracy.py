@@ -116,6 +116,7 @@ class Row:
 @dataclass
 class PathResult:
     path: BenchPath
+    run: int = 1                                    # 1..--runs: each run probes and sweeps the path afresh
     plan: PlanResult | None = None
     fits: dict = field(default_factory=dict)        # model -> ParallelFit or the error text
     model_points: dict = field(default_factory=dict)  # model -> the ProbePoints it was fitted to
@@ -334,21 +335,36 @@ def model_score(result: PathResult, model: str) -> dict:
             "cross": float(np.mean(cross)) if cross else None, "advice": advice}
 
 
-def summary(results: list[PathResult], models: list[str]) -> list[str]:
-    """The report's first table: per path and model, the mean errors and the advice over the budgets."""
+def _median(values: list) -> float | None:
+    kept = [v for v in values if v is not None]
+    return float(np.median(kept)) if kept else None
+
+
+def summary(results: list[PathResult], models: list[str], runs: int) -> list[str]:
+    """The report's first table: per path, model and run, the mean errors and the advice over the budgets;
+    with several runs, each path and model's median over them follows its runs."""
     lines = ["| path | model | throughput mean \\|err\\| | cross traffic mean \\|err\\| "
              f"| advice ratio at budgets {', '.join(f'{b:g}' for b in BUDGETS)} | budgets exceeded |",
              "|---|---|---:|---:|---|---:|"]
-    for result in results:
+    for path in dict.fromkeys(r.path for r in results):
         for model in models:
-            if model not in result.fits or isinstance(result.fits[model], str):
-                continue
-            score = model_score(result, model)
-            ratios = " / ".join("-" if r is None else f"{r:.2f}" for _, _, _, r in score["advice"].values())
-            over = sum(there is not None and true_impact(result, there) > budget
-                       for budget, (_, there, _, _) in score["advice"].items())
-            lines.append(f"| {result.path.key} | {model} | {_fraction(score['throughput'])} "
-                         f"| {_fraction(score['cross'])} | {ratios} | {over} of {len(score['advice'])} |")
+            scored = [(r, model_score(r, model)) for r in results
+                      if r.path == path and model in r.fits and not isinstance(r.fits[model], str)]
+            rows = []
+            for result, score in scored:
+                ratios = [r for _, _, _, r in score["advice"].values()]
+                over = sum(there is not None and true_impact(result, there) > budget
+                           for budget, (_, there, _, _) in score["advice"].items())
+                rows.append((f"{path.key}" + (f" (run {result.run})" if runs > 1 else ""), score["throughput"],
+                             score["cross"], ratios, over, len(score["advice"])))
+            if len(rows) > 1:
+                rows.append((f"**{path.key}, median of {len(rows)} runs**", _median([r[1] for r in rows]),
+                             _median([r[2] for r in rows]), [_median(list(b)) for b in zip(*(r[3] for r in rows))],
+                             sum(r[4] for r in rows), sum(r[5] for r in rows)))
+            for label, throughput, cross, ratios, over, budgets in rows:
+                text = " / ".join("-" if r is None else f"{r:.2f}" for r in ratios)
+                lines.append(f"| {label} | {model} | {_fraction(throughput)} | {_fraction(cross)} | {text} "
+                             f"| {over} of {budgets} |")
     return lines + [""]
 
 
@@ -361,9 +377,9 @@ def _probe_text(probe) -> str:
             f"{'' if probe.settled else ', not settled'}, {'-' if lost is None else f'{lost:.2%}'} lost, {verdict})")
 
 
-def report(result: PathResult, models: list[str]) -> list[str]:
+def report(result: PathResult, models: list[str], runs: int) -> list[str]:
     """Markdown lines for one path: the probes, then one table per model."""
-    lines = [f"### {result.path.title}", ""]
+    lines = [f"### {result.path.title}" + (f", run {result.run}" if runs > 1 else ""), ""]
     plan = result.plan
     if plan is None:
         return lines + [f"- {note}" for note in result.notes] + [""]
@@ -426,7 +442,10 @@ def main() -> int:
                         help=f"which paths, comma-separated (default all: {', '.join(p.key for p in PATHS)})")
     parser.add_argument("--models", default=",".join(dict.fromkeys([DEFAULT_MODEL, "lu"])),
                         help=f"models to fit to the probes, comma-separated (known: {', '.join(sorted(MODELS))})")
-    parser.add_argument("--seconds", type=int, default=None, help="measured seconds per transfer (default 12; 5 quick)")
+    parser.add_argument("--seconds", type=int, default=None, help="measured seconds per transfer (default 20; 5 quick)")
+    parser.add_argument("--runs", type=int, default=1,
+                        help="probe and sweep each path this many times (real TCP varies from run to run; the "
+                             "summary adds the median over runs)")
     parser.add_argument("--output", type=Path, default=None,
                         help="markdown file for the tables (default benchmarks/results/testbed[-quick].md)")
     args = parser.parse_args()
@@ -443,6 +462,8 @@ def main() -> int:
     paths = [p for p in PATHS if p.key in wanted]
     if unknown or not paths or len(paths) != len(set(wanted)):
         parser.error(f"unknown model or path in --models {args.models!r} / --paths {args.paths!r}")
+    if args.runs < 1:
+        parser.error(f"--runs {args.runs}: give a whole number >= 1")
     if os.geteuid() != 0:
         parser.error("needs root (network namespaces)")
 
@@ -452,9 +473,10 @@ def main() -> int:
     load_before = os.getloadavg()
     results = []
     with tempfile.TemporaryDirectory(prefix="tpt-accuracy-") as tmp:
-        for index, path in enumerate(paths):
-            name = f"acc{os.getpid() % 100000}{index}"[:12]
-            results.append(PathResult(path))
+        todo = [(path, run) for path in paths for run in range(1, args.runs + 1)]
+        for index, (path, run) in enumerate(todo):
+            name = f"acc{os.getpid() % 10000}{index}"[:12]
+            results.append(PathResult(path, run))
             try:
                 measure_path(results[-1], name, Path(tmp), args, models)
             except (ProbeError, RuntimeError, subprocess.TimeoutExpired, testbed.TestbedError) as exc:
@@ -465,7 +487,7 @@ def main() -> int:
                 write(output, command, args, models, results, started, load_before, final=False)
                 raise
             # Kept after every path, so a run cut short still leaves what it measured.
-            write(output, command, args, models, results, started, load_before, final=index == len(paths) - 1)
+            write(output, command, args, models, results, started, load_before, final=index == len(todo) - 1)
     return 0
 
 
@@ -491,9 +513,9 @@ def write(output: Path, command: str, args, models: list[str], results: list[Pat
         f"{' '.join(f'{x:.2f}' for x in load_after)} after (other jobs share the CPUs with the delay line).",
         "",
     ]
-    lines += summary(results, models)
+    lines += summary(results, models, args.runs)
     for result in results:
-        lines += report(result, models)
+        lines += report(result, models, args.runs)
     text = "\n".join(lines)
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(text + "\n")
