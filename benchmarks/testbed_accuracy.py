@@ -51,7 +51,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -60,6 +60,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from advisor.commands.probe import from_json  # noqa: E402
+from advisor.commands.probe import to_json as probe_json  # noqa: E402
 from advisor.tame import DEFAULT_MODEL, DEFAULT_N_MAX, point_from_probe, tame_parallel_tcp  # noqa: E402
 from models.errors import FitError  # noqa: E402
 from models.evidence import loss_limited, loss_rate  # noqa: E402
@@ -228,6 +229,41 @@ def _sleep_until(t: float) -> None:
         time.sleep(delay)
 
 
+def fit_models(result: PathResult, models: list[str]) -> None:
+    """Fit every model to its own probes of ``result.plan`` and take its advice at each budget, as the service would."""
+    by_streams = {p.streams: point_from_probe(p) for p in result.plan.probes}
+    for model in models:
+        # Each model sees its own probes, with the loss, RTT and segment size the service fits from.
+        try:
+            result.model_points[model] = model_probes(model, by_streams, DEFAULT_N_MAX)
+        except KeyError as exc:
+            result.fits[model] = f"not probed: it needs a probe at {exc} streams"
+            continue
+        try:
+            result.fits[model] = fit(model, result.model_points[model])
+            result.advice[model] = {b: tame_parallel_tcp(result.model_points[model], b, DEFAULT_N_MAX, model,
+                                                         result.plan.idle_rtt_s) for b in BUDGETS}
+        except (FitError, ValueError) as exc:
+            result.fits[model] = f"cannot fit: {exc}"
+
+
+def to_record(result: PathResult) -> dict:
+    """What one run measured, as JSON: enough to fit the models again and rewrite the report (:func:`from_record`)."""
+    return {"path": result.path.key, "run": result.run,
+            "plan": None if result.plan is None else probe_json(result.plan), "rows": [asdict(r) for r in result.rows], "cross_idle_bps": result.cross_idle_bps, "notes": result.notes}
+
+
+def from_record(record: dict, models: list[str]) -> PathResult:
+    """The PathResult a :func:`to_record` document describes, with the models fitted afresh."""
+    path = next(p for p in PATHS if p.key == record["path"])
+    result = PathResult(path, record["run"], plan=None if record["plan"] is None else from_json(record["plan"]),
+                        rows=[Row(**r) for r in record["rows"]], cross_idle_bps=list(record["cross_idle_bps"]),
+                        notes=list(record["notes"]))
+    if result.plan is not None:
+        fit_models(result, models)
+    return result
+
+
 def measure_path(result: PathResult, name: str, state_dir: Path, args, models: list[str]) -> None:
     """Build the path, probe, sweep n; fills ``result`` as it goes, so a failure keeps what was measured."""
     path = result.path
@@ -247,20 +283,7 @@ def measure_path(result: PathResult, name: str, state_dir: Path, args, models: l
             for p in result.plan.probes:
                 print(f"probe n={p.streams}: {p.throughput_bps / 1e6:.2f} Mbit/s over {p.duration_s:.1f} s"
                       f"{'' if p.settled else ' (not settled)'}", file=sys.stderr, flush=True)
-            by_streams = {p.streams: point_from_probe(p) for p in result.plan.probes}
-            for model in models:
-                # Each model sees its own probes, with the loss, RTT and segment size the service fits from.
-                try:
-                    result.model_points[model] = model_probes(model, by_streams, DEFAULT_N_MAX)
-                except KeyError as exc:
-                    result.fits[model] = f"not probed: it needs a probe at {exc} streams"
-                    continue
-                try:
-                    result.fits[model] = fit(model, result.model_points[model])
-                    result.advice[model] = {b: tame_parallel_tcp(result.model_points[model], b, DEFAULT_N_MAX, model,
-                                                                 result.plan.idle_rtt_s) for b in BUDGETS}
-                except (FitError, ValueError) as exc:
-                    result.fits[model] = f"cannot fit: {exc}"
+            fit_models(result, models)
             if spec.cross_flows:
                 result.cross_idle_bps.append(idle_cross(tb, args.seconds, args.omit))
                 print(f"n=0: cross {result.cross_idle_bps[-1] / 1e6:.2f} Mbit/s", file=sys.stderr, flush=True)
@@ -344,7 +367,8 @@ def summary(results: list[PathResult], models: list[str], runs: int) -> list[str
     """The report's first table: per path, model and run, the mean errors and the advice over the budgets;
     with several runs, each path and model's median over them follows its runs."""
     lines = ["| path | model | throughput mean \\|err\\| | cross traffic mean \\|err\\| "
-             f"| advice ratio at budgets {', '.join(f'{b:g}' for b in BUDGETS)} | budgets exceeded |",
+             f"| advice ratio at budgets {', '.join(f'{b:g}' for b in BUDGETS)} "
+             "| advice over budget, of the budgets some n meets |",
              "|---|---|---:|---:|---|---:|"]
     for path in dict.fromkeys(r.path for r in results):
         for model in models:
@@ -353,10 +377,12 @@ def summary(results: list[PathResult], models: list[str], runs: int) -> list[str
             rows = []
             for result, score in scored:
                 ratios = [r for _, _, _, r in score["advice"].values()]
-                over = sum(there is not None and true_impact(result, there) > budget
-                           for budget, (_, there, _, _) in score["advice"].items())
+                # As on ns-2 (benchmarks/accuracy.py): only budgets some measured n meets can be kept to.
+                feasible = [(budget, there) for budget, (_, there, best, _) in score["advice"].items()
+                            if best is not None]
+                over = sum(there is not None and true_impact(result, there) > budget for budget, there in feasible)
                 rows.append((f"{path.key}" + (f" (run {result.run})" if runs > 1 else ""), score["throughput"],
-                             score["cross"], ratios, over, len(score["advice"])))
+                             score["cross"], ratios, over, len(feasible)))
             if len(rows) > 1:
                 rows.append((f"**{path.key}, median of {len(rows)} runs**", _median([r[1] for r in rows]),
                              _median([r[2] for r in rows]), [_median(list(b)) for b in zip(*(r[3] for r in rows))],
@@ -435,9 +461,12 @@ def report(result: PathResult, models: list[str], runs: int) -> list[str]:
     return lines
 
 
+SETTINGS = ("seconds", "omit", "probe_seconds", "probe_max_seconds", "probe_omit", "runs")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="5 s transfers and 5 s probes (about 4 minutes)")
+    parser.add_argument("--quick", action="store_true", help="5 s transfers and 5 s probes (about 5 minutes)")
     parser.add_argument("--paths", default=",".join(p.key for p in PATHS),
                         help=f"which paths, comma-separated (default all: {', '.join(p.key for p in PATHS)})")
     parser.add_argument("--models", default=",".join(dict.fromkeys([DEFAULT_MODEL, "lu"])),
@@ -447,8 +476,18 @@ def main() -> int:
                         help="probe and sweep each path this many times (real TCP varies from run to run; the "
                              "summary adds the median over runs)")
     parser.add_argument("--output", type=Path, default=None,
-                        help="markdown file for the tables (default benchmarks/results/testbed[-quick].md)")
+                        help="markdown file for the tables (default benchmarks/results/testbed[-quick].md); "
+                             "the measurements go beside it as .json")
+    parser.add_argument("--from-json", type=Path, default=None, metavar="FILE",
+                        help="measure nothing: fit --models to the measurements FILE holds (the .json an earlier "
+                             "run wrote) and write the report again (default: FILE with .md)")
     args = parser.parse_args()
+    command = "sudo .venv/bin/python benchmarks/testbed_accuracy.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    models = [m for m in args.models.split(",") if m]
+    if any(m not in MODELS for m in models):
+        parser.error(f"unknown model in --models {args.models!r}")
+    if args.from_json:
+        return rewrite(args.from_json, args.output or args.from_json.with_suffix(".md"), models, command)
     args.omit = 2 if args.quick else 5
     args.seconds = args.seconds or (5 if args.quick else 20)
     # The service's own plan (probes.plan.ProbePlan's defaults) unless --quick.
@@ -456,22 +495,28 @@ def main() -> int:
     args.probe_seconds, args.probe_max_seconds, args.probe_omit = (
         (5.0, 5.0, 2.0) if args.quick else (default.duration_s, default.max_duration_s, default.omit_s))
     output = args.output or ROOT / "benchmarks" / "results" / ("testbed-quick.md" if args.quick else "testbed.md")
-    models = [m for m in args.models.split(",") if m]
-    unknown = [m for m in models if m not in MODELS]
     wanted = args.paths.split(",")
     paths = [p for p in PATHS if p.key in wanted]
-    if unknown or not paths or len(paths) != len(set(wanted)):
-        parser.error(f"unknown model or path in --models {args.models!r} / --paths {args.paths!r}")
+    if not paths or len(paths) != len(set(wanted)):
+        parser.error(f"unknown path in --paths {args.paths!r}")
     if args.runs < 1:
         parser.error(f"--runs {args.runs}: give a whole number >= 1")
     if os.geteuid() != 0:
         parser.error("needs root (network namespaces)")
 
     signal.signal(signal.SIGTERM, _on_sigterm)
-    command = "sudo .venv/bin/python benchmarks/testbed_accuracy.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    settings = {k: getattr(args, k) for k in SETTINGS}
     started = time.monotonic()
     load_before = os.getloadavg()
     results = []
+
+    def header() -> dict:
+        load_after = os.getloadavg()
+        return {"command": command, "settings": settings, "run": (
+            f"Run: {time.strftime('%Y-%m-%d %H:%M %Z')}, {(time.monotonic() - started) / 60:.1f} min on "
+            f"{os.cpu_count()} CPUs; load average (1/5/15 min) {' '.join(f'{x:.2f}' for x in load_before)} before, "
+            f"{' '.join(f'{x:.2f}' for x in load_after)} after (other jobs share the CPUs with the delay line).")}
+
     with tempfile.TemporaryDirectory(prefix="tpt-accuracy-") as tmp:
         todo = [(path, run) for path in paths for run in range(1, args.runs + 1)]
         for index, (path, run) in enumerate(todo):
@@ -484,22 +529,35 @@ def main() -> int:
                 results[-1].notes.append(f"measurement stopped: {exc}")
             except (KeyboardInterrupt, Terminated):
                 results[-1].notes.append("interrupted (Ctrl-C or SIGTERM); the beds were removed")
-                write(output, command, args, models, results, started, load_before, final=False)
+                write(output, header(), models, results, final=False, measurements=True)
                 raise
             # Kept after every path, so a run cut short still leaves what it measured.
-            write(output, command, args, models, results, started, load_before, final=index == len(todo) - 1)
+            write(output, header(), models, results, final=index == len(todo) - 1, measurements=True)
     return 0
 
 
-def write(output: Path, command: str, args, models: list[str], results: list[PathResult], started: float,
-          load_before: tuple[float, ...], final: bool) -> None:
-    elapsed = time.monotonic() - started
-    load_after = os.getloadavg()
+def rewrite(source: Path, output: Path, models: list[str], command: str) -> int:
+    """The report of the measurements in ``source`` (a .json this script wrote), fitted again with ``models``."""
+    try:
+        doc = json.loads(source.read_text())
+        results = [from_record(record, models) for record in doc["results"]]
+        header = dict(doc["header"])
+    except (OSError, ValueError, KeyError, TypeError, StopIteration) as exc:
+        print(f"testbed_accuracy: cannot read measurements from {source}: {exc}", file=sys.stderr)
+        return 2
+    header["command"] = f"{header['command']}`; report written again from its measurements by `{command.strip()}"
+    write(output, header, models, results, final=True, measurements=False)
+    return 0
 
+
+def write(output: Path, header: dict, models: list[str], results: list[PathResult], final: bool,
+          measurements: bool) -> None:
+    """The report to ``output`` and, with ``measurements``, what was measured to the same name with .json."""
+    args = argparse.Namespace(**header["settings"])
     lines = [
         "## Accuracy on the namespace test bed",
         "",
-        f"Command: `{command.strip()}`",
+        f"Command: `{header['command'].strip()}`",
         "",
         f"Probes: `tame probe {' '.join(probe_options(args, models)[0])}` (`--model` adds the adaptive probe "
         "`tame advise` runs); each model is fitted to its own levels with the probes' losses, RTT and segment size. "
@@ -508,9 +566,7 @@ def write(output: Path, command: str, args, models: list[str], results: list[Pat
         f"over {args.seconds - 1} s inside each transfer's measured part. Relative error = (pred − meas) / meas; "
         "predicted cross = cross(n=0) × (1 − impact(n)).",
         "",
-        f"Run: {time.strftime('%Y-%m-%d %H:%M %Z')}, {elapsed / 60:.1f} min on {os.cpu_count()} CPUs; "
-        f"load average (1/5/15 min) {' '.join(f'{x:.2f}' for x in load_before)} before, "
-        f"{' '.join(f'{x:.2f}' for x in load_after)} after (other jobs share the CPUs with the delay line).",
+        header["run"],
         "",
     ]
     lines += summary(results, models, args.runs)
@@ -519,6 +575,9 @@ def write(output: Path, command: str, args, models: list[str], results: list[Pat
     text = "\n".join(lines)
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(text + "\n")
+    if measurements:
+        output.with_suffix(".json").write_text(json.dumps(
+            {"header": header, "results": [to_record(r) for r in results]}, indent=1) + "\n")
     if final:
         print(text)
         print(f"(written to {output})", file=sys.stderr)

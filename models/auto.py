@@ -265,7 +265,8 @@ def _clean_prefix(points: Sequence[ProbePoint]) -> tuple[int, bool]:
         return point.throughput_bps / point.streams >= (1 - PER_STREAM_TOLERANCE) * first_rate
 
     def link_full_after(i: int) -> bool:
-        return i + 1 < len(points) and points[i + 1].throughput_bps <= (1 + PER_STREAM_TOLERANCE) * points[i].throughput_bps
+        return (i + 1 < len(points)
+                and points[i + 1].throughput_bps <= (1 + PER_STREAM_TOLERANCE) * points[i].throughput_bps)
 
     def latent(i: int) -> bool:
         point = points[i]

@@ -261,3 +261,13 @@ def test_accuracy_benchmark_fits_the_default_to_the_probes_the_service_runs(tmp_
     assert [b for b, _, _ in advice] == ["0.05", "0.1", "0.2", "0.3"]
     assert all(int(n) in measured for _, n, _ in advice)
     assert re.search(r"^\| buffer \| auto \| [\d.]+% \| - \| ([\d.]+ / ){3}[\d.]+ \| 0 of 4 \|$", text, flags=re.M)
+    # What was measured is kept beside the report; the report written again from it (no root, no network) is the
+    # same but for the command line.
+    again = tmp_path / "again.md"
+    redone = subprocess.run([sys.executable, str(root / "benchmarks" / "testbed_accuracy.py"), "--from-json",
+                             str(report.with_suffix(".json")), "--output", str(again)],
+                            cwd=root, capture_output=True, text=True, timeout=120)
+    assert redone.returncode == 0, redone.stderr[-2000:]
+    body = [line for line in text.splitlines() if not line.startswith("Command:")]
+    assert [line for line in again.read_text().splitlines() if not line.startswith("Command:")] == body
+    assert "report written again from its measurements" in again.read_text()
