@@ -230,7 +230,8 @@ def _losses_did_not_grow(point: ProbePoint, lowest: ProbePoint) -> bool:
     stream's rate falls fivefold), so it cannot show growth.
     """
     p, p_lowest = loss_rate(point), loss_rate(lowest)
-    if p is None or p_lowest is None or not 0 < p_lowest <= TIMEOUT_REGIME_LOSS_RATE or point.streams <= lowest.streams:
+    if (p is None or p_lowest is None or not 0 < p_lowest <= TIMEOUT_REGIME_LOSS_RATE
+            or point.streams <= lowest.streams):
         return False
     counting_error = math.sqrt(1 / lowest.retransmits + 1 / max(point.retransmits, 1))
     return p <= p_lowest / (1 - PER_STREAM_TOLERANCE) ** 2 * math.exp(LOSS_COUNT_SIGMAS * counting_error)
@@ -320,7 +321,7 @@ def fit_auto(points: Sequence[ProbePoint]) -> ParallelFit:
 
 
 def _uncongested(points: Sequence[ProbePoint], why: str) -> FairShareFit:
-    """n x the geometric-mean per-stream rate up to the highest probe, flat beyond, impact 0; ``why`` goes in the warning."""
+    """n x the geometric-mean per-stream rate up to the highest probe, flat beyond, impact 0 (``why``: for the warning)."""
     rate = _per_stream_rate(points)
     high = float(points[-1].streams)
     warning = (f"the path is not congested up to {high:g} streams ({why}); "
