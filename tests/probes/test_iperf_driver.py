@@ -149,6 +149,9 @@ def test_keyboard_interrupt_kills_the_worker(server):
         time.sleep(1.0)  # let the caller reach its wait on the worker
         signal.pthread_kill(main, signal.SIGINT)
 
+    # Python leaves SIGINT ignored when it was started ignoring it, as a background job (`make test &`)
+    # is; Ctrl-C's KeyboardInterrupt is what this test sends, whatever started the test run.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     helper = threading.Thread(target=interrupt_once_running)
     helper.start()
     try:
@@ -156,6 +159,7 @@ def test_keyboard_interrupt_kills_the_worker(server):
             driver.run(server, streams=1, duration_s=30, omit_s=0, deadline_s=60)
     finally:
         helper.join()
+        signal.signal(signal.SIGINT, previous)
     assert_reaped(driver.last_worker_pid)
 
 
