@@ -250,7 +250,8 @@ def fit_models(result: PathResult, models: list[str]) -> None:
 def to_record(result: PathResult) -> dict:
     """What one run measured, as JSON: enough to fit the models again and rewrite the report (:func:`from_record`)."""
     return {"path": result.path.key, "run": result.run,
-            "plan": None if result.plan is None else probe_json(result.plan), "rows": [asdict(r) for r in result.rows], "cross_idle_bps": result.cross_idle_bps, "notes": result.notes}
+            "plan": None if result.plan is None else probe_json(result.plan),
+            "rows": [asdict(r) for r in result.rows], "cross_idle_bps": result.cross_idle_bps, "notes": result.notes}
 
 
 def from_record(record: dict, models: list[str]) -> PathResult:
@@ -321,12 +322,15 @@ def _fraction(x: float | None) -> str:
     return "-" if x is None else f"{x:.1%}"
 
 
+def cross_baseline(result: PathResult) -> float | None:
+    """cross(n=0) in bits/s: the mean of the idle windows before and after the sweep (None without cross traffic)."""
+    return sum(result.cross_idle_bps) / len(result.cross_idle_bps) if result.cross_idle_bps else None
+
+
 def true_impact(result: PathResult, row: Row) -> float:
     """Measured relative loss of the cross traffic at ``row`` (0 on a path without cross traffic)."""
-    if not result.cross_idle_bps:
-        return 0.0
-    baseline = sum(result.cross_idle_bps) / len(result.cross_idle_bps)
-    return 1.0 - row.cross_bps / baseline
+    baseline = cross_baseline(result)
+    return 0.0 if baseline is None else 1.0 - row.cross_bps / baseline
 
 
 def _impact_text(impact: float, budget: float) -> str:
@@ -341,11 +345,9 @@ def model_score(result: PathResult, model: str) -> dict:
     measured = [r for r in result.rows if r.measured_bps is not None]
     sweep = [r for r in measured if r.streams in STREAMS]
     throughput = [abs(float(fitted.throughput_bps(r.streams)) / r.measured_bps - 1) for r in sweep]
-    cross = []
-    if result.cross_idle_bps:
-        baseline = sum(result.cross_idle_bps) / len(result.cross_idle_bps)
-        cross = [abs(baseline * (1 - float(fitted.impact(r.streams))) / r.cross_bps - 1)
-                 for r in sweep if r.cross_bps]
+    baseline = cross_baseline(result)
+    cross = [] if baseline is None else [abs(baseline * (1 - float(fitted.impact(r.streams))) / r.cross_bps - 1)
+                                         for r in sweep if r.cross_bps]
     scored = [r for r in measured if not result.cross_idle_bps or r.cross_bps is not None]
     advice = {}
     for budget, given in result.advice.get(model, {}).items():
@@ -411,9 +413,8 @@ def report(result: PathResult, models: list[str], runs: int) -> list[str]:
         return lines + [f"- {note}" for note in result.notes] + [""]
     rtt = "unknown" if plan.idle_rtt_s is None else f"{plan.idle_rtt_s * 1e3:.1f} ms"
     lines.append(f"Probes (idle RTT {rtt}): " + ", ".join(_probe_text(p) for p in plan.probes) + ".")
-    baseline = None
-    if result.cross_idle_bps:
-        baseline = sum(result.cross_idle_bps) / len(result.cross_idle_bps)
+    baseline = cross_baseline(result)
+    if baseline is not None:
         windows = " and ".join(f"{b / 1e6:.2f}" for b in result.cross_idle_bps)
         lines.append(f"Cross traffic with no transfer (n=0), before and after the sweep: {windows} Mbit/s; "
                      f"cross(n=0) = their mean, {baseline / 1e6:.2f} Mbit/s.")
