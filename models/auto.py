@@ -278,11 +278,12 @@ def _clean_prefix(points: Sequence[ProbePoint]) -> tuple[int, bool]:
         return next((i for i, ok in enumerate(flags) if not ok), len(flags))
 
     clean = [holds(p) and loss_limited(p) is False for p in points]
-    with_latent = [ok or latent(i) for i, ok in enumerate(clean)]
-    if len(points) > 1 and loss_limited(lowest) is True and latent(1):
+    is_latent = [latent(i) for i in range(len(points))]
+    with_latent = [ok or lat for ok, lat in zip(clean, is_latent)]
+    if len(points) > 1 and loss_limited(lowest) is True and is_latent[1]:
         with_latent[0] = True
     count = prefix(with_latent)
-    latent_above = sum(latent(i) for i in range(1, count))
+    latent_above = sum(is_latent[1:count])
     if latent_above and (latent_above >= 2 or link_full_after(count - 1)):
         return count, True
     return prefix(clean), False
