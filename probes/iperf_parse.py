@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import statistics
 from typing import Any
 
 from probes.errors import (
@@ -52,9 +54,11 @@ def parse_iperf_json(text: str, dest: str) -> ProbeResult:
     Raises the matching ProbeError for libiperf's ``"error"`` member (no partial result is kept,
     even when intervals were reported before the error), ProbeError for text that is not an
     iperf3 TCP result, and ZeroThroughput when the receiver counted no bits.
-    ``interval_bps`` is the sender's per-interval sum with omitted (warm-up) intervals left out;
-    ``settled`` and ``throughput_stderr_bps`` come from :func:`probes.settle.assess_series`
-    with its default rule.
+    ``interval_bps`` is the receiver's per-interval sum (:func:`receiver_intervals`, from the
+    server's output the client asked for) or, when the server's output is missing or unreadable,
+    the sender's; omitted (warm-up) intervals are left out either way and ``interval_side`` says
+    whose series it is. ``settled`` and ``throughput_stderr_bps`` come from
+    :func:`probes.settle.assess_series` with its default rule.
     """
     try:
         doc = json.loads(text)
@@ -94,11 +98,9 @@ def _result(doc: dict[str, Any], text: str, dest: str) -> ProbeResult:
         for s in end.get("streams", [])
         if "receiver" in s and "bits_per_second" in s["receiver"]
     )
-    intervals = tuple(
-        float(iv["sum"]["bits_per_second"])
-        for iv in doc.get("intervals", [])
-        if not iv["sum"].get("omitted", False)
-    )
+    intervals, side = receiver_intervals(doc), "receiver"
+    if len(intervals) < _MIN_RECEIVER_INTERVALS:
+        intervals, side = sender_intervals(doc), "sender"
     verdict = assess_series(intervals)
     retransmits = sent.get("retransmits")
     mss = start.get("tcp_mss") or start.get("tcp_mss_default")
@@ -120,6 +122,73 @@ def _result(doc: dict[str, Any], text: str, dest: str) -> ProbeResult:
         throughput_stderr_bps=verdict.stderr_bps,
         settled=verdict.settled,
         interval_bps=intervals,
+        interval_side=side,
         stream_bps=stream_bps,
         raw=text,
     )
+
+
+# A receiver series shorter than this is not used: the server's output was cut or did not parse.
+_MIN_RECEIVER_INTERVALS = 3
+
+# A trailing interval shorter than this share of the typical one (the server's last, cut by the
+# end of the test) is left out: its rate is a handful of segments' worth of noise.
+_SHORT_INTERVAL_SHARE = 0.5
+
+# One interval line of iperf3's text output: "[SUM]   1.00-2.00   sec  10.5 MBytes  88.1 Mbits/sec  ...".
+_TEXT_INTERVAL = re.compile(
+    r"^\[\s*(?P<id>SUM|\d+)\]\s+(?P<start>[\d.]+)-(?P<end>[\d.]+)\s+sec\s+[\d.]+\s+\w?Bytes\s+"
+    r"(?P<rate>[\d.]+)\s+(?P<unit>[KMGT]?)bits/sec(?P<rest>.*)$"
+)
+_RATE_UNITS = {"": 1.0, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}  # iperf3 rates are decimal
+
+
+def sender_intervals(doc: dict[str, Any]) -> tuple[float, ...]:
+    """The sender's per-interval rate (bits/s) from a client's JSON result, omitted intervals left out."""
+    return tuple(
+        float(iv["sum"]["bits_per_second"])
+        for iv in doc.get("intervals", [])
+        if not iv["sum"].get("omitted", False)
+    )
+
+
+def receiver_intervals(doc: dict[str, Any]) -> tuple[float, ...]:
+    """The receiver's per-interval rate (bits/s) from the server output in a client's JSON result.
+
+    The client asks for it with ``--get-server-output``; a server run as ``iperf3 -s -J`` sends
+    JSON (``server_output_json``), a plain ``iperf3 -s`` its text (``server_output_text``, rates
+    to three significant digits). Omitted (warm-up) intervals and a cut trailing interval are
+    left out. Returns () when there is no server output or it holds no interval lines.
+    """
+    spans: list[tuple[float, float]] = []  # (seconds, bits/s)
+    server_json = doc.get("server_output_json")
+    if isinstance(server_json, dict):
+        for iv in server_json.get("intervals", []):
+            total = iv.get("sum", {})
+            if total.get("omitted", False):
+                continue
+            spans.append((float(total["end"]) - float(total["start"]), float(total["bits_per_second"])))
+    elif isinstance(doc.get("server_output_text"), str):
+        spans = _text_intervals(doc["server_output_text"])
+    if not spans:
+        return ()
+    typical_s = statistics.median(seconds for seconds, _ in spans)
+    return tuple(rate for seconds, rate in spans if seconds >= _SHORT_INTERVAL_SHARE * typical_s)
+
+
+def _text_intervals(text: str) -> list[tuple[float, float]]:
+    """(seconds, bits/s) of each interval in iperf3's text output: the [SUM] lines, or the one stream's."""
+    by_id: dict[str, list[tuple[float, float]]] = {}
+    for line in text.splitlines():
+        match = _TEXT_INTERVAL.match(line.strip())
+        if not match:
+            continue
+        rest = match["rest"]
+        # Warm-up intervals, and the closing totals ("sender" / "receiver"), are not intervals of the test.
+        if "omitted" in rest or "sender" in rest or "receiver" in rest:
+            continue
+        seconds = float(match["end"]) - float(match["start"])
+        by_id.setdefault(match["id"], []).append((seconds, float(match["rate"]) * _RATE_UNITS[match["unit"]]))
+    if "SUM" in by_id:
+        return by_id["SUM"]
+    return next(iter(by_id.values())) if len(by_id) == 1 else []

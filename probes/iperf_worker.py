@@ -19,8 +19,9 @@ by callers:
 * A ``Client`` cannot be reused and its ``__del__`` closes descriptors by number, which may by
   then belong to a later client; fd 1 is process-wide. One process per probe avoids both.
 
-The bindings also have no congestion-control setter; libiperf's
-``iperf_set_test_congestion_control`` is called through ctypes with its argtypes declared.
+The bindings also have no congestion-control setter and no way to ask for the server's output;
+libiperf's ``iperf_set_test_congestion_control`` and ``iperf_set_test_get_server_output`` are
+called through ctypes with their argtypes declared.
 """
 
 from __future__ import annotations
@@ -78,6 +79,11 @@ def run_client(args: argparse.Namespace) -> str:
         # libiperf 3.12 strdup()s the name; the bytes object is kept alive across the call anyway.
         name = args.congestion_control.encode("ascii")
         lib.iperf_set_test_congestion_control(client._test, name)
+    # The server's own per-interval report: the receiver's series, which the settle rule reads
+    # (the sender's swings with its send buffer on a full link). Any iperf3 3.x server sends it.
+    lib.iperf_set_test_get_server_output.argtypes = (ctypes.c_void_p, ctypes.c_int)
+    lib.iperf_set_test_get_server_output.restype = None
+    lib.iperf_set_test_get_server_output(client._test, 1)
     if args.connect_timeout_ms:
         lib.iperf_set_test_connect_timeout.argtypes = (ctypes.c_void_p, ctypes.c_int)
         lib.iperf_set_test_connect_timeout.restype = None

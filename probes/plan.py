@@ -236,7 +236,9 @@ def judge(result: ProbeResult, plan: ProbePlan) -> ProbeResult:
 
     The rate is the receiver's, scaled by the interval series to the part after the start-up
     ramp (:func:`probes.settle.assess_series`); the whole window's rate stays in
-    ``window_throughput_bps``. A driver without an interval series keeps its own verdict and rate.
+    ``window_throughput_bps``. The series is the receiver's where the driver has it; a sender's
+    series (``interval_side``) can dip while the link stays full, and scaling by it can read
+    above the link's rate. A driver without an interval series keeps its own verdict and rate.
     """
     if not result.interval_bps:
         return result

@@ -27,6 +27,9 @@ class ProbeResult:
     still rising or falling at the end of the probe, or the probe was too short for its
     streams' congestion cycles. ``stream_bps`` holds each stream's receiver rate over the
     measured window (empty when the driver does not report streams apart).
+    ``interval_bps`` is the per-interval rate after the driver's warm-up, measured at
+    ``interval_side``: "receiver" (bytes delivered) or "sender" (bytes the application wrote,
+    which swings with the send buffer on a full link).
     """
 
     dest: str
@@ -46,6 +49,7 @@ class ProbeResult:
     throughput_stderr_bps: float | None = None
     settled: bool = True
     interval_bps: tuple[float, ...] = ()
+    interval_side: str = "receiver"
     window_throughput_bps: float | None = None
     stream_bps: tuple[float, ...] = ()
     raw: str = field(default="", repr=False)

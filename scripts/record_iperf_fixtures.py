@@ -1,7 +1,8 @@
 """Records the libiperf JSON files under tests/probes/data/ from real runs on 127.0.0.1.
 
 Run from the project root with `.venv/bin/python scripts/record_iperf_fixtures.py`. Each file is
-what probes.iperf_worker (libiperf through the Python bindings) printed; the parser tests read them.
+what probes.iperf_worker (libiperf through the Python bindings) printed, the server's own output
+included (text from a plain `iperf3 -s`, JSON from `iperf3 -s -J`); the parser tests read them.
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ RUNS = {
     "tcp_1stream_5s.json": ["--streams", "1", "--duration", "5", "--omit", "0"],
     "tcp_10streams_10s_omit2.json": ["--streams", "10", "--duration", "10", "--omit", "2"],
     "tcp_32streams_10s_reno.json": ["--streams", "32", "--duration", "10", "--omit", "1", "--congestion-control", "reno"],
+}
+RUNS_JSON_SERVER = {
+    "tcp_3streams_6s_omit1_json_server.json": ["--streams", "3", "--duration", "6", "--omit", "1"],
 }
 
 
@@ -51,6 +55,16 @@ def main() -> None:
     finally:
         server.kill()
         server.wait()
+    # A server run as `iperf3 -s -J` sends its output to the client as JSON instead of text.
+    port = free_port()
+    json_server = subprocess.Popen(["iperf3", "-s", "-J", "-B", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL)
+    try:
+        time.sleep(0.5)
+        for name, extra in RUNS_JSON_SERVER.items():
+            (DATA / name).write_text(worker(port, *extra))
+    finally:
+        json_server.kill()
+        json_server.wait()
 
 
 if __name__ == "__main__":

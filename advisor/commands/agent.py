@@ -107,8 +107,8 @@ def _run_push(args, settings, driver) -> int:
                     answer = client.push_probe_run({
                         "dest": dest, "idle_rtt_s": plan.idle_rtt_s, "started_at": started,
                         "probes": [{k: v for k, v in dataclasses.asdict(p).items()
-                                    if k not in ("dest", "stream_rtts", "interval_bps", "settled", "window_throughput_bps",
-                                                 "congestion_control", "rtt_min_s", "rtt_max_s")}
+                                    if k not in ("dest", "stream_rtts", "interval_bps", "interval_side", "settled",
+                                                 "window_throughput_bps", "congestion_control", "rtt_min_s", "rtt_max_s")}
                                    for p in plan.probes],
                     })
                     print(f"tame agent: {dest}: pushed run {answer['probe_run_id']} (fitted: {answer['fitted']})",

@@ -130,7 +130,8 @@ def run(args) -> int:
 def to_json(result: PlanResult) -> dict:
     """The `tame probe --json` document (throughput_bps: the receiver's rate after the start-up ramp;
     window_throughput_bps: over the whole measured window; stream_bps: each stream's rate over it;
-    idle_streams: how many carried next to nothing, :func:`probes.plan.idle_streams`)."""
+    idle_streams: how many carried next to nothing, :func:`probes.plan.idle_streams`; interval_bps: the
+    per-interval rate the settle rule read, measured at interval_side, "receiver" or "sender")."""
     return {
         "dest": result.dest,
         "idle_rtt_s": result.idle_rtt_s,
@@ -148,6 +149,8 @@ def to_json(result: PlanResult) -> dict:
                 "settled": p.settled,
                 "stream_bps": list(p.stream_bps),
                 "idle_streams": idle_streams(p),
+                "interval_bps": list(p.interval_bps),
+                "interval_side": p.interval_side,
                 "congestion_control": p.congestion_control,
                 "mss_bytes": p.mss_bytes,
                 "started_at": p.started_at,
@@ -159,11 +162,15 @@ def to_json(result: PlanResult) -> dict:
 
 def from_json(doc: dict) -> PlanResult:
     """The PlanResult a `tame probe --json` document describes (the inverse of :func:`to_json`; ``idle_streams``
-    is derived, so it is not read back). KeyError or TypeError when the document lacks a field or has the wrong shape."""
+    is derived, so it is not read back; a document written before interval_bps was kept reads back with no series).
+    KeyError or TypeError when the document lacks a field or has the wrong shape."""
     fields = ("streams", "throughput_bps", "window_throughput_bps", "sender_bps", "retransmits", "rtt_mean_s",
               "duration_s", "omit_s", "throughput_stderr_bps", "settled", "congestion_control", "mss_bytes",
               "started_at")
-    probes = tuple(ProbeResult(dest=doc["dest"], stream_bps=tuple(p["stream_bps"]), **{k: p[k] for k in fields})
+    probes = tuple(ProbeResult(dest=doc["dest"], stream_bps=tuple(p["stream_bps"]),
+                               interval_bps=tuple(p.get("interval_bps", ())),
+                               interval_side=p.get("interval_side", ProbeResult.interval_side),
+                               **{k: p[k] for k in fields})
                    for p in doc["probes"])
     return PlanResult(dest=doc["dest"], idle_rtt_s=doc["idle_rtt_s"], probes=probes)
 

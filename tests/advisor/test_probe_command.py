@@ -120,5 +120,10 @@ def test_json_document_reads_back_into_what_the_models_are_fitted_to(fake, capsy
     direct = probe.measure(args, "probe", level_chooser("auto", 64))
     assert [point_from_probe(p) for p in back.probes] == [point_from_probe(p) for p in direct.probes]
     assert back.idle_rtt_s == direct.idle_rtt_s == 0.03
+    assert all(len(p["interval_bps"]) > 0 and p["interval_side"] == "receiver" for p in doc["probes"])
+    # A document from before the series was kept (benchmarks/results/testbed.json) still reads back.
+    older = {**doc, "probes": [{k: v for k, v in p.items() if k not in ("interval_bps", "interval_side")}
+                               for p in doc["probes"]]}
+    assert [p.interval_bps for p in probe.from_json(older).probes] == [(), (), ()]
     with pytest.raises(KeyError):
         probe.from_json({**doc, "probes": [{k: v for k, v in doc["probes"][0].items() if k != "retransmits"}]})

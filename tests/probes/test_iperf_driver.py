@@ -73,6 +73,16 @@ def test_32_streams_for_10_s_completes(server):
     assert len(result.raw.encode()) > 65536  # past the pipe buffer the bindings would block on
 
 
+def test_the_interval_series_is_the_receiver_s_from_the_server_s_output(server):
+    # The worker asks the plain `iperf3 -s` for its report; its intervals carry the receiver's total
+    # (to the three significant digits of the server's text, well inside 2 %).
+    result = IperfDriver().run(server, streams=3, duration_s=4, omit_s=1, deadline_s=60)
+    assert result.interval_side == "receiver"
+    assert len(result.interval_bps) >= 3
+    mean_bps = sum(result.interval_bps) / len(result.interval_bps)
+    assert abs(mean_bps - result.throughput_bps) <= 0.02 * result.throughput_bps
+
+
 def test_60_s_probe_at_16_streams_completes(server):
     # About 4 KiB of JSON per stream and 10 s: 16 streams x 60 s is several times the 64 KiB
     # pipe buffer on which the bare bindings block forever.

@@ -7,7 +7,7 @@ import pytest
 from numpy.testing import assert_allclose
 
 from probes.errors import HostUnresolvable, NothingListening, ProbeError, ServerBusy, ZeroThroughput
-from probes.iperf_parse import error_from_message, parse_iperf_json
+from probes.iperf_parse import error_from_message, parse_iperf_json, receiver_intervals, sender_intervals
 
 DATA = Path(__file__).parent / "data"
 DEST = "127.0.0.1:5201"
@@ -52,10 +52,80 @@ def test_recorded_result_is_parsed_field_by_field(name, streams, omit_s, cc):
     assert_allclose(result.stream_bps, [s["receiver"]["bits_per_second"] for s in end["streams"]])
     assert len(result.stream_bps) == streams
     assert_allclose(sum(result.stream_bps), result.throughput_bps, rtol=1e-6)
+    # The interval series is the receiver's, read from the plain server's text output: one
+    # interval a second like the sender's (the server may add one cut short, which is dropped),
+    # and together they carry the receiver's bytes to within the text's three significant digits.
+    assert result.interval_side == "receiver"
     kept = [iv["sum"]["bits_per_second"] for iv in doc["intervals"] if not iv["sum"]["omitted"]]
-    assert_allclose(result.interval_bps, kept)
+    assert abs(len(result.interval_bps) - len(kept)) <= 1
+    assert_allclose(sum(result.interval_bps), end["sum_received"]["bits_per_second"] * len(result.interval_bps),
+                    rtol=0.01)
     assert result.throughput_stderr_bps is not None and result.throughput_stderr_bps >= 0
     assert result.raw == text
+
+
+def test_a_json_server_s_intervals_are_taken_as_they_are():
+    text, doc = load("tcp_3streams_6s_omit1_json_server.json")
+    result = parse_iperf_json(text, DEST)
+    server = doc["server_output_json"]["intervals"]
+    kept = [iv["sum"]["bits_per_second"] for iv in server if not iv["sum"]["omitted"]]
+    assert len(kept) >= 6 and result.interval_side == "receiver"
+    assert_allclose(result.interval_bps, kept[: len(result.interval_bps)])
+    assert len(result.interval_bps) >= len(kept) - 1  # at most a trailing interval cut short is dropped
+
+
+@pytest.mark.parametrize("name", ["tcp_1stream_5s.json", "tcp_10streams_10s_omit2.json"])
+def test_without_the_server_s_output_the_sender_s_series_is_used(name):
+    _, doc = load(name)
+    del doc["server_output_text"]
+    result = parse_iperf_json(json.dumps(doc), DEST)
+    kept = [iv["sum"]["bits_per_second"] for iv in doc["intervals"] if not iv["sum"]["omitted"]]
+    assert result.interval_side == "sender"
+    assert_allclose(result.interval_bps, kept)
+    assert_allclose(sender_intervals(doc), kept)
+
+
+SERVER_TEXT = """\
+Accepted connection from 10.0.0.1, port 40000
+[ ID] Interval           Transfer     Bitrate
+[  5]   0.00-1.00   sec  1.00 MBytes  8.39 Mbits/sec                  (omitted)
+[  7]   0.00-1.00   sec  1.00 MBytes  8.39 Mbits/sec                  (omitted)
+[SUM]   0.00-1.00   sec  2.00 MBytes  16.8 Mbits/sec                  (omitted)
+- - - - - - - - - - - - - - - - - - - - - - - - -
+[  5]   0.00-1.00   sec   122 KBytes   999 Kbits/sec
+[  7]   0.00-1.00   sec  1.00 MBytes  8.39 Mbits/sec
+[SUM]   0.00-1.00   sec  1.12 MBytes  9.39 Mbits/sec
+- - - - - - - - - - - - - - - - - - - - - - - - -
+[  5]   1.00-2.00   sec   119 MBytes  1.00 Gbits/sec
+[  7]   1.00-2.00   sec  0.00 Bytes  0.00 bits/sec
+[SUM]   1.00-2.00   sec   119 MBytes  1.00 Gbits/sec
+- - - - - - - - - - - - - - - - - - - - - - - - -
+[  5]   2.00-3.00   sec  1.00 MBytes  8.39 Mbits/sec
+[  7]   2.00-3.00   sec  1.00 MBytes  8.39 Mbits/sec
+[SUM]   2.00-3.00   sec  2.00 MBytes  16.8 Mbits/sec
+- - - - - - - - - - - - - - - - - - - - - - - - -
+[SUM]   3.00-3.04   sec  64.0 KBytes  13.1 Mbits/sec
+- - - - - - - - - - - - - - - - - - - - - - - - -
+[ ID] Interval           Transfer     Bitrate
+[  5]   0.00-3.04   sec   121 MBytes   334 Mbits/sec                  receiver
+[  7]   0.00-3.04   sec  2.06 MBytes  5.68 Mbits/sec                  receiver
+[SUM]   0.00-3.04   sec   123 MBytes   340 Mbits/sec                  receiver
+"""
+
+
+def test_server_text_gives_the_sum_lines_in_decimal_units_without_warm_up_totals_or_a_cut_interval():
+    # The [SUM] lines only; the omitted one, the 0.04 s one and the closing "receiver" total are left out.
+    assert_allclose(receiver_intervals({"server_output_text": SERVER_TEXT}), [9.39e6, 1.00e9, 16.8e6])
+
+
+def test_server_text_of_one_stream_gives_that_stream_s_lines():
+    one = "\n".join(line for line in SERVER_TEXT.splitlines() if not line.startswith(("[SUM]", "[  7]")))
+    assert_allclose(receiver_intervals({"server_output_text": one}), [999e3, 1.00e9, 8.39e6])
+
+
+@pytest.mark.parametrize("doc", [{}, {"server_output_text": ""}, {"server_output_text": "iperf3: error - x\n"}])
+def test_missing_or_empty_server_output_gives_no_receiver_series(doc):
+    assert receiver_intervals(doc) == ()
 
 
 def test_omitted_warm_up_intervals_are_left_out():
