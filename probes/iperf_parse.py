@@ -135,9 +135,10 @@ _MIN_RECEIVER_INTERVALS = 3
 # end of the test) is left out: its rate is a handful of segments' worth of noise.
 _SHORT_INTERVAL_SHARE = 0.5
 
-# One interval line of iperf3's text output: "[SUM]   1.00-2.00   sec  10.5 MBytes  88.1 Mbits/sec  ...".
+# One interval line of iperf3's text output: "[SUM]   1.00-2.00   sec  10.5 MBytes  88.1 Mbits/sec  ...",
+# anywhere in the line (a server run with --timestamps puts the time first).
 _TEXT_INTERVAL = re.compile(
-    r"^\[\s*(?P<id>SUM|\d+)\]\s+(?P<start>[\d.]+)-(?P<end>[\d.]+)\s+sec\s+[\d.]+\s+\w?Bytes\s+"
+    r"\[\s*(?P<id>SUM|\d+)\]\s+(?P<start>[\d.]+)-(?P<end>[\d.]+)\s+sec\s+[\d.]+\s+\w?Bytes\s+"
     r"(?P<rate>[\d.]+)\s+(?P<unit>[KMGT]?)bits/sec(?P<rest>.*)$"
 )
 _RATE_UNITS = {"": 1.0, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}  # iperf3 rates are decimal
@@ -180,7 +181,7 @@ def _text_intervals(text: str) -> list[tuple[float, float]]:
     """(seconds, bits/s) of each interval in iperf3's text output: the [SUM] lines, or the one stream's."""
     by_id: dict[str, list[tuple[float, float]]] = {}
     for line in text.splitlines():
-        match = _TEXT_INTERVAL.match(line.strip())
+        match = _TEXT_INTERVAL.search(line)
         if not match:
             continue
         rest = match["rest"]

@@ -123,6 +123,12 @@ def test_server_text_of_one_stream_gives_that_stream_s_lines():
     assert_allclose(receiver_intervals({"server_output_text": one}), [999e3, 1.00e9, 8.39e6])
 
 
+def test_server_text_with_timestamps_is_read_the_same():
+    # `iperf3 -s --timestamps` puts the time of day before each line.
+    stamped = "\n".join(f"Tue Nov 24 14:00:0{i % 10} 2026 {line}" for i, line in enumerate(SERVER_TEXT.splitlines()))
+    assert_allclose(receiver_intervals({"server_output_text": stamped}), [9.39e6, 1.00e9, 16.8e6])
+
+
 @pytest.mark.parametrize("doc", [{}, {"server_output_text": ""}, {"server_output_text": "iperf3: error - x\n"}])
 def test_missing_or_empty_server_output_gives_no_receiver_series(doc):
     assert receiver_intervals(doc) == ()
