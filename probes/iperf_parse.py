@@ -159,16 +159,19 @@ def receiver_intervals(doc: dict[str, Any]) -> tuple[float, ...]:
     The client asks for it with ``--get-server-output``; a server run as ``iperf3 -s -J`` sends
     JSON (``server_output_json``), a plain ``iperf3 -s`` its text (``server_output_text``, rates
     to three significant digits). Omitted (warm-up) intervals and a cut trailing interval are
-    left out. Returns () when there is no server output or it holds no interval lines.
+    left out. Returns () when there is no server output or it holds no interval lines; a server
+    report that does not read as one is no reason to fail the probe (the sender's series stands in).
     """
     spans: list[tuple[float, float]] = []  # (seconds, bits/s)
     server_json = doc.get("server_output_json")
     if isinstance(server_json, dict):
-        for iv in server_json.get("intervals", []):
-            total = iv.get("sum", {})
-            if total.get("omitted", False):
-                continue
-            spans.append((float(total["end"]) - float(total["start"]), float(total["bits_per_second"])))
+        try:
+            for iv in server_json.get("intervals", []):
+                total = iv["sum"]
+                if not total.get("omitted", False):
+                    spans.append((float(total["end"]) - float(total["start"]), float(total["bits_per_second"])))
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return ()
     elif isinstance(doc.get("server_output_text"), str):
         spans = _text_intervals(doc["server_output_text"])
     if not spans:

@@ -129,6 +129,15 @@ def test_server_text_with_timestamps_is_read_the_same():
     assert_allclose(receiver_intervals({"server_output_text": stamped}), [9.39e6, 1.00e9, 16.8e6])
 
 
+def test_a_server_report_that_does_not_read_leaves_the_probe_with_the_sender_s_series():
+    text, doc = load("tcp_3streams_6s_omit1_json_server.json")
+    del doc["server_output_json"]["intervals"][2]["sum"]["bits_per_second"]
+    result = parse_iperf_json(json.dumps(doc), DEST)
+    assert result.interval_side == "sender"
+    assert_allclose(result.interval_bps, sender_intervals(doc))
+    assert_allclose(result.throughput_bps, doc["end"]["sum_received"]["bits_per_second"])
+
+
 @pytest.mark.parametrize("doc", [{}, {"server_output_text": ""}, {"server_output_text": "iperf3: error - x\n"}])
 def test_missing_or_empty_server_output_gives_no_receiver_series(doc):
     assert receiver_intervals(doc) == ()
