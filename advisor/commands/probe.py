@@ -194,7 +194,9 @@ def _print_progress(event: PlanEvent, command: str) -> None:
         idle = idle_streams(r)
         line = f"{step} {event.streams} stream(s): {r.throughput_bps / 1e6:.1f} Mbit/s" + (
             "" if r.settled else " (not settled at the longest duration)"
-        ) + (f" ({idle} stream(s) carried nothing)" if idle else "")
+        ) + (f" ({idle} stream(s) carried nothing)" if idle else "") + (
+            " (the server sent no per-second report: the start-up ramp was judged by the sender's series, "
+            "which can read high on a full link)" if r.interval_bps and r.interval_side == "sender" else "")
     print(f"tame {command}: {line}", file=sys.stderr, flush=True)
 
 

@@ -1,6 +1,7 @@
 """`tame probe` with the fake driver in place of iperf3 (the real driver has its own tests)."""
 
 import argparse
+import dataclasses
 import json
 
 import pytest
@@ -127,3 +128,29 @@ def test_json_document_reads_back_into_what_the_models_are_fitted_to(fake, capsy
     assert [p.interval_bps for p in probe.from_json(older).probes] == [(), (), ()]
     with pytest.raises(KeyError):
         probe.from_json({**doc, "probes": [{k: v for k, v in doc["probes"][0].items() if k != "retransmits"}]})
+
+
+def test_a_probe_judged_by_the_sender_s_series_says_so(monkeypatch, capsys):
+    # Without the server's report the iperf3 parser falls back to the sender's series (interval_side "sender").
+    fake = FakeDriver(lambda n: 30e6 * n / (1 + 0.2 * n), rtt_s=0.03)
+
+    class SenderSeriesDriver:
+        def run(self, *args, **kwargs):
+            return dataclasses.replace(fake.run(*args, **kwargs), interval_side="sender")
+
+        def idle_rtt(self, *args, **kwargs):
+            return fake.idle_rtt(*args, **kwargs)
+
+    monkeypatch.setattr(probe, "IperfDriver", lambda congestion_control=None: SenderSeriesDriver())
+    args = parse("192.0.2.7:5300", "--levels", "1,10", "--duration", "10", "--json")
+    assert args.handler(args) == 0
+    out, err = capsys.readouterr()
+    done = [line for line in err.splitlines() if "Mbit/s" in line]
+    assert len(done) == 2 and all("judged by the sender's series" in line for line in done)
+    assert [p["interval_side"] for p in json.loads(out)["probes"]] == ["sender", "sender"]
+
+
+def test_a_probe_judged_by_the_receiver_s_series_says_nothing_of_it(fake, capsys):
+    args = parse("192.0.2.7:5300", "--levels", "1,10", "--duration", "10")
+    assert args.handler(args) == 0
+    assert "sender's series" not in capsys.readouterr().err
