@@ -11,7 +11,9 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "probes" / "data"
 RUNS = {
@@ -35,12 +37,22 @@ def worker(port: int, *extra: str, host: str = "127.0.0.1") -> str:
     return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=True).stdout
 
 
-def main() -> None:
-    DATA.mkdir(parents=True, exist_ok=True)
+@contextmanager
+def loopback_server(*flags: str) -> Iterator[int]:
+    """`iperf3 -s` with ``flags`` on a free 127.0.0.1 port for the duration of the block; yields the port."""
     port = free_port()
-    server = subprocess.Popen(["iperf3", "-s", "-B", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL)
+    server = subprocess.Popen(["iperf3", "-s", *flags, "-B", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL)
     try:
         time.sleep(0.5)
+        yield port
+    finally:
+        server.kill()
+        server.wait()
+
+
+def main() -> None:
+    DATA.mkdir(parents=True, exist_ok=True)
+    with loopback_server() as port:
         for name, extra in RUNS.items():
             (DATA / name).write_text(worker(port, *extra))
         (DATA / "error_refused.json").write_text(worker(free_port(), "--streams", "1", "--duration", "1"))
@@ -52,19 +64,10 @@ def main() -> None:
         time.sleep(1.5)
         (DATA / "error_busy.json").write_text(worker(port, "--streams", "1", "--duration", "1"))
         occupier.wait()
-    finally:
-        server.kill()
-        server.wait()
     # A server run as `iperf3 -s -J` sends its output to the client as JSON instead of text.
-    port = free_port()
-    json_server = subprocess.Popen(["iperf3", "-s", "-J", "-B", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL)
-    try:
-        time.sleep(0.5)
+    with loopback_server("-J") as port:
         for name, extra in RUNS_JSON_SERVER.items():
             (DATA / name).write_text(worker(port, *extra))
-    finally:
-        json_server.kill()
-        json_server.wait()
 
 
 if __name__ == "__main__":
