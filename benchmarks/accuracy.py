@@ -13,8 +13,8 @@ a Markdown report with PNG figures.
     python benchmarks/accuracy.py                    # scenarios 1-6 x m 5..30 x n 1..31
     python benchmarks/accuracy.py --holdout          # scenarios 7-10 (not Lu's) x m 5,15,25 x n 1..31
 
-Advice is scored as the service gives it (advisor.tame.DEFAULT_MARGIN) and with Lu's bare rule
-(no margin), for every model.
+Advice is scored as the service gives it (advisor.tame.DEFAULT_MARGIN, or ``--margin``) and with
+Lu's bare rule (no margin), for every model.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from advisor.tame import DEFAULT_MARGIN, NO_MARGIN, advise, point_from_probe  # noqa: E402
+from advisor.tame import DEFAULT_MARGIN, NO_MARGIN, ImpactMargin, advise, point_from_probe  # noqa: E402
 from models.errors import FitError  # noqa: E402
 from models.parallel import ProbePoint  # noqa: E402
 from models.registry import MIN_LEVELS, MODELS, PROBE_LEVELS, model_probes, next_probe_level  # noqa: E402
@@ -62,6 +62,8 @@ class Settings:
     models: tuple[str, ...] = ()
     # Other seeds whose ground truth is the noise floor's stand-in model (seed_floor); none: no floor.
     floor_seeds: tuple[int, ...] = ()
+    # The margin the advice is scored with (beside Lu's bare rule): the service's unless told otherwise.
+    margin: ImpactMargin = DEFAULT_MARGIN
 
     def truth_config(self, scenario: int, m: int, n: int) -> Ns2Config:
         return Ns2Config(scenario, m, n, self.seed, self.truth_duration_s, self.truth_omit_s, self.queue)
@@ -169,6 +171,34 @@ def sweep_index(ns, streams: int) -> int:
     return max(int(np.searchsorted(ns, streams, side="right")) - 1, 0)
 
 
+def best_within(ns, ours_bps, impact, budget: float) -> int | None:
+    """The n of the sweep ``ns`` with the most throughput among those whose impact (0-1) is within ``budget``, or None."""
+    within = np.asarray(impact) <= budget
+    return int(ns[int(np.argmax(np.where(within, ours_bps, -np.inf)))]) if within.any() else None
+
+
+def advice_outcome(ns, ours_bps, true_impact, budget: float, advised: int) -> tuple[int | None, float | None, bool]:
+    """How advice of ``advised`` streams fares against the truth: (best in-budget n or None, true throughput
+    at the advice / at that n or None, whether the advice truly exceeds the budget)."""
+    index = sweep_index(ns, advised)
+    best_n = best_within(ns, ours_bps, true_impact, budget)
+    ratio = None if best_n is None else float(ours_bps[index] / ours_bps[list(ns).index(best_n)])
+    return best_n, ratio, bool(true_impact[index] > budget)
+
+
+def known_curve_advice(path: PathResult, ours_bps, impact) -> list[tuple[float, bool]]:
+    """Advice of a model that knows a curve (our bits/s and impact 0-1 at each n of the path's sweep), scored
+    against the path's truth: (true throughput / best in-budget, whether over budget) for each budget that
+    has an in-budget n. It advises the curve's best in-budget n (Lu's bare rule), one stream if none."""
+    outcomes = []
+    for budget in BUDGETS:
+        advised = best_within(path.ns, ours_bps, impact, budget) or 1
+        _, ratio, over = advice_outcome(path.ns, path.ours_bps, path.true_impact, budget, advised)
+        if ratio is not None:
+            outcomes.append((ratio, over))
+    return outcomes
+
+
 def score_model(name: str, path: PathResult, probes: list[ProbePoint], score: ModelScore, settings: Settings) -> None:
     """Add one path's errors for one model to its score."""
     try:
@@ -189,16 +219,13 @@ def score_model(name: str, path: PathResult, probes: list[ProbePoint], score: Mo
     score.per_path_cross_bias.append(float(np.median(cross_rel)))
     by_budget = {}
     for budget in BUDGETS:
-        within = path.true_impact <= budget
-        best_index = int(np.argmax(np.where(within, path.ours_bps, -np.inf))) if within.any() else None
-        for margin, ratios, exceeded in ((DEFAULT_MARGIN, score.advice_ratio, score.advice_exceeded),
-                                         (NO_MARGIN, score.advice_ratio_bare, score.advice_exceeded_bare)):
+        for as_served, margin, ratios, exceeded in (
+                (True, settings.margin, score.advice_ratio, score.advice_exceeded),
+                (False, NO_MARGIN, score.advice_ratio_bare, score.advice_exceeded_bare)):
             advised = advise(fitted, budget, n_max=max(path.ns), margin=margin).num_flows
-            index = sweep_index(path.ns, advised)
-            ratio = None if best_index is None else float(path.ours_bps[index] / path.ours_bps[best_index])
-            over = bool(path.true_impact[index] > budget)
-            if margin is DEFAULT_MARGIN:
-                by_budget[budget] = (advised, None if best_index is None else path.ns[best_index], ratio, over)
+            best_n, ratio, over = advice_outcome(path.ns, path.ours_bps, path.true_impact, budget, advised)
+            if as_served:
+                by_budget[budget] = (advised, best_n, ratio, over)
             if ratio is not None:
                 ratios.setdefault(budget, []).append(ratio)
                 exceeded.setdefault(budget, []).append(over)
@@ -246,6 +273,12 @@ def evaluate(settings: Settings) -> tuple[list[PathResult], dict[str, ModelScore
             path = next(p for p in paths if p.scenario == s and p.m == m)
             path.probes.update(points)
             path.probe_seconds.update(seconds)
+    return paths, score_paths(paths, settings)
+
+
+def score_paths(paths: list[PathResult], settings: Settings) -> dict[str, ModelScore]:
+    """Every model of the settings fitted to each path's probes and scored (the paths hold every probe they need)."""
+    models = settings.models or tuple(MODELS)
     scores = {name: ModelScore(name) for name in models}
     for path in paths:
         for name in models:
@@ -254,7 +287,7 @@ def evaluate(settings: Settings) -> tuple[list[PathResult], dict[str, ModelScore
                 scores[name].failures.append(f"s{path.scenario} m{path.m}: too few probe levels")
                 continue
             score_model(name, path, probes, scores[name], settings)
-    return paths, scores
+    return scores
 
 
 def form_scores(paths: list[PathResult], settings: Settings) -> dict[str, ModelScore]:
@@ -276,12 +309,16 @@ def form_scores(paths: list[PathResult], settings: Settings) -> dict[str, ModelS
     return scores
 
 
-def _floor_row(per_path: list[float], cross: list[float], scenarios: list[int]) -> dict:
-    """Headline figures of a perfect-model stand-in: per-path throughput errors and cross-traffic errors."""
+def _floor_row(per_path: list[float], cross: list[float], advice: list[tuple[float, bool]],
+               scenarios: list[int]) -> dict:
+    """Headline figures of a perfect-model stand-in: per-path throughput errors, cross-traffic errors and
+    its advice's (true throughput ratio to the best in-budget n, whether over budget) per path and budget."""
     by_scenario = {}
     for s, e in zip(scenarios, per_path):
         by_scenario.setdefault(s, []).append(e)
     return {"per_path": list(per_path),
+            "adv_all": float(np.median([r for r, _ in advice])) if advice else float("nan"),
+            "exc_all": float(np.mean([o for _, o in advice])) if advice else float("nan"),
             "thr_median": float(np.median(per_path)), "thr_p90": float(np.quantile(per_path, 0.9)),
             "cross_p50": float(np.median(cross)), "cross_p90": float(np.quantile(cross, 0.9)),
             "thr_median_by_scenario": {s: float(np.median(v)) for s, v in sorted(by_scenario.items())},
@@ -304,17 +341,21 @@ def seed_floor(paths: list[PathResult], settings: Settings) -> dict:
 
     seeds = settings.floor_seeds
     runs = run_all([other_seed(p, n, seed) for p in paths for n in (0, *p.ns) for seed in seeds], settings)
-    errors = {"out_of_sample": ([], []), "in_sample": ([], [])}
+    errors = {"out_of_sample": ([], [], []), "in_sample": ([], [], [])}
     for p in paths:
         others = [[runs[other_seed(p, n, seed)][0] for n in p.ns] for seed in seeds]
         others_ours = np.array([[r.ours_bps for r in seed_runs] for seed_runs in others])
         others_cross = np.array([[r.cross_bps for r in seed_runs] for seed_runs in others])
-        for kind, ours, cross in (
-                ("out_of_sample", others_ours, others_cross),
-                ("in_sample", np.vstack([others_ours, p.ours_bps]), np.vstack([others_cross, p.cross_bps]))):
-            per_path, cross_errors = errors[kind]
-            per_path.append(float(np.mean(np.abs(np.median(ours, axis=0) / p.ours_bps - 1))))
-            cross_errors.extend(np.abs(np.median(cross, axis=0) / p.cross_bps - 1).tolist())
+        others_cross0 = np.array([runs[other_seed(p, 0, seed)][0].cross_bps for seed in seeds])
+        for kind, ours, cross, cross0 in (
+                ("out_of_sample", others_ours, others_cross, others_cross0),
+                ("in_sample", np.vstack([others_ours, p.ours_bps]), np.vstack([others_cross, p.cross_bps]),
+                 np.append(others_cross0, p.cross0_bps))):
+            per_path, cross_errors, advice = errors[kind]
+            ours, cross = np.median(ours, axis=0), np.median(cross, axis=0)
+            per_path.append(float(np.mean(np.abs(ours / p.ours_bps - 1))))
+            cross_errors.extend(np.abs(cross / p.cross_bps - 1).tolist())
+            advice.extend(known_curve_advice(p, ours, 1.0 - cross / float(np.median(cross0))))
     scenarios = [p.scenario for p in paths]
     return {"seeds": tuple(seeds), **_floor_row(*errors["out_of_sample"], scenarios),
             "in_sample": _floor_row(*errors["in_sample"], scenarios)}
@@ -357,6 +398,16 @@ def summary(scores: dict[str, ModelScore]) -> dict[str, dict[str, float]]:
     return rows
 
 
+def margin_arg(text: str) -> ImpactMargin:
+    """``RELATIVE,ABSOLUTE`` (fractions, e.g. 0.15,0.02) as an ImpactMargin; argparse reports a bad one."""
+    try:
+        relative, absolute = (float(x) for x in text.split(","))
+        return ImpactMargin(relative, absolute)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(
+            f"expected RELATIVE,ABSOLUTE as two numbers >= 0, e.g. 0.15,0.02; got {text!r} ({exc})") from None
+
+
 def parse_args(argv=None) -> tuple[Settings, Path]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="scenarios 2,3,6 x m 5,20 x n 1,2,4,8,16,31")
@@ -378,6 +429,10 @@ def parse_args(argv=None) -> tuple[Settings, Path]:
     parser.add_argument("--floor-seed", metavar="SEED[,SEED...]",
                         help="also run the ground truth with these seeds and report how well their per-n median "
                              "predicts seed --seed's (the noise floor no model fed by probes can beat)")
+    parser.add_argument("--margin", type=margin_arg, default=DEFAULT_MARGIN, metavar="RELATIVE,ABSOLUTE",
+                        help="score the advice with this margin for the impact's error instead of the service's "
+                             f"({DEFAULT_MARGIN.relative:g},{DEFAULT_MARGIN.absolute:g}): a predicted impact i "
+                             "counts as i (1 + RELATIVE) + ABSOLUTE")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--cache", type=Path, default=ROOT / "benchmarks" / "cache")
     parser.add_argument("--out", type=Path, help="report directory (default benchmarks/results/quick or full)")
@@ -401,6 +456,7 @@ def parse_args(argv=None) -> tuple[Settings, Path]:
         cache_dir=args.cache,
         models=tuple(args.models.split(",")) if args.models else (),
         floor_seeds=ints(args.floor_seed) if args.floor_seed else (),
+        margin=args.margin,
     )
     out = args.out or ROOT / "benchmarks" / "results" / ("quick" if args.quick else "holdout" if args.holdout else "full")
     return settings, out
@@ -428,6 +484,7 @@ def main(argv=None) -> int:
                            ("the same with this seed's in the median", floor["in_sample"])):
             print(f"{label}: thr median {row['thr_median']:.3f} p90 {row['thr_p90']:.3f}  "
                   f"cross p50 {row['cross_p50']:.3f} p90 {row['cross_p90']:.3f}  "
+                  f"advice (all budgets) {row['adv_all']:.2f} exceeded {row['exc_all']:.0%}  "
                   f"by scenario (median/max) " + ", ".join(
                       f"s{s} {v:.3f}/{row['thr_max_by_scenario'][s]:.3f}" for s, v in row["thr_median_by_scenario"].items()))
     print(f"report: {out / 'README.md'} ({elapsed:.0f} s)", file=sys.stderr)

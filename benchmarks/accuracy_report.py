@@ -10,9 +10,17 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from advisor.tame import DEFAULT_MODEL  # noqa: E402
+from advisor.tame import DEFAULT_MARGIN, DEFAULT_MODEL  # noqa: E402
 
 BUDGETS = (0.05, 0.1, 0.2, 0.3)
+
+
+def margin_text(margin) -> str:
+    """How the report names the margin the advice was scored with."""
+    text = f"x {1 + margin.relative:g} + {margin.absolute:g}"
+    if margin == DEFAULT_MARGIN:
+        return f"advisor.tame.DEFAULT_MARGIN, {text}"
+    return f"--margin {margin.relative:g},{margin.absolute:g}: {text}"
 
 
 def _save(fig, ax, path: Path) -> None:
@@ -189,7 +197,7 @@ def write_report(out: Path, settings, paths, scores, rows, elapsed_s: float, com
         "throughput at the advised n / best true throughput among n whose true impact is within the budget "
         "(median over paths that have such an n), and the share of advice whose true impact exceeds the budget; "
         "advice as the service gives it, holding the budget to the predicted impact raised by the margin for its "
-        "error (advisor.tame.DEFAULT_MARGIN); the same under Lu's bare rule further down.",
+        f"error ({margin_text(settings.margin)}); the same under Lu's bare rule further down.",
         "",
         "| model | paths | thr median | thr p90 | cross p50 | cross p90 | "
         + " | ".join(f"adv {b:g} (exc)" for b in BUDGETS)
@@ -220,6 +228,9 @@ def write_report(out: Path, settings, paths, scores, rows, elapsed_s: float, com
             f"seen seed {settings.seed} and over-estimates that curve's error, the same median with seed "
             f"{settings.seed}'s own run in it under-estimates it: throughput median {inside['thr_median']:.3f}, p90 "
             f"{inside['thr_p90']:.3f}; cross traffic p50 {inside['cross_p50']:.3f}, p90 {inside['cross_p90']:.3f}. "
+            "Advice of a model that knows the median curve (its best in-budget n, no margin), scored as the "
+            f"models' is: {floor['adv_all']:.2f} of the best in-budget throughput ({floor['exc_all']:.0%} over budget) "
+            f"out of sample, {inside['adv_all']:.2f} ({inside['exc_all']:.0%}) in sample. "
             "By scenario (median / largest per-path throughput error, out of sample; in sample): "
             + ", ".join(f"s{s} {v:.3f} / {floor['thr_max_by_scenario'][s]:.3f}; "
                         f"{inside['thr_median_by_scenario'][s]:.3f} / {inside['thr_max_by_scenario'][s]:.3f}"

@@ -366,3 +366,68 @@ def test_cross_breakdown_agrees_with_the_benchmarks_own_cross_errors(tmp_path, c
     assert cells[1].startswith(f"{within} / 4 ")
     assert float(cells[2]) == pytest.approx(np.median(errors), abs=5e-4)
     assert cells[3].startswith(f"{int(np.sum(form <= 0.05))} / {form.size} ")
+
+
+def test_margin_argument_is_parsed_or_explained():
+    import argparse
+
+    accuracy = _benchmark("accuracy")
+    from advisor.tame import DEFAULT_MARGIN, ImpactMargin
+
+    assert accuracy.margin_arg("0.1,0.01") == ImpactMargin(0.1, 0.01)
+    for bad in ("0.1", "a,b", "-0.1,0.02", "0.1,0.02,0.3"):
+        with pytest.raises(argparse.ArgumentTypeError, match="RELATIVE,ABSOLUTE"):
+            accuracy.margin_arg(bad)
+    settings, _ = accuracy.parse_args(["--quick"])
+    assert settings.margin == DEFAULT_MARGIN
+    settings, _ = accuracy.parse_args(["--quick", "--margin", "0,0"])
+    assert settings.margin == ImpactMargin(0.0, 0.0)
+
+
+def test_margin_sweep_scores_each_margins_advice_and_marks_the_goals():
+    # The made-up path of the advice test above: 10 Mbit/s per stream, the cross traffic losing 7 % per
+    # stream, so n <= 1 fits 0.1, n <= 2 fits 0.2, n <= 4 fits 0.3; Lu's model fitted to exact probes
+    # predicts an impact the bare rule can follow to the budget and a wide margin cannot.
+    accuracy = _benchmark("accuracy")
+    sweep = _benchmark("margin_sweep")
+    from advisor.tame import DEFAULT_MARGIN, NO_MARGIN, ImpactMargin, advise
+    from models.parallel import ProbePoint
+    from models.registry import MODELS
+
+    ns = tuple(range(1, 11))
+    path = accuracy.PathResult(2, 5, ns, ours_bps=np.array([10e6 * n for n in ns]),
+                               cross_bps=np.array([100e6 * (1 - 0.07 * n) for n in ns]), cross0_bps=100e6)
+    path.probes.update({1: ProbePoint(1, 10e6), 10: ProbePoint(10, 60e6)})
+    settings = accuracy.Settings(scenarios=(2,), ms=(5,), ns=ns, models=("lu",))
+    wide = ImpactMargin(1.0, 0.1)
+    rows = sweep.sweep_rows([path], settings, [NO_MARGIN, DEFAULT_MARGIN, wide])
+    fitted = MODELS["lu"](list(path.probes.values()))
+    for margin, row in rows:
+        for budget in (0.1, 0.2, 0.3):
+            advised = advise(fitted, budget, n_max=10, margin=margin).num_flows
+            best = {0.1: 1, 0.2: 2, 0.3: 4}[budget]
+            assert row[f"adv_{budget}"] == pytest.approx(advised / best)
+            assert row[f"exc_{budget}"] == float(0.07 * advised > budget)
+    # A wider margin never advises more streams.
+    assert rows[2][1]["adv_all"] <= rows[1][1]["adv_all"] <= rows[0][1]["adv_all"]
+    lines = sweep.table(rows)
+    assert len(lines) == 2 + len(rows)
+    assert lines[3].startswith("| 0.15 | 0.02 |") and "*" in lines[3].split("|")[-2]
+    for line, (_, row) in zip(lines[2:], rows):
+        meets = row["adv_all"] >= 0.95 and row["exc_all"] <= 0.10
+        assert ("+" in line.split("|")[-2]) == meets
+
+
+def test_advice_of_a_known_curve_is_scored_against_the_truth():
+    # The made-up path above (true impact 0.07 n; best in-budget n 1, 2, 4 for 0.1, 0.2, 0.3; none for 0.05).
+    accuracy = _benchmark("accuracy")
+    ns = tuple(range(1, 9))
+    ours = np.array([10e6 * n for n in ns])
+    path = accuracy.PathResult(2, 5, ns, ours_bps=ours, cross_bps=np.array([100e6 * (1 - 0.07 * n) for n in ns]),
+                               cross0_bps=100e6)
+    # Knowing the truth itself: the best n at every budget that has one, never over.
+    assert accuracy.known_curve_advice(path, ours, path.true_impact) == [(1.0, False)] * 3
+    # A curve whose impact is half the truth's (0.035 n) advises 2, 5 and 8 streams; all over budget.
+    assert accuracy.known_curve_advice(path, ours, path.true_impact / 2) == [(2.0, True), (2.5, True), (2.0, True)]
+    # A curve that sees every n over budget advises one stream.
+    assert accuracy.known_curve_advice(path, ours, np.ones(len(ns))) == [(1.0, False), (0.5, False), (0.25, False)]
