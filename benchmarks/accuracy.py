@@ -186,13 +186,15 @@ def advice_outcome(ns, ours_bps, true_impact, budget: float, advised: int) -> tu
     return best_n, ratio, bool(true_impact[index] > budget)
 
 
-def known_curve_advice(path: PathResult, ours_bps, impact) -> list[tuple[float, bool]]:
+def known_curve_advice(path: PathResult, ours_bps, impact, margin: ImpactMargin = NO_MARGIN) -> list[tuple[float, bool]]:
     """Advice of a model that knows a curve (our bits/s and impact 0-1 at each n of the path's sweep), scored
     against the path's truth: (true throughput / best in-budget, whether over budget) for each budget that
-    has an in-budget n. It advises the curve's best in-budget n (Lu's bare rule), one stream if none."""
+    has an in-budget n. It advises the curve's best n whose impact raised by ``margin`` is within the
+    budget (Lu's bare rule with no margin), one stream if none."""
     outcomes = []
+    bound = np.asarray(margin.bound(np.clip(impact, 0.0, 1.0)))
     for budget in BUDGETS:
-        advised = best_within(path.ns, ours_bps, impact, budget) or 1
+        advised = best_within(path.ns, ours_bps, bound, budget) or 1
         _, ratio, over = advice_outcome(path.ns, path.ours_bps, path.true_impact, budget, advised)
         if ratio is not None:
             outcomes.append((ratio, over))
@@ -309,16 +311,25 @@ def form_scores(paths: list[PathResult], settings: Settings) -> dict[str, ModelS
     return scores
 
 
+def _advice_figures(advice: list[tuple[float, bool]]) -> tuple[float, float]:
+    """Median true-throughput ratio and share over budget of (ratio, over budget) outcomes; nan if none."""
+    if not advice:
+        return float("nan"), float("nan")
+    return float(np.median([r for r, _ in advice])), float(np.mean([o for _, o in advice]))
+
+
 def _floor_row(per_path: list[float], cross: list[float], advice: list[tuple[float, bool]],
-               scenarios: list[int]) -> dict:
+               advice_with_margin: list[tuple[float, bool]], scenarios: list[int]) -> dict:
     """Headline figures of a perfect-model stand-in: per-path throughput errors, cross-traffic errors and
-    its advice's (true throughput ratio to the best in-budget n, whether over budget) per path and budget."""
+    its advice's (true throughput ratio to the best in-budget n, whether over budget) per path and budget,
+    under Lu's bare rule and with the margin."""
     by_scenario = {}
     for s, e in zip(scenarios, per_path):
         by_scenario.setdefault(s, []).append(e)
-    return {"per_path": list(per_path),
-            "adv_all": float(np.median([r for r, _ in advice])) if advice else float("nan"),
-            "exc_all": float(np.mean([o for _, o in advice])) if advice else float("nan"),
+    adv, exc = _advice_figures(advice)
+    adv_margin, exc_margin = _advice_figures(advice_with_margin)
+    return {"per_path": list(per_path), "adv_all": adv, "exc_all": exc,
+            "adv_margin_all": adv_margin, "exc_margin_all": exc_margin,
             "thr_median": float(np.median(per_path)), "thr_p90": float(np.quantile(per_path, 0.9)),
             "cross_p50": float(np.median(cross)), "cross_p90": float(np.quantile(cross, 0.9)),
             "thr_median_by_scenario": {s: float(np.median(v)) for s, v in sorted(by_scenario.items())},
@@ -341,7 +352,7 @@ def seed_floor(paths: list[PathResult], settings: Settings) -> dict:
 
     seeds = settings.floor_seeds
     runs = run_all([other_seed(p, n, seed) for p in paths for n in (0, *p.ns) for seed in seeds], settings)
-    errors = {"out_of_sample": ([], [], []), "in_sample": ([], [], [])}
+    errors = {"out_of_sample": ([], [], [], []), "in_sample": ([], [], [], [])}
     for p in paths:
         others = [[runs[other_seed(p, n, seed)][0] for n in p.ns] for seed in seeds]
         others_ours = np.array([[r.ours_bps for r in seed_runs] for seed_runs in others])
@@ -351,11 +362,13 @@ def seed_floor(paths: list[PathResult], settings: Settings) -> dict:
                 ("out_of_sample", others_ours, others_cross, others_cross0),
                 ("in_sample", np.vstack([others_ours, p.ours_bps]), np.vstack([others_cross, p.cross_bps]),
                  np.append(others_cross0, p.cross0_bps))):
-            per_path, cross_errors, advice = errors[kind]
+            per_path, cross_errors, advice, advice_with_margin = errors[kind]
             ours, cross = np.median(ours, axis=0), np.median(cross, axis=0)
             per_path.append(float(np.mean(np.abs(ours / p.ours_bps - 1))))
             cross_errors.extend(np.abs(cross / p.cross_bps - 1).tolist())
-            advice.extend(known_curve_advice(p, ours, 1.0 - cross / float(np.median(cross0))))
+            impact = 1.0 - cross / float(np.median(cross0))
+            advice.extend(known_curve_advice(p, ours, impact))
+            advice_with_margin.extend(known_curve_advice(p, ours, impact, settings.margin))
     scenarios = [p.scenario for p in paths]
     return {"seeds": tuple(seeds), **_floor_row(*errors["out_of_sample"], scenarios),
             "in_sample": _floor_row(*errors["in_sample"], scenarios)}
@@ -484,7 +497,8 @@ def main(argv=None) -> int:
                            ("the same with this seed's in the median", floor["in_sample"])):
             print(f"{label}: thr median {row['thr_median']:.3f} p90 {row['thr_p90']:.3f}  "
                   f"cross p50 {row['cross_p50']:.3f} p90 {row['cross_p90']:.3f}  "
-                  f"advice (all budgets) {row['adv_all']:.2f} exceeded {row['exc_all']:.0%}  "
+                  f"advice (all budgets) {row['adv_all']:.2f} exceeded {row['exc_all']:.0%} "
+                  f"[with the margin {row['adv_margin_all']:.2f}, {row['exc_margin_all']:.0%}]  "
                   f"by scenario (median/max) " + ", ".join(
                       f"s{s} {v:.3f}/{row['thr_max_by_scenario'][s]:.3f}" for s, v in row["thr_median_by_scenario"].items()))
     print(f"report: {out / 'README.md'} ({elapsed:.0f} s)", file=sys.stderr)

@@ -177,6 +177,10 @@ def test_seed_floor_is_zero_for_the_same_seed_and_brackets_another(tmp_path):
     assert same["thr_median"] == 0.0 and same["cross_p90"] == 0.0
     assert same["thr_median_by_scenario"] == {1: 0.0}
     assert same["in_sample"]["thr_median"] == 0.0 and same["in_sample"]["cross_p90"] == 0.0
+    # Knowing the truth, its advice is the best in-budget n wherever one exists, never over budget.
+    in_budget = sum(bool((path.true_impact <= b).any()) for b in accuracy.BUDGETS)
+    assert in_budget > 0
+    assert same["adv_all"] == 1.0 and same["exc_all"] == 0.0
     other = accuracy.seed_floor([path], replace(settings, floor_seeds=(settings.seed + 1,)))
     assert other["seeds"] == (settings.seed + 1,)
     assert other["thr_median"] > 0.0
@@ -429,5 +433,9 @@ def test_advice_of_a_known_curve_is_scored_against_the_truth():
     assert accuracy.known_curve_advice(path, ours, path.true_impact) == [(1.0, False)] * 3
     # A curve whose impact is half the truth's (0.035 n) advises 2, 5 and 8 streams; all over budget.
     assert accuracy.known_curve_advice(path, ours, path.true_impact / 2) == [(2.0, True), (2.5, True), (2.0, True)]
+    # With a margin the budget is held to the raised impact: 0.07 n x 1.5 + 0.01 fits 0.2 up to n = 1 only.
+    from advisor.tame import ImpactMargin
+    assert accuracy.known_curve_advice(path, ours, path.true_impact, ImpactMargin(0.5, 0.01)) == [
+        (1.0, False), (0.5, False), (0.5, False)]
     # A curve that sees every n over budget advises one stream.
     assert accuracy.known_curve_advice(path, ours, np.ones(len(ns))) == [(1.0, False), (0.5, False), (0.25, False)]
