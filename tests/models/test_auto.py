@@ -77,8 +77,11 @@ def test_heavy_losses_at_one_stream_take_the_impact_also_from_the_measured_loss_
     # At n = 0, extrapolated along the first two: 5 + (5 - 2.5) / 9 = 5.278; at 20 streams, between
     # 10 and 31: 2.5 - (10/21) 0.833 = 2.103; held beyond 31.
     measured = 1 - np.array([5, 2.5, 2.5 - 10 / 21 * (2.5 - 5 / 3), 5 / 3, 5 / 3]) / (5 + 2.5 / 9)
-    n = [1, 10, 20, 31, 64]
-    assert_allclose(fit.impact(n), (measured + shared.impact(n)) / 2, rtol=1e-9)
+    n = np.array([1, 10, 20, 31, 64])
+    # The three probes' M is under 10 (few flows), so the fair share's impact takes the lowest pair's M.
+    assert shared.competing_flows < 10
+    pair = fit_fair_share(points[:2])
+    assert_allclose(fit.impact(n), (measured + n / (n + pair.competing_flows)) / 2, rtol=1e-9)
     assert fit.params["flow_rate_bps_at_10"] == pytest.approx(8 * MSS / (0.2 * np.sqrt(2 * 0.16 / 3)))
     assert any("timeouts" in w for w in fit.warnings)
 
@@ -229,3 +232,40 @@ def test_a_loss_rate_within_the_noise_of_a_few_counted_losses_has_not_grown():
     long = [at_loss_rate(n, bps, p, rtt_s=0.04, seconds=3000) for n, bps, p in
             ((1, 12.69e6, 0.0008), (10, 95.59e6, 0.00112), (40, 95.62e6, 0.0063))]
     assert not isinstance(fit_auto(long), KneeFit)
+
+
+def flat_total_probes(m, total_bps=75e6, top_total_bps=84e6, top=31):
+    """Probes at 1, 10 and ``top`` streams sharing a link equally with m cross flows: a total held
+    at ``total_bps`` up to 10 streams, risen to ``top_total_bps`` at the top probe."""
+    return [ProbePoint(1, total_bps / (1 + m)), ProbePoint(10, total_bps * 10 / (10 + m)),
+            ProbePoint(top, top_total_bps * top / (top + m))]
+
+
+def test_few_competing_flows_take_the_impacts_m_from_the_lowest_two_probes():
+    # Scenario 2 with 5 cross flows: the total holds at 75 Mbit/s, then rises to 84 at 36 flows. One
+    # fair share through all three reads the rise as more competing flows (M above 5); the lowest pair
+    # gives M = 5 exactly, and so an impact of n / (n + 5).
+    points = flat_total_probes(5)
+    shared, fit = fit_fair_share(points), fit_auto(points)
+    assert 5.5 < shared.competing_flows < 10
+    assert fit.competing_flows == pytest.approx(5.0) and fit.params["competing_flows"] == pytest.approx(5.0)
+    assert_allclose(fit.impact([1, 5, 20]), [1 / 6, 0.5, 0.8], rtol=1e-9)
+    # The throughput still goes through every probe.
+    assert_allclose(fit.throughput_bps([1, 10, 31]), [p.throughput_bps for p in points], rtol=1e-12)
+    assert any("few competing flows" in w for w in fit.warnings)
+    # The store keeps the M the impact uses and rebuilds the same curve.
+    from advisor.fitcodec import fit_from_record, fit_to_record
+    rebuilt = fit_from_record(**fit_to_record(fit))
+    n = np.arange(1, 65)
+    assert_allclose(rebuilt.impact(n), fit.impact(n), rtol=1e-12)
+    assert_allclose(rebuilt.throughput_bps(n), fit.throughput_bps(n), rtol=1e-12)
+
+
+def test_many_competing_flows_keep_the_three_probes_m():
+    # With 30 cross flows the three probes' M is above the second probe's 10 streams: unchanged.
+    points = flat_total_probes(30)
+    shared, fit = fit_fair_share(points), fit_auto(points)
+    assert shared.competing_flows > 10
+    assert fit.competing_flows == pytest.approx(shared.competing_flows)
+    assert_allclose(fit.impact([1, 5, 20]), shared.impact([1, 5, 20]), rtol=1e-12)
+    assert not any("few competing flows" in w for w in fit.warnings)
