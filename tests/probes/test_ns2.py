@@ -26,6 +26,14 @@ def _benchmark(name: str):
 DATA = Path(__file__).parent / "data"
 
 
+def _seven_percent_path(accuracy, ns):
+    """A made-up path of the benchmark: our throughput 10 Mbit/s per stream, the cross traffic (100 Mbit/s
+    alone) losing 7 % per stream, so the true impact is 0.07 n: nothing fits 0.05, n <= 1 fits 0.1,
+    n <= 2 fits 0.2, n <= 4 fits 0.3."""
+    return accuracy.PathResult(2, 5, tuple(ns), ours_bps=np.array([10e6 * n for n in ns]),
+                               cross_bps=np.array([100e6 * (1 - 0.07 * n) for n in ns]), cross0_bps=100e6)
+
+
 def test_parse_recorded_run_gives_per_flow_throughput_retransmits_and_rtt():
     run = parse_ns2_output((DATA / "s2_m5_n2_seed1.out").read_text())
     # Window 12 s .. 17 s. ours 0 acked 350 -> 3570: 3220 packets * 8000 bit / 5 s = 5.152 Mb/s;
@@ -302,8 +310,7 @@ def test_advice_is_recorded_per_path_and_budget_against_the_best_in_budget_n():
     from models.registry import MODELS
 
     ns = tuple(range(1, 9))
-    path = accuracy.PathResult(2, 5, ns, ours_bps=np.array([10e6 * n for n in ns]),
-                               cross_bps=np.array([100e6 * (1 - 0.07 * n) for n in ns]), cross0_bps=100e6)
+    path = _seven_percent_path(accuracy, ns)
     probes = [ProbePoint(1, 10e6), ProbePoint(10, 60e6)]
     score = accuracy.ModelScore("lu")
     accuracy.score_model("lu", path, probes, score, accuracy.Settings(scenarios=(2,), ms=(5,), ns=ns))
@@ -399,8 +406,7 @@ def test_margin_sweep_scores_each_margins_advice_and_marks_the_goals():
     from models.registry import MODELS
 
     ns = tuple(range(1, 11))
-    path = accuracy.PathResult(2, 5, ns, ours_bps=np.array([10e6 * n for n in ns]),
-                               cross_bps=np.array([100e6 * (1 - 0.07 * n) for n in ns]), cross0_bps=100e6)
+    path = _seven_percent_path(accuracy, ns)
     path.probes.update({1: ProbePoint(1, 10e6), 10: ProbePoint(10, 60e6)})
     settings = accuracy.Settings(scenarios=(2,), ms=(5,), ns=ns, models=("lu",))
     wide = ImpactMargin(1.0, 0.1)
@@ -425,10 +431,8 @@ def test_margin_sweep_scores_each_margins_advice_and_marks_the_goals():
 def test_advice_of_a_known_curve_is_scored_against_the_truth():
     # The made-up path above (true impact 0.07 n; best in-budget n 1, 2, 4 for 0.1, 0.2, 0.3; none for 0.05).
     accuracy = _benchmark("accuracy")
-    ns = tuple(range(1, 9))
-    ours = np.array([10e6 * n for n in ns])
-    path = accuracy.PathResult(2, 5, ns, ours_bps=ours, cross_bps=np.array([100e6 * (1 - 0.07 * n) for n in ns]),
-                               cross0_bps=100e6)
+    path = _seven_percent_path(accuracy, range(1, 9))
+    ours, ns = path.ours_bps, path.ns
     # Knowing the truth itself: the best n at every budget that has one, never over.
     assert accuracy.known_curve_advice(path, ours, path.true_impact) == [(1.0, False)] * 3
     # A curve whose impact is half the truth's (0.035 n) advises 2, 5 and 8 streams; all over budget.
