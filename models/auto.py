@@ -22,7 +22,10 @@ segment size against the Reno rate, Lu 2004 eq. 1-2), then:
   sees no finite capacity above the plateau);
 * otherwise, or when the probes carry no such evidence: the fair-share model on all probes
   (least squares with three) for the impact; the throughput follows the fair share through each
-  adjacent pair of probes, exact at every probe (:func:`through_probes`). When even the lowest probe's loss rate keeps a Reno window under
+  adjacent pair of probes, exact at every probe (:func:`through_probes`). With fewer competing
+  flows than the second probe's streams, the impact's M comes from the lowest two probes, which
+  span the flows over which few flows on a small buffer hold the link's total flat
+  (:func:`few_flows_impact`). When even the lowest probe's loss rate keeps a Reno window under
   :data:`TIMEOUT_REGIME_WINDOW_SEGMENTS` ("timeout regime": a small, crowded bottleneck), flows
   recover from losses by timeouts, DropTail locks some out, and our per-stream rate stops being
   a fair proxy for a competing flow's; the impact is then the mean of the fair share's and Lu's
