@@ -167,7 +167,8 @@ def few_flows_impact(fit: FairShareFit, points: Sequence[ProbePoint]) -> FairSha
     streams: 6 to 15 flows there) measure; the top probe reads the later rise as more competing
     flows and one curve through all three puts M above m (6.3 for m = 5), under-predicting the
     impact. When the three probes' M is below the second probe's streams, the pair covers the
-    flat part, and its M is what the impact rests on. With more competing flows the pair's M is
+    flat part, and its M, when smaller, is what the impact rests on; a pair's M above the three
+    probes' is not that rise (the total did not hold flat) and is left alone. With more competing flows the pair's M is
     too noisy to use (1 % in the ratio of its two rates moves M = 30 by about 5 %), and the three
     probes' stays. Throughput is unchanged (it follows the probes).
     """
@@ -175,7 +176,7 @@ def few_flows_impact(fit: FairShareFit, points: Sequence[ProbePoint]) -> FairSha
     if fit.regime != CONGESTED or len(streams) < 3 or fit.competing_flows >= streams[1]:
         return fit
     pair = fit_fair_share([ProbePoint(n, r) for n, r in zip(streams[:2], rates[:2])])
-    if pair.regime != CONGESTED:
+    if pair.regime != CONGESTED or pair.competing_flows >= fit.competing_flows:
         return fit
     warning = (f"few competing flows (M = {fit.competing_flows:.1f} from all probes, under {streams[1]:g}): "
                f"the impact takes M = {pair.competing_flows:.1f} from the probes at {streams[0]:g} and "

@@ -78,10 +78,10 @@ def test_heavy_losses_at_one_stream_take_the_impact_also_from_the_measured_loss_
     # 10 and 31: 2.5 - (10/21) 0.833 = 2.103; held beyond 31.
     measured = 1 - np.array([5, 2.5, 2.5 - 10 / 21 * (2.5 - 5 / 3), 5 / 3, 5 / 3]) / (5 + 2.5 / 9)
     n = np.array([1, 10, 20, 31, 64])
-    # The three probes' M is under 10 (few flows), so the fair share's impact takes the lowest pair's M.
-    assert shared.competing_flows < 10
-    pair = fit_fair_share(points[:2])
-    assert_allclose(fit.impact(n), (measured + n / (n + pair.competing_flows)) / 2, rtol=1e-9)
+    # The three probes' M is under 10, but the lowest pair's is larger (the total did not hold flat at
+    # few flows), so the fair share's impact keeps the three probes' M.
+    assert shared.competing_flows < 10 and fit_fair_share(points[:2]).competing_flows > shared.competing_flows
+    assert_allclose(fit.impact(n), (measured + shared.impact(n)) / 2, rtol=1e-9)
     assert fit.params["flow_rate_bps_at_10"] == pytest.approx(8 * MSS / (0.2 * np.sqrt(2 * 0.16 / 3)))
     assert any("timeouts" in w for w in fit.warnings)
 
@@ -268,4 +268,14 @@ def test_many_competing_flows_keep_the_three_probes_m():
     assert shared.competing_flows > 10
     assert fit.competing_flows == pytest.approx(shared.competing_flows)
     assert_allclose(fit.impact([1, 5, 20]), shared.impact([1, 5, 20]), rtol=1e-12)
+    assert not any("few competing flows" in w for w in fit.warnings)
+
+
+def test_few_competing_flows_whose_pair_sees_more_of_them_keep_the_three_probes_m():
+    # The total falls at the top probe instead of rising: the three probes' M is below the pair's 5,
+    # which is not the rise the pair corrects for, so the fit is the three probes' fair share.
+    points = flat_total_probes(5, top_total_bps=68e6)
+    shared, fit = fit_fair_share(points), fit_auto(points)
+    assert shared.competing_flows < 5
+    assert fit.competing_flows == pytest.approx(shared.competing_flows)
     assert not any("few competing flows" in w for w in fit.warnings)
