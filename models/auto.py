@@ -157,7 +157,8 @@ def through_probes(fit: FairShareFit, points: Sequence[ProbePoint]) -> FairShare
 
 def few_flows_impact(fit: FairShareFit, points: Sequence[ProbePoint]) -> FairShareFit:
     """A congested fair-share ``fit`` of three or more probe levels with its impact's M taken from the
-    lowest two levels when the fit's M is below the second level's streams; otherwise ``fit`` unchanged.
+    lowest two levels when the fit's M is below the second level's streams and the pair's M is the
+    smaller; otherwise ``fit`` unchanged.
 
     Few Reno flows on a small drop-tail buffer keep in step and use a fixed part of the link: the
     link's total holds flat as flows are added, up to a number of flows well above a handful, and
@@ -168,9 +169,9 @@ def few_flows_impact(fit: FairShareFit, points: Sequence[ProbePoint]) -> FairSha
     flows and one curve through all three puts M above m (6.3 for m = 5), under-predicting the
     impact. When the three probes' M is below the second probe's streams, the pair covers the
     flat part, and its M, when smaller, is what the impact rests on; a pair's M above the three
-    probes' is not that rise (the total did not hold flat) and is left alone. With more competing flows the pair's M is
-    too noisy to use (1 % in the ratio of its two rates moves M = 30 by about 5 %), and the three
-    probes' stays. Throughput is unchanged (it follows the probes).
+    probes' is not that rise (the total did not hold flat) and is left alone. With more competing
+    flows the pair's M is too noisy to use (1 % in the ratio of its two rates moves M = 30 by about
+    5 %), and the three probes' stays. Throughput is unchanged (it follows the probes).
     """
     streams, rates = probe_levels(points)
     if fit.regime != CONGESTED or len(streams) < 3 or fit.competing_flows >= streams[1]:
