@@ -421,8 +421,9 @@ def margin_arg(text: str) -> ImpactMargin:
             f"expected RELATIVE,ABSOLUTE as two numbers >= 0, e.g. 0.15,0.02; got {text!r} ({exc})") from None
 
 
-def parse_args(argv=None) -> tuple[Settings, Path]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def argument_parser(**kwargs) -> argparse.ArgumentParser:
+    """The benchmark's options; ``kwargs`` go to ArgumentParser (``add_help=False`` to use it as a parent)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], **kwargs)
     parser.add_argument("--quick", action="store_true", help="scenarios 2,3,6 x m 5,20 x n 1,2,4,8,16,31")
     parser.add_argument("--holdout", action="store_true",
                         help="the held-out scenarios 7-10 (not in Lu's Fig. 2) x m 5,15,25 x n 1..31")
@@ -449,7 +450,11 @@ def parse_args(argv=None) -> tuple[Settings, Path]:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--cache", type=Path, default=ROOT / "benchmarks" / "cache")
     parser.add_argument("--out", type=Path, help="report directory (default benchmarks/results/quick or full)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def settings_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[Settings, Path]:
+    """The run's settings and report directory from options parsed by a parser built on :func:`argument_parser`."""
     if args.quick and args.holdout:
         parser.error("--quick and --holdout are different presets; give one")
     preset = QUICK if args.quick else HOLDOUT if args.holdout else FULL
@@ -473,6 +478,12 @@ def parse_args(argv=None) -> tuple[Settings, Path]:
     )
     out = args.out or ROOT / "benchmarks" / "results" / ("quick" if args.quick else "holdout" if args.holdout else "full")
     return settings, out
+
+
+def parse_args(argv=None) -> tuple[Settings, Path]:
+    """The run's settings and report directory from the command line."""
+    parser = argument_parser()
+    return settings_from(parser.parse_args(argv), parser)
 
 
 def main(argv=None) -> int:

@@ -22,7 +22,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from accuracy import ModelScore, evaluate, form_scores, parse_args  # noqa: E402
+from accuracy import ModelScore, argument_parser, evaluate, form_scores, settings_from  # noqa: E402
 from models.registry import MODELS  # noqa: E402
 
 
@@ -54,14 +54,14 @@ def breakdown_lines(by_probes: dict[int, np.ndarray], by_form: dict[int, np.ndar
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    # Every other option (--holdout, --quick, --scenarios, --ms, --ns, --cache, probe settings) is the benchmark's.
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], parents=[argument_parser(add_help=False)])
     parser.add_argument("--model", default="auto", choices=sorted(MODELS))
     parser.add_argument("--tolerance", type=float, default=0.05, help="|relative error| counted as within (default 0.05)")
-    args, rest = parser.parse_known_args(argv)
+    args = parser.parse_args(argv)
     if args.tolerance <= 0:
         parser.error(f"--tolerance must be above 0, got {args.tolerance:g}")
-    # Every other option (--holdout, --quick, --scenarios, --ms, --ns, --cache, probe settings) is the benchmark's.
-    settings, _ = parse_args([*rest, "--models", args.model])
+    settings, _ = settings_from(argparse.Namespace(**{**vars(args), "models": args.model}), parser)
     paths, scores = evaluate(settings)
     by_probes = errors_by_scenario(scores[args.model], len(settings.ns))
     by_form = errors_by_scenario(form_scores(paths, settings)[args.model], len(settings.ns))

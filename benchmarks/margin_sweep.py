@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from accuracy import BUDGETS, evaluate, parse_args, score_paths, summary  # noqa: E402
+from accuracy import BUDGETS, argument_parser, evaluate, score_paths, settings_from, summary  # noqa: E402
 
 from advisor.tame import DEFAULT_MARGIN, DEFAULT_MODEL, ImpactMargin  # noqa: E402
 
@@ -71,11 +71,13 @@ def table(rows: list[tuple[ImpactMargin, dict]]) -> list[str]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], add_help=False)
-    parser.add_argument("--relative", type=fractions, default=RELATIVE, help="relative margins to try")
-    parser.add_argument("--absolute", type=fractions, default=ABSOLUTE, help="absolute margins to try")
-    own, rest = parser.parse_known_args(argv)
-    settings, _ = parse_args(rest)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], parents=[argument_parser(add_help=False)])
+    parser.add_argument("--relative", type=fractions, default=RELATIVE,
+                        help=f"comma-separated relative margins to try (default {','.join(map(str, RELATIVE))})")
+    parser.add_argument("--absolute", type=fractions, default=ABSOLUTE,
+                        help=f"comma-separated absolute margins to try (default {','.join(map(str, ABSOLUTE))})")
+    own = parser.parse_args(argv)
+    settings, _ = settings_from(own, parser)
     settings = replace(settings, models=settings.models[:1] or (DEFAULT_MODEL,))
     start = time.monotonic()
     paths, _ = evaluate(settings)

@@ -428,6 +428,19 @@ def test_margin_sweep_scores_each_margins_advice_and_marks_the_goals():
         assert ("+" in line.split("|")[-2]) == meets
 
 
+def test_margin_sweep_help_lists_its_own_options_and_the_benchmarks(capsys):
+    sweep = _benchmark("margin_sweep")
+    with pytest.raises(SystemExit) as exited:
+        sweep.main(["--help"])
+    assert exited.value.code == 0
+    shown = capsys.readouterr().out
+    assert "--relative" in shown and "--absolute" in shown and "--holdout" in shown
+    with pytest.raises(SystemExit) as exited:
+        sweep.main(["--absolute", "0.01,-1"])
+    assert exited.value.code == 2
+    assert "margins must be numbers >= 0" in capsys.readouterr().err
+
+
 def test_advice_of_a_known_curve_is_scored_against_the_truth():
     # The made-up path above (true impact 0.07 n; best in-budget n 1, 2, 4 for 0.1, 0.2, 0.3; none for 0.05).
     accuracy = _benchmark("accuracy")
