@@ -10,6 +10,7 @@ reading the benchmark's cache and simulating what it lacks.
 
     python benchmarks/explain_path.py 6:10                  # scenario 6, 10 cross flows, model auto
     python benchmarks/explain_path.py 10:25 --model lu      # held-out scenario 10, Lu's model
+    python benchmarks/explain_path.py 9:15 --queue RED      # the same path with a RED bottleneck queue
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def explain(path, model: str, settings: Settings) -> list[str]:
     """Markdown lines describing one PathResult under one model."""
     probes = model_probes(model, path.probes, max(path.ns))
     fitted = MODELS[model](probes)
-    lines = [f"## s{path.scenario} m{path.m}, model {model}: regime {fitted.regime}", ""]
+    lines = [f"## s{path.scenario} m{path.m} ({settings.queue}), model {model}: regime {fitted.regime}", ""]
     lines += [f"- warning: {w}" for w in fitted.warnings] + ([""] if fitted.warnings else [])
     lines += ["| probe streams | Mbit/s | per stream | RTT ms | % lost | verdict |", "|---|---|---|---|---|---|"]
     for p in sorted(probes, key=lambda q: q.streams):
@@ -79,6 +80,7 @@ def main(argv=None) -> int:
     parser.add_argument("paths", nargs="+", type=parse_path, help="scenario:m, e.g. 6:10")
     parser.add_argument("--model", default="auto", choices=sorted(MODELS))
     parser.add_argument("--ns", help="comma-separated stream counts (default: the benchmark's 1..31)")
+    parser.add_argument("--queue", default="DropTail", choices=("DropTail", "RED"), help="bottleneck queue (default DropTail)")
     parser.add_argument("--cache", type=Path, default=ROOT / "benchmarks" / "cache")
     args = parser.parse_args(argv)
     unknown = sorted({s for s, _ in args.paths} - set(SCENARIOS))
@@ -86,7 +88,8 @@ def main(argv=None) -> int:
         parser.error(f"no scenario {', '.join(map(str, unknown))}; the scenarios are {', '.join(map(str, SCENARIOS))}")
     ns = tuple(int(x) for x in args.ns.split(",")) if args.ns else FULL["ns"]
     for scenario, m in args.paths:
-        settings = Settings(scenarios=(scenario,), ms=(m,), ns=ns, models=(args.model,), cache_dir=args.cache)
+        settings = Settings(scenarios=(scenario,), ms=(m,), ns=ns, models=(args.model,), queue=args.queue,
+                            cache_dir=args.cache)
         paths, _ = evaluate(settings)
         print("\n".join(explain(paths[0], args.model, settings)) + "\n")
     return 0

@@ -281,6 +281,26 @@ def test_explain_path_prints_the_models_prediction_against_the_truth_at_every_n(
     assert len(advice) == len(accuracy.BUDGETS)
 
 
+def test_explain_path_reads_the_queue_it_is_given(tmp_path, capsys):
+    explain_path = _benchmark("explain_path")
+    accuracy = _benchmark("accuracy")
+
+    assert explain_path.main(["1:3", "--ns", "1,2", "--queue", "RED", "--cache", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "## s1 m3 (RED)" in out
+    rows = {int(cells[1]): float(cells[2]) for cells in (line.split("|") for line in out.splitlines())
+            if len(cells) == 11 and cells[1].strip().isdigit()}
+    by_queue = {}
+    for queue in ("RED", "DropTail"):
+        settings = accuracy.Settings(scenarios=(1,), ms=(3,), ns=(1, 2), models=("auto",), queue=queue,
+                                     cache_dir=tmp_path)
+        (path,), _ = accuracy.evaluate(settings)
+        by_queue[queue] = path.ours_bps / 1e6
+    assert [rows[1], rows[2]] == pytest.approx(list(by_queue["RED"]), abs=5e-4)
+    # The two queues are different simulations: the rows are not DropTail's.
+    assert not np.allclose(by_queue["RED"], by_queue["DropTail"], rtol=1e-3)
+
+
 def test_explain_path_argument_is_parsed_or_explained():
     import argparse
 
