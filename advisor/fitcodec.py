@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Mapping, Sequence
 
-from models.auto import LEVEL_RATE_PREFIX, KneeFit, split_flow_rates, with_flow_rates, with_levels
+from models.auto import LEVEL_RATE_PREFIX, MODEL as AUTO, WEIGHTED_MODEL as AUTO_WEIGHTED, KneeFit, split_flow_rates, with_flow_rates, with_levels
 from models.fair_share import FairShareFit
 from models.parallel import UNCONGESTED, ParallelFit, PolynomialFit
 
@@ -38,8 +38,8 @@ def fit_from_record(model: str, params: Mapping[str, float], regime: str,
     """Rebuild the fit the models module made; raises ValueError for an unknown model or parameter."""
     if model == "fair_share":
         return _fair_share_from_record(model, params, regime, probe_streams, warnings)
-    if model == "auto":
-        return _auto_from_record(params, regime, probe_streams, warnings)
+    if model in (AUTO, AUTO_WEIGHTED):
+        return _auto_from_record(model, params, regime, probe_streams, warnings)
     if model == "yildirim" and set(params) == {"a_prime", "b_prime", "exponent"}:
         # Yildirim's a' n^c + b' keeps its fitted exponent c among the parameters.
         streams = tuple(float(x) for x in probe_streams)
@@ -70,7 +70,7 @@ def fit_from_record(model: str, params: Mapping[str, float], regime: str,
     )
 
 
-def _auto_from_record(params: Mapping[str, float], regime: str, probe_streams: Sequence[float],
+def _auto_from_record(model: str, params: Mapping[str, float], regime: str, probe_streams: Sequence[float],
                       warnings: Sequence[str]) -> ParallelFit:
     # The evidence-driven model stores one of fair_share's forms, or a knee: its own two
     # parameters plus its congested part's, prefixed "congested_" (models.auto.knee_params).
@@ -78,29 +78,29 @@ def _auto_from_record(params: Mapping[str, float], regime: str, probe_streams: S
     # regime the Mathis rate measured at each probe; the record's params keep both.
     rest, level_streams, level_bps = split_flow_rates(params, LEVEL_RATE_PREFIX)
     if level_streams:
-        base = _auto_from_record(rest, regime, probe_streams, warnings)
+        base = _auto_from_record(model, rest, regime, probe_streams, warnings)
         if not isinstance(base, FairShareFit) or len(level_streams) < 2:
-            raise ValueError(f"stored fit of model 'auto' has unexpected parameters {sorted(params)}")
+            raise ValueError(f"stored fit of model {model!r} has unexpected parameters {sorted(params)}")
         return replace(with_levels(base, level_streams, level_bps), params={k: float(v) for k, v in params.items()})
     rest, rate_streams, rates_bps = split_flow_rates(params)
     if rate_streams:
         # The timeout regime: fair_share's form plus the Mathis rate measured at each probe.
-        base = _fair_share_from_record("auto", rest, regime, probe_streams, warnings)
+        base = _fair_share_from_record(model, rest, regime, probe_streams, warnings)
         return with_flow_rates(base, rate_streams, rates_bps)
     if "linear_until_streams" not in params:
-        return _fair_share_from_record("auto", params, regime, probe_streams, warnings)
+        return _fair_share_from_record(model, params, regime, probe_streams, warnings)
     prefix = "congested_"
     congested = {k[len(prefix):]: v for k, v in params.items() if k.startswith(prefix)}
     own = {k for k in params if not k.startswith(prefix)}
     # Knees stored before the plateau (models.auto) lack plateau_until_streams: no plateau.
     if own - {"plateau_until_streams"} != {"per_stream_bps", "linear_until_streams"} or not congested:
-        raise ValueError(f"stored fit of model 'auto' has unexpected parameters {sorted(params)}")
-    return KneeFit(model="auto", params={k: float(v) for k, v in params.items()}, regime=regime,
+        raise ValueError(f"stored fit of model {model!r} has unexpected parameters {sorted(params)}")
+    return KneeFit(model=model, params={k: float(v) for k, v in params.items()}, regime=regime,
                    probe_streams=tuple(float(x) for x in probe_streams), warnings=tuple(warnings),
                    per_stream_bps=float(params["per_stream_bps"]),
                    linear_until_streams=float(params["linear_until_streams"]),
                    plateau_until_streams=float(params.get("plateau_until_streams", 0.0)),
-                   congested=_fair_share_from_record("auto", congested, regime, probe_streams, ()))
+                   congested=_fair_share_from_record(model, congested, regime, probe_streams, ()))
 
 
 def _fair_share_from_record(model: str, params: Mapping[str, float], regime: str, probe_streams: Sequence[float],

@@ -48,6 +48,9 @@ from models.parallel import CONGESTED, UNCONGESTED, ParallelFit, ProbePoint, _va
 from models.single_flow import mathis_throughput_bps
 
 MODEL = "auto"
+# The same evidence and forms, with the fair share's probes weighted by their loss counts
+# (models.fair_share.loss_count_weights): for bottlenecks where every flow sees the same loss rate (RED).
+WEIGHTED_MODEL = "auto_weighted"
 # A clean (not loss-limited) probe still counts as uncongested only if its per-stream rate is
 # within this fraction of the lowest probe's: a rate that falls without losses is a queue
 # filling (a buffer large enough to hold the excess), which is congestion too.
@@ -324,14 +327,24 @@ def _clean_prefix(points: Sequence[ProbePoint]) -> tuple[int, bool]:
     return prefix(clean), False
 
 
+def fit_auto_weighted(points: Sequence[ProbePoint]) -> ParallelFit:
+    """:func:`fit_auto` with the fair share's probes weighted by their loss counts (:data:`WEIGHTED_MODEL`)."""
+    return fit_auto(points, weighted=True)
+
+
 def _per_stream_rate(points: Sequence[ProbePoint]) -> float:
     """Geometric mean of the probes' per-stream rates, bits/s."""
     return float(np.exp(np.mean([np.log(p.throughput_bps / p.streams) for p in points])))
 
 
-def fit_auto(points: Sequence[ProbePoint]) -> ParallelFit:
-    """The evidence-driven fit (see the module docstring) from two or more probes."""
-    _validated(points, 2, MODEL)
+def fit_auto(points: Sequence[ProbePoint], weighted: bool = False) -> ParallelFit:
+    """The evidence-driven fit (see the module docstring) from two or more probes.
+
+    ``weighted``: the fair share of three or more probes counts each by its loss count
+    (:func:`models.fair_share.fit_fair_share`); the fit is then named :data:`WEIGHTED_MODEL`.
+    """
+    model = WEIGHTED_MODEL if weighted else MODEL
+    _validated(points, 2, model)
     ordered = sorted(points, key=lambda p: p.streams)
     # Residuals follow probe_streams, which is sorted.
     n, bw = (np.array([getattr(p, k) for p in ordered], dtype=float) for k in ("streams", "throughput_bps"))
@@ -339,15 +352,16 @@ def fit_auto(points: Sequence[ProbePoint]) -> ParallelFit:
     why = ("their losses did not grow with the streams: latent losses, not congestion" if latent
            else "no loss-limited streams")
     if clean == len(ordered):
-        return _with_residuals(_uncongested(ordered, why), n, bw)
+        return _with_residuals(_uncongested(ordered, why, model), n, bw)
     if clean == 0:
-        shared = few_flows_impact(through_probes(replace(fit_fair_share(ordered), model=MODEL), ordered), ordered)
+        shared = few_flows_impact(through_probes(replace(fit_fair_share(ordered, weighted), model=model), ordered),
+                                  ordered)
         return _with_residuals(timeout_regime_fit(shared, ordered), n, bw)
     loss_side = ordered[clean:]
     anchor = ordered[clean - 1]
-    congested = fit_fair_share(loss_side if len(loss_side) >= 2 else [anchor, *loss_side])
+    congested = fit_fair_share(loss_side if len(loss_side) >= 2 else [anchor, *loss_side], weighted)
     rate = _per_stream_rate(ordered[:clean])
-    knee = KneeFit(model=MODEL, params={}, regime=CONGESTED, probe_streams=tuple(float(p.streams) for p in ordered),
+    knee = KneeFit(model=model, params={}, regime=CONGESTED, probe_streams=tuple(float(p.streams) for p in ordered),
                    warnings=congested.warnings + (
                        f"not congested up to {anchor.streams:g} streams ({why}); "
                        f"congested from {loss_side[0].streams:g}",),
@@ -356,13 +370,13 @@ def fit_auto(points: Sequence[ProbePoint]) -> ParallelFit:
     return _with_residuals(replace(knee, params=knee_params(knee)), n, bw)
 
 
-def _uncongested(points: Sequence[ProbePoint], why: str) -> FairShareFit:
+def _uncongested(points: Sequence[ProbePoint], why: str, model: str = MODEL) -> FairShareFit:
     """n x the geometric-mean per-stream rate up to the highest probe, flat beyond, impact 0 (``why``: for the warning)."""
     rate = _per_stream_rate(points)
     high = float(points[-1].streams)
     warning = (f"the path is not congested up to {high:g} streams ({why}); "
                f"predictions are held flat beyond {high:g} streams")
-    return FairShareFit(model=MODEL, params={"per_stream_bps": rate}, regime=UNCONGESTED,
+    return FairShareFit(model=model, params={"per_stream_bps": rate}, regime=UNCONGESTED,
                         probe_streams=tuple(float(p.streams) for p in points), warnings=(warning,),
                         per_stream_bps=rate, flat_beyond_streams=high)
 

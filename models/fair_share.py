@@ -27,6 +27,12 @@ from models.parallel import (
     validated_streams,
 )
 
+# The fair share's own form misses the ground truth by about this fraction of throughput (ns-2, Lu's
+# scenarios, fitted to the ground truth's own runs at its probe levels: median 0.035,
+# benchmarks/results/full/): the least a probe's relative error can be taken to be, however many
+# losses it counted.
+FORM_ERROR = 0.035
+
 # A saturated fit is given at least this many effective competing flows: with fewer the fit would
 # claim one stream already takes nearly the whole link, which the probes cannot show.
 MIN_COMPETING_FLOWS = 0.05
@@ -105,13 +111,27 @@ class FairShareFit(ParallelFit):
         return self.link_capacity_bps
 
 
-def fair_share_params(streams, throughput_bps) -> tuple[float, float]:
+def loss_count_weights(points: Sequence[ProbePoint]) -> np.ndarray | None:
+    """Inverse-variance weight of each probe's rate from its loss count, or None unless every probe lost segments.
+
+    A loss-limited rate goes as p^-1/2 (Mathis, Lu eq. 1) and a loss rate read from k loss events is known
+    to 1/sqrt(k) (a Poisson count), so the rate is known to a relative 1/(2 sqrt(k)); with the form's own
+    error :data:`FORM_ERROR` added, the variance is 1/(4k) + FORM_ERROR^2 and the weight its inverse.
+    """
+    counts = [p.retransmits for p in points]
+    if any(not k or k < 0 for k in counts):
+        return None
+    return np.array([1.0 / (1.0 / (4.0 * k) + FORM_ERROR ** 2) for k in counts])
+
+
+def fair_share_params(streams, throughput_bps, weights=None) -> tuple[float, float]:
     """Intercept 1/C (s/bit) and slope M/C (s/bit) of 1/BW_n = 1/C + (M/C)/n by least squares on relative error.
 
     Parameters
     ----------
     streams : probe levels n (> 0)
     throughput_bps : measured aggregate throughputs, bits/s (> 0)
+    weights : optional inverse variance of each probe's relative error (> 0); equal when None
 
     Returns
     -------
@@ -121,23 +141,36 @@ def fair_share_params(streams, throughput_bps) -> tuple[float, float]:
     bw = np.asarray_chkfinite(throughput_bps, dtype=float)
     y = 1.0 / bw
     # Each row divided by its own y, so every probe counts by its relative error.
-    design = np.stack([np.ones_like(n), 1.0 / n], axis=1) / y[:, None]
+    root_weights = np.ones_like(y) if weights is None else np.sqrt(np.asarray_chkfinite(weights, dtype=float))
+    design = np.stack([np.ones_like(n), 1.0 / n], axis=1) / y[:, None] * root_weights[:, None]
     scale = np.linalg.norm(design, axis=0)
-    solution, *_ = np.linalg.lstsq(design / scale, np.ones_like(y), rcond=None)
+    solution, *_ = np.linalg.lstsq(design / scale, root_weights, rcond=None)
     alpha, beta = solution / scale
     return float(alpha), float(beta)
 
 
-def fit_fair_share(points: Sequence[ProbePoint]) -> FairShareFit:
+def fit_fair_share(points: Sequence[ProbePoint], weighted: bool = False) -> FairShareFit:
     """Fair-share model of a saturated bottleneck from two or more probes (see module docstring).
 
     Regimes: "congested" (C and M > 0), "uncongested" (throughput grew at least in proportion to n:
     no bottleneck seen; n x the per-stream rate up to the highest probe, flat beyond, impact 0),
     "saturated" (more streams were no faster: M is floored at MIN_COMPETING_FLOWS).
+
+    ``weighted``: with three or more probes that all lost segments, each probe counts by its
+    :func:`loss_count_weights` (a probe with few losses, such as one stream on a lightly loaded link,
+    counts less), when the equal-weight fit is congested and the weighted one is too; otherwise
+    every probe counts the same.
     """
     n, bw = _validated(points, 2, "fair_share")
     alpha, beta = fair_share_params(n, bw)
     warnings = _level_warnings(n)
+    weights = loss_count_weights(points) if weighted and len(points) >= 3 else None
+    if weights is not None and alpha > 0 and beta / alpha >= MIN_COMPETING_FLOWS:
+        w_alpha, w_beta = fair_share_params(n, bw, weights)
+        if w_alpha > 0 and w_beta / w_alpha >= MIN_COMPETING_FLOWS:
+            alpha, beta = w_alpha, w_beta
+            warnings.append("probes weighted by their loss counts (" + ", ".join(
+                f"{p.retransmits} at {p.streams:g} stream{'' if p.streams == 1 else 's'}" for p in points) + ")")
     high = float(n.max())
     common = dict(model="fair_share", probe_streams=tuple(float(x) for x in n))
     if alpha <= 0:

@@ -279,3 +279,26 @@ def test_few_competing_flows_whose_pair_sees_more_of_them_keep_the_three_probes_
     assert shared.competing_flows < 5
     assert fit.competing_flows == pytest.approx(shared.competing_flows)
     assert not any("few competing flows" in w for w in fit.warnings)
+
+
+def test_auto_weighted_counts_each_probe_by_its_losses_and_names_itself():
+    from models.auto import WEIGHTED_MODEL, fit_auto_weighted
+
+    # A fair share of C = 150 Mbit/s among M = 15 flows, every stream at the Mathis rate of its loss rate,
+    # except that the one-stream probe read 35 % high over only 23 losses (held-out s9 behind RED).
+    exact = {n: 150e6 * n / (n + 15) for n in (1, 10, 31)}
+    points = [lossy(n, exact[n] / n) for n in (10, 31)]
+    one = lossy(1, exact[1] * 1.35)
+    points.insert(0, ProbePoint(1, one.throughput_bps, rtt_s=RTT, retransmits=23, duration_s=SECONDS, mss_bytes=MSS))
+    assert all(p.retransmits > 23 for p in points[1:])
+    plain, weighted = fit_auto(points), fit_auto_weighted(points)
+    assert (plain.model, weighted.model) == ("auto", WEIGHTED_MODEL)
+    assert plain.regime == weighted.regime == CONGESTED
+    # The weighted impact follows the probes that counted more losses: its M is nearer 15.
+    assert abs(weighted.competing_flows - 15) < abs(plain.competing_flows - 15)
+    assert any("weighted by their loss counts" in w for w in weighted.warnings)
+    # Throughput goes through every probe either way.
+    assert_allclose(weighted.throughput_bps([1, 10, 31]), [p.throughput_bps for p in points], rtol=1e-12)
+    # A knee names itself too (clean probes below the loss-limited ones).
+    knee = fit_auto_weighted([clean(1, 2e6), clean(4, 2e6), lossy(10, 1.5e6), lossy(31, 0.8e6)])
+    assert isinstance(knee, KneeFit) and knee.model == WEIGHTED_MODEL

@@ -3,7 +3,9 @@ import pytest
 from numpy.testing import assert_allclose
 
 from models.errors import FitError
-from models.fair_share import MIN_COMPETING_FLOWS, fit_fair_share, piecewise_fair_share_bps, probe_levels
+from models.fair_share import (
+    FORM_ERROR, MIN_COMPETING_FLOWS, fit_fair_share, loss_count_weights, piecewise_fair_share_bps, probe_levels,
+)
 from models.parallel import CONGESTED, SATURATED, UNCONGESTED, ProbePoint
 
 
@@ -70,3 +72,43 @@ def test_probe_levels_merge_repeated_levels_by_geometric_mean():
     levels, rates = probe_levels(points)
     assert levels == (1.0, 10.0)
     assert_allclose(rates, (1e6, 6e6), rtol=1e-12)
+
+
+def test_loss_count_weights_are_the_inverse_variance_of_each_probes_rate():
+    points = [ProbePoint(1, 10e6, retransmits=25), ProbePoint(10, 50e6, retransmits=400)]
+    # 1 / (1 / (4 k) + FORM_ERROR^2): a rate from 25 losses is known to 10 %, from 400 to 2.5 %.
+    assert_allclose(loss_count_weights(points), [1 / (0.01 + FORM_ERROR ** 2), 1 / (0.000625 + FORM_ERROR ** 2)])
+    # A probe without losses (or without the count) has no such variance: no weights at all.
+    assert loss_count_weights([*points, ProbePoint(31, 60e6, retransmits=0)]) is None
+    assert loss_count_weights([*points, ProbePoint(31, 60e6)]) is None
+
+
+def _fair_share_probes(low_factor: float, counts=(20, 400, 2000)) -> list[ProbePoint]:
+    # C = 150 Mbit/s shared with M = 15 flows, probed at 1, 10 and 31 streams; the one-stream probe
+    # reads low_factor x its share (few losses: a noisy rate).
+    exact = {n: 150e6 * n / (n + 15) for n in (1, 10, 31)}
+    return [ProbePoint(n, exact[n] * (low_factor if n == 1 else 1.0), retransmits=k)
+            for n, k in zip((1, 10, 31), counts)]
+
+
+def test_weighted_fair_share_leans_on_the_probes_that_counted_more_losses():
+    points = _fair_share_probes(1.35)
+    plain, weighted = fit_fair_share(points), fit_fair_share(points, weighted=True)
+    # The one-stream probe 35 % high makes the curve look more saturated: M = 9.2 unweighted.
+    assert plain.competing_flows < 10
+    # Weighted by 20 losses against 400 and 2000 (weights 73, 540 and 741 with the form's 3.5 %) it
+    # counts for less, and M moves a third of the way back (11.1).
+    assert plain.competing_flows < weighted.competing_flows < 15
+    assert abs(weighted.competing_flows - 15) < 0.75 * abs(plain.competing_flows - 15)
+    assert any("weighted by their loss counts" in w and "20 at 1 stream" in w for w in weighted.warnings)
+    assert not any("weighted" in w for w in plain.warnings)
+    # Exact probes give the same fit either way.
+    exact = _fair_share_probes(1.0)
+    assert_allclose(fit_fair_share(exact, weighted=True).competing_flows, 15.0, rtol=1e-9)
+
+
+def test_weighted_fair_share_needs_three_probes_that_all_lost_segments():
+    points = _fair_share_probes(1.35, counts=(0, 400, 2000))
+    assert fit_fair_share(points, weighted=True).competing_flows == fit_fair_share(points).competing_flows
+    two = _fair_share_probes(1.35)[:2]
+    assert fit_fair_share(two, weighted=True).competing_flows == fit_fair_share(two).competing_flows
