@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Mapping, Sequence
 
-from models.auto import LEVEL_RATE_PREFIX, MODEL as AUTO, WEIGHTED_MODEL as AUTO_WEIGHTED, KneeFit, split_flow_rates, with_flow_rates, with_levels
+from models.auto import LEVEL_RATE_PREFIX, KneeFit, split_flow_rates, with_flow_rates, with_levels
+from models.auto import MODEL as AUTO, WEIGHTED_MODEL as AUTO_WEIGHTED
 from models.fair_share import FairShareFit
 from models.parallel import UNCONGESTED, ParallelFit, PolynomialFit
 

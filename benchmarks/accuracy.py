@@ -35,7 +35,7 @@ from advisor.tame import DEFAULT_MARGIN, NO_MARGIN, ImpactMargin, advise, point_
 from models.errors import FitError  # noqa: E402
 from models.parallel import ProbePoint  # noqa: E402
 from models.registry import MIN_LEVELS, MODELS, PROBE_LEVELS, model_probes, next_probe_level  # noqa: E402
-from probes.ns2 import HELD_OUT, Ns2Config, Ns2Driver, probe_result, simulate  # noqa: E402
+from probes.ns2 import HELD_OUT, QUEUES, Ns2Config, Ns2Driver, probe_result, simulate  # noqa: E402
 from probes.plan import PlanEvent, ProbePlan, run_plan  # noqa: E402
 
 BUDGETS = (0.05, 0.1, 0.2, 0.3)
@@ -439,7 +439,7 @@ def argument_parser(**kwargs) -> argparse.ArgumentParser:
     parser.add_argument("--probe-max-duration", type=float, default=ProbePlan.max_duration_s,
                         help="longest a probe is extended to while its rate has not settled")
     parser.add_argument("--probe-omit", type=float, default=ProbePlan.omit_s, help="probe warm-up seconds")
-    parser.add_argument("--queue", default="DropTail", choices=("DropTail", "RED"))
+    parser.add_argument("--queue", default="DropTail", choices=QUEUES)
     parser.add_argument("--floor-seed", metavar="SEED[,SEED...]",
                         help="also run the ground truth with these seeds and report how well their per-n median "
                              "predicts seed --seed's (the noise floor no model fed by probes can beat)")

@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from accuracy import FULL, ModelScore, Settings, evaluate, score_model, sweep_index  # noqa: E402
 from models.evidence import loss_limited, loss_rate  # noqa: E402
 from models.registry import MODELS, model_probes  # noqa: E402
-from probes.ns2 import SCENARIOS  # noqa: E402
+from probes.ns2 import QUEUES, SCENARIOS  # noqa: E402
 
 MBPS = 1e6
 VERDICT = {True: "loss-limited", False: "clean", None: "cannot tell"}
@@ -80,7 +80,7 @@ def main(argv=None) -> int:
     parser.add_argument("paths", nargs="+", type=parse_path, help="scenario:m, e.g. 6:10")
     parser.add_argument("--model", default="auto", choices=sorted(MODELS))
     parser.add_argument("--ns", help="comma-separated stream counts (default: the benchmark's 1..31)")
-    parser.add_argument("--queue", default="DropTail", choices=("DropTail", "RED"), help="bottleneck queue (default DropTail)")
+    parser.add_argument("--queue", default="DropTail", choices=QUEUES, help="bottleneck queue (default DropTail)")
     parser.add_argument("--cache", type=Path, default=ROOT / "benchmarks" / "cache")
     args = parser.parse_args(argv)
     unknown = sorted({s for s, _ in args.paths} - set(SCENARIOS))

@@ -327,11 +327,6 @@ def _clean_prefix(points: Sequence[ProbePoint]) -> tuple[int, bool]:
     return prefix(clean), False
 
 
-def fit_auto_weighted(points: Sequence[ProbePoint]) -> ParallelFit:
-    """:func:`fit_auto` with the fair share's probes weighted by their loss counts (:data:`WEIGHTED_MODEL`)."""
-    return fit_auto(points, weighted=True)
-
-
 def _per_stream_rate(points: Sequence[ProbePoint]) -> float:
     """Geometric mean of the probes' per-stream rates, bits/s."""
     return float(np.exp(np.mean([np.log(p.throughput_bps / p.streams) for p in points])))
@@ -368,6 +363,11 @@ def fit_auto(points: Sequence[ProbePoint], weighted: bool = False) -> ParallelFi
                    per_stream_bps=rate, linear_until_streams=float(anchor.streams), congested=congested,
                    plateau_until_streams=float(loss_side[0].streams))
     return _with_residuals(replace(knee, params=knee_params(knee)), n, bw)
+
+
+def fit_auto_weighted(points: Sequence[ProbePoint]) -> ParallelFit:
+    """:func:`fit_auto` with the fair share's probes weighted by their loss counts (:data:`WEIGHTED_MODEL`)."""
+    return fit_auto(points, weighted=True)
 
 
 def _uncongested(points: Sequence[ProbePoint], why: str, model: str = MODEL) -> FairShareFit:

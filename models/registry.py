@@ -22,12 +22,13 @@ MODELS: dict[str, Fitter] = {
 }
 
 # How many distinct probe levels each model needs.
-MIN_LEVELS: dict[str, int] = {"auto": 2, "auto_weighted": 2, "lu": 2, "linear": 2, "full2": 3, "fair_share": 2, "yildirim": 3}
+MIN_LEVELS: dict[str, int] = {"auto": 2, "auto_weighted": 2, "lu": 2, "linear": 2, "full2": 3, "fair_share": 2,
+                              "yildirim": 3}
 
 # The probe plan's fixed levels per model (Lu IV.B: (1, 10)); a model may add one adaptive level.
 PROBE_LEVELS: dict[str, tuple[int, ...]] = {
-    "auto": (1, 10), "auto_weighted": (1, 10), "lu": (1, 10), "linear": (1, 10), "full2": (1, 5, 10), "fair_share": (1, 10),
-    "yildirim": (1, 5, 10),
+    "auto": (1, 10), "auto_weighted": (1, 10), "lu": (1, 10), "linear": (1, 10), "full2": (1, 5, 10),
+    "fair_share": (1, 10), "yildirim": (1, 5, 10),
 }
 
 # Models whose plan adds a probe chosen from the first probes' results: name -> chooser(probes, n_max).

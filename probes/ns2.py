@@ -24,6 +24,8 @@ from probes.settle import assess_series
 from probes.result import ProbeResult, StreamRtt
 
 TEMPLATE = Path(__file__).with_name("ns2_scenario.tcl")
+# The bottleneck queue disciplines the scenario script takes (Lu et al. simulated both).
+QUEUES = ("DropTail", "RED")
 PACKET_BYTES = 1000
 QUEUE_PACKETS = 25
 L1_DELAY_S = 0.004
@@ -108,7 +110,7 @@ class Ns2Config:
             raise ValueError(f"seed must be an integer >= 1, got {self.seed!r}")
         if not (self.duration_s > 0 and self.omit_s >= 0 and self.interval_s > 0):
             raise ValueError("duration_s and interval_s must be > 0 and omit_s >= 0")
-        if self.queue not in ("DropTail", "RED"):
+        if self.queue not in QUEUES:
             raise ValueError(f"queue must be 'DropTail' or 'RED', got {self.queue!r}")
 
     @property
