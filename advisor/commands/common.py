@@ -76,7 +76,8 @@ def add_margin_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-margin", action="store_true",
         help="hold the budget to the bare predicted impact (Lu's rule) instead of the prediction raised by "
-             f"{DEFAULT_MARGIN.relative:.0%} + {DEFAULT_MARGIN.absolute:g} for its error",
+             # argparse %-formats help strings: the percent sign is doubled.
+             f"{DEFAULT_MARGIN.relative:.0%}% + {DEFAULT_MARGIN.absolute:g} for its error",
     )
 
 

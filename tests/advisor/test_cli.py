@@ -6,6 +6,9 @@ import sys
 import pytest
 from numpy.testing import assert_allclose
 
+from advisor.cli import COMMANDS
+from advisor.tame import DEFAULT_MARGIN
+
 A, B = 1e-16, 4e-16
 
 
@@ -18,6 +21,22 @@ def tame(*args):
 
 
 PROBE_ARGS = ["--probe", f"1:{rate(1)!r}", "--probe", f"10:{rate(10)!r}"]
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_prints_its_help(command):
+    # argparse %-formats help strings; a stray percent sign (the margin's "15%") once made
+    # `tame fit --help`, `curve --help` and `advise --help` crash with a traceback.
+    result = tame(command, "--help")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"usage: tame {command}")
+    assert "Traceback" not in result.stderr
+
+
+def test_margin_help_names_the_service_margin():
+    result = tame("fit", "--help")
+    relative, absolute = f"{DEFAULT_MARGIN.relative:.0%}", f"{DEFAULT_MARGIN.absolute:g}"
+    assert f"{relative} + {absolute}" in " ".join(result.stdout.split())
 
 
 def test_fit_json_fields_and_values():
