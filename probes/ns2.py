@@ -111,7 +111,7 @@ class Ns2Config:
         if not (self.duration_s > 0 and self.omit_s >= 0 and self.interval_s > 0):
             raise ValueError("duration_s and interval_s must be > 0 and omit_s >= 0")
         if self.queue not in QUEUES:
-            raise ValueError(f"queue must be 'DropTail' or 'RED', got {self.queue!r}")
+            raise ValueError(f"queue must be {' or '.join(map(repr, QUEUES))}, got {self.queue!r}")
 
     @property
     def measure_from_s(self) -> float:

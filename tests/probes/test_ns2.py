@@ -83,6 +83,8 @@ def test_config_rejects_seed_zero_and_unknown_scenario():
         Ns2Config(2, 5, 1, 0, 5.0, 1.0)
     with pytest.raises(ValueError, match="scenario"):
         Ns2Config(11, 5, 1, 1, 5.0, 1.0)
+    with pytest.raises(ValueError, match="queue must be 'DropTail' or 'RED', got 'CoDel'"):
+        Ns2Config(2, 5, 1, 1, 5.0, 1.0, "CoDel")
 
 
 def test_held_out_scenarios_are_not_lus():
