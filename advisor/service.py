@@ -290,7 +290,8 @@ class AdviceService:
             raise InvalidRequest(f"throughput_bps must be a number of bits/s between 1 and 1e15, got {throughput_bps!r}")
         run_at, idle_rtt_s, run_points = self.store.latest_run_points(dest.key)
         base = [ProbePoint(streams=p["streams"], throughput_bps=p["throughput_bps"], rtt_s=p["rtt_mean_s"],
-                           retransmits=p["retransmits"], duration_s=p["duration_s"], mss_bytes=p["mss_bytes"])
+                           retransmits=p["retransmits"], duration_s=p["duration_s"], mss_bytes=p["mss_bytes"],
+                           stream_bps=p["stream_bps"], stream_retransmits=p["stream_retransmits"])
                 for p in run_points]
 
         def refit(observations: list[dict[str, float]]) -> NewFit | None:

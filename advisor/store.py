@@ -91,6 +91,16 @@ def _fit(row) -> FitRow:
                   json.loads(row[7]), row[8], row[9], row[10], row[11], row[12])
 
 
+def _json_list(values: Sequence[float]) -> str | None:
+    """A per-stream list as stored (a JSON array), or NULL when the driver gave none."""
+    return json.dumps(list(values)) if values else None
+
+
+def _from_json_list(text: str | None) -> tuple:
+    """A stored per-stream list back as a tuple (empty for NULL)."""
+    return tuple(json.loads(text)) if text else ()
+
+
 def process_owner() -> str:
     """host:pid:nonce naming this process as the owner of the jobs it runs."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -193,10 +203,11 @@ class Store:
             for r in results:
                 tx.execute(
                     "INSERT INTO probe_results (probe_run_id, streams, throughput_bps, sender_bps, retransmits, "
-                    "rtt_mean_s, duration_s, omit_s, throughput_stderr_bps, started_at, raw, mss_bytes) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "rtt_mean_s, duration_s, omit_s, throughput_stderr_bps, started_at, raw, mss_bytes, "
+                    "stream_bps, stream_retransmits) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (run_id, r.streams, r.throughput_bps, r.sender_bps, r.retransmits, r.rtt_mean_s, r.duration_s,
-                     r.omit_s, r.throughput_stderr_bps, r.started_at, r.raw, r.mss_bytes),
+                     r.omit_s, r.throughput_stderr_bps, r.started_at, r.raw, r.mss_bytes,
+                     _json_list(r.stream_bps), _json_list(r.stream_retransmits)),
                 )
             if fit is not None:
                 self._insert_fit(tx, destination_id, run_id, fit)
@@ -208,9 +219,10 @@ class Store:
                 )
         return run_id
 
-    def latest_run_points(self, dest_key: str) -> tuple[float | None, float | None, list[dict[str, float]]]:
-        """(run finished_at, idle RTT, [{streams, throughput_bps, rtt_mean_s, retransmits, duration_s, mss_bytes}])
-        of the newest run, or (None, None, [])."""
+    def latest_run_points(self, dest_key: str) -> tuple[float | None, float | None, list[dict[str, Any]]]:
+        """(run finished_at, idle RTT, [{streams, throughput_bps, rtt_mean_s, retransmits, duration_s, mss_bytes,
+        stream_bps, stream_retransmits}]) of the newest run, or (None, None, []); the per-stream lists are
+        tuples, empty where the run did not store them."""
         with self.db.transaction() as tx:
             run = tx.execute(
                 "SELECT r.id, r.finished_at, r.idle_rtt_s FROM probe_runs r JOIN destinations d ON d.id = r.destination_id "
@@ -221,12 +233,13 @@ class Store:
             if not run:
                 return None, None, []
             rows = tx.execute(
-                "SELECT streams, throughput_bps, rtt_mean_s, retransmits, duration_s, mss_bytes FROM probe_results "
-                "WHERE probe_run_id = ? ORDER BY id",
+                "SELECT streams, throughput_bps, rtt_mean_s, retransmits, duration_s, mss_bytes, stream_bps, "
+                "stream_retransmits FROM probe_results WHERE probe_run_id = ? ORDER BY id",
                 (run[0],),
             ).fetchall()
         names = ("streams", "throughput_bps", "rtt_mean_s", "retransmits", "duration_s", "mss_bytes")
-        return run[1], run[2], [dict(zip(names, r)) for r in rows]
+        return run[1], run[2], [{**dict(zip(names, r[:6])), "stream_bps": _from_json_list(r[6]),
+                                 "stream_retransmits": _from_json_list(r[7])} for r in rows]
 
     # -- observations ---------------------------------------------------------------------
 

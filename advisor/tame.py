@@ -195,6 +195,8 @@ def point_from_probe(probe: ProbeResult) -> ProbePoint:
         throughput_stderr_bps=probe.throughput_stderr_bps,
         sender_bps=probe.sender_bps,
         mss_bytes=probe.mss_bytes,
+        stream_bps=tuple(probe.stream_bps),
+        stream_retransmits=tuple(probe.stream_retransmits),
     )
 
 

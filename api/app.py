@@ -165,7 +165,7 @@ def create_app(settings: Settings, store: Store, driver: ProbeDriver | None = No
               responses={401: {"model": schemas.ErrorOut}, **_ERRORS})
     def post_probe_run(body: schemas.ProbeRunIn) -> Response:
         dest = parse_destination(body.dest)
-        results = [ProbeResult(dest=dest.key, **p.model_dump()) for p in body.probes]
+        results = [ProbeResult(dest=dest.key, **p.result_fields()) for p in body.probes]
         run_id, error = service.ingest_run(dest, body.idle_rtt_s, results, body.started_at or clock(), source="push")
         return _json({"dest": dest.key, "probe_run_id": run_id, "fitted": error is None, "error": error}, 201)
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Dest = Field(min_length=1, max_length=300, description="HOST or HOST:PORT (default port 5201), IPv6 as [ADDR]:PORT")
 
@@ -149,7 +149,26 @@ class ProbeResultIn(BaseModel):
     throughput_stderr_bps: float | None = Field(default=None, ge=0, lt=1e15, allow_inf_nan=False)
     started_at: float = Field(default=0.0, ge=0, lt=1e11, allow_inf_nan=False)
     mss_bytes: int | None = Field(default=None, ge=1, le=65535)
+    stream_bps: list[Annotated[float, Field(ge=0, lt=1e15, allow_inf_nan=False)]] = Field(
+        default_factory=list, max_length=1024, description="each stream's rate over the window, bits/s")
+    stream_retransmits: list[Annotated[int, Field(ge=0, le=2**53)]] = Field(
+        default_factory=list, max_length=1024,
+        description="each stream's retransmitted segments over the window, in stream_bps's order")
     raw: str = Field(default="", max_length=1_000_000)
+
+    @model_validator(mode="after")
+    def _streams_agree(self) -> "ProbeResultIn":
+        if len(self.stream_bps) > self.streams:
+            raise ValueError(f"stream_bps has {len(self.stream_bps)} entries for {self.streams} streams")
+        if self.stream_retransmits and len(self.stream_retransmits) != len(self.stream_bps):
+            raise ValueError(f"stream_retransmits has {len(self.stream_retransmits)} entries, stream_bps "
+                             f"{len(self.stream_bps)}: give one per stream in the same order, or leave it out")
+        return self
+
+    def result_fields(self) -> dict:
+        """The fields as probes.result.ProbeResult takes them (per-stream lists as tuples)."""
+        return {**self.model_dump(), "stream_bps": tuple(self.stream_bps),
+                "stream_retransmits": tuple(self.stream_retransmits)}
 
 
 class ProbeRunIn(BaseModel):

@@ -40,8 +40,8 @@ class ProbePoint:
     """One probe as the models see it: streams n and the receiver throughput in bits/s.
 
     Optional evidence: mean RTT (seconds), retransmitted segments, probe duration (seconds),
-    the throughput's standard error (bits/s), the sender-side rate (bits/s) and the segment
-    size (bytes).
+    the throughput's standard error (bits/s), the sender-side rate (bits/s), the segment
+    size (bytes), and each stream's rate (bits/s) and retransmitted segments, in the same order.
     """
 
     streams: float
@@ -52,6 +52,8 @@ class ProbePoint:
     throughput_stderr_bps: float | None = None
     sender_bps: float | None = None
     mss_bytes: float | None = None
+    stream_bps: tuple[float, ...] = ()
+    stream_retransmits: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -79,6 +79,7 @@ class FakeDriver:
             congestion_control=self.congestion_control,
             interval_bps=tuple(float(x) for x in series),
             stream_bps=(mean / running,) * running + (0.0,) * idle,
+            stream_retransmits=(self.retransmits_per_stream,) * streams,
         )
 
     def idle_rtt(self, dest: str, deadline_s: float) -> float | None:

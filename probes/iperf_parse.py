@@ -93,11 +93,11 @@ def _result(doc: dict[str, Any], text: str, dest: str) -> ProbeResult:
         for s in end.get("streams", [])
         if "sender" in s and "mean_rtt" in s["sender"]
     )
-    stream_bps = tuple(
-        float(s["receiver"]["bits_per_second"])
-        for s in end.get("streams", [])
-        if "receiver" in s and "bits_per_second" in s["receiver"]
-    )
+    received_streams = [s for s in end.get("streams", []) if "receiver" in s and "bits_per_second" in s["receiver"]]
+    stream_bps = tuple(float(s["receiver"]["bits_per_second"]) for s in received_streams)
+    # The sender counts each stream's retransmissions (TCP_INFO); kept only when every stream has them.
+    stream_retrans = [s.get("sender", {}).get("retransmits") for s in received_streams]
+    stream_retransmits = tuple(int(r) for r in stream_retrans) if stream_retrans and None not in stream_retrans else ()
     intervals, side = receiver_intervals(doc), "receiver"
     if len(intervals) < _MIN_RECEIVER_INTERVALS:
         intervals, side = sender_intervals(doc), "sender"
@@ -124,6 +124,7 @@ def _result(doc: dict[str, Any], text: str, dest: str) -> ProbeResult:
         interval_bps=intervals,
         interval_side=side,
         stream_bps=stream_bps,
+        stream_retransmits=stream_retransmits,
         raw=text,
     )
 

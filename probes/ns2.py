@@ -331,6 +331,7 @@ def probe_result(run: Ns2Run, dest: str, streams: int, omit_s: float, raw: str =
         settled=verdict.settled,
         interval_bps=run.ours_interval_bps,
         stream_bps=tuple(f.throughput_bps for f in ours),
+        stream_retransmits=tuple(f.retransmits for f in ours),
         raw=raw,
     )
 

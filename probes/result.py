@@ -26,7 +26,9 @@ class ProbeResult:
     (None when the driver has no series). ``settled`` is False when the rate was
     still rising or falling at the end of the probe, or the probe was too short for its
     streams' congestion cycles. ``stream_bps`` holds each stream's receiver rate over the
-    measured window (empty when the driver does not report streams apart).
+    measured window (empty when the driver does not report streams apart), and
+    ``stream_retransmits`` each stream's retransmitted segments over it, in the same order (empty
+    when the driver does not report them for every stream).
     ``interval_bps`` is the per-interval rate after the driver's warm-up, measured at
     ``interval_side``: "receiver" (bytes delivered) or "sender" (bytes the application wrote,
     which swings with the send buffer on a full link).
@@ -52,6 +54,7 @@ class ProbeResult:
     interval_side: str = "receiver"
     window_throughput_bps: float | None = None
     stream_bps: tuple[float, ...] = ()
+    stream_retransmits: tuple[int, ...] = ()
     raw: str = field(default="", repr=False)
 
 

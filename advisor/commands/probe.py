@@ -129,7 +129,8 @@ def run(args) -> int:
 
 def to_json(result: PlanResult) -> dict:
     """The `tame probe --json` document (throughput_bps: the receiver's rate after the start-up ramp;
-    window_throughput_bps: over the whole measured window; stream_bps: each stream's rate over it;
+    window_throughput_bps: over the whole measured window; stream_bps and stream_retransmits: each stream's
+    rate and retransmitted segments over it;
     idle_streams: how many carried next to nothing, :func:`probes.plan.idle_streams`; interval_bps: the
     per-interval rate the settle rule read, measured at interval_side, "receiver" or "sender")."""
     return {
@@ -148,6 +149,7 @@ def to_json(result: PlanResult) -> dict:
                 "throughput_stderr_bps": p.throughput_stderr_bps,
                 "settled": p.settled,
                 "stream_bps": list(p.stream_bps),
+                "stream_retransmits": list(p.stream_retransmits),
                 "idle_streams": idle_streams(p),
                 "interval_bps": list(p.interval_bps),
                 "interval_side": p.interval_side,
@@ -162,12 +164,14 @@ def to_json(result: PlanResult) -> dict:
 
 def from_json(doc: dict) -> PlanResult:
     """The PlanResult a `tame probe --json` document describes (the inverse of :func:`to_json`; ``idle_streams``
-    is derived, so it is not read back; a document written before interval_bps was kept reads back with no series).
+    is derived, so it is not read back; a document written before interval_bps or stream_retransmits was kept
+    reads back without them).
     KeyError or TypeError when the document lacks a field or has the wrong shape."""
     fields = ("streams", "throughput_bps", "window_throughput_bps", "sender_bps", "retransmits", "rtt_mean_s",
               "duration_s", "omit_s", "throughput_stderr_bps", "settled", "congestion_control", "mss_bytes",
               "started_at")
     probes = tuple(ProbeResult(dest=doc["dest"], stream_bps=tuple(p["stream_bps"]),
+                               stream_retransmits=tuple(p.get("stream_retransmits", ())),
                                interval_bps=tuple(p.get("interval_bps", ())),
                                interval_side=p.get("interval_side", ProbeResult.interval_side),
                                **{k: p[k] for k in fields})

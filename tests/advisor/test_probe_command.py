@@ -126,6 +126,10 @@ def test_json_document_reads_back_into_what_the_models_are_fitted_to(fake, capsy
     older = {**doc, "probes": [{k: v for k, v in p.items() if k not in ("interval_bps", "interval_side")}
                                for p in doc["probes"]]}
     assert [p.interval_bps for p in probe.from_json(older).probes] == [(), (), ()]
+    # Each stream's retransmissions are kept beside its rate; a document from before they were kept reads back without.
+    assert [len(p["stream_retransmits"]) for p in doc["probes"]] == [len(p["stream_bps"]) for p in doc["probes"]]
+    before = {**doc, "probes": [{k: v for k, v in p.items() if k != "stream_retransmits"} for p in doc["probes"]]}
+    assert [p.stream_retransmits for p in probe.from_json(before).probes] == [(), (), ()]
     with pytest.raises(KeyError):
         probe.from_json({**doc, "probes": [{k: v for k, v in doc["probes"][0].items() if k != "retransmits"}]})
 

@@ -92,12 +92,12 @@ def test_a_knee_stored_before_the_plateau_is_read_without_one():
 
 def test_migrations_are_versioned_and_idempotent(tmp_path):
     db = Database(f"sqlite:///{tmp_path}/s.sqlite3")
-    assert db.migrate() == [1, 2]
+    assert db.migrate() == [1, 2, 3]
     assert db.migrate() == []
     with db.transaction() as tx:
         assert tx.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert tx.execute("SELECT version, name FROM schema_migrations ORDER BY version").fetchall() == [
-            (1, "initial"), (2, "evidence_and_margin")]
+            (1, "initial"), (2, "evidence_and_margin"), (3, "stream_losses")]
     db.close()
 
 
@@ -143,20 +143,24 @@ def test_bad_destinations_are_refused(text):
 
 
 def test_a_stored_run_keeps_the_evidence_the_auto_model_reads(tmp_path):
-    # Retransmissions, duration and segment size come back with each probe, so a refit after an
-    # observation judges the probes as the first fit did.
+    # Retransmissions, duration, segment size and each stream's rate and retransmissions come back
+    # with each probe, so a refit after an observation judges the probes as the first fit did.
     from probes.result import ProbeResult
 
     store = Store.open(f"sqlite:///{tmp_path}/s.sqlite3")
+    per_stream = {1: ((), ()), 10: ((2e6,) * 10, (1, 0, 2, 0, 0, 1, 1, 0, 2, 0))}
     results = [ProbeResult(dest="127.0.0.1:5201", streams=n, duration_s=30.0, omit_s=2.0, throughput_bps=2e6 * n,
-                           sender_bps=2e6 * n, retransmits=r, rtt_mean_s=0.05, mss_bytes=1448)
+                           sender_bps=2e6 * n, retransmits=r, rtt_mean_s=0.05, mss_bytes=1448,
+                           stream_bps=per_stream[n][0], stream_retransmits=per_stream[n][1])
                for n, r in ((1, 0), (10, 7))]
     store.record_run(parse_destination("127.0.0.1"), source="probe", idle_rtt_s=0.05, results=results,
                      started_at=0.0, fit=None)
     _, idle, points = store.latest_run_points("127.0.0.1:5201")
     assert idle == 0.05
     assert points == [
-        {"streams": 1, "throughput_bps": 2e6, "rtt_mean_s": 0.05, "retransmits": 0, "duration_s": 30.0, "mss_bytes": 1448},
-        {"streams": 10, "throughput_bps": 2e7, "rtt_mean_s": 0.05, "retransmits": 7, "duration_s": 30.0, "mss_bytes": 1448},
+        {"streams": 1, "throughput_bps": 2e6, "rtt_mean_s": 0.05, "retransmits": 0, "duration_s": 30.0, "mss_bytes": 1448,
+         "stream_bps": (), "stream_retransmits": ()},
+        {"streams": 10, "throughput_bps": 2e7, "rtt_mean_s": 0.05, "retransmits": 7, "duration_s": 30.0, "mss_bytes": 1448,
+         "stream_bps": (2e6,) * 10, "stream_retransmits": (1, 0, 2, 0, 0, 1, 1, 0, 2, 0)},
     ]
     store.close()

@@ -140,6 +140,22 @@ def test_a_pushed_probe_run_is_fitted_and_served(service_factory):
     assert advice["num_flows"] == 2  # n* = 2.790 with the margin (see the first test)
 
 
+def test_a_pushed_run_keeps_each_stream_s_rate_and_losses_and_refuses_lists_that_disagree(service_factory):
+    base, client, app = service_factory(driver=None)
+    ten = {"streams": 10, "throughput_bps": rate(10), "stream_bps": [rate(10) / 10] * 10,
+           "stream_retransmits": [3, 0, 1, 2, 0, 0, 4, 1, 0, 2]}
+    response = client.post("/v1/probe-runs", json={"dest": "127.0.0.1:5301", "probes": [
+        {"streams": 1, "throughput_bps": rate(1)}, ten]})
+    assert response.status_code == 201
+    _, _, points = app.state.service.store.latest_run_points("127.0.0.1:5301")
+    assert [(p["stream_bps"], p["stream_retransmits"]) for p in points] == [
+        ((), ()), (tuple(ten["stream_bps"]), tuple(ten["stream_retransmits"]))]
+    bad = client.post("/v1/probe-runs", json={"dest": "127.0.0.1:5301", "probes": [
+        {**ten, "stream_retransmits": [1, 2]}]})
+    assert bad.status_code == 422
+    assert "stream_retransmits has 2 entries, stream_bps 10" in bad.json()["detail"]
+
+
 def test_health_and_metrics(service_factory):
     base, client, app = service_factory()
     probe_and_wait(client)

@@ -32,11 +32,11 @@ def pg_url():
 def test_migrations_are_versioned_and_idempotent(pg_url):
     db = Database(pg_url)
     try:
-        assert db.migrate() == [1, 2]
+        assert db.migrate() == [1, 2, 3]
         assert db.migrate() == []
         with db.transaction() as tx:
             assert tx.execute("SELECT version, name FROM schema_migrations ORDER BY version").fetchall() == [
-                (1, "initial"), (2, "evidence_and_margin")]
+                (1, "initial"), (2, "evidence_and_margin"), (3, "stream_losses")]
     finally:
         db.close()
 

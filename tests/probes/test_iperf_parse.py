@@ -52,6 +52,9 @@ def test_recorded_result_is_parsed_field_by_field(name, streams, omit_s, cc):
     assert_allclose(result.stream_bps, [s["receiver"]["bits_per_second"] for s in end["streams"]])
     assert len(result.stream_bps) == streams
     assert_allclose(sum(result.stream_bps), result.throughput_bps, rtol=1e-6)
+    # Each stream's retransmissions, as its sender counted them, in the same order; they add up to the total.
+    assert result.stream_retransmits == tuple(s["retransmits"] for s in senders)
+    assert sum(result.stream_retransmits) == result.retransmits
     # The interval series is the receiver's, read from the plain server's text output: one
     # interval a second like the sender's (the server may add one cut short, which is dropped),
     # and together they carry the receiver's bytes to within the text's three significant digits.

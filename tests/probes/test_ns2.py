@@ -115,6 +115,7 @@ def test_streams_locked_out_of_a_probe_show_as_idle_and_a_later_attempt_runs_the
     driver = Ns2Driver(scenario=7, m=25, seed=1007)
     first = driver.run("ns2:s7", 10, duration_s=30.0, omit_s=5.0, deadline_s=120)
     assert len(first.stream_bps) == 10 and sum(first.stream_bps) == pytest.approx(first.throughput_bps)
+    assert len(first.stream_retransmits) == 10 and sum(first.stream_retransmits) == first.retransmits
     assert idle_streams(first) == 7 and sorted(first.stream_bps)[:7] == [0.0] * 7
     later = driver.run("ns2:s7", 10, duration_s=30.0, omit_s=5.0, deadline_s=120, attempt=1)
     assert idle_streams(later) == 0 and later.throughput_bps > 2 * first.throughput_bps
