@@ -90,7 +90,7 @@ def _fig_paths(path: Path, paths) -> None:
 
 def _probe_table(paths) -> list[str]:
     """Each probe against the ground truth at its own n, with the evidence 'auto' reads from it."""
-    from models.evidence import loss_limited, loss_rate, reno_fraction
+    from models.evidence import loss_dispersion, loss_limited, loss_rate, reno_fraction
 
     lines = [
         "## Probes against the ground truth",
@@ -99,7 +99,9 @@ def _probe_table(paths) -> list[str]:
         "(blank when the sweep has no such n), the streams' rate as a fraction of their Reno rate (Padhye, T0 = 1 s) "
         "(0: no losses), the verdict of models.evidence.loss_limited (L: loss-limited, c: clean, ?: "
         "cannot tell) and the share of segments retransmitted (models.evidence.loss_rate; 'auto' takes the "
-        "timeout regime above 2.3 % at the lowest probe).",
+        "timeout regime above 2.3 % at the lowest probe), and for probes of several streams with enough "
+        "losses the index of dispersion of their streams' loss counts (models.evidence.loss_dispersion; "
+        "'auto' weights its fair share by loss counts when the lowest such probe's is 1 or more: random drops).",
         "",
         "| path | probes |",
         "|---|---|",
@@ -114,9 +116,11 @@ def _probe_table(paths) -> list[str]:
             fraction = reno_fraction(point)
             verdict = {True: "L", False: "c", None: "?"}[loss_limited(point)]
             lost = loss_rate(point)
+            dispersion = loss_dispersion(point)
             cells.append(f"{n}: {point.duration_s:.0f} s{error}, "
                          f"{'' if fraction is None else f'{fraction:.2f} '}{verdict}"
-                         f"{'' if lost is None else f', {lost:.1%} lost'}")
+                         f"{'' if lost is None else f', {lost:.1%} lost'}"
+                         f"{'' if dispersion is None else f', dispersion {dispersion:.2f}'}")
         lines.append(f"| s{p.scenario} m{p.m} | " + "; ".join(cells) + " |")
     return lines + [""]
 

@@ -1,7 +1,8 @@
 """One path of the accuracy benchmark, n by n: the ground truth, a model's predictions, its probes and its advice.
 
 The per-path rows of benchmarks/results/*/README.md say how far a model is off; this says where
-and why: the probes it was fitted to (rate, RTT, share of segments lost, evidence verdict), the
+and why: the probes it was fitted to (rate, RTT, share of segments lost, evidence verdict, the
+index of dispersion of the streams' loss counts that tells random drops from synchronised ones), the
 regime and warnings of the fit, then for every n the measured and predicted throughput and
 cross-traffic impact, the link's total (ours + cross traffic) and how our per-stream rate compares
 with a cross flow's (1.00: equal shares, Lu's assumption), and the advice for each budget against
@@ -25,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from accuracy import FULL, ModelScore, Settings, evaluate, score_model, sweep_index  # noqa: E402
-from models.evidence import loss_limited, loss_rate  # noqa: E402
+from models.evidence import loss_dispersion, loss_limited, loss_rate  # noqa: E402
 from models.registry import MODELS, model_probes  # noqa: E402
 from probes.ns2 import QUEUES, SCENARIOS  # noqa: E402
 
@@ -48,12 +49,13 @@ def explain(path, model: str, settings: Settings) -> list[str]:
     fitted = MODELS[model](probes)
     lines = [f"## s{path.scenario} m{path.m} ({settings.queue}), model {model}: regime {fitted.regime}", ""]
     lines += [f"- warning: {w}" for w in fitted.warnings] + ([""] if fitted.warnings else [])
-    lines += ["| probe streams | Mbit/s | per stream | RTT ms | % lost | verdict |", "|---|---|---|---|---|---|"]
+    lines += ["| probe streams | Mbit/s | per stream | RTT ms | % lost | verdict | loss dispersion |",
+              "|---|---|---|---|---|---|---|"]
     for p in sorted(probes, key=lambda q: q.streams):
-        lost = loss_rate(p)
+        lost, dispersion = loss_rate(p), loss_dispersion(p)
         lines.append(f"| {p.streams} | {p.throughput_bps / MBPS:.3f} | {p.throughput_bps / p.streams / MBPS:.3f} | "
                      f"{(p.rtt_s or 0) * 1e3:.1f} | {'' if lost is None else f'{lost:.2%}'} | "
-                     f"{VERDICT[loss_limited(p)]} |")
+                     f"{VERDICT[loss_limited(p)]} | {'' if dispersion is None else f'{dispersion:.2f}'} |")
     ns = np.array(path.ns, dtype=float)
     pred, impact = np.asarray(fitted.throughput_bps(ns)), np.asarray(fitted.impact(ns))
     lines += ["", f"Cross traffic alone: {path.cross0_bps / MBPS:.3f} Mbit/s.", "",

@@ -31,6 +31,12 @@ segment size against the Reno rate, Lu 2004 eq. 1-2), then:
   a fair proxy for a competing flow's; the impact is then the mean of the fair share's and Lu's
   eq. 15 with the loss rate and RTT the probes measured (:class:`TimeoutRegimeFit`).
 
+Where the probes show random drops (:func:`random_drops`: the loss counts of the lowest probe of
+several streams spread over its streams at least as much as Poisson counts, as a RED queue's do;
+a small drop-tail buffer hits each of a few flows about once per congestion event and spreads
+them less), the fair share counts each of three or more probes by its loss count, as
+:data:`WEIGHTED_MODEL` always does (:func:`models.fair_share.loss_count_weights`).
+
 Throughputs are bits/s, impacts fractions 0-1.
 """
 
@@ -42,7 +48,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from models.evidence import loss_limited, loss_rate
+from models.evidence import loss_dispersion, loss_limited, loss_rate
 from models.fair_share import FairShareFit, fit_fair_share, probe_levels
 from models.parallel import CONGESTED, UNCONGESTED, ParallelFit, ProbePoint, _validated, _with_residuals, validated_streams
 from models.single_flow import mathis_throughput_bps
@@ -69,6 +75,9 @@ LEVEL_RATE_PREFIX = "probe_bps_at_"
 FAIR_SHARE_MISS = 0.10
 # How many standard errors of the probes' loss counts a loss rate may rise by and still count as not grown.
 LOSS_COUNT_SIGMAS = 2.0
+# Loss counts spread over a probe's streams at least as much as Poisson counts (index of dispersion 1)
+# say drops are random, so the fair share weights its probes by their loss counts.
+RANDOM_DROP_DISPERSION = 1.0
 
 
 @dataclass(frozen=True)
@@ -332,15 +341,45 @@ def _per_stream_rate(points: Sequence[ProbePoint]) -> float:
     return float(np.exp(np.mean([np.log(p.throughput_bps / p.streams) for p in points])))
 
 
-def fit_auto(points: Sequence[ProbePoint], weighted: bool = False) -> ParallelFit:
+def random_drops(points: Sequence[ProbePoint]) -> tuple[bool, str | None]:
+    """Whether the probes (sorted by streams) show random drops, and why, for the fit's warnings.
+
+    Read at the lowest probe of two or more streams (:func:`models.evidence.loss_dispersion`): its
+    streams' loss counts spread at least as much as Poisson counts (:data:`RANDOM_DROP_DISPERSION`).
+    A higher probe is not asked: with many flows even a drop-tail queue's losses fall out of step.
+    Never in the timeout regime, where lock-out scatters a drop-tail queue's losses too. None for
+    the reason when the probes cannot tell.
+    """
+    low = loss_rate(points[0])
+    if low is not None and low > TIMEOUT_REGIME_LOSS_RATE:
+        return False, None
+    shared = next((p for p in points if p.streams >= 2), None)
+    index = loss_dispersion(shared) if shared is not None else None
+    if index is None:
+        return False, None
+    random = bool(index >= RANDOM_DROP_DISPERSION)
+    return random, (f"losses spread over the {shared.streams:g} streams "
+                    f"{'like random drops' if random else 'more evenly than random drops'} "
+                    f"(index of dispersion {index:.2f})")
+
+
+def fit_auto(points: Sequence[ProbePoint], weighted: bool | None = None) -> ParallelFit:
     """The evidence-driven fit (see the module docstring) from two or more probes.
 
     ``weighted``: the fair share of three or more probes counts each by its loss count
-    (:func:`models.fair_share.fit_fair_share`); the fit is then named :data:`WEIGHTED_MODEL`.
+    (:func:`models.fair_share.fit_fair_share`); True: always, and the fit is named
+    :data:`WEIGHTED_MODEL`; None: when the probes show random drops (:func:`random_drops`);
+    False: never.
     """
     model = WEIGHTED_MODEL if weighted else MODEL
     _validated(points, 2, model)
     ordered = sorted(points, key=lambda p: p.streams)
+    evidence = ()
+    if weighted is None:
+        weighted, why_weighted = random_drops(ordered)
+        if weighted:
+            evidence = (f"{why_weighted}: the fair share counts each probe by its loss count where three or more "
+                        "probes all lost segments",)
     # Residuals follow probe_streams, which is sorted.
     n, bw = (np.array([getattr(p, k) for p in ordered], dtype=float) for k in ("streams", "throughput_bps"))
     clean, latent = _clean_prefix(ordered)
@@ -351,13 +390,14 @@ def fit_auto(points: Sequence[ProbePoint], weighted: bool = False) -> ParallelFi
     if clean == 0:
         shared = few_flows_impact(through_probes(replace(fit_fair_share(ordered, weighted), model=model), ordered),
                                   ordered)
-        return _with_residuals(timeout_regime_fit(shared, ordered), n, bw)
+        shared = timeout_regime_fit(shared, ordered)
+        return _with_residuals(replace(shared, warnings=evidence + shared.warnings), n, bw)
     loss_side = ordered[clean:]
     anchor = ordered[clean - 1]
     congested = fit_fair_share(loss_side if len(loss_side) >= 2 else [anchor, *loss_side], weighted)
     rate = _per_stream_rate(ordered[:clean])
     knee = KneeFit(model=model, params={}, regime=CONGESTED, probe_streams=tuple(float(p.streams) for p in ordered),
-                   warnings=congested.warnings + (
+                   warnings=evidence + congested.warnings + (
                        f"not congested up to {anchor.streams:g} streams ({why}); "
                        f"congested from {loss_side[0].streams:g}",),
                    per_stream_bps=rate, linear_until_streams=float(anchor.streams), congested=congested,

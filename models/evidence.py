@@ -22,6 +22,9 @@ TIMEOUT_S = 1.0
 # spanned this many of the congestion cycles a loss-limited stream at the same rate would go
 # through: each such cycle ends in a loss, and n streams go through n cycles in one cycle's time.
 MIN_LOSSLESS_CYCLES = 3.0
+# A probe's streams' loss counts tell random drops from synchronised ones only when each stream
+# expects this many losses on average (the usual floor for a chi-square test of counts).
+MIN_EXPECTED_LOSSES_PER_STREAM = 5.0
 # Loss rates are capped here for the Reno rate: timeouts can retransmit more segments than
 # got through, which makes the ratio of the two meaningless as a probability.
 _MAX_LOSS_RATE = 0.5
@@ -61,3 +64,25 @@ def loss_limited(point: ProbePoint) -> bool | None:
         return fraction >= LOSS_LIMITED_FRACTION
     cycle_s = congestion_cycle_s(point.throughput_bps / point.streams, point.rtt_s, point.mss_bytes)
     return False if point.streams * point.duration_s >= MIN_LOSSLESS_CYCLES * cycle_s else None
+
+
+def loss_dispersion(point: ProbePoint) -> float | None:
+    """Index of dispersion of the streams' loss counts around one loss rate shared by all (chi-square / dof), or None.
+
+    If every packet is dropped with the same probability, whatever stream it belongs to (random
+    drops: a RED queue), each stream's count is a Poisson count around the probe's loss rate x its
+    own segments and the index is about 1 (more when the shared rate wanders). A small drop-tail
+    buffer shared by few flows drops in bursts that hit every flow about once per congestion
+    event, whatever its rate (global synchronisation): the counts come out more even than Poisson
+    counts, and the index well below 1. None without per-stream counts and rates for two or more
+    streams that moved data, or with fewer than :data:`MIN_EXPECTED_LOSSES_PER_STREAM` losses a stream.
+    """
+    pairs = [(k, r) for k, r in zip(point.stream_retransmits, point.stream_bps) if r > 0]
+    if len(pairs) < 2 or len(point.stream_retransmits) != len(point.stream_bps):
+        return None
+    losses = sum(k for k, _ in pairs)
+    if losses < MIN_EXPECTED_LOSSES_PER_STREAM * len(pairs):
+        return None
+    total_bps = sum(r for _, r in pairs)
+    chi_square = sum((k - losses * r / total_bps) ** 2 / (losses * r / total_bps) for k, r in pairs)
+    return float(chi_square / (len(pairs) - 1))

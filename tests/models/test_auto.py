@@ -1,3 +1,4 @@
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -302,3 +303,39 @@ def test_auto_weighted_counts_each_probe_by_its_losses_and_names_itself():
     # A knee names itself too (clean probes below the loss-limited ones).
     knee = fit_auto_weighted([clean(1, 2e6), clean(4, 2e6), lossy(10, 1.5e6), lossy(31, 0.8e6)])
     assert isinstance(knee, KneeFit) and knee.model == WEIGHTED_MODEL
+
+
+def with_stream_losses(point, counts):
+    """``point`` with each of its streams at an equal share and the given per-stream loss counts."""
+    return replace(point, stream_bps=(point.throughput_bps / point.streams,) * int(point.streams),
+                   stream_retransmits=tuple(counts))
+
+
+def test_auto_weights_its_probes_by_their_losses_only_where_the_drops_were_random():
+    from models.auto import WEIGHTED_MODEL, fit_auto_weighted, random_drops
+
+    exact = {n: 150e6 * n / (n + 15) for n in (1, 10, 31)}
+    ten, thirty_one = lossy(10, exact[10] / 10), lossy(31, exact[31] / 31)
+    one = lossy(1, exact[1] * 1.35)
+    one = ProbePoint(1, one.throughput_bps, rtt_s=RTT, retransmits=22, duration_s=SECONDS, mss_bytes=MSS)
+    total = round(ten.retransmits)
+    # Synchronised losses: each stream of the 10-stream probe lost the same; random drops: Poisson-like counts.
+    even = [total // 10] * 9 + [total - 9 * (total // 10)]
+    scattered = np.random.default_rng(3).multinomial(total, [0.02, 0.18] * 5)
+    synchronised = [one, with_stream_losses(ten, even), thirty_one]
+    random = [one, with_stream_losses(ten, scattered), thirty_one]
+    assert random_drops(synchronised) == (False, "losses spread over the 10 streams more evenly than random drops "
+                                                 f"(index of dispersion {0.0:.2f})")
+    assert random_drops(random)[0] is True and "like random drops" in random_drops(random)[1]
+    # Synchronised: as with no per-stream figures (equal weights); random: the weighted fair share, still named auto.
+    assert fit_auto(synchronised).competing_flows == fit_auto([one, ten, thirty_one]).competing_flows
+    weighted = fit_auto(random)
+    assert weighted.model == "auto" and fit_auto_weighted(random).model == WEIGHTED_MODEL
+    assert weighted.competing_flows == pytest.approx(fit_auto_weighted(random).competing_flows)
+    assert weighted.competing_flows != pytest.approx(fit_auto(synchronised).competing_flows)
+    assert any("like random drops" in w for w in weighted.warnings)
+    assert fit_auto(random, weighted=False).competing_flows == fit_auto(synchronised).competing_flows
+    # In the timeout regime lock-out scatters a drop-tail queue's losses too: no weighting there.
+    heavy = [at_loss_rate(1, 1e6, 0.1), with_stream_losses(at_loss_rate(10, 5e6, 0.15), scattered),
+             at_loss_rate(31, 8e6, 0.2)]
+    assert random_drops(heavy) == (False, None)

@@ -1,7 +1,8 @@
+import numpy as np
 import pytest
 from numpy.testing import assert_allclose
 
-from models.evidence import loss_limited, loss_rate, reno_fraction
+from models.evidence import MIN_EXPECTED_LOSSES_PER_STREAM, loss_dispersion, loss_limited, loss_rate, reno_fraction
 from models.parallel import ProbePoint
 
 
@@ -58,3 +59,37 @@ def test_probe_without_the_evidence_cannot_tell(missing):
     fields = dict(streams=1, throughput_bps=2e6, rtt_s=0.05, retransmits=3, duration_s=10, mss_bytes=1000)
     fields[missing] = None
     assert loss_limited(ProbePoint(**fields)) is None
+
+
+def ten_streams(rates_bps, counts):
+    return ProbePoint(len(rates_bps), float(sum(rates_bps)), rtt_s=0.05, retransmits=int(sum(counts)), duration_s=30,
+                      mss_bytes=1000, stream_bps=tuple(rates_bps), stream_retransmits=tuple(counts))
+
+
+def test_losses_that_hit_every_stream_alike_disperse_less_than_random_drops():
+    # Synchronised drop-tail losses: every stream loses once per congestion event, whatever its rate.
+    assert loss_dispersion(ten_streams([2e6] * 10, [8] * 10)) == 0.0
+    uneven = loss_dispersion(ten_streams([1e6, 3e6] * 5, [8] * 10))
+    # Expected 4 and 12 for the slow and fast streams if drops were random: (4^2/4 + 4^2/12) x 5 / 9.
+    assert_allclose(uneven, (16 / 4 + 16 / 12) * 5 / 9)
+    # Losses in proportion to each stream's segments are what random drops expect: no dispersion either.
+    assert loss_dispersion(ten_streams([1e6, 3e6] * 5, [4, 12] * 5)) == pytest.approx(0.0)
+
+
+def test_random_drops_disperse_like_poisson_counts():
+    # Each of 400 streams draws a Poisson count around a shared loss rate x its own segments: index about 1
+    # (its standard deviation over 399 degrees of freedom is sqrt(2 / 399) = 0.07).
+    rng = np.random.default_rng(7)
+    rates = rng.uniform(1e6, 4e6, 400)
+    index = loss_dispersion(ten_streams(rates, rng.poisson(20 * rates / rates.mean())))
+    assert 0.8 < index < 1.2
+
+
+def test_dispersion_needs_two_streams_that_moved_data_and_enough_losses():
+    few = int(MIN_EXPECTED_LOSSES_PER_STREAM * 10) - 1
+    assert loss_dispersion(ten_streams([2e6] * 10, [few // 10] * 9 + [few - 9 * (few // 10)])) is None
+    assert loss_dispersion(ten_streams([2e6], [80])) is None
+    assert loss_dispersion(ProbePoint(10, 2e7, retransmits=80)) is None  # no per-stream figures
+    assert loss_dispersion(ten_streams([2e6] * 10, [8] * 9)) is None  # counts for 9 of 10 streams
+    # A stream that carried nothing is left out, so it cannot inflate the index with its expected 0.
+    assert loss_dispersion(ten_streams([2e6] * 10 + [0.0], [8] * 10 + [3])) == 0.0
