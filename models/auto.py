@@ -199,11 +199,17 @@ def few_flows_impact(fit: FairShareFit, points: Sequence[ProbePoint]) -> FairSha
                    warnings=fit.warnings + (warning,))
 
 
+def in_timeout_regime(points: Sequence[ProbePoint]) -> bool:
+    """True if the lowest probe (points sorted by streams) lost more than :data:`TIMEOUT_REGIME_LOSS_RATE`."""
+    low = loss_rate(points[0])
+    return low is not None and low > TIMEOUT_REGIME_LOSS_RATE
+
+
 def timeout_regime_fit(fit: FairShareFit, points: Sequence[ProbePoint]) -> FairShareFit:
     """``fit`` as a TimeoutRegimeFit when the probes (sorted by streams) show the timeout regime, else unchanged."""
-    low = loss_rate(points[0])
-    if fit.regime == UNCONGESTED or low is None or low <= TIMEOUT_REGIME_LOSS_RATE:
+    if fit.regime == UNCONGESTED or not in_timeout_regime(points):
         return fit
+    low = loss_rate(points[0])
     rates = flow_rates(points)
     if rates is None:
         return fit
@@ -350,8 +356,7 @@ def random_drops(points: Sequence[ProbePoint]) -> tuple[bool, str | None]:
     Never in the timeout regime, where lock-out scatters a drop-tail queue's losses too. None for
     the reason when the probes cannot tell.
     """
-    low = loss_rate(points[0])
-    if low is not None and low > TIMEOUT_REGIME_LOSS_RATE:
+    if in_timeout_regime(points):
         return False, None
     shared = next((p for p in points if p.streams >= 2), None)
     index = loss_dispersion(shared) if shared is not None else None
