@@ -18,6 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from models.auto import RANDOM_DROP_DISPERSION
+from models.evidence import loss_dispersion
+from models.parallel import ProbePoint
 from probes import delayline, pathcheck, testbed
 from probes.netns import process_start_ticks
 
@@ -271,3 +274,25 @@ def test_accuracy_benchmark_fits_the_default_to_the_probes_the_service_runs(tmp_
     body = [line for line in text.splitlines() if not line.startswith("Command:")]
     assert [line for line in again.read_text().splitlines() if not line.startswith("Command:")] == body
     assert "report written again from its measurements" in again.read_text()
+
+
+@netns
+def test_dispersion_benchmark_reads_the_index_auto_reads_from_the_service_s_probe(tmp_path):
+    # A 25-packet drop-tail queue shared with 5 cubic flows: ten streams lose about 1 % of their segments, so
+    # an 8 s probe counts a few hundred retransmissions, enough (5 a stream) for the index to be read.
+    output = tmp_path / "dispersion.md"
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, str(root / "benchmarks" / "testbed_dispersion.py"), "--beds",
+                           "droptail-small", "--runs", "1", "--seconds", "8", "--omit", "2", "--output", str(output)],
+                          cwd=root, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    [row] = json.loads(output.with_suffix(".json").read_text())
+    assert row["bed"] == "droptail-small" and len(row["stream_retransmits"]) == len(row["stream_bps"]) == 10
+    assert sum(row["stream_retransmits"]) == row["retransmits"] > 50 and 0 < row["loss_rate"] < 0.2
+    # The index is the one auto reads (models.evidence.loss_dispersion over the per-stream counts and rates).
+    point = ProbePoint(streams=10, throughput_bps=row["throughput_bps"], retransmits=row["retransmits"],
+                       rtt_s=0.04, mss_bytes=1448, duration_s=row["duration_s"], stream_bps=tuple(row["stream_bps"]),
+                       stream_retransmits=tuple(row["stream_retransmits"]))
+    assert row["dispersion"] == pytest.approx(loss_dispersion(point))
+    assert row["reads_random"] == (row["dispersion"] >= RANDOM_DROP_DISPERSION)
+    assert f"| droptail-small | 1 | {row['throughput_bps'] / 1e6:.2f} |" in output.read_text()
