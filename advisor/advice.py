@@ -27,7 +27,8 @@ class Advice:
     ``tcp_equivalent_streams`` is n*, the largest parallelism (in standard streams) whose
     predicted impact, raised by the margin for the prediction's error, is within ``max_impact``; ``num_flows`` = max(1, floor(n*)) standard streams;
     ``fractional_multiplier`` is the FM of one extra fractional stream carrying the remainder
-    (None when the remainder is negligible or would need FM > 1000).
+    (None when the remainder is negligible or would need FM > 1000); below one TCP-equivalent stream
+    (n* < 1) that fractional stream is the whole transfer (:meth:`opened_streams`).
     """
 
     num_flows: int
@@ -45,6 +46,16 @@ class Advice:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    def opened_streams(self) -> tuple[int, float | None]:
+        """What the transfer opens to carry n*: (standard streams, FM of one more fractional stream or None).
+
+        n* = 2.4 opens 2 standard streams and one of FM 1/0.4^2; n* = 0.45 opens the fractional stream
+        alone (FM 1/0.45^2), since one standard stream is already more than n*.
+        """
+        if self.fractional_multiplier is None:
+            return self.num_flows, None
+        return (0 if self.tcp_equivalent_streams < 1 else self.num_flows), self.fractional_multiplier
 
 
 def curve_to_json(model: str, params: dict[str, float], curve: list[CurvePoint]) -> dict[str, Any]:

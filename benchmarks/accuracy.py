@@ -31,7 +31,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from advisor.tame import DEFAULT_MARGIN, NO_MARGIN, ImpactMargin, advise, point_from_probe  # noqa: E402
+from advisor.tame import DEFAULT_MARGIN, DEFAULT_MODEL, NO_MARGIN, ImpactMargin, advise, point_from_probe  # noqa: E402
 from models.errors import FitError  # noqa: E402
 from models.parallel import ProbePoint  # noqa: E402
 from models.registry import MIN_LEVELS, MODELS, PROBE_LEVELS, model_probes, next_probe_level  # noqa: E402
@@ -64,9 +64,12 @@ class Settings:
     floor_seeds: tuple[int, ...] = ()
     # The margin the advice is scored with (beside Lu's bare rule): the service's unless told otherwise.
     margin: ImpactMargin = DEFAULT_MARGIN
+    # Models whose served advice is also simulated as the transfer opens it, its fractional stream included.
+    fractional_models: tuple[str, ...] = (DEFAULT_MODEL,)
 
-    def truth_config(self, scenario: int, m: int, n: int) -> Ns2Config:
-        return Ns2Config(scenario, m, n, self.seed, self.truth_duration_s, self.truth_omit_s, self.queue)
+    def truth_config(self, scenario: int, m: int, n: int, fractional_multiplier: float | None = None) -> Ns2Config:
+        return Ns2Config(scenario, m, n, self.seed, self.truth_duration_s, self.truth_omit_s, self.queue,
+                         fractional_multiplier=fractional_multiplier)
 
     def probe_driver(self, scenario: int, m: int) -> Ns2Driver:
         # Probes run at another time than the ground truth: a seed of their own.
@@ -133,6 +136,15 @@ class ModelScore:
     # Per path, per budget, the advice as the service gives it: (advised n, best in-budget n or None,
     # true throughput ratio or None, whether the advised n truly exceeds the budget).
     advice_by_path: list[dict[float, tuple[int, int | None, float | None, bool]]] = field(default_factory=list)
+    # Per path, per budget, what the served advice opens: (standard streams, FM of its fractional stream or None).
+    opened_by_path: list[dict[float, tuple[int, float | None]]] = field(default_factory=list)
+    # The served advice simulated as opened, its fractional stream included (score_fractional): ratio and
+    # over-budget per budget over paths with an in-budget n, and per path (true bits/s, true impact) per budget.
+    advice_ratio_opened: dict[float, list[float]] = field(default_factory=dict)
+    advice_exceeded_opened: dict[float, list[bool]] = field(default_factory=dict)
+    # Where no whole n is within the budget (even one stream exceeds it): whether the opened advice is.
+    within_opened_without_whole: list[bool] = field(default_factory=list)
+    opened_outcome_by_path: list[dict[float, tuple[float, float]]] = field(default_factory=list)
     probes_used: list[int] = field(default_factory=list)
     probe_seconds: list[float] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
@@ -219,19 +231,22 @@ def score_model(name: str, path: PathResult, probes: list[ProbePoint], score: Mo
     cross_rel = (pred_cross - path.cross_bps) / path.cross_bps
     score.cross_error.extend(cross_rel.tolist())
     score.per_path_cross_bias.append(float(np.median(cross_rel)))
-    by_budget = {}
+    by_budget, opened = {}, {}
     for budget in BUDGETS:
         for as_served, margin, ratios, exceeded in (
                 (True, settings.margin, score.advice_ratio, score.advice_exceeded),
                 (False, NO_MARGIN, score.advice_ratio_bare, score.advice_exceeded_bare)):
-            advised = advise(fitted, budget, n_max=max(path.ns), margin=margin).num_flows
+            advice = advise(fitted, budget, n_max=max(path.ns), margin=margin)
+            advised = advice.num_flows
             best_n, ratio, over = advice_outcome(path.ns, path.ours_bps, path.true_impact, budget, advised)
             if as_served:
                 by_budget[budget] = (advised, best_n, ratio, over)
+                opened[budget] = advice.opened_streams()
             if ratio is not None:
                 ratios.setdefault(budget, []).append(ratio)
                 exceeded.setdefault(budget, []).append(over)
     score.advice_by_path.append(by_budget)
+    score.opened_by_path.append(opened)
     score.probes_used.append(len(probes))
     score.probe_seconds.append(sum(path.probe_seconds.get(p.streams, 0.0) for p in probes))
 
@@ -275,7 +290,9 @@ def evaluate(settings: Settings) -> tuple[list[PathResult], dict[str, ModelScore
             path = next(p for p in paths if p.scenario == s and p.m == m)
             path.probes.update(points)
             path.probe_seconds.update(seconds)
-    return paths, score_paths(paths, settings)
+    scores = score_paths(paths, settings)
+    score_opened(paths, scores, settings)
+    return paths, scores
 
 
 def score_paths(paths: list[PathResult], settings: Settings) -> dict[str, ModelScore]:
@@ -290,6 +307,40 @@ def score_paths(paths: list[PathResult], settings: Settings) -> dict[str, ModelS
                 continue
             score_model(name, path, probes, scores[name], settings)
     return scores
+
+
+def score_opened(paths: list[PathResult], scores: dict[str, ModelScore], settings: Settings) -> None:
+    """The served advice of ``settings.fractional_models`` simulated as the transfer opens it.
+
+    Advice of n* = 2.4 TCP-equivalent streams opens 2 standard streams and one fractional stream of FM
+    1/0.4^2 (advisor.advice.Advice.opened_streams); the sweep has only whole n, so each such advice is a
+    ground-truth run of its own (the same seed, length and warm-up, the fractional stream one more flow of
+    ours: probes.ns2.Ns2Config.fractional_multiplier). Scored against the same best in-budget whole n.
+    """
+    wanted = [name for name in settings.fractional_models if name in scores and not scores[name].failures]
+    configs = {(p.scenario, p.m, streams, fm) for name in wanted for p, opened in zip(paths, scores[name].opened_by_path)
+               for streams, fm in opened.values() if fm is not None}
+    runs = run_all([settings.truth_config(s, m, n, fm) for s, m, n, fm in configs], settings) if configs else {}
+    for name in wanted:
+        score = scores[name]
+        for path, opened in zip(paths, score.opened_by_path):
+            outcome = {}
+            for budget, (streams, fm) in opened.items():
+                if fm is None:
+                    index = sweep_index(path.ns, streams)
+                    ours, impact = float(path.ours_bps[index]), float(path.true_impact[index])
+                else:
+                    run = runs[settings.truth_config(path.scenario, path.m, streams, fm)][0]
+                    ours, impact = run.ours_bps, 1.0 - run.cross_bps / path.cross0_bps
+                outcome[budget] = (ours, impact)
+                best_n = best_within(path.ns, path.ours_bps, path.true_impact, budget)
+                if best_n is not None:
+                    score.advice_ratio_opened.setdefault(budget, []).append(
+                        ours / float(path.ours_bps[list(path.ns).index(best_n)]))
+                    score.advice_exceeded_opened.setdefault(budget, []).append(impact > budget)
+                else:
+                    score.within_opened_without_whole.append(impact <= budget)
+            score.opened_outcome_by_path.append(outcome)
 
 
 def form_scores(paths: list[PathResult], settings: Settings) -> dict[str, ModelScore]:
@@ -391,7 +442,8 @@ def summary(scores: dict[str, ModelScore]) -> dict[str, dict[str, float]]:
             "failures": len(sc.failures),
         }
         for suffix, ratios, exceeded in (("", sc.advice_ratio, sc.advice_exceeded),
-                                         ("_bare", sc.advice_ratio_bare, sc.advice_exceeded_bare)):
+                                         ("_bare", sc.advice_ratio_bare, sc.advice_exceeded_bare),
+                                         ("_opened", sc.advice_ratio_opened, sc.advice_exceeded_opened)):
             for budget in BUDGETS:
                 r, e = ratios.get(budget, []), exceeded.get(budget, [])
                 row[f"adv{suffix}_{budget}"] = float(np.median(r)) if r else float("nan")
@@ -400,6 +452,8 @@ def summary(scores: dict[str, ModelScore]) -> dict[str, dict[str, float]]:
             every_e = [x for b in BUDGETS for x in exceeded.get(b, [])]
             row[f"adv{suffix}_all"] = float(np.median(every_r)) if every_r else float("nan")
             row[f"exc{suffix}_all"] = float(np.mean(every_e)) if every_e else float("nan")
+        row["without_whole"] = len(sc.within_opened_without_whole)
+        row["within_opened_without_whole"] = sum(sc.within_opened_without_whole)
         scenarios = sorted(set(sc.per_path_scenario))
         row["by_scenario"] = {s: float(np.median([e for e, t in zip(sc.per_path_error, sc.per_path_scenario) if t == s]))
                               for s in scenarios}
@@ -447,6 +501,9 @@ def argument_parser(**kwargs) -> argparse.ArgumentParser:
                         help="score the advice with this margin for the impact's error instead of the service's "
                              f"({DEFAULT_MARGIN.relative:g},{DEFAULT_MARGIN.absolute:g}): a predicted impact i "
                              "counts as i (1 + RELATIVE) + ABSOLUTE")
+    parser.add_argument("--fractional-models", default=DEFAULT_MODEL, metavar="MODEL[,MODEL...]",
+                        help="models whose served advice is also simulated as the transfer opens it, its fractional "
+                             f"stream included (default {DEFAULT_MODEL}, the service's; 'none' for none)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--cache", type=Path, default=ROOT / "benchmarks" / "cache")
     parser.add_argument("--out", type=Path, help="report directory (default benchmarks/results/quick or full)")
@@ -475,6 +532,7 @@ def settings_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         models=tuple(args.models.split(",")) if args.models else (),
         floor_seeds=ints(args.floor_seed) if args.floor_seed else (),
         margin=args.margin,
+        fractional_models=() if args.fractional_models == "none" else tuple(args.fractional_models.split(",")),
     )
     out = args.out or ROOT / "benchmarks" / "results" / ("quick" if args.quick else "holdout" if args.holdout else "full")
     return settings, out
@@ -502,7 +560,9 @@ def main(argv=None) -> int:
               f"cross p50 {row['cross_p50']:.3f} p90 {row['cross_p90']:.3f}  "
               f"advice (all budgets) {row['adv_all']:.2f} exceeded {row['exc_all']:.0%} "
               f"[bare rule {row['adv_bare_all']:.2f}, {row['exc_bare_all']:.0%}]  "
-              f"probes {row['probes']:.1f} ({row['probe_s']:.0f} s)")
+              + ("" if np.isnan(row["adv_opened_all"]) else
+                 f"[opened with its fractional stream {row['adv_opened_all']:.2f}, {row['exc_opened_all']:.0%}]  ")
+              + f"probes {row['probes']:.1f} ({row['probe_s']:.0f} s)")
     if floor is not None:
         for label, row in ((f"seed(s) {','.join(map(str, floor['seeds']))} as a model", floor),
                            ("the same with this seed's in the median", floor["in_sample"])):

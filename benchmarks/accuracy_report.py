@@ -159,6 +159,50 @@ def _advice_table(paths, score) -> list[str]:
     return lines
 
 
+def _opened_rows(rows) -> list[str]:
+    """Each model's served advice simulated as the transfer opens it, its fractional stream included."""
+    opened = {name: r for name, r in rows.items() if not np.isnan(r["adv_opened_all"])}
+    if not opened:
+        return []
+    lines = ["## Advice as the transfer opens it: whole streams and the fractional stream", "",
+             "The served advice (with the margin) is n* TCP-equivalent streams: floor(n*) standard streams and one "
+             "fractional stream of multiplier FM = 1 / remainder^2 (a Reno flow whose window grows by 1/FM "
+             "segments a round trip; below one stream the fractional stream alone). The tables above score floor(n*) "
+             "alone; here each advice with a fractional stream is a ground-truth run of its own (same seed and "
+             "length) and is scored against the same best in-budget whole n.", "",
+             "Where even one stream exceeds the budget (no whole n within it) these ratios leave the case out, as "
+             "above; the last column counts how often the opened advice stays within the budget there.", "",
+             "| model | " + " | ".join(f"adv {b:g} (exc)" for b in BUDGETS)
+             + " | all budgets | whole streams only | within budget where no whole n is |",
+             "|---" * (len(BUDGETS) + 4) + "|"]
+    for name, r in opened.items():
+        adv = " | ".join(f"{r[f'adv_opened_{b}']:.2f} ({r[f'exc_opened_{b}']:.0%})" for b in BUDGETS)
+        lines.append(f"| {name} | {adv} | {r['adv_opened_all']:.2f} ({r['exc_opened_all']:.0%}) | "
+                     f"{r['adv_all']:.2f} ({r['exc_all']:.0%}) | "
+                     f"{r['within_opened_without_whole']} of {r['without_whole']} |")
+    return lines + [""]
+
+
+def _opened_table(paths, score) -> list[str]:
+    """Per path and budget, the default model's advice as opened: streams, FM, true throughput over the best."""
+    lines = ["", f"## Advice per path as opened ({score.name}, with its fractional stream)", "",
+             "Per budget: standard streams + the fractional stream's FM (none: whole streams only), true throughput "
+             "over the best in-budget whole n's, and its true impact; '!' where that exceeds the budget.",
+             "", "| path | " + " | ".join(f"{b:g}" for b in BUDGETS) + " |", "|---" * (len(BUDGETS) + 1) + "|"]
+    for p, opened, outcome, by_budget in zip(paths, score.opened_by_path, score.opened_outcome_by_path,
+                                             score.advice_by_path):
+        cells = []
+        for budget in BUDGETS:
+            streams, fm = opened[budget]
+            ours, impact = outcome[budget]
+            best = by_budget[budget][1]
+            ratio = "" if best is None else f" {ours / float(p.ours_bps[list(p.ns).index(best)]):.2f},"
+            cells.append(f"{streams}{'' if fm is None else f' + FM {fm:.1f}'}:{ratio} {impact:.2f}"
+                         + (" !" if impact > budget else ""))
+        lines.append(f"| s{p.scenario} m{p.m} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def _floor_table(paths, floor, default, seed: int) -> list[str]:
     """Per path, the noise floor's throughput error out of and in sample, beside the default model's."""
     seeds = ", ".join(map(str, floor["seeds"]))
@@ -243,6 +287,7 @@ def write_report(out: Path, settings, paths, scores, rows, elapsed_s: float, com
                         for s, v in floor["thr_median_by_scenario"].items()) + ".",
             "",
         ]
+    lines += _opened_rows(rows)
     lines += [
         "## Advice under Lu's bare rule (predicted impact <= budget, no margin)",
         "",
@@ -303,6 +348,8 @@ def write_report(out: Path, settings, paths, scores, rows, elapsed_s: float, com
         lines += _floor_table(paths, floor, default, settings.seed)
     if default is not None and not default.failures:
         lines += _advice_table(paths, default)
+        if default.opened_outcome_by_path:
+            lines += _opened_table(paths, default)
     lines += [
         "",
         "![per path](throughput_per_path.png)",

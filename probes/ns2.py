@@ -24,6 +24,8 @@ from probes.settle import assess_series
 from probes.result import ProbeResult, StreamRtt
 
 TEMPLATE = Path(__file__).with_name("ns2_scenario.tcl")
+# The same scenario with one fractional stream of ours added (Ns2Config.fractional_multiplier).
+FRACTIONAL_TEMPLATE = Path(__file__).with_name("ns2_fractional.tcl")
 # The bottleneck queue disciplines the scenario script takes (Lu et al. simulated both).
 QUEUES = ("DropTail", "RED")
 PACKET_BYTES = 1000
@@ -89,7 +91,9 @@ class Ns2Config:
 
     ``m`` cross flows start uniformly in the first 8 s; ``n`` of ours start at 10 s; throughput is
     measured from ``TRANSFER_START_S + omit_s`` for ``duration_s`` seconds. ``seed`` >= 1 (ns-2
-    treats 0 as "seed from the clock").
+    treats 0 as "seed from the clock"). ``fractional_multiplier`` FM >= 1 adds one more flow of ours
+    whose window grows by 1/FM segments a round trip (a fractional stream, Hacker et al. 2004), as
+    the advice's ``fractional_multiplier`` asks for; None adds none.
     """
 
     scenario: int
@@ -100,6 +104,7 @@ class Ns2Config:
     omit_s: float
     queue: str = "DropTail"
     interval_s: float = 1.0
+    fractional_multiplier: float | None = None
 
     def __post_init__(self):
         if self.scenario not in SCENARIOS:
@@ -112,6 +117,14 @@ class Ns2Config:
             raise ValueError("duration_s and interval_s must be > 0 and omit_s >= 0")
         if self.queue not in QUEUES:
             raise ValueError(f"queue must be {' or '.join(map(repr, QUEUES))}, got {self.queue!r}")
+        fm = self.fractional_multiplier
+        if fm is not None and not (isinstance(fm, (int, float)) and math.isfinite(fm) and fm >= 1):
+            raise ValueError(f"fractional_multiplier must be a number >= 1 or None, got {fm!r}")
+
+    @property
+    def template(self) -> Path:
+        """The Tcl script that runs this config."""
+        return TEMPLATE if self.fractional_multiplier is None else FRACTIONAL_TEMPLATE
 
     @property
     def measure_from_s(self) -> float:
@@ -145,6 +158,8 @@ class Ns2Config:
             "measure_to_s": f"{self.measure_to_s:g}",
             "interval_s": f"{self.interval_s:g}",
         }
+        if self.fractional_multiplier is not None:
+            values = {"fractional_increase": f"{1.0 / self.fractional_multiplier:.12g}", **values}
         return [str(x) for kv in values.items() for x in kv]
 
 
@@ -255,17 +270,24 @@ def _ns_version(ns_binary: str) -> str:
 
 
 def cache_key(config: Ns2Config, ns_binary: str = "ns") -> str:
-    """Hash of every parameter, the Tcl template and the simulator binary: equal keys, equal runs."""
-    material = json.dumps(
-        {"config": asdict(config), "template": TEMPLATE.read_text(), "ns": _ns_version(ns_binary)},
-        sort_keys=True,
-    )
+    """Hash of every parameter, the Tcl scripts and the simulator binary: equal keys, equal runs.
+
+    A config without a fractional stream hashes as it did before that option existed (the field left out,
+    the scenario script alone), so runs cached then are found again.
+    """
+    parameters = asdict(config)
+    material = {"template": TEMPLATE.read_text(), "ns": _ns_version(ns_binary)}
+    if config.fractional_multiplier is None:
+        del parameters["fractional_multiplier"]
+    else:
+        material["fractional_template"] = FRACTIONAL_TEMPLATE.read_text()
+    material = json.dumps({"config": parameters, **material}, sort_keys=True)
     return hashlib.sha256(material.encode()).hexdigest()[:32]
 
 
 def run_ns2(config: Ns2Config, deadline_s: float, ns_binary: str = "ns") -> str:
     """Run the simulator once and return its stdout; killed and ProbeDeadlineExceeded after deadline_s."""
-    argv = [ns_binary, str(TEMPLATE), *config.argv()]
+    argv = [ns_binary, str(config.template), *config.argv()]
     try:
         completed = subprocess.run(argv, capture_output=True, text=True, timeout=deadline_s, check=False)
     except subprocess.TimeoutExpired as exc:
@@ -387,9 +409,12 @@ class Transfer:
 def long_transfer(
     scenario: int, m: int, n: int, seed: int, duration_s: float = 80.0, omit_s: float = 10.0,
     queue: str = "DropTail", cache_dir: Path | None = None, deadline_s: float = 3600.0, ns_binary: str = "ns",
+    fractional_multiplier: float | None = None,
 ) -> Transfer:
-    """A long transfer at n streams (n = 0: cross traffic alone), measured after omit_s of warm-up."""
-    run, _ = simulate(Ns2Config(scenario, m, n, seed, duration_s, omit_s, queue), deadline_s, cache_dir, ns_binary)
+    """A long transfer at n streams (n = 0: cross traffic alone), plus one fractional stream of multiplier
+    ``fractional_multiplier`` if given (counted in ``ours_bps``, not in ``n``), measured after omit_s of warm-up."""
+    config = Ns2Config(scenario, m, n, seed, duration_s, omit_s, queue, fractional_multiplier=fractional_multiplier)
+    run, _ = simulate(config, deadline_s, cache_dir, ns_binary)
     ours = run.group("ours")
     rtts = [f.rtt_mean_s for f in ours if f.rtt_mean_s is not None]
     return Transfer(

@@ -31,6 +31,8 @@ def test_n_star_closed_form():
     assert_allclose(advice.cross_traffic_impact, 1 - math.sqrt(4 / 13), rtol=1e-9)
     assert advice.cross_traffic_impact <= 0.5
     assert advice.regime == "congested" and advice.warnings == []
+    # The transfer opens 3 standard streams and one fractional stream for the remainder.
+    assert advice.opened_streams() == (3, advice.fractional_multiplier)
 
 
 def test_budget_below_one_stream_gives_one_stream_and_a_warning():
@@ -41,18 +43,20 @@ def test_budget_below_one_stream_gives_one_stream_and_a_warning():
     # r = n* when n* < 1: FM = 1/0.65737^2 = 2.3141
     assert_allclose(advice.fractional_multiplier, 2.3141, rtol=1e-3)
     assert any("even one stream" in w for w in advice.warnings)
+    # Below one stream the fractional stream is the whole transfer.
+    assert advice.opened_streams() == (0, advice.fractional_multiplier)
 
 
 def test_full_budget_is_capped_at_n_max():
     advice = tame_parallel_tcp(PROBES, max_impact=1.0, n_max=16, model=LU, margin=NO_MARGIN)
     assert advice.num_flows == 16 and advice.tcp_equivalent_streams == 16
-    assert advice.fractional_multiplier is None
+    assert advice.fractional_multiplier is None and advice.opened_streams() == (16, None)
 
 
 def test_zero_budget():
     advice = tame_parallel_tcp(PROBES, max_impact=0.0, model=LU, margin=NO_MARGIN)
     assert advice.num_flows == 1 and advice.tcp_equivalent_streams == 0.0
-    assert advice.fractional_multiplier is None
+    assert advice.fractional_multiplier is None and advice.opened_streams() == (1, None)
 
 
 def test_fractional_multiplier_rules():

@@ -101,6 +101,46 @@ def test_cache_key_changes_with_every_parameter():
     assert len({cache_key(c) for c in [base, *others]}) == 4
 
 
+def test_a_fractional_stream_keys_its_own_runs_and_leaves_the_others_keys_as_they_were():
+    import hashlib
+    import json
+    import os
+    import shutil
+    from dataclasses import asdict
+
+    from probes.ns2 import TEMPLATE
+
+    base = Ns2Config(2, 5, 2, 1, 5.0, 2.0)
+    # The key of a config without a fractional stream is the one every cached run was stored under before the
+    # option existed: its parameters without the new field, and the scenario script alone.
+    before = dict(asdict(base))
+    del before["fractional_multiplier"]
+    material = {"config": before, "template": TEMPLATE.read_text(), "ns": os.path.realpath(shutil.which("ns") or "ns")}
+    assert cache_key(base) == hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:32]
+    fractional = {cache_key(replace(base, fractional_multiplier=fm)) for fm in (1.0, 4.0, 4.5)}
+    assert len(fractional | {cache_key(base)}) == 4
+    for bad in (0.5, 0.0, -2.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="fractional_multiplier"):
+            Ns2Config(2, 5, 2, 1, 5.0, 2.0, fractional_multiplier=bad)
+
+
+@pytest.mark.ns2
+def test_a_fractional_stream_is_one_more_flow_of_ours_that_grows_by_one_over_fm_a_round_trip(tmp_path):
+    # FM = 1 is a standard Reno stream: n = 1 plus it is exactly the run of n = 2.
+    two, _ = simulate(Ns2Config(2, 5, 2, 1, 20.0, 10.0), 120)
+    one_plus_one, _ = simulate(Ns2Config(2, 5, 1, 1, 20.0, 10.0, fractional_multiplier=1.0), 120)
+    assert one_plus_one == two
+    # FM = 4: the window grows by a quarter of a segment a round trip, so at the loss rate and RTT the others see
+    # it moves about 1 / sqrt(4) of a standard stream (0.51 of ours in this run), counted as our last flow.
+    run, _ = simulate(Ns2Config(2, 5, 1, 1, 80.0, 10.0, fractional_multiplier=4.0), 120)
+    standard, fractional = run.group("ours")
+    assert 0.35 < fractional.throughput_bps / standard.throughput_bps < 0.7
+    assert run.ours_bps == standard.throughput_bps + fractional.throughput_bps
+    # With no standard stream of ours, the fractional one runs alone.
+    alone, _ = simulate(Ns2Config(2, 5, 0, 1, 20.0, 10.0, fractional_multiplier=4.0), 120)
+    assert len(alone.group("ours")) == 1 and alone.ours_bps > 0
+
+
 def test_tuned_window_covers_the_bandwidth_delay_product():
     for s in SCENARIOS.values():
         bdp_packets = s.l3_bps * s.idle_rtt_s / 8000
@@ -354,6 +394,45 @@ def test_advice_is_recorded_per_path_and_budget_against_the_best_in_budget_n():
     advised, _, ratio, over = by_budget[0.3]
     assert row.startswith(f"| s2 m5 | {by_budget[0.05][0]} / none")
     assert f"{advised} / 4 ({ratio:.2f}){' !' if over else ''} |" in row
+
+
+@pytest.mark.ns2
+def test_served_advice_is_simulated_as_opened_with_its_fractional_stream(tmp_path):
+    # A short real path (s2, 5 cross flows, n = 1..4): every advice with a fractional stream is a run of its own,
+    # scored against the same best in-budget whole n as the whole-stream advice.
+    accuracy = _benchmark("accuracy")
+    report = _benchmark("accuracy_report")
+    settings = accuracy.Settings(scenarios=(2,), ms=(5,), ns=(1, 2, 3, 4), truth_duration_s=5.0, truth_omit_s=2.0,
+                                 probe_duration_s=5.0, probe_omit_s=1.0, probe_max_duration_s=5.0,
+                                 models=("auto", "lu"), cache_dir=tmp_path)
+    (path,), scores = accuracy.evaluate(settings)
+    auto = scores["auto"]
+    assert scores["lu"].opened_outcome_by_path == []  # only settings.fractional_models' advice is simulated
+    (opened,), (outcome,) = auto.opened_by_path, auto.opened_outcome_by_path
+    assert {fm for _, fm in opened.values()} - {None}, "no advice with a fractional stream to check"
+    within, ratios, exceeded = [], {}, {}
+    for budget, (streams, fm) in opened.items():
+        if fm is None:
+            index = list(path.ns).index(streams)
+            expected = (path.ours_bps[index], path.true_impact[index])
+        else:
+            run, _ = simulate(settings.truth_config(2, 5, streams, fm), 60, tmp_path)
+            assert len(run.group("ours")) == streams + 1
+            expected = (run.ours_bps, 1 - run.cross_bps / path.cross0_bps)
+        assert outcome[budget] == pytest.approx(expected)
+        best = accuracy.best_within(path.ns, path.ours_bps, path.true_impact, budget)
+        if best is None:
+            within.append(expected[1] <= budget)
+        else:
+            ratios[budget] = [pytest.approx(expected[0] / path.ours_bps[list(path.ns).index(best)])]
+            exceeded[budget] = [expected[1] > budget]
+    assert auto.advice_ratio_opened == ratios and auto.advice_exceeded_opened == exceeded
+    assert auto.within_opened_without_whole == within
+    row = accuracy.summary(scores)["auto"]
+    assert row["without_whole"] == len(within) and row["within_opened_without_whole"] == sum(within)
+    text = "\n".join(report._opened_table([path], auto))
+    streams, fm = opened[0.3]
+    assert f"| s2 m5 | " in text and (f"{streams} + FM {fm:.1f}:" if fm else f"{streams}:") in text
 
 
 def test_cross_breakdown_counts_errors_within_the_tolerance_per_scenario():
