@@ -109,13 +109,21 @@ def format_bps(bps: float) -> str:
     return f"{bps:.0f} bit/s"
 
 
+def opened_text(advice: Advice) -> str:
+    """The streams a transfer opens to carry n* (Advice.opened_streams), in words."""
+    standard, fm = advice.opened_streams()
+    parts = [f"{standard} standard stream{'' if standard == 1 else 's'}"] if standard else []
+    if fm is not None:
+        parts.append(f"1 fractional stream (fractional multiplier {fm:.2f})")
+    return " + ".join(parts)
+
+
 def print_advice(advice: Advice) -> None:
-    fm = "none" if advice.fractional_multiplier is None else f"{advice.fractional_multiplier:.2f}"
     lines = [
         f"streams to open:            {advice.num_flows}",
         f"predicted throughput:       {format_bps(advice.max_nondisruptive_throughput_bps)}",
         f"predicted impact on others: {advice.cross_traffic_impact:.1%} (budget {advice.max_impact:.1%})",
-        f"TCP-equivalent streams n*:  {advice.tcp_equivalent_streams:.2f} (fractional multiplier: {fm})",
+        f"TCP-equivalent streams n*:  {advice.tcp_equivalent_streams:.2f}, opened as {opened_text(advice)}",
     ]
     if advice.per_stream_buffer_bytes is not None:
         lines.append(f"per-stream socket buffer:   {advice.per_stream_buffer_bytes} bytes")

@@ -54,6 +54,11 @@ def test_fit_human_output():
     result = tame("fit", *PROBE_ARGS, "--max-impact", "0.5", "--model", "lu", "--no-margin")
     assert result.returncode == 0
     assert "streams to open:            3" in result.stdout
+    # n* = sqrt(12) = 3.46: three standard streams and one fractional stream of FM 1 / 0.4641^2 = 4.64.
+    assert "n*:  3.46, opened as 3 standard streams + 1 fractional stream (fractional multiplier 4.64)" in result.stdout
+    # Below one stream the fractional stream is the transfer: n* = 0.657, FM 1 / 0.657^2 = 2.31.
+    below = tame("fit", *PROBE_ARGS, "--max-impact", "0.05", "--model", "lu", "--no-margin")
+    assert "n*:  0.66, opened as 1 fractional stream (fractional multiplier 2.31)" in below.stdout
 
 
 def test_fit_keeps_a_margin_for_the_prediction_error_by_default():
