@@ -14,9 +14,13 @@ class AdviceOut(BaseModel):
 
     model_config = ConfigDict(extra="allow")
     dest: str
-    num_flows: int
-    fractional_multiplier: float | None
-    tcp_equivalent_streams: float
+    num_flows: int = Field(description="standard streams, max(1, floor(n*)); when n* < 1 and fractional_multiplier "
+                                       "is set, the transfer opens that fractional stream alone instead")
+    fractional_multiplier: float | None = Field(
+        description="FM >= 1 of one fractional stream carrying n*'s remainder (its window grows by 1/FM segments a "
+                    "round trip, about 1/sqrt(FM) of a stream: Hacker et al. 2004), opened beside floor(n*) standard "
+                    "streams, or alone when n* < 1; null when the remainder is negligible")
+    tcp_equivalent_streams: float = Field(description="n*: the parallelism, in standard streams, the advice carries")
     max_nondisruptive_throughput_bps: float
     cross_traffic_impact: float
     max_impact: float
