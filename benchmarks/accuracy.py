@@ -138,7 +138,7 @@ class ModelScore:
     advice_by_path: list[dict[float, tuple[int, int | None, float | None, bool]]] = field(default_factory=list)
     # Per path, per budget, what the served advice opens: (standard streams, FM of its fractional stream or None).
     opened_by_path: list[dict[float, tuple[int, float | None]]] = field(default_factory=list)
-    # The served advice simulated as opened, its fractional stream included (score_fractional): ratio and
+    # The served advice simulated as opened, its fractional stream included (score_opened): ratio and
     # over-budget per budget over paths with an in-budget n, and per path (true bits/s, true impact) per budget.
     advice_ratio_opened: dict[float, list[float]] = field(default_factory=dict)
     advice_exceeded_opened: dict[float, list[bool]] = field(default_factory=dict)
@@ -534,6 +534,10 @@ def settings_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         margin=args.margin,
         fractional_models=() if args.fractional_models == "none" else tuple(args.fractional_models.split(",")),
     )
+    unknown = sorted(set(settings.fractional_models) - set(MODELS))
+    if unknown:
+        parser.error(f"unknown model in --fractional-models: {', '.join(unknown)}; known: {', '.join(sorted(MODELS))}, "
+                     "or 'none'")
     out = args.out or ROOT / "benchmarks" / "results" / ("quick" if args.quick else "holdout" if args.holdout else "full")
     return settings, out
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -62,7 +63,8 @@ def main(argv=None) -> int:
     if args.tolerance <= 0:
         parser.error(f"--tolerance must be above 0, got {args.tolerance:g}")
     settings, _ = settings_from(argparse.Namespace(**{**vars(args), "models": args.model}), parser)
-    paths, scores = evaluate(settings)
+    # Cross-traffic errors only: the advice's fractional-stream runs are not needed.
+    paths, scores = evaluate(replace(settings, fractional_models=()))
     by_probes = errors_by_scenario(scores[args.model], len(settings.ns))
     by_form = errors_by_scenario(form_scores(paths, settings)[args.model], len(settings.ns))
     print(f"Cross-traffic |relative error| of model {args.model}, by scenario\n")

@@ -91,7 +91,7 @@ def main(argv=None) -> int:
     ns = tuple(int(x) for x in args.ns.split(",")) if args.ns else FULL["ns"]
     for scenario, m in args.paths:
         settings = Settings(scenarios=(scenario,), ms=(m,), ns=ns, models=(args.model,), queue=args.queue,
-                            cache_dir=args.cache)
+                            cache_dir=args.cache, fractional_models=())
         paths, _ = evaluate(settings)
         print("\n".join(explain(paths[0], args.model, settings)) + "\n")
     return 0

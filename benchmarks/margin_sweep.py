@@ -78,7 +78,8 @@ def main(argv=None) -> int:
                         help=f"comma-separated absolute margins to try (default {','.join(map(str, ABSOLUTE))})")
     own = parser.parse_args(argv)
     settings, _ = settings_from(own, parser)
-    settings = replace(settings, models=settings.models[:1] or (DEFAULT_MODEL,))
+    # Whole-stream advice per margin (score_paths); the fractional-stream runs would be one per margin and advice.
+    settings = replace(settings, models=settings.models[:1] or (DEFAULT_MODEL,), fractional_models=())
     start = time.monotonic()
     paths, _ = evaluate(settings)
     margins = [ImpactMargin(r, a) for r in own.relative for a in own.absolute]

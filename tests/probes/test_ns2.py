@@ -497,6 +497,16 @@ def test_margin_argument_is_parsed_or_explained():
     assert settings.margin == ImpactMargin(0.0, 0.0)
 
 
+def test_fractional_models_argument_is_parsed_or_explained(capsys):
+    accuracy = _benchmark("accuracy")
+    assert accuracy.parse_args(["--quick"])[0].fractional_models == ("auto",)
+    assert accuracy.parse_args(["--quick", "--fractional-models", "none"])[0].fractional_models == ()
+    assert accuracy.parse_args(["--quick", "--fractional-models", "lu,auto"])[0].fractional_models == ("lu", "auto")
+    with pytest.raises(SystemExit):
+        accuracy.parse_args(["--quick", "--fractional-models", "auto,nosuch"])
+    assert "unknown model in --fractional-models: nosuch" in capsys.readouterr().err
+
+
 def test_margin_sweep_scores_each_margins_advice_and_marks_the_goals():
     # The made-up path of the advice test above: 10 Mbit/s per stream, the cross traffic losing 7 % per
     # stream, so n <= 1 fits 0.1, n <= 2 fits 0.2, n <= 4 fits 0.3; Lu's model fitted to exact probes
