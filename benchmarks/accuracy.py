@@ -139,12 +139,13 @@ class ModelScore:
     # Per path, per budget, what the served advice opens: (standard streams, FM of its fractional stream or None).
     opened_by_path: list[dict[float, tuple[int, float | None]]] = field(default_factory=list)
     # The served advice simulated as opened, its fractional stream included (score_opened): ratio and
-    # over-budget per budget over paths with an in-budget n, and per path (true bits/s, true impact) per budget.
+    # over-budget per budget over paths with an in-budget n, and per path per budget (true bits/s, true impact,
+    # ratio to the best in-budget whole n or None).
     advice_ratio_opened: dict[float, list[float]] = field(default_factory=dict)
     advice_exceeded_opened: dict[float, list[bool]] = field(default_factory=dict)
     # Where no whole n is within the budget (even one stream exceeds it): whether the opened advice is.
     within_opened_without_whole: list[bool] = field(default_factory=list)
-    opened_outcome_by_path: list[dict[float, tuple[float, float]]] = field(default_factory=list)
+    opened_outcome_by_path: list[dict[float, tuple[float, float, float | None]]] = field(default_factory=list)
     probes_used: list[int] = field(default_factory=list)
     probe_seconds: list[float] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
@@ -189,12 +190,17 @@ def best_within(ns, ours_bps, impact, budget: float) -> int | None:
     return int(ns[int(np.argmax(np.where(within, ours_bps, -np.inf)))]) if within.any() else None
 
 
+def against_best(ns, ours_bps, true_impact, budget: float, ours_at_advice: float) -> tuple[int | None, float | None]:
+    """(best in-budget n of the sweep or None, true throughput at the advice (bits/s) / at that n, or None)."""
+    best_n = best_within(ns, ours_bps, true_impact, budget)
+    return best_n, None if best_n is None else float(ours_at_advice / ours_bps[list(ns).index(best_n)])
+
+
 def advice_outcome(ns, ours_bps, true_impact, budget: float, advised: int) -> tuple[int | None, float | None, bool]:
     """How advice of ``advised`` streams fares against the truth: (best in-budget n or None, true throughput
     at the advice / at that n or None, whether the advice truly exceeds the budget)."""
     index = sweep_index(ns, advised)
-    best_n = best_within(ns, ours_bps, true_impact, budget)
-    ratio = None if best_n is None else float(ours_bps[index] / ours_bps[list(ns).index(best_n)])
+    best_n, ratio = against_best(ns, ours_bps, true_impact, budget, ours_bps[index])
     return best_n, ratio, bool(true_impact[index] > budget)
 
 
@@ -332,11 +338,10 @@ def score_opened(paths: list[PathResult], scores: dict[str, ModelScore], setting
                 else:
                     run = runs[settings.truth_config(path.scenario, path.m, streams, fm)][0]
                     ours, impact = run.ours_bps, 1.0 - run.cross_bps / path.cross0_bps
-                outcome[budget] = (ours, impact)
-                best_n = best_within(path.ns, path.ours_bps, path.true_impact, budget)
-                if best_n is not None:
-                    score.advice_ratio_opened.setdefault(budget, []).append(
-                        ours / float(path.ours_bps[list(path.ns).index(best_n)]))
+                _, ratio = against_best(path.ns, path.ours_bps, path.true_impact, budget, ours)
+                outcome[budget] = (ours, impact, ratio)
+                if ratio is not None:
+                    score.advice_ratio_opened.setdefault(budget, []).append(ratio)
                     score.advice_exceeded_opened.setdefault(budget, []).append(impact > budget)
                 else:
                     score.within_opened_without_whole.append(impact <= budget)

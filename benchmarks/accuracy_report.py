@@ -189,15 +189,13 @@ def _opened_table(paths, score) -> list[str]:
              "Per budget: standard streams + the fractional stream's FM (none: whole streams only), true throughput "
              "over the best in-budget whole n's, and its true impact; '!' where that exceeds the budget.",
              "", "| path | " + " | ".join(f"{b:g}" for b in BUDGETS) + " |", "|---" * (len(BUDGETS) + 1) + "|"]
-    for p, opened, outcome, by_budget in zip(paths, score.opened_by_path, score.opened_outcome_by_path,
-                                             score.advice_by_path):
+    for p, opened, outcome in zip(paths, score.opened_by_path, score.opened_outcome_by_path):
         cells = []
         for budget in BUDGETS:
             streams, fm = opened[budget]
-            ours, impact = outcome[budget]
-            best = by_budget[budget][1]
-            ratio = "" if best is None else f" {ours / float(p.ours_bps[list(p.ns).index(best)]):.2f},"
-            cells.append(f"{streams}{'' if fm is None else f' + FM {fm:.1f}'}:{ratio} {impact:.2f}"
+            _, impact, ratio = outcome[budget]
+            ratio_text = "" if ratio is None else f" {ratio:.2f},"
+            cells.append(f"{streams}{'' if fm is None else f' + FM {fm:.1f}'}:{ratio_text} {impact:.2f}"
                          + (" !" if impact > budget else ""))
         lines.append(f"| s{p.scenario} m{p.m} | " + " | ".join(cells) + " |")
     return lines
