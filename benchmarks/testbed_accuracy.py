@@ -165,16 +165,21 @@ def probe_options(args, models: list[str]) -> tuple[list[str], ProbePlan]:
     return options, plan
 
 
-def probe_plan(tb: testbed.Testbed, args, models: list[str]) -> PlanResult:
-    """Run the advisor's probe plan (:func:`probe_options`) from the sender namespace via `tame probe --json`."""
-    options, plan = probe_options(args, models)
+def tame_probe(tb: testbed.Testbed, options: list[str], timeout_s: float) -> PlanResult:
+    """`tame probe --json` with ``options`` from the sender namespace to the bed's iperf3 server on PORT."""
     argv = [sys.executable, "-m", "advisor", "probe", f"{tb.receiver_addr}:{PORT}", *options, "--json"]
-    # The plan's own worst case (idle RTT, every probe extended to the cap and tried again), plus start-up.
     done = subprocess.run(tb.exec_in(tb.sender_ns, argv), cwd=ROOT, stdout=subprocess.PIPE, stderr=None,
-                          text=True, timeout=plan.worst_case_s + 10)
+                          text=True, timeout=timeout_s)
     if done.returncode != 0:
         raise RuntimeError(f"tame probe failed (exit {done.returncode}); see its message above")
     return from_json(json.loads(done.stdout))
+
+
+def probe_plan(tb: testbed.Testbed, args, models: list[str]) -> PlanResult:
+    """Run the advisor's probe plan (:func:`probe_options`) from the sender namespace via `tame probe --json`."""
+    options, plan = probe_options(args, models)
+    # The plan's own worst case (idle RTT, every probe extended to the cap and tried again), plus start-up.
+    return tame_probe(tb, options, plan.worst_case_s + 10)
 
 
 def transfer(tb: testbed.Testbed, streams: int, seconds: int, omit_s: int, with_cross: bool) -> Row:

@@ -41,19 +41,17 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # the scripts import each other by bare name
 
-from advisor.commands.probe import from_json  # noqa: E402
 from advisor.tame import point_from_probe  # noqa: E402
 from models.auto import RANDOM_DROP_DISPERSION  # noqa: E402
 from models.evidence import MIN_EXPECTED_LOSSES_PER_STREAM, loss_dispersion, loss_rate  # noqa: E402
 from probes import pathcheck, testbed  # noqa: E402
 from probes.iperf import CONGESTION_CONTROLS  # noqa: E402
+from probes.testbed import FRAME_BYTES  # noqa: E402
+from testbed_accuracy import CROSS_WARMUP_S, PORT, Terminated, _on_sigterm, tame_probe  # noqa: E402
 
-PORT = 5201
 STREAMS = 10  # the level `auto` reads the index at (the lowest probe of several streams in its plan)
-# Long-running cross flows overshoot together in slow start; let them settle before anything is measured.
-CROSS_WARMUP_S = 3.0
-FRAME_BYTES = 1514
 
 
 @dataclass(frozen=True)
@@ -78,14 +76,6 @@ BEDS = (
 )
 
 
-class Terminated(Exception):
-    """SIGTERM arrived; unwinds like Ctrl-C so every finally block tears down."""
-
-
-def _on_sigterm(signum, frame):
-    raise Terminated()
-
-
 def probe_bed(bed: Bed, name: str, state_dir: Path, args) -> list[dict]:
     """Build the bed, run ``args.runs`` probes of 10 streams through `tame probe --json`, tear down; one row per probe."""
     spec = replace(bed.spec, name=name)
@@ -95,16 +85,10 @@ def probe_bed(bed: Bed, name: str, state_dir: Path, args) -> list[dict]:
         if spec.cross_flows:
             time.sleep(CROSS_WARMUP_S)
         with pathcheck.iperf3_server(tb, PORT):
-            argv = [sys.executable, "-m", "advisor", "probe", f"{tb.receiver_addr}:{PORT}",
-                    "--levels", str(STREAMS), "--repeats", str(args.runs), "--duration", f"{args.seconds:g}",
-                    "--max-duration", f"{args.seconds:g}", "--omit", f"{args.omit:g}",
-                    "--congestion-control", spec.congestion_control, "--json"]
-            timeout = args.runs * (args.seconds + args.omit + 30) + 60
-            done = subprocess.run(tb.exec_in(tb.sender_ns, argv), cwd=ROOT, stdout=subprocess.PIPE, stderr=None,
-                                  text=True, timeout=timeout)
-            if done.returncode != 0:
-                raise RuntimeError(f"tame probe failed (exit {done.returncode}); see its message above")
-            plan = from_json(json.loads(done.stdout))
+            options = ["--levels", str(STREAMS), "--repeats", str(args.runs), "--duration", f"{args.seconds:g}",
+                       "--max-duration", f"{args.seconds:g}", "--omit", f"{args.omit:g}",
+                       "--congestion-control", spec.congestion_control]
+            plan = tame_probe(tb, options, args.runs * (args.seconds + args.omit + 30) + 60)
     finally:
         testbed.down(spec.name, state_dir=state_dir)
     return [probe_row(bed.key, run, probe) for run, probe in enumerate(plan.probes, start=1)]
