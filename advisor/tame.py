@@ -51,6 +51,10 @@ NO_MARGIN = ImpactMargin()
 # true impact exceeded the prediction by more than this in about one case in ten. It costs
 # throughput only where the prediction is close to the budget.
 DEFAULT_MARGIN = ImpactMargin(relative=0.15, absolute=0.02)
+# The fractional stream for n*'s remainder is held against a margin of its own. Rounding n* down to
+# whole streams leaves slack that DEFAULT_MARGIN's calibration counted on; the fractional stream
+# spends it, so it needs a wider margin for the same share of advice over budget.
+DEFAULT_FRACTIONAL_MARGIN = DEFAULT_MARGIN
 
 
 def validate_request(max_impact: float, n_max: int, model: str) -> None:
@@ -89,6 +93,21 @@ def largest_parallelism_within(fitted: ParallelFit, max_impact: float, n_max: fl
     return float(brentq(excess, lo, hi, xtol=1e-6))
 
 
+def opened_parallelism(n_star_whole: float, n_star_fractional: float) -> float:
+    """n* as opened (TCP-equivalent streams): floor(n_star_whole) whole streams plus the part of
+    n_star_fractional above them, never more than n_star_whole.
+
+    Below one stream the fractional stream is the whole transfer; it is kept to at least
+    MIN_FRACTION there (FM 400), since opening nothing is not advice and one standard stream is more.
+    """
+    whole = math.floor(n_star_whole + 1e-9)
+    if whole >= 1:
+        return float(whole + max(0.0, min(n_star_fractional, n_star_whole) - whole))
+    if n_star_whole < MIN_FRACTION:
+        return float(n_star_whole)
+    return float(min(n_star_whole, max(n_star_fractional, MIN_FRACTION)))
+
+
 def fractional_multiplier_for(tcp_equivalent_streams: float) -> float | None:
     """FM of one fractional stream carrying n*'s remainder r (r = n* when n* < 1): 1/r^2, or None."""
     whole = math.floor(tcp_equivalent_streams)
@@ -106,11 +125,14 @@ def advise(
     rtt_s: float | None = None,
     probes: Sequence[ProbePoint] = (),
     margin: ImpactMargin = DEFAULT_MARGIN,
+    fractional_margin: ImpactMargin = DEFAULT_FRACTIONAL_MARGIN,
 ) -> Advice:
     """Advice from a fitted curve: n*, the streams to open, their throughput (bits/s) and impact.
 
-    The budget is held against the predicted impact raised by ``margin``; the impact reported
-    is the prediction itself.
+    The whole streams are floor(n*) for n* held against the predicted impact raised by ``margin``;
+    the fractional stream carries the remainder of n* held against ``fractional_margin`` (the
+    advice's ``tcp_equivalent_streams`` is what is opened). The impact reported is the prediction
+    itself, at the whole streams.
     """
     validate_request(max_impact, n_max, fitted.model)
     warnings = list(fitted.warnings)
@@ -118,8 +140,9 @@ def advise(
     if fitted.regime == UNCONGESTED and fitted.max_probed_streams < cap:
         cap = fitted.max_probed_streams
         warnings.append(f"advice capped at the highest probed level ({cap:g} streams) because no congestion was seen")
-    n_star = largest_parallelism_within(fitted, max_impact, cap, margin)
-    num_flows = max(1, math.floor(n_star + 1e-9))
+    n_star_whole = largest_parallelism_within(fitted, max_impact, cap, margin)
+    num_flows = max(1, math.floor(n_star_whole + 1e-9))
+    n_star = opened_parallelism(n_star_whole, largest_parallelism_within(fitted, max_impact, cap, fractional_margin))
     impact = float(fitted.impact(num_flows))
     if impact > max_impact:
         warnings.append(
@@ -167,11 +190,13 @@ def tame_parallel_tcp(
     model: str = DEFAULT_MODEL,
     idle_rtt_s: float | None = None,
     margin: ImpactMargin = DEFAULT_MARGIN,
+    fractional_margin: ImpactMargin = DEFAULT_FRACTIONAL_MARGIN,
 ) -> Advice:
     """TameParallelTCP(dest, max_impact) from probe results: fit `model`, then advise."""
     validate_request(max_impact, n_max, model)
     fitted = fit(model, probes)
-    return advise(fitted, max_impact, n_max, representative_rtt_s(probes, idle_rtt_s), probes, margin)
+    return advise(fitted, max_impact, n_max, representative_rtt_s(probes, idle_rtt_s), probes, margin,
+                  fractional_margin)
 
 
 def predicted_curve(fitted: ParallelFit, n_max: int = DEFAULT_N_MAX,
@@ -202,8 +227,8 @@ def point_from_probe(probe: ProbeResult) -> ProbePoint:
 
 def advise_from_plan(
     plan: PlanResult, max_impact: float, n_max: int = DEFAULT_N_MAX, model: str = DEFAULT_MODEL,
-    margin: ImpactMargin = DEFAULT_MARGIN,
+    margin: ImpactMargin = DEFAULT_MARGIN, fractional_margin: ImpactMargin = DEFAULT_FRACTIONAL_MARGIN,
 ) -> Advice:
     """TameParallelTCP(dest, max_impact) from a finished probe plan."""
     return tame_parallel_tcp([point_from_probe(p) for p in plan.probes], max_impact, n_max, model, plan.idle_rtt_s,
-                             margin)
+                             margin, fractional_margin)

@@ -31,7 +31,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from advisor.tame import DEFAULT_MARGIN, DEFAULT_MODEL, NO_MARGIN, ImpactMargin, advise, point_from_probe  # noqa: E402
+from advisor.tame import (DEFAULT_FRACTIONAL_MARGIN, DEFAULT_MARGIN, DEFAULT_MODEL, NO_MARGIN, ImpactMargin,  # noqa: E402
+                          advise, point_from_probe)
 from models.errors import FitError  # noqa: E402
 from models.parallel import ProbePoint  # noqa: E402
 from models.registry import MIN_LEVELS, MODELS, PROBE_LEVELS, model_probes, next_probe_level  # noqa: E402
@@ -64,6 +65,8 @@ class Settings:
     floor_seeds: tuple[int, ...] = ()
     # The margin the advice is scored with (beside Lu's bare rule): the service's unless told otherwise.
     margin: ImpactMargin = DEFAULT_MARGIN
+    # The margin the served advice's fractional stream is held against: the service's unless told otherwise.
+    fractional_margin: ImpactMargin = DEFAULT_FRACTIONAL_MARGIN
     # Models whose served advice is also simulated as the transfer opens it, its fractional stream included.
     fractional_models: tuple[str, ...] = (DEFAULT_MODEL,)
 
@@ -242,7 +245,8 @@ def score_model(name: str, path: PathResult, probes: list[ProbePoint], score: Mo
         for as_served, margin, ratios, exceeded in (
                 (True, settings.margin, score.advice_ratio, score.advice_exceeded),
                 (False, NO_MARGIN, score.advice_ratio_bare, score.advice_exceeded_bare)):
-            advice = advise(fitted, budget, n_max=max(path.ns), margin=margin)
+            advice = advise(fitted, budget, n_max=max(path.ns), margin=margin,
+                            fractional_margin=settings.fractional_margin if as_served else NO_MARGIN)
             advised = advice.num_flows
             best_n, ratio, over = advice_outcome(path.ns, path.ours_bps, path.true_impact, budget, advised)
             if as_served:
@@ -506,6 +510,10 @@ def argument_parser(**kwargs) -> argparse.ArgumentParser:
                         help="score the advice with this margin for the impact's error instead of the service's "
                              f"({DEFAULT_MARGIN.relative:g},{DEFAULT_MARGIN.absolute:g}): a predicted impact i "
                              "counts as i (1 + RELATIVE) + ABSOLUTE")
+    parser.add_argument("--fractional-margin", type=margin_arg, default=DEFAULT_FRACTIONAL_MARGIN,
+                        metavar="RELATIVE,ABSOLUTE",
+                        help="hold the served advice's fractional stream against this margin instead of the "
+                             f"service's ({DEFAULT_FRACTIONAL_MARGIN.relative:g},{DEFAULT_FRACTIONAL_MARGIN.absolute:g})")
     parser.add_argument("--fractional-models", default=DEFAULT_MODEL, metavar="MODEL[,MODEL...]",
                         help="models whose served advice is also simulated as the transfer opens it, its fractional "
                              f"stream included (default {DEFAULT_MODEL}, the service's; 'none' for none)")
@@ -537,6 +545,7 @@ def settings_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         models=tuple(args.models.split(",")) if args.models else (),
         floor_seeds=ints(args.floor_seed) if args.floor_seed else (),
         margin=args.margin,
+        fractional_margin=args.fractional_margin,
         fractional_models=() if args.fractional_models == "none" else tuple(args.fractional_models.split(",")),
     )
     unknown = sorted(set(settings.fractional_models) - set(MODELS))

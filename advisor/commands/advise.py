@@ -8,7 +8,7 @@ import time
 
 from advisor.advice import Advice
 from advisor.cli import UsageError
-from advisor.commands.common import add_margin_option, fraction, margin_from_args, positive_int, print_advice, print_json
+from advisor.commands.common import add_margin_option, fraction, fractional_margin_from_args, margin_from_args, positive_int, print_advice, print_json
 from advisor.commands.probe import EXIT_PROBE_FAILED, add_plan_options, measure
 from advisor.plan_runner import level_chooser
 from advisor.tame import DEFAULT_MODEL, DEFAULT_N_MAX, advise_from_plan
@@ -51,7 +51,8 @@ def _locally(args) -> dict | None:
     if plan is None:
         return None
     try:
-        advice = advise_from_plan(plan, args.max_impact, args.n_max, args.model, margin_from_args(args))
+        advice = advise_from_plan(plan, args.max_impact, args.n_max, args.model, margin_from_args(args),
+                                  fractional_margin_from_args(args))
     except (FitError, ValueError) as exc:
         print(f"tame advise: the probes of {plan.dest} cannot be fitted: {exc}", file=sys.stderr)
         return None

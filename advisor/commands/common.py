@@ -11,7 +11,7 @@ from typing import Any
 
 from advisor.advice import Advice
 from advisor.cli import UsageError
-from advisor.tame import DEFAULT_MARGIN, DEFAULT_MODEL, DEFAULT_N_MAX, NO_MARGIN, ImpactMargin
+from advisor.tame import DEFAULT_FRACTIONAL_MARGIN, DEFAULT_MARGIN, DEFAULT_MODEL, DEFAULT_N_MAX, NO_MARGIN, ImpactMargin
 from models.parallel import ProbePoint
 from models.registry import MODELS, MIN_LEVELS
 
@@ -82,7 +82,13 @@ def add_margin_option(parser: argparse.ArgumentParser) -> None:
 
 
 def margin_from_args(args: argparse.Namespace) -> ImpactMargin:
+    """The margin whole streams are held against: none with --no-margin, else the service's."""
     return NO_MARGIN if args.no_margin else DEFAULT_MARGIN
+
+
+def fractional_margin_from_args(args: argparse.Namespace) -> ImpactMargin:
+    """The margin the fractional stream is held against: none with --no-margin, else the service's."""
+    return NO_MARGIN if args.no_margin else DEFAULT_FRACTIONAL_MARGIN
 
 
 def probes_from_args(args: argparse.Namespace) -> list[ProbePoint]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from advisor.cli import UsageError
 from advisor.commands.common import (
-    add_probe_options, fraction, margin_from_args, print_advice, print_json, probes_from_args,
+    add_probe_options, fraction, fractional_margin_from_args, margin_from_args, print_advice, print_json, probes_from_args,
 )
 from advisor.tame import tame_parallel_tcp
 from models.errors import FitError
@@ -21,7 +21,8 @@ def register(subparsers) -> None:
 def run(args) -> int:
     points = probes_from_args(args)
     try:
-        advice = tame_parallel_tcp(points, args.max_impact, args.n_max, args.model, margin=margin_from_args(args))
+        advice = tame_parallel_tcp(points, args.max_impact, args.n_max, args.model, margin=margin_from_args(args),
+                                    fractional_margin=fractional_margin_from_args(args))
     except (FitError, ValueError) as exc:
         raise UsageError(str(exc)) from exc
     if args.json:

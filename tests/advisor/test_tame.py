@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from numpy.testing import assert_allclose
 
-from advisor.tame import NO_MARGIN, fractional_multiplier_for, predicted_curve, tame_parallel_tcp
+from advisor.tame import NO_MARGIN, ImpactMargin, fractional_multiplier_for, predicted_curve, tame_parallel_tcp
 from models.parallel import ProbePoint, fit_lu
 
 A, B = 1e-16, 4e-16  # BW_n = n / sqrt(A n^2 + B): 44.7 Mbit/s at n = 1, capacity 100 Mbit/s
@@ -21,7 +21,7 @@ LU = "lu"
 
 def test_n_star_closed_form():
     # impact(n) = I  <=>  n^2 = b'(1/(1-I)^2 - 1)/a'. For I = 0.5: n^2 = 4 * (4 - 1) = 12, n* = 3.4641
-    advice = tame_parallel_tcp(PROBES, max_impact=0.5, model=LU, margin=NO_MARGIN)
+    advice = tame_parallel_tcp(PROBES, max_impact=0.5, model=LU, margin=NO_MARGIN, fractional_margin=NO_MARGIN)
     assert_allclose(advice.tcp_equivalent_streams, math.sqrt(12), atol=1e-4)
     assert advice.num_flows == 3
     # remainder r = 0.4641 -> FM = 1/r^2 = 4.642
@@ -37,13 +37,40 @@ def test_n_star_closed_form():
 
 def test_budget_below_one_stream_gives_one_stream_and_a_warning():
     # impact(1) = 1 - sqrt(4/5) = 0.1056 > 0.05; n* = sqrt(4 * (1/0.95^2 - 1)) = 0.65737
-    advice = tame_parallel_tcp(PROBES, max_impact=0.05, model=LU, margin=NO_MARGIN)
+    advice = tame_parallel_tcp(PROBES, max_impact=0.05, model=LU, margin=NO_MARGIN, fractional_margin=NO_MARGIN)
     assert advice.num_flows == 1
     assert_allclose(advice.tcp_equivalent_streams, math.sqrt(4 * (1 / 0.95**2 - 1)), atol=1e-4)
     # r = n* when n* < 1: FM = 1/0.65737^2 = 2.3141
     assert_allclose(advice.fractional_multiplier, 2.3141, rtol=1e-3)
     assert any("even one stream" in w for w in advice.warnings)
     # Below one stream the fractional stream is the whole transfer.
+    assert advice.opened_streams() == (0, advice.fractional_multiplier)
+
+
+def test_fractional_stream_is_held_against_its_own_margin():
+    # Whole streams by Lu's bare rule (n* = 3.4641 at budget 0.5); the fractional stream's remainder is
+    # held against impact + absolute <= 0.5, i.e. n^2 = 4 (1/(1 - (0.5 - absolute))^2 - 1).
+    def advice_with(absolute, budget=0.5):
+        return tame_parallel_tcp(PROBES, max_impact=budget, model=LU, margin=NO_MARGIN,
+                                 fractional_margin=ImpactMargin(0.0, absolute))
+
+    advice = advice_with(0.02)  # impact <= 0.48: n = 3.2853
+    assert advice.num_flows == 3
+    assert_allclose(advice.tcp_equivalent_streams, math.sqrt(4 * (1 / 0.52**2 - 1)), atol=1e-4)
+    assert_allclose(advice.fractional_multiplier, 1 / (math.sqrt(4 * (1 / 0.52**2 - 1)) - 3) ** 2, rtol=1e-3)
+    # impact <= 0.4: n = 2.667, below the whole streams: no fractional stream, the whole streams stay.
+    advice = advice_with(0.1)
+    assert (advice.num_flows, advice.tcp_equivalent_streams, advice.fractional_multiplier) == (3, 3.0, None)
+    assert advice.opened_streams() == (3, None)
+    # Below one stream (budget 0.05, n* = 0.657 bare): impact <= 0.03 gives n = 0.50125, FM 3.98.
+    advice = advice_with(0.02, budget=0.05)
+    assert_allclose(advice.tcp_equivalent_streams, math.sqrt(4 * (1 / 0.97**2 - 1)), atol=1e-4)
+    assert advice.opened_streams() == (0, advice.fractional_multiplier)
+    # impact <= 0.0001 gives n = 0.028: the gentlest fractional stream offered (r = 0.05, FM 400), not one
+    # standard stream.
+    advice = advice_with(0.0499, budget=0.05)
+    assert advice.tcp_equivalent_streams == 0.05
+    assert_allclose(advice.fractional_multiplier, 400.0)
     assert advice.opened_streams() == (0, advice.fractional_multiplier)
 
 

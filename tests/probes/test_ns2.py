@@ -396,6 +396,28 @@ def test_advice_is_recorded_per_path_and_budget_against_the_best_in_budget_n():
     assert f"{advised} / 4 ({ratio:.2f}){' !' if over else ''} |" in row
 
 
+def test_the_opened_advice_holds_its_fractional_stream_to_the_fractional_margin():
+    accuracy = _benchmark("accuracy")
+    from advisor.tame import DEFAULT_MARGIN, ImpactMargin, advise
+    from models.parallel import ProbePoint
+    from models.registry import MODELS
+
+    ns = tuple(range(1, 9))
+    path = _seven_percent_path(accuracy, ns)
+    probes = [ProbePoint(1, 10e6), ProbePoint(10, 60e6)]
+    fitted = MODELS["lu"](probes)
+    opened = {}
+    for fractional_margin in (DEFAULT_MARGIN, ImpactMargin(0.5, 0.05)):
+        score = accuracy.ModelScore("lu")
+        settings = accuracy.Settings(scenarios=(2,), ms=(5,), ns=ns, fractional_margin=fractional_margin)
+        accuracy.score_model("lu", path, probes, score, settings)
+        (opened[fractional_margin],) = score.opened_by_path
+        for budget, streams_and_fm in opened[fractional_margin].items():
+            assert streams_and_fm == advise(fitted, budget, n_max=8, margin=DEFAULT_MARGIN,
+                                            fractional_margin=fractional_margin).opened_streams()
+    assert opened[DEFAULT_MARGIN] != opened[ImpactMargin(0.5, 0.05)], "the wider margin changed no fractional stream"
+
+
 @pytest.mark.ns2
 def test_served_advice_is_simulated_as_opened_with_its_fractional_stream(tmp_path):
     # A short real path (s2, 5 cross flows, n = 1..4): every advice with a fractional stream is a run of its own,
@@ -487,7 +509,7 @@ def test_margin_argument_is_parsed_or_explained():
     import argparse
 
     accuracy = _benchmark("accuracy")
-    from advisor.tame import DEFAULT_MARGIN, ImpactMargin
+    from advisor.tame import DEFAULT_FRACTIONAL_MARGIN, DEFAULT_MARGIN, ImpactMargin
 
     assert accuracy.margin_arg("0.1,0.01") == ImpactMargin(0.1, 0.01)
     for bad in ("0.1", "a,b", "-0.1,0.02", "0.1,0.02,0.3"):
@@ -495,8 +517,10 @@ def test_margin_argument_is_parsed_or_explained():
             accuracy.margin_arg(bad)
     settings, _ = accuracy.parse_args(["--quick"])
     assert settings.margin == DEFAULT_MARGIN
-    settings, _ = accuracy.parse_args(["--quick", "--margin", "0,0"])
+    assert settings.fractional_margin == DEFAULT_FRACTIONAL_MARGIN
+    settings, _ = accuracy.parse_args(["--quick", "--margin", "0,0", "--fractional-margin", "0.3,0.04"])
     assert settings.margin == ImpactMargin(0.0, 0.0)
+    assert settings.fractional_margin == ImpactMargin(0.3, 0.04)
 
 
 def test_fractional_models_argument_is_parsed_or_explained(capsys):
