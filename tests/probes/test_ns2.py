@@ -566,6 +566,33 @@ def test_margin_sweep_scores_each_margins_advice_and_marks_the_goals():
         assert ("+" in line.split("|")[-2]) == meets
 
 
+@pytest.mark.ns2
+def test_fractional_margin_sweep_scores_the_advice_as_opened_per_margin(tmp_path):
+    # The short real path of the opened-advice test: each margin's row is what accuracy.py reports with
+    # --fractional-margin set to it.
+    accuracy = _benchmark("accuracy")
+    sweep = _benchmark("margin_sweep")
+    from advisor.tame import DEFAULT_FRACTIONAL_MARGIN, ImpactMargin
+
+    settings = accuracy.Settings(scenarios=(2,), ms=(5,), ns=(1, 2, 3, 4), truth_duration_s=5.0, truth_omit_s=2.0,
+                                 probe_duration_s=5.0, probe_omit_s=1.0, probe_max_duration_s=5.0,
+                                 models=("auto",), cache_dir=tmp_path, fractional_models=())
+    paths, _ = accuracy.evaluate(settings)
+    margins = [DEFAULT_FRACTIONAL_MARGIN, ImpactMargin(1.0, 0.1)]
+    rows = sweep.fractional_sweep_rows(paths, settings, margins)
+    keys = [f"{kind}_opened_{b}" for kind in ("adv", "exc") for b in (*accuracy.BUDGETS, "all")]
+    for margin, row in rows:
+        _, scores = accuracy.evaluate(replace(settings, fractional_margin=margin, fractional_models=("auto",)))
+        expected = accuracy.summary(scores)["auto"]
+        for key in (*keys, "without_whole", "within_opened_without_whole"):
+            assert row[key] == pytest.approx(expected[key], nan_ok=True), (margin, key)
+    text = sweep.table(rows, opened=True)
+    service = f"| {DEFAULT_FRACTIONAL_MARGIN.relative:g} | {DEFAULT_FRACTIONAL_MARGIN.absolute:g} |"
+    assert text[2].startswith(service) and "*" in text[2].split("|")[-3]
+    assert text[3].startswith("| 1 | 0.1 |") and text[3].endswith(f" {rows[1][1]['within_opened_without_whole']} of "
+                                                                  f"{rows[1][1]['without_whole']} |")
+
+
 def test_margin_sweep_help_lists_its_own_options_and_the_benchmarks(capsys):
     sweep = _benchmark("margin_sweep")
     with pytest.raises(SystemExit) as exited:
