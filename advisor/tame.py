@@ -53,8 +53,11 @@ NO_MARGIN = ImpactMargin()
 DEFAULT_MARGIN = ImpactMargin(relative=0.15, absolute=0.02)
 # The fractional stream for n*'s remainder is held against a margin of its own. Rounding n* down to
 # whole streams leaves slack that DEFAULT_MARGIN's calibration counted on; the fractional stream
-# spends it, so it needs a wider margin for the same share of advice over budget.
-DEFAULT_FRACTIONAL_MARGIN = DEFAULT_MARGIN
+# spends it (held to DEFAULT_MARGIN, the advice as opened exceeded the budget in 15 % of cases on
+# Lu's scenarios 1-6). Chosen on that run (`python benchmarks/margin_sweep.py --fractional`): of the
+# margins meeting both advice goals there (0.98 of the best, 9 % over budget), the one whose grid
+# neighbours meet them most often; scenarios 7-10 were not looked at to choose it.
+DEFAULT_FRACTIONAL_MARGIN = ImpactMargin(relative=0.20, absolute=0.03)
 
 
 def validate_request(max_impact: float, n_max: int, model: str) -> None:

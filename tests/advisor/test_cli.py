@@ -63,11 +63,14 @@ def test_fit_human_output():
 
 def test_fit_keeps_a_margin_for_the_prediction_error_by_default():
     # Lu's curve: impact(n) = 1 - sqrt(4 / (n^2 + 4)). With the default margin the budget 0.5 holds
-    # 1.15 impact + 0.02 <= 0.5, i.e. impact <= 0.41739: n^2 = 4 (1/(1 - 0.41739)^2 - 1), n* = 2.7909.
+    # 1.15 impact + 0.02 <= 0.5, i.e. impact <= 0.41739: n = 2.7909, two whole streams; the fractional
+    # stream's margin holds 1.2 impact + 0.03 <= 0.5, i.e. impact <= 0.39167: n* = 2.6094 as opened.
     result = tame("fit", *PROBE_ARGS, "--max-impact", "0.5", "--model", "lu", "--json")
     advice = json.loads(result.stdout)
-    assert_allclose(advice["tcp_equivalent_streams"], math.sqrt(4 * (1 / (1 - 0.48 / 1.15) ** 2 - 1)), atol=1e-4)
     assert advice["num_flows"] == 2
+    n_star = math.sqrt(4 * (1 / (1 - 0.47 / 1.2) ** 2 - 1))
+    assert_allclose(advice["tcp_equivalent_streams"], n_star, atol=1e-4)
+    assert_allclose(advice["fractional_multiplier"], 1 / (n_star - 2) ** 2, rtol=1e-3)
 
 
 def test_curve_json():

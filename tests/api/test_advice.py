@@ -26,10 +26,12 @@ def test_probe_then_advice_matches_the_offline_fit(service_factory):
             assert_allclose(advice[field], value, rtol=1e-9, err_msg=field)
         elif field != "probes":
             assert advice[field] == value, field
-    # impact(n) = 1 - sqrt(B / (A n^2 + B)); the service keeps the default margin, so the budget 0.5 holds
-    # 1.15 impact + 0.02 <= 0.5, i.e. impact <= 0.41739: n^2 = (B/A) (1/(1 - 0.41739)^2 - 1) = 7.784, n* = 2.790.
+    # impact(n) = 1 - sqrt(B / (A n^2 + B)); the service keeps the default margins, so the budget 0.5 holds
+    # 1.15 impact + 0.02 <= 0.5 for whole streams, i.e. impact <= 0.41739: n = 2.790, two streams; and
+    # 1.2 impact + 0.03 <= 0.5 for the fractional one, i.e. impact <= 0.39167: n^2 = (B/A) (1/(1 - 0.39167)^2 - 1),
+    # n* = 2.609 as opened.
     assert advice["num_flows"] == 2
-    assert_allclose(advice["tcp_equivalent_streams"], (4 * (1 / (1 - 0.48 / 1.15) ** 2 - 1)) ** 0.5, atol=1e-4)
+    assert_allclose(advice["tcp_equivalent_streams"], (4 * (1 / (1 - 0.47 / 1.2) ** 2 - 1)) ** 0.5, atol=1e-4)
     assert advice["dest"] == "127.0.0.1:5201" and advice["stale"] is False
     assert {"fitted_at", "probed_at"} <= advice.keys()
 
