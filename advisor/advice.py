@@ -24,11 +24,12 @@ class CurvePoint:
 class Advice:
     """TameParallelTCP's answer for one path and impact budget (field names are the JSON names).
 
-    ``tcp_equivalent_streams`` is n*, the largest parallelism (in standard streams) whose
-    predicted impact, raised by the margin for the prediction's error, is within ``max_impact``; ``num_flows`` = max(1, floor(n*)) standard streams;
-    ``fractional_multiplier`` is the FM of one extra fractional stream carrying the remainder
-    (None when the remainder is negligible or would need FM > 1000); below one TCP-equivalent stream
-    (n* < 1) that fractional stream is the whole transfer (:meth:`opened_streams`).
+    ``tcp_equivalent_streams`` is n* as opened, in standard streams: ``num_flows`` = max(1, floor(n))
+    standard streams for the largest n whose predicted impact, raised by the margin for the prediction's
+    error, is within ``max_impact``, plus the remainder up to the largest n within it under the fractional
+    stream's wider margin (:func:`advisor.tame.advise`). ``fractional_multiplier`` is the FM of one extra
+    fractional stream carrying that remainder (None when it is negligible or would need FM > 1000); below
+    one TCP-equivalent stream (n* < 1) that fractional stream is the whole transfer (:meth:`opened_streams`).
     """
 
     num_flows: int

@@ -20,7 +20,10 @@ class AdviceOut(BaseModel):
         description="FM >= 1 of one fractional stream carrying n*'s remainder (its window grows by 1/FM segments a "
                     "round trip, about 1/sqrt(FM) of a stream: Hacker et al. 2004), opened beside floor(n*) standard "
                     "streams, or alone when n* < 1; null when the remainder is negligible")
-    tcp_equivalent_streams: float = Field(description="n*: the parallelism, in standard streams, the advice carries")
+    tcp_equivalent_streams: float = Field(description="n*: the parallelism, in standard streams, the advice carries "
+                                                      "as opened; floor(n*) whole streams fit the budget with the "
+                                                      "margin for the impact's error, the fractional stream with a "
+                                                      "wider one")
     max_nondisruptive_throughput_bps: float
     cross_traffic_impact: float
     max_impact: float

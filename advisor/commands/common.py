@@ -77,7 +77,8 @@ def add_margin_option(parser: argparse.ArgumentParser) -> None:
         "--no-margin", action="store_true",
         help="hold the budget to the bare predicted impact (Lu's rule) instead of the prediction raised by "
              # argparse %-formats help strings: the percent sign is doubled.
-             f"{DEFAULT_MARGIN.relative:.0%}% + {DEFAULT_MARGIN.absolute:g} for its error",
+             f"{DEFAULT_MARGIN.relative:.0%}% + {DEFAULT_MARGIN.absolute:g} for its error (whole streams) and by "
+             f"{DEFAULT_FRACTIONAL_MARGIN.relative:.0%}% + {DEFAULT_FRACTIONAL_MARGIN.absolute:g} (the fractional stream)",
     )
 
 

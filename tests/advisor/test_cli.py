@@ -7,7 +7,7 @@ import pytest
 from numpy.testing import assert_allclose
 
 from advisor.cli import COMMANDS
-from advisor.tame import DEFAULT_MARGIN
+from advisor.tame import DEFAULT_FRACTIONAL_MARGIN, DEFAULT_MARGIN
 
 A, B = 1e-16, 4e-16
 
@@ -35,8 +35,9 @@ def test_every_command_prints_its_help(command):
 
 def test_margin_help_names_the_service_margin():
     result = tame("fit", "--help")
-    relative, absolute = f"{DEFAULT_MARGIN.relative:.0%}", f"{DEFAULT_MARGIN.absolute:g}"
-    assert f"{relative} + {absolute}" in " ".join(result.stdout.split())
+    text = " ".join(result.stdout.split())
+    for margin in (DEFAULT_MARGIN, DEFAULT_FRACTIONAL_MARGIN):
+        assert f"{margin.relative:.0%} + {margin.absolute:g}" in text
 
 
 def test_fit_json_fields_and_values():
