@@ -34,6 +34,13 @@ def _seven_percent_path(accuracy, ns):
                                cross_bps=np.array([100e6 * (1 - 0.07 * n) for n in ns]), cross0_bps=100e6)
 
 
+def _short_real_path_settings(accuracy, cache_dir, **overrides):
+    """Benchmark settings for a short real ns-2 path: s2, 5 cross flows, n = 1..4, 5 s runs."""
+    return accuracy.Settings(scenarios=(2,), ms=(5,), ns=(1, 2, 3, 4), truth_duration_s=5.0, truth_omit_s=2.0,
+                             probe_duration_s=5.0, probe_omit_s=1.0, probe_max_duration_s=5.0, cache_dir=cache_dir,
+                             **overrides)
+
+
 def test_parse_recorded_run_gives_per_flow_throughput_retransmits_and_rtt():
     run = parse_ns2_output((DATA / "s2_m5_n2_seed1.out").read_text())
     # Window 12 s .. 17 s. ours 0 acked 350 -> 3570: 3220 packets * 8000 bit / 5 s = 5.152 Mb/s;
@@ -424,9 +431,7 @@ def test_served_advice_is_simulated_as_opened_with_its_fractional_stream(tmp_pat
     # scored against the same best in-budget whole n as the whole-stream advice.
     accuracy = _benchmark("accuracy")
     report = _benchmark("accuracy_report")
-    settings = accuracy.Settings(scenarios=(2,), ms=(5,), ns=(1, 2, 3, 4), truth_duration_s=5.0, truth_omit_s=2.0,
-                                 probe_duration_s=5.0, probe_omit_s=1.0, probe_max_duration_s=5.0,
-                                 models=("auto", "lu"), cache_dir=tmp_path)
+    settings = _short_real_path_settings(accuracy, tmp_path, models=("auto", "lu"))
     (path,), scores = accuracy.evaluate(settings)
     auto = scores["auto"]
     assert scores["lu"].opened_outcome_by_path == []  # only settings.fractional_models' advice is simulated
@@ -574,9 +579,7 @@ def test_fractional_margin_sweep_scores_the_advice_as_opened_per_margin(tmp_path
     sweep = _benchmark("margin_sweep")
     from advisor.tame import DEFAULT_FRACTIONAL_MARGIN, ImpactMargin
 
-    settings = accuracy.Settings(scenarios=(2,), ms=(5,), ns=(1, 2, 3, 4), truth_duration_s=5.0, truth_omit_s=2.0,
-                                 probe_duration_s=5.0, probe_omit_s=1.0, probe_max_duration_s=5.0,
-                                 models=("auto",), cache_dir=tmp_path, fractional_models=())
+    settings = _short_real_path_settings(accuracy, tmp_path, models=("auto",), fractional_models=())
     paths, _ = accuracy.evaluate(settings)
     margins = [DEFAULT_FRACTIONAL_MARGIN, ImpactMargin(1.0, 0.1)]
     rows = sweep.fractional_sweep_rows(paths, settings, margins)
