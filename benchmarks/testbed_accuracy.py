@@ -524,10 +524,10 @@ def main() -> int:
             f"{' '.join(f'{x:.2f}' for x in load_after)} after (other jobs share the CPUs with the delay line).")}
 
     with tempfile.TemporaryDirectory(prefix="tpt-accuracy-") as tmp:
-        todo = [(path, run) for path in paths for run in range(1, args.runs + 1)]
-        for index, (path, run) in enumerate(todo):
+        todo = [(path, number) for path in paths for number in range(1, args.runs + 1)]
+        for index, (path, number) in enumerate(todo):
             name = f"acc{os.getpid() % 10000}{index}"[:12]
-            results.append(PathResult(path, run))
+            results.append(PathResult(path, number))
             try:
                 measure_path(results[-1], name, Path(tmp), args, models)
             except (ProbeError, RuntimeError, subprocess.TimeoutExpired, testbed.TestbedError) as exc:

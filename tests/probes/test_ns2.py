@@ -461,7 +461,7 @@ def test_served_advice_is_simulated_as_opened_with_its_fractional_stream(tmp_pat
     assert row["without_whole"] == len(within) and row["within_opened_without_whole"] == sum(within)
     text = "\n".join(report._opened_table([path], auto))
     streams, fm = opened[0.3]
-    assert f"| s2 m5 | " in text and (f"{streams} + FM {fm:.1f}:" if fm else f"{streams}:") in text
+    assert "| s2 m5 | " in text and (f"{streams} + FM {fm:.1f}:" if fm else f"{streams}:") in text
 
 
 def test_cross_breakdown_counts_errors_within_the_tolerance_per_scenario():
