@@ -35,10 +35,10 @@ def _seven_percent_path(accuracy, ns):
 
 
 def _short_real_path_settings(accuracy, cache_dir, **overrides):
-    """Benchmark settings for a short real ns-2 path: s2, 5 cross flows, n = 1..4, 5 s runs."""
-    return accuracy.Settings(scenarios=(2,), ms=(5,), ns=(1, 2, 3, 4), truth_duration_s=5.0, truth_omit_s=2.0,
-                             probe_duration_s=5.0, probe_omit_s=1.0, probe_max_duration_s=5.0, cache_dir=cache_dir,
-                             **overrides)
+    """Benchmark settings for a short real ns-2 path: s2, 5 cross flows, n = 1..4 unless overridden, 5 s runs."""
+    return accuracy.Settings(**{"scenarios": (2,), "ms": (5,), "ns": (1, 2, 3, 4), "truth_duration_s": 5.0,
+                                "truth_omit_s": 2.0, "probe_duration_s": 5.0, "probe_omit_s": 1.0,
+                                "probe_max_duration_s": 5.0, "cache_dir": cache_dir, **overrides})
 
 
 def test_parse_recorded_run_gives_per_flow_throughput_retransmits_and_rtt():
@@ -624,3 +624,38 @@ def test_advice_of_a_known_curve_is_scored_against_the_truth():
         (1.0, False), (0.5, False), (0.5, False)]
     # A curve that sees every n over budget advises one stream.
     assert accuracy.known_curve_advice(path, ours, np.ones(len(ns))) == [(1.0, False), (0.5, False), (0.25, False)]
+
+
+def test_impact_bound_study_scores_the_service_advice_at_zero_weight_and_only_widens_the_bound(tmp_path):
+    # On the short real path: with no jackknife weight the study's advice is the service's whole
+    # streams as accuracy.py scores them; a weight and a link-rate floor only raise the bound, so they
+    # never advise more streams nor exceed the budget more often.
+    accuracy = _benchmark("accuracy")
+    study = _benchmark("impact_bound_study")
+    from advisor.tame import DEFAULT_MARGIN
+    from models.registry import MODELS, model_probes
+
+    # n up to 40, so that the plan adds its third probe (at 40 streams) and each probe can be left out.
+    settings = _short_real_path_settings(accuracy, tmp_path, models=("auto",), fractional_models=(),
+                                         ns=(1, 2, 5, 10, 20, 40))
+    paths, scores = accuracy.evaluate(settings)
+    expected = accuracy.summary(scores)["auto"]
+    (none, _, weighted), = [study.spread_rows(paths, "auto", [DEFAULT_MARGIN], [0.0, 0.5, 4.0])]
+    assert none[2]["advice"] == pytest.approx(expected["adv_all"])
+    assert none[2]["exceeded"] == pytest.approx(expected["exc_all"])
+    assert none[2]["cross_p50"] == pytest.approx(expected["cross_p50"])
+    assert weighted[2]["over"] <= none[2]["over"]
+    (path,) = paths
+    probes = model_probes("auto", path.probes, max(path.ns))
+    fitted = MODELS["auto"](probes)
+    left_out = study.left_out_fits("auto", probes)
+    assert len(left_out) == len(probes) == 3
+    ns = np.array([1.0, 5.0, 20.0, 40.0])
+    spread = study.BoundedImpact(fitted, DEFAULT_MARGIN, 1.0, left_out).spread(ns)
+    assert (spread >= 0).all() and spread.any()
+    constant = np.asarray(study.BoundedImpact(fitted, DEFAULT_MARGIN).impact(ns))
+    assert (np.asarray(study.BoundedImpact(fitted, DEFAULT_MARGIN, 1.0, left_out).impact(ns)) >= constant).all()
+    floored = study.BoundedImpact(fitted, DEFAULT_MARGIN, link_bps=1e6)  # far below our throughput: impact 1
+    assert np.allclose(floored.predicted_impact(ns), 1.0)
+    capacity = study.capacity_score(paths, "auto", DEFAULT_MARGIN)
+    assert capacity["over"] <= none[2]["over"] and capacity["cases"] == none[2]["cases"]

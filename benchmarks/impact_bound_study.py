@@ -1,0 +1,160 @@
+"""Two alternatives to the advice's constant margin, scored on ns-2 (a study; the service uses neither).
+
+Both wrap the default model's fit and change only the impact the budget is held against; the advice is
+the service's own search (advisor.tame.largest_parallelism_within, floor(n*) whole streams), scored as
+benchmarks/accuracy.py scores it, from the same probes and ground truth (its cache; missing runs are
+simulated first):
+
+* ``spread``: a margin per path from the fit's own uncertainty. The probes are left out one at a
+  time, the model is fitted to the rest, and the jackknife standard deviation of the impact over those
+  fits, times Z, is added to the margin: bound = i (1 + RELATIVE) + ABSOLUTE + Z sd(n) for a predicted
+  impact i > 0. Z = 0 is the service's constant margin.
+* ``capacity``: where the fit is congested, the impact is at least our predicted throughput over the
+  bottleneck's rate (the scenario's L3 link, which the service is not told): a full link's total is
+  conserved, so the cross traffic loses what we take. This also changes the cross-traffic error.
+
+    python benchmarks/impact_bound_study.py                 # Lu's scenarios 1-6
+    python benchmarks/impact_bound_study.py --holdout       # scenarios 7-10
+
+Every option of accuracy.py is accepted; its --margin is the constant part (RELATIVE, ABSOLUTE) of
+the ``spread`` rows' first column and of the ``capacity`` row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from accuracy import BUDGETS, advice_outcome, argument_parser, evaluate, settings_from  # noqa: E402
+
+from advisor.tame import DEFAULT_MODEL, NO_MARGIN, ImpactMargin, largest_parallelism_within  # noqa: E402
+from models.errors import FitError  # noqa: E402
+from models.parallel import CONGESTED, UNCONGESTED, ParallelFit  # noqa: E402
+from models.registry import MODELS, model_probes  # noqa: E402
+from probes.ns2 import SCENARIOS  # noqa: E402
+
+SPREAD_WEIGHTS = (0.0, 0.25, 0.5, 1.0, 2.0)
+
+
+class BoundedImpact:
+    """A fit whose impact is replaced by the bound the budget is held against (fractions 0-1)."""
+
+    def __init__(self, fitted: ParallelFit, margin: ImpactMargin, weight: float = 0.0,
+                 left_out: tuple[ParallelFit, ...] = (), link_bps: float | None = None):
+        self.fitted, self.margin, self.weight, self.left_out, self.link_bps = fitted, margin, weight, left_out, link_bps
+        self.regime, self.max_probed_streams = fitted.regime, fitted.max_probed_streams
+
+    def throughput_bps(self, streams):
+        return self.fitted.throughput_bps(streams)
+
+    def predicted_impact(self, streams) -> np.ndarray:
+        """The fit's impact, floored at throughput / link rate where congested and a link rate is given."""
+        impact = np.asarray(self.fitted.impact(streams), dtype=float)
+        if self.link_bps is not None and self.fitted.regime == CONGESTED:
+            impact = np.maximum(impact, np.minimum(1.0, np.asarray(self.fitted.throughput_bps(streams)) / self.link_bps))
+        return impact
+
+    def spread(self, streams) -> np.ndarray:
+        """Jackknife standard deviation of the impact over the leave-one-probe-out fits (0 with fewer than two)."""
+        n = np.asarray(streams, dtype=float)
+        if self.weight == 0 or len(self.left_out) < 2:
+            return np.zeros_like(n)
+        values = np.array([np.clip(np.asarray(f.impact(n), dtype=float), 0.0, 1.0) for f in self.left_out])
+        k = len(values)
+        return np.sqrt((k - 1) / k * ((values - values.mean(axis=0)) ** 2).sum(axis=0))
+
+    def impact(self, streams):
+        impact = self.predicted_impact(streams)
+        bound = np.asarray(self.margin.bound(impact)) + np.where(impact > 0, self.weight * self.spread(streams), 0.0)
+        bound = np.minimum(bound, np.where(impact > 0, 1.0, impact))
+        return bound if bound.ndim else float(bound)
+
+
+def left_out_fits(model: str, probes) -> tuple[ParallelFit, ...]:
+    """The model fitted to the probes with each one left out in turn (fits that fail are skipped)."""
+    fits = []
+    for i in range(len(probes)):
+        try:
+            fits.append(MODELS[model](list(probes[:i]) + list(probes[i + 1:])))
+        except FitError:
+            pass
+    return tuple(fits)
+
+
+def score(paths, model: str, bounded) -> dict:
+    """Cross-traffic |relative error| p50 / p90 of the bound's predicted impact, and the advice per budget.
+
+    ``bounded(path, fitted, probes)`` gives the BoundedImpact of one path.
+    """
+    cross, ratios, exceeded = [], [], []
+    for path in paths:
+        probes = model_probes(model, path.probes, max(path.ns))
+        fitted = MODELS[model](probes)
+        curve = bounded(path, fitted, probes)
+        ns = np.array(path.ns, dtype=float)
+        predicted_cross = path.cross0_bps * (1.0 - curve.predicted_impact(ns))
+        cross.extend(np.abs((predicted_cross - path.cross_bps) / path.cross_bps).tolist())
+        cap = float(max(path.ns))
+        if fitted.regime == UNCONGESTED and fitted.max_probed_streams < cap:
+            cap = fitted.max_probed_streams
+        for budget in BUDGETS:
+            n_star = largest_parallelism_within(curve, budget, cap, NO_MARGIN)
+            _, ratio, over = advice_outcome(path.ns, path.ours_bps, path.true_impact, budget,
+                                            max(1, int(np.floor(n_star + 1e-9))))
+            if ratio is not None:
+                ratios.append(ratio)
+                exceeded.append(over)
+    return {"cross_p50": float(np.percentile(cross, 50)), "cross_p90": float(np.percentile(cross, 90)),
+            "advice": float(np.median(ratios)), "exceeded": float(np.mean(exceeded)), "cases": len(exceeded),
+            "over": int(sum(exceeded))}
+
+
+def spread_rows(paths, model: str, margins, weights) -> list[tuple[ImpactMargin, float, dict]]:
+    """(margin, weight, score) for every margin and jackknife weight."""
+    left_out = {id(path): left_out_fits(model, model_probes(model, path.probes, max(path.ns))) for path in paths}
+    return [(margin, weight, score(paths, model, lambda path, fitted, probes, m=margin, w=weight:
+                                   BoundedImpact(fitted, m, w, left_out[id(path)])))
+            for margin in margins for weight in weights]
+
+
+def capacity_score(paths, model: str, margin: ImpactMargin) -> dict:
+    """The score with the impact floored at throughput / the scenario's bottleneck rate."""
+    return score(paths, model, lambda path, fitted, probes: BoundedImpact(
+        fitted, margin, link_bps=SCENARIOS[path.scenario].l3_bps))
+
+
+def _row(label: str, s: dict) -> str:
+    return (f"| {label} | {s['cross_p50']:.3f} / {s['cross_p90']:.3f} | {s['advice']:.2f} ({s['exceeded']:.0%}, "
+            f"{s['over']} of {s['cases']}) |")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], parents=[argument_parser(add_help=False)])
+    own = parser.parse_args(argv)
+    settings, _ = settings_from(own, parser)
+    settings = replace(settings, models=settings.models[:1] or (DEFAULT_MODEL,), fractional_models=())
+    model = settings.models[0]
+    start = time.monotonic()
+    paths, _ = evaluate(settings)
+    base = settings.margin
+    margins = [base, ImpactMargin(0.0, base.absolute), ImpactMargin(0.0, 0.0), ImpactMargin(0.1, 0.01)]
+    print(f"`{model}` on scenarios {list(settings.scenarios)} x m {list(settings.ms)} ({len(paths)} paths). "
+          "Cross: |relative error| p50 / p90; advice: median of true throughput at floor(n*) / best in-budget, "
+          "and the share (count) of advice truly over budget.\n")
+    print("| impact bound | cross | advice |\n|---|---|---|")
+    for margin, weight, s in spread_rows(paths, model, margins, SPREAD_WEIGHTS):
+        print(_row(f"i x {1 + margin.relative:g} + {margin.absolute:g} + {weight:g} x jackknife sd", s))
+    print(_row(f"max(i, ours / link rate) x {1 + base.relative:g} + {base.absolute:g}", capacity_score(paths, model, base)))
+    print(f"\n({time.monotonic() - start:.0f} s)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
