@@ -43,12 +43,20 @@ def parse_path(text: str) -> tuple[int, int]:
         raise argparse.ArgumentTypeError(f"a path is scenario:m (e.g. 6:10), got {text!r}") from None
 
 
+def fit_line(fitted) -> str:
+    """The fit's throughput asymptote (the fair share's C) and competing flows M, where it has them."""
+    capacity, flows = fitted.capacity_bps, fitted.params.get("competing_flows")
+    return ("Fit: capacity " + ("unbounded" if capacity is None else f"{capacity / MBPS:.3f} Mbit/s")
+            + ("" if flows is None else f", competing flows M = {flows:.2f}") + ".")
+
+
 def explain(path, model: str, settings: Settings) -> list[str]:
     """Markdown lines describing one PathResult under one model."""
     probes = model_probes(model, path.probes, max(path.ns))
     fitted = MODELS[model](probes)
     lines = [f"## s{path.scenario} m{path.m} ({settings.queue}), model {model}: regime {fitted.regime}", ""]
     lines += [f"- warning: {w}" for w in fitted.warnings] + ([""] if fitted.warnings else [])
+    lines += [fit_line(fitted), ""]
     lines += ["| probe streams | Mbit/s | per stream | RTT ms | % lost | verdict | loss dispersion |",
               "|---|---|---|---|---|---|---|"]
     for p in sorted(probes, key=lambda q: q.streams):

@@ -318,6 +318,13 @@ def test_explain_path_prints_the_models_prediction_against_the_truth_at_every_n(
     settings = accuracy.Settings(scenarios=(1,), ms=(3,), ns=(1, 2, 4), models=("auto",), cache_dir=tmp_path)
     (path,), _ = accuracy.evaluate(settings)
     fitted = MODELS["auto"]([path.probes[1], path.probes[10]])
+    fit_line = next(line for line in out.splitlines() if line.startswith("Fit: "))
+    if fitted.capacity_bps is None:
+        assert "capacity unbounded" in fit_line
+    else:
+        assert f"capacity {fitted.capacity_bps / 1e6:.3f} Mbit/s" in fit_line
+    if "competing_flows" in fitted.params:
+        assert f"M = {fitted.params['competing_flows']:.2f}" in fit_line
     for k, n in enumerate(path.ns):
         ours, predicted, error = (rows[n][i].strip() for i in (2, 3, 4))
         assert float(ours) == pytest.approx(path.ours_bps[k] / 1e6, abs=5e-4)
