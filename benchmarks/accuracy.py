@@ -120,6 +120,12 @@ class PathResult:
     def true_impact(self) -> np.ndarray:
         return 1.0 - self.cross_bps / self.cross0_bps
 
+    def cross_error(self, impact) -> np.ndarray:
+        """Relative error (Lu eq. 14) of the cross traffic predicted from ``impact`` (fractions 0-1 at each n of
+        the sweep): the cross traffic alone x (1 - impact) against the measured, signed."""
+        predicted = self.cross0_bps * (1.0 - np.asarray(impact, dtype=float))
+        return (predicted - self.cross_bps) / self.cross_bps
+
 
 @dataclass
 class ModelScore:
@@ -236,8 +242,7 @@ def score_model(name: str, path: PathResult, probes: list[ProbePoint], score: Mo
     score.per_path_scenario.append(path.scenario)
     for n, e in zip(path.ns, rel):
         score.error_vs_n.setdefault(n, []).append(float(e))
-    pred_cross = path.cross0_bps * (1.0 - np.asarray(fitted.impact(ns)))
-    cross_rel = (pred_cross - path.cross_bps) / path.cross_bps
+    cross_rel = path.cross_error(fitted.impact(ns))
     score.cross_error.extend(cross_rel.tolist())
     score.per_path_cross_bias.append(float(np.median(cross_rel)))
     by_budget, opened = {}, {}

@@ -1,7 +1,7 @@
 """Two alternatives to the advice's constant margin, scored on ns-2 (a study; the service uses neither).
 
 Both wrap the default model's fit and change only the impact the budget is held against; the advice is
-the service's own search (advisor.tame.largest_parallelism_within, floor(n*) whole streams), scored as
+the service's own (advisor.tame.advise: its whole streams, floor(n*)), scored as
 benchmarks/accuracy.py scores it, from the same probes and ground truth (its cache; missing runs are
 simulated first):
 
@@ -25,7 +25,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -34,22 +34,32 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from accuracy import BUDGETS, advice_outcome, argument_parser, evaluate, settings_from  # noqa: E402
 
-from advisor.tame import DEFAULT_MODEL, NO_MARGIN, ImpactMargin, largest_parallelism_within  # noqa: E402
+from advisor.tame import DEFAULT_MODEL, NO_MARGIN, ImpactMargin, advise  # noqa: E402
 from models.errors import FitError  # noqa: E402
-from models.parallel import CONGESTED, UNCONGESTED, ParallelFit  # noqa: E402
+from models.parallel import CONGESTED, ParallelFit  # noqa: E402
 from models.registry import MODELS, model_probes  # noqa: E402
 from probes.ns2 import SCENARIOS  # noqa: E402
 
 SPREAD_WEIGHTS = (0.0, 0.25, 0.5, 1.0, 2.0)
 
 
-class BoundedImpact:
-    """A fit whose impact is replaced by the bound the budget is held against (fractions 0-1)."""
+@dataclass(frozen=True)
+class BoundedImpact(ParallelFit):
+    """``fitted`` with its impact replaced by the bound the budget is held against (fractions 0-1): the
+    predicted impact (floored at throughput / ``link_bps`` where congested, if given) raised by ``margin``
+    and by ``weight`` x the jackknife spread over the ``left_out`` fits. Build it with :meth:`around`."""
 
-    def __init__(self, fitted: ParallelFit, margin: ImpactMargin, weight: float = 0.0,
-                 left_out: tuple[ParallelFit, ...] = (), link_bps: float | None = None):
-        self.fitted, self.margin, self.weight, self.left_out, self.link_bps = fitted, margin, weight, left_out, link_bps
-        self.regime, self.max_probed_streams = fitted.regime, fitted.max_probed_streams
+    fitted: ParallelFit | None = None
+    margin: ImpactMargin = NO_MARGIN
+    weight: float = 0.0
+    left_out: tuple[ParallelFit, ...] = ()
+    link_bps: float | None = None
+
+    @classmethod
+    def around(cls, fitted: ParallelFit, margin: ImpactMargin, weight: float = 0.0,
+               left_out: tuple[ParallelFit, ...] = (), link_bps: float | None = None) -> "BoundedImpact":
+        return cls(model=fitted.model, params=fitted.params, regime=fitted.regime, probe_streams=fitted.probe_streams,
+                   fitted=fitted, margin=margin, weight=weight, left_out=tuple(left_out), link_bps=link_bps)
 
     def throughput_bps(self, streams):
         return self.fitted.throughput_bps(streams)
@@ -89,25 +99,19 @@ def left_out_fits(model: str, probes) -> tuple[ParallelFit, ...]:
 
 
 def score(paths, model: str, bounded) -> dict:
-    """Cross-traffic |relative error| p50 / p90 of the bound's predicted impact, and the advice per budget.
+    """Cross-traffic |relative error| p50 / p90 of the bound's predicted impact, and the advice per budget:
+    the service's whole streams (advisor.tame.advise) held to the bound with no further margin.
 
     ``bounded(path, fitted, probes)`` gives the BoundedImpact of one path.
     """
     cross, ratios, exceeded = [], [], []
     for path in paths:
         probes = model_probes(model, path.probes, max(path.ns))
-        fitted = MODELS[model](probes)
-        curve = bounded(path, fitted, probes)
-        ns = np.array(path.ns, dtype=float)
-        predicted_cross = path.cross0_bps * (1.0 - curve.predicted_impact(ns))
-        cross.extend(np.abs((predicted_cross - path.cross_bps) / path.cross_bps).tolist())
-        cap = float(max(path.ns))
-        if fitted.regime == UNCONGESTED and fitted.max_probed_streams < cap:
-            cap = fitted.max_probed_streams
+        curve = bounded(path, MODELS[model](probes), probes)
+        cross.extend(np.abs(path.cross_error(curve.predicted_impact(np.array(path.ns, dtype=float)))).tolist())
         for budget in BUDGETS:
-            n_star = largest_parallelism_within(curve, budget, cap, NO_MARGIN)
-            _, ratio, over = advice_outcome(path.ns, path.ours_bps, path.true_impact, budget,
-                                            max(1, int(np.floor(n_star + 1e-9))))
+            advised = advise(curve, budget, n_max=max(path.ns), margin=NO_MARGIN, fractional_margin=NO_MARGIN)
+            _, ratio, over = advice_outcome(path.ns, path.ours_bps, path.true_impact, budget, advised.num_flows)
             if ratio is not None:
                 ratios.append(ratio)
                 exceeded.append(over)
@@ -120,13 +124,13 @@ def spread_rows(paths, model: str, margins, weights) -> list[tuple[ImpactMargin,
     """(margin, weight, score) for every margin and jackknife weight."""
     left_out = {id(path): left_out_fits(model, model_probes(model, path.probes, max(path.ns))) for path in paths}
     return [(margin, weight, score(paths, model, lambda path, fitted, probes, m=margin, w=weight:
-                                   BoundedImpact(fitted, m, w, left_out[id(path)])))
+                                   BoundedImpact.around(fitted, m, w, left_out[id(path)])))
             for margin in margins for weight in weights]
 
 
 def capacity_score(paths, model: str, margin: ImpactMargin) -> dict:
     """The score with the impact floored at throughput / the scenario's bottleneck rate."""
-    return score(paths, model, lambda path, fitted, probes: BoundedImpact(
+    return score(paths, model, lambda path, fitted, probes: BoundedImpact.around(
         fitted, margin, link_bps=SCENARIOS[path.scenario].l3_bps))
 
 

@@ -658,11 +658,11 @@ def test_impact_bound_study_scores_the_service_advice_at_zero_weight_and_only_wi
     left_out = study.left_out_fits("auto", probes)
     assert len(left_out) == len(probes) == 3
     ns = np.array([1.0, 5.0, 20.0, 40.0])
-    spread = study.BoundedImpact(fitted, DEFAULT_MARGIN, 1.0, left_out).spread(ns)
+    spread = study.BoundedImpact.around(fitted, DEFAULT_MARGIN, 1.0, left_out).spread(ns)
     assert (spread >= 0).all() and spread.any()
-    constant = np.asarray(study.BoundedImpact(fitted, DEFAULT_MARGIN).impact(ns))
-    assert (np.asarray(study.BoundedImpact(fitted, DEFAULT_MARGIN, 1.0, left_out).impact(ns)) >= constant).all()
-    floored = study.BoundedImpact(fitted, DEFAULT_MARGIN, link_bps=1e6)  # far below our throughput: impact 1
+    constant = np.asarray(study.BoundedImpact.around(fitted, DEFAULT_MARGIN).impact(ns))
+    assert (np.asarray(study.BoundedImpact.around(fitted, DEFAULT_MARGIN, 1.0, left_out).impact(ns)) >= constant).all()
+    floored = study.BoundedImpact.around(fitted, DEFAULT_MARGIN, link_bps=1e6)  # far below our throughput: impact 1
     assert np.allclose(floored.predicted_impact(ns), 1.0)
     capacity = study.capacity_score(paths, "auto", DEFAULT_MARGIN)
     assert capacity["over"] <= none[2]["over"] and capacity["cases"] == none[2]["cases"]
