@@ -145,7 +145,10 @@ def advise(
         warnings.append(f"advice capped at the highest probed level ({cap:g} streams) because no congestion was seen")
     n_star_whole = largest_parallelism_within(fitted, max_impact, cap, margin)
     num_flows = max(1, math.floor(n_star_whole + 1e-9))
-    n_star = opened_parallelism(n_star_whole, largest_parallelism_within(fitted, max_impact, cap, fractional_margin))
+    # Under the same margin the fractional stream's search would repeat the whole streams' one.
+    n_star_fractional = (n_star_whole if fractional_margin == margin
+                         else largest_parallelism_within(fitted, max_impact, cap, fractional_margin))
+    n_star = opened_parallelism(n_star_whole, n_star_fractional)
     impact = float(fitted.impact(num_flows))
     if impact > max_impact:
         warnings.append(
