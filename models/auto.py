@@ -69,6 +69,9 @@ PER_STREAM_TOLERANCE = 0.10
 # probe loses 3.5-39 % on scenario 1 and at most 1.1 % on scenarios 2-6 (the accuracy reports' probe tables).
 TIMEOUT_REGIME_WINDOW_SEGMENTS = 8.0
 TIMEOUT_REGIME_LOSS_RATE = 1.5 / TIMEOUT_REGIME_WINDOW_SEGMENTS ** 2
+# ParallelFit.form of the two forms that are not a plain fair share (or uncongested).
+KNEE = "knee"
+TIMEOUT_REGIME = "timeout regime"
 FLOW_RATE_PREFIX = "flow_rate_bps_at_"
 LEVEL_RATE_PREFIX = "probe_bps_at_"
 # A fitted fair share that misses a probe by more than this fraction says so in its warnings.
@@ -95,6 +98,10 @@ class TimeoutRegimeFit(FairShareFit):
 
     flow_rate_streams: tuple[float, ...] = ()
     flow_rates_bps: tuple[float, ...] = ()
+
+    @property
+    def form(self) -> str:
+        return TIMEOUT_REGIME
 
     def impact(self, streams):
         """Relative throughput loss of each competing flow, 0-1."""
@@ -263,6 +270,10 @@ class KneeFit(ParallelFit):
     @property
     def capacity_bps(self) -> float | None:
         return self.congested.capacity_bps
+
+    @property
+    def form(self) -> str:
+        return KNEE
 
 
 def knee_params(fit: KneeFit) -> dict[str, float]:

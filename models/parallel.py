@@ -89,6 +89,11 @@ class ParallelFit:
     def max_probed_streams(self) -> float:
         return max(self.probe_streams)
 
+    @property
+    def form(self) -> str:
+        """Which law the impact comes from: the regime, unless a subclass names its own form."""
+        return self.regime
+
 
 @dataclass(frozen=True)
 class PolynomialFit(ParallelFit):
