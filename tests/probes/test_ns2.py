@@ -666,3 +666,35 @@ def test_impact_bound_study_scores_the_service_advice_at_zero_weight_and_only_wi
     assert np.allclose(floored.predicted_impact(ns), 1.0)
     capacity = study.capacity_score(paths, "auto", DEFAULT_MARGIN)
     assert capacity["over"] <= none[2]["over"] and capacity["cases"] == none[2]["cases"]
+
+
+def test_margin_by_form_study_keeps_the_service_advice_with_its_margin_and_adds_no_over_budget_case(tmp_path):
+    # On the short real path: with the service's margin as the only choice, every form keeps it and the
+    # study scores the advice exactly as accuracy.py does; with the whole grid, each form's chosen margin
+    # adds no over-budget case and gets at least the service margin's mean ratio on that form's cases.
+    accuracy = _benchmark("accuracy")
+    study = _benchmark("margin_by_form")
+    from advisor.tame import DEFAULT_MARGIN, ImpactMargin
+
+    settings = _short_real_path_settings(accuracy, tmp_path, models=("auto",), fractional_models=("auto",),
+                                         ns=(1, 2, 5, 10, 20, 40))
+    paths, scores = accuracy.evaluate(settings)
+    expected = accuracy.summary(scores)["auto"]
+    fits = study.fitted_paths(paths, "auto")
+    only_service, _ = study.choose(fits, grid=(DEFAULT_MARGIN,))
+    assert only_service.forms and all(margin == DEFAULT_MARGIN for _, margin in only_service.forms)
+    row = study.scored(paths, settings, only_service)
+    for key in ("adv_all", "exc_all", "adv_opened_all", "exc_opened_all"):
+        assert row[key] == pytest.approx(expected[key], nan_ok=True)
+    # A margin that advises fewer streams for no budget kept is not chosen over the service's.
+    wide = ImpactMargin(3.0, 0.3)
+    chosen, rows = study.choose(fits, grid=(wide, DEFAULT_MARGIN))
+    assert dict(chosen.forms) == {"congested": DEFAULT_MARGIN}
+    (_, _, _, _, _, wide_mean), (_, _, _, _, _, service_mean) = rows
+    assert wide_mean < service_mean
+    chosen, rows = study.choose(fits)
+    assert {form for form, *_ in rows} == {form for form, _ in chosen.forms} == {fitted.form for _, fitted in fits}
+    for form, margin in chosen.forms:
+        tried = {m: (over, allowed, mean) for f, m, _, over, allowed, mean in rows if f == form}
+        over, allowed, mean = tried[margin]
+        assert over <= allowed and mean >= tried[DEFAULT_MARGIN][2]

@@ -1,0 +1,128 @@
+"""The advice's margin chosen per form of the default model's fit, scored on ns-2 (a study; the service keeps one margin).
+
+The service holds every fit's predicted impact i to i (1 + 0.15) + 0.02 (advisor.tame.DEFAULT_MARGIN).
+``auto`` reads the impact from different laws by form (ParallelFit.form): the fair share's M
+("congested"), the knee's equal shares and link conservation ("knee"), the mean of the fair share and
+the probes' loss rates ("timeout regime"), none ("uncongested"). This study gives each form a margin of
+its own (advisor.tame.MarginByForm), chosen on Lu's scenarios 1-6 (accuracy.py's full run) by one rule:
+
+    for each form, every margin on the grid is tried with the other forms kept at the service's; among
+    those that add no over-budget case in that form, the one with the highest mean ratio (true
+    throughput at the advice / best in-budget) over the form's cases.
+
+The choice is always made on the full run; the run the options ask for (``--holdout``, ``--queue RED``,
+...) is then scored with the service's margin and with the chosen one, as whole streams and as opened
+(each advice with a fractional stream is a ground-truth run of its own, accuracy.score_opened; its
+fractional stream keeps the service's fractional margin):
+
+    python benchmarks/margin_by_form.py                        # choose and score on scenarios 1-6
+    python benchmarks/margin_by_form.py --holdout              # choose on 1-6, score on 7-10
+    python benchmarks/margin_by_form.py --holdout --queue RED  # ... behind RED queues
+
+Runs come from accuracy.py's cache; missing ones are simulated first (the full run from an empty cache
+takes about 50 minutes on two cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections import defaultdict
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from accuracy import (BUDGETS, FULL, advice_outcome, argument_parser, evaluate, score_opened, score_paths,  # noqa: E402
+                      settings_from, summary)
+
+from advisor.tame import DEFAULT_MARGIN, DEFAULT_MODEL, NO_MARGIN, ImpactMargin, MarginByForm, advise  # noqa: E402
+from models.registry import MODELS, model_probes  # noqa: E402
+
+GRID = tuple(ImpactMargin(r, a) for r in (0.0, 0.05, 0.10, 0.15) for a in (0.0, 0.01, 0.02))
+
+
+def fitted_paths(paths, model: str) -> list[tuple[object, object]]:
+    """(path, the model fitted to its probes) for every path."""
+    return [(path, MODELS[model](model_probes(model, path.probes, max(path.ns)))) for path in paths]
+
+
+def form_outcomes(fits, margin) -> dict[str, list[tuple[float, bool]]]:
+    """Per form: (true throughput at the whole-stream advice / best in-budget, truly over budget) for every
+    (path, budget) with an in-budget n, the advice held to ``margin`` (an ImpactMargin or a MarginByForm)."""
+    outcomes = defaultdict(list)
+    for path, fitted in fits:
+        for budget in BUDGETS:
+            advised = advise(fitted, budget, n_max=max(path.ns), margin=margin, fractional_margin=NO_MARGIN)
+            _, ratio, over = advice_outcome(path.ns, path.ours_bps, path.true_impact, budget, advised.num_flows)
+            if ratio is not None:
+                outcomes[fitted.form].append((ratio, over))
+    return dict(outcomes)
+
+
+def choose(fits, grid=GRID, service: ImpactMargin = DEFAULT_MARGIN) -> tuple[MarginByForm, list[tuple]]:
+    """The margin per form by the module's rule, and a row per (form, margin) tried:
+    (form, margin, cases, over-budget cases, the service margin's over-budget cases, mean ratio)."""
+    baseline = form_outcomes(fits, service)
+    chosen, rows = {}, []
+    for form in sorted(baseline):
+        allowed = sum(over for _, over in baseline[form])
+        best = None
+        for margin in grid:
+            cases = form_outcomes(fits, MarginByForm(service, ((form, margin),)))[form]
+            over = sum(o for _, o in cases)
+            mean = float(np.mean([r for r, _ in cases]))
+            rows.append((form, margin, len(cases), over, allowed, mean))
+            if over <= allowed and (best is None or mean > best[0]):
+                best = (mean, margin)
+        chosen[form] = best[1] if best else service
+    return MarginByForm(service, tuple(sorted(chosen.items()))), rows
+
+
+def scored(paths, settings, margin) -> dict:
+    """The model's summary row with its advice held to ``margin``, whole streams and as opened."""
+    margin_settings = replace(settings, margin=margin, fractional_models=settings.models[:1])
+    scores = score_paths(paths, margin_settings)
+    score_opened(paths, scores, margin_settings)
+    return summary(scores)[settings.models[0]]
+
+
+def _cell(row: dict, kind: str) -> str:
+    return f"{row[f'adv{kind}_all']:.2f} ({row[f'exc{kind}_all']:.0%})"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], parents=[argument_parser(add_help=False)])
+    own = parser.parse_args(argv)
+    settings, _ = settings_from(own, parser)
+    settings = replace(settings, models=settings.models[:1] or (DEFAULT_MODEL,), fractional_models=())
+    model = settings.models[0]
+    start = time.monotonic()
+    full = replace(settings, scenarios=FULL["scenarios"], ms=FULL["ms"], ns=FULL["ns"], queue="DropTail")
+    full_paths = evaluate(full)[0]
+    by_form, rows = choose(fitted_paths(full_paths, model))
+    print(f"Margins per form of `{model}`'s fit, chosen on scenarios {list(full.scenarios)} x m {list(full.ms)} "
+          "(DropTail): per form, the grid margin with the highest mean ratio over the form's cases among those "
+          "adding no over-budget case in the form ('*': chosen).\n")
+    print("| form | margin (relative, absolute) | cases | over budget (service's margin) | mean ratio |\n|---|---|---|---|---|")
+    chosen = dict(by_form.forms)
+    for form, margin, cases, over, allowed, mean in rows:
+        mark = " *" if chosen[form] == margin else ""
+        print(f"| {form} | {margin.relative:g}, {margin.absolute:g}{mark} | {cases} | {over} ({allowed}) | {mean:.3f} |")
+    paths = full_paths if settings == full else evaluate(settings)[0]
+    service, per_form = scored(paths, settings, DEFAULT_MARGIN), scored(paths, settings, by_form)
+    print(f"\nAdvice on scenarios {list(settings.scenarios)} x m {list(settings.ms)} ({settings.queue}, {len(paths)} "
+          "paths): median over budgets 0.05-0.3 of true throughput at the advice / best in-budget, and the share "
+          "of advice truly over budget.\n")
+    print("| margin | whole streams | as opened |\n|---|---|---|")
+    for label, row in (("the service's (one for every form)", service), ("per form, as chosen above", per_form)):
+        print(f"| {label} | {_cell(row, '')} | {_cell(row, '_opened')} |")
+    print(f"\n({time.monotonic() - start:.0f} s)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
