@@ -561,6 +561,14 @@ def settings_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     return settings, out
 
 
+def one_model_settings(parser: argparse.ArgumentParser, argv=None) -> tuple[Settings, argparse.Namespace]:
+    """A study's settings from the command line and its parsed options: ``parser`` (built on
+    :func:`argument_parser`) read, the first model asked for or the default, no advice simulated as opened."""
+    args = parser.parse_args(argv)
+    settings, _ = settings_from(args, parser)
+    return replace(settings, models=settings.models[:1] or (DEFAULT_MODEL,), fractional_models=()), args
+
+
 def parse_args(argv=None) -> tuple[Settings, Path]:
     """The run's settings and report directory from the command line."""
     parser = argument_parser()

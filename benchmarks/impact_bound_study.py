@@ -25,16 +25,16 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from accuracy import BUDGETS, advice_outcome, argument_parser, evaluate, settings_from  # noqa: E402
+from accuracy import BUDGETS, advice_outcome, argument_parser, evaluate, one_model_settings  # noqa: E402
 
-from advisor.tame import DEFAULT_MODEL, NO_MARGIN, ImpactMargin, advise  # noqa: E402
+from advisor.tame import NO_MARGIN, ImpactMargin, advise  # noqa: E402
 from models.errors import FitError  # noqa: E402
 from models.parallel import CONGESTED, ParallelFit  # noqa: E402
 from models.registry import MODELS, model_probes  # noqa: E402
@@ -141,9 +141,7 @@ def _row(label: str, s: dict) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], parents=[argument_parser(add_help=False)])
-    own = parser.parse_args(argv)
-    settings, _ = settings_from(own, parser)
-    settings = replace(settings, models=settings.models[:1] or (DEFAULT_MODEL,), fractional_models=())
+    settings, _ = one_model_settings(parser, argv)
     model = settings.models[0]
     start = time.monotonic()
     paths, _ = evaluate(settings)

@@ -36,10 +36,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from accuracy import (BUDGETS, FULL, advice_outcome, argument_parser, evaluate, score_opened, score_paths,  # noqa: E402
-                      settings_from, summary)
+from accuracy import (BUDGETS, FULL, advice_outcome, argument_parser, evaluate, one_model_settings,  # noqa: E402
+                      score_opened, score_paths, summary)
 
-from advisor.tame import DEFAULT_MARGIN, DEFAULT_MODEL, NO_MARGIN, ImpactMargin, MarginByForm, advise  # noqa: E402
+from advisor.tame import DEFAULT_MARGIN, NO_MARGIN, ImpactMargin, MarginByForm, advise  # noqa: E402
 from models.registry import MODELS, model_probes  # noqa: E402
 
 GRID = tuple(ImpactMargin(r, a) for r in (0.0, 0.05, 0.10, 0.15) for a in (0.0, 0.01, 0.02))
@@ -96,9 +96,7 @@ def _cell(row: dict, kind: str) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], parents=[argument_parser(add_help=False)])
-    own = parser.parse_args(argv)
-    settings, _ = settings_from(own, parser)
-    settings = replace(settings, models=settings.models[:1] or (DEFAULT_MODEL,), fractional_models=())
+    settings, _ = one_model_settings(parser, argv)
     model = settings.models[0]
     start = time.monotonic()
     full = replace(settings, scenarios=FULL["scenarios"], ms=FULL["ms"], ns=FULL["ns"], queue="DropTail")

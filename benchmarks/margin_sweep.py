@@ -29,10 +29,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from accuracy import (BUDGETS, argument_parser, evaluate, score_opened, score_paths, settings_from,  # noqa: E402
+from accuracy import (BUDGETS, argument_parser, evaluate, one_model_settings, score_opened, score_paths,  # noqa: E402
                       summary)
 
-from advisor.tame import DEFAULT_FRACTIONAL_MARGIN, DEFAULT_MARGIN, DEFAULT_MODEL, ImpactMargin  # noqa: E402
+from advisor.tame import DEFAULT_FRACTIONAL_MARGIN, DEFAULT_MARGIN, ImpactMargin  # noqa: E402
 
 RELATIVE = (0.0, 0.05, 0.10, 0.15, 0.20, 0.30)
 ABSOLUTE = (0.0, 0.01, 0.02, 0.03)
@@ -109,10 +109,8 @@ def main(argv=None) -> int:
     parser.add_argument("--absolute", type=fractions,
                         help=f"comma-separated absolute margins to try (default {','.join(map(str, ABSOLUTE))}; "
                              f"with --fractional {','.join(map(str, FRACTIONAL_ABSOLUTE))})")
-    own = parser.parse_args(argv)
-    settings, _ = settings_from(own, parser)
     # The opened advice is simulated only where the sweep asks for it (fractional_sweep_rows).
-    settings = replace(settings, models=settings.models[:1] or (DEFAULT_MODEL,), fractional_models=())
+    settings, own = one_model_settings(parser, argv)
     start = time.monotonic()
     paths, _ = evaluate(settings)
     relative = own.relative or (FRACTIONAL_RELATIVE if own.fractional else RELATIVE)
