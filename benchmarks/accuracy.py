@@ -213,6 +213,18 @@ def advice_outcome(ns, ours_bps, true_impact, budget: float, advised: int) -> tu
     return best_n, ratio, bool(true_impact[index] > budget)
 
 
+def whole_stream_outcomes(path: PathResult, fitted, margin) -> list[tuple[float, bool]]:
+    """The service's whole streams (advisor.tame.advise, floor(n*)) held to ``margin`` against the path's truth:
+    (true throughput / best in-budget, whether over budget) for each budget that has an in-budget n."""
+    outcomes = []
+    for budget in BUDGETS:
+        advised = advise(fitted, budget, n_max=max(path.ns), margin=margin, fractional_margin=NO_MARGIN)
+        _, ratio, over = advice_outcome(path.ns, path.ours_bps, path.true_impact, budget, advised.num_flows)
+        if ratio is not None:
+            outcomes.append((ratio, over))
+    return outcomes
+
+
 def known_curve_advice(path: PathResult, ours_bps, impact, margin: ImpactMargin = NO_MARGIN) -> list[tuple[float, bool]]:
     """Advice of a model that knows a curve (our bits/s and impact 0-1 at each n of the path's sweep), scored
     against the path's truth: (true throughput / best in-budget, whether over budget) for each budget that
@@ -322,6 +334,15 @@ def score_paths(paths: list[PathResult], settings: Settings) -> dict[str, ModelS
                 continue
             score_model(name, path, probes, scores[name], settings)
     return scores
+
+
+def summary_as_opened(paths: list[PathResult], settings: Settings) -> dict[str, float]:
+    """The first model's summary row, its served advice also simulated as the transfer opens it (score_opened)."""
+    name = settings.models[0]
+    settings = replace(settings, fractional_models=(name,))
+    scores = score_paths(paths, settings)
+    score_opened(paths, scores, settings)
+    return summary(scores)[name]
 
 
 def score_opened(paths: list[PathResult], scores: dict[str, ModelScore], settings: Settings) -> None:

@@ -32,9 +32,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from accuracy import BUDGETS, advice_outcome, argument_parser, evaluate, one_model_settings  # noqa: E402
+from accuracy import argument_parser, evaluate, one_model_settings, whole_stream_outcomes  # noqa: E402
 
-from advisor.tame import NO_MARGIN, ImpactMargin, advise  # noqa: E402
+from advisor.tame import NO_MARGIN, ImpactMargin  # noqa: E402
 from models.errors import FitError  # noqa: E402
 from models.parallel import CONGESTED, ParallelFit  # noqa: E402
 from models.registry import MODELS, model_probes  # noqa: E402
@@ -109,12 +109,9 @@ def score(paths, model: str, bounded) -> dict:
         probes = model_probes(model, path.probes, max(path.ns))
         curve = bounded(path, MODELS[model](probes), probes)
         cross.extend(np.abs(path.cross_error(curve.predicted_impact(np.array(path.ns, dtype=float)))).tolist())
-        for budget in BUDGETS:
-            advised = advise(curve, budget, n_max=max(path.ns), margin=NO_MARGIN, fractional_margin=NO_MARGIN)
-            _, ratio, over = advice_outcome(path.ns, path.ours_bps, path.true_impact, budget, advised.num_flows)
-            if ratio is not None:
-                ratios.append(ratio)
-                exceeded.append(over)
+        for ratio, over in whole_stream_outcomes(path, curve, NO_MARGIN):
+            ratios.append(ratio)
+            exceeded.append(over)
     return {"cross_p50": float(np.percentile(cross, 50)), "cross_p90": float(np.percentile(cross, 90)),
             "advice": float(np.median(ratios)), "exceeded": float(np.mean(exceeded)), "cases": len(exceeded),
             "over": int(sum(exceeded))}

@@ -36,10 +36,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from accuracy import (BUDGETS, FULL, advice_outcome, argument_parser, evaluate, one_model_settings,  # noqa: E402
-                      score_opened, score_paths, summary)
+from accuracy import (FULL, argument_parser, evaluate, one_model_settings, summary_as_opened,  # noqa: E402
+                      whole_stream_outcomes)
 
-from advisor.tame import DEFAULT_MARGIN, NO_MARGIN, ImpactMargin, MarginByForm, advise  # noqa: E402
+from advisor.tame import DEFAULT_MARGIN, ImpactMargin, MarginByForm  # noqa: E402
 from models.registry import MODELS, model_probes  # noqa: E402
 
 GRID = tuple(ImpactMargin(r, a) for r in (0.0, 0.05, 0.10, 0.15) for a in (0.0, 0.01, 0.02))
@@ -50,29 +50,26 @@ def fitted_paths(paths, model: str) -> list[tuple[object, object]]:
     return [(path, MODELS[model](model_probes(model, path.probes, max(path.ns)))) for path in paths]
 
 
-def form_outcomes(fits, margin) -> dict[str, list[tuple[float, bool]]]:
-    """Per form: (true throughput at the whole-stream advice / best in-budget, truly over budget) for every
-    (path, budget) with an in-budget n, the advice held to ``margin`` (an ImpactMargin or a MarginByForm)."""
-    outcomes = defaultdict(list)
-    for path, fitted in fits:
-        for budget in BUDGETS:
-            advised = advise(fitted, budget, n_max=max(path.ns), margin=margin, fractional_margin=NO_MARGIN)
-            _, ratio, over = advice_outcome(path.ns, path.ours_bps, path.true_impact, budget, advised.num_flows)
-            if ratio is not None:
-                outcomes[fitted.form].append((ratio, over))
-    return dict(outcomes)
+def form_outcomes(fits, margin: ImpactMargin) -> list[tuple[float, bool]]:
+    """(true throughput at the whole-stream advice / best in-budget, truly over budget) for every (path, budget)
+    of ``fits`` with an in-budget n, the advice held to ``margin``."""
+    return [outcome for path, fitted in fits for outcome in whole_stream_outcomes(path, fitted, margin)]
 
 
 def choose(fits, grid=GRID, service: ImpactMargin = DEFAULT_MARGIN) -> tuple[MarginByForm, list[tuple]]:
     """The margin per form by the module's rule, and a row per (form, margin) tried:
-    (form, margin, cases, over-budget cases, the service margin's over-budget cases, mean ratio)."""
-    baseline = form_outcomes(fits, service)
+    (form, margin, cases, over-budget cases, the service margin's over-budget cases, mean ratio).
+
+    A form's margin moves only the advice of that form's paths, so each form is scored on its own paths."""
+    by_form = defaultdict(list)
+    for path, fitted in fits:
+        by_form[fitted.form].append((path, fitted))
     chosen, rows = {}, []
-    for form in sorted(baseline):
-        allowed = sum(over for _, over in baseline[form])
+    for form, form_fits in sorted(by_form.items()):
+        allowed = sum(over for _, over in form_outcomes(form_fits, service))
         best = None
         for margin in grid:
-            cases = form_outcomes(fits, MarginByForm(service, ((form, margin),)))[form]
+            cases = form_outcomes(form_fits, margin)
             over = sum(o for _, o in cases)
             mean = float(np.mean([r for r, _ in cases]))
             rows.append((form, margin, len(cases), over, allowed, mean))
@@ -84,10 +81,7 @@ def choose(fits, grid=GRID, service: ImpactMargin = DEFAULT_MARGIN) -> tuple[Mar
 
 def scored(paths, settings, margin) -> dict:
     """The model's summary row with its advice held to ``margin``, whole streams and as opened."""
-    margin_settings = replace(settings, margin=margin, fractional_models=settings.models[:1])
-    scores = score_paths(paths, margin_settings)
-    score_opened(paths, scores, margin_settings)
-    return summary(scores)[settings.models[0]]
+    return summary_as_opened(paths, replace(settings, margin=margin))
 
 
 def _cell(row: dict, kind: str) -> str:

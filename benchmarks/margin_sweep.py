@@ -29,8 +29,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from accuracy import (BUDGETS, argument_parser, evaluate, one_model_settings, score_opened, score_paths,  # noqa: E402
-                      summary)
+from accuracy import (BUDGETS, argument_parser, evaluate, one_model_settings, score_paths, summary,  # noqa: E402
+                      summary_as_opened)
 
 from advisor.tame import DEFAULT_FRACTIONAL_MARGIN, DEFAULT_MARGIN, ImpactMargin  # noqa: E402
 
@@ -64,14 +64,7 @@ def sweep_rows(paths, settings, margins) -> list[tuple[ImpactMargin, dict]]:
 
 def fractional_sweep_rows(paths, settings, margins) -> list[tuple[ImpactMargin, dict]]:
     """(margin, the model's summary row with its advice opened, the fractional stream held to that margin) per margin."""
-    name = settings.models[0]
-    rows = []
-    for margin in margins:
-        margin_settings = replace(settings, fractional_margin=margin, fractional_models=(name,))
-        scores = score_paths(paths, margin_settings)
-        score_opened(paths, scores, margin_settings)
-        rows.append((margin, summary(scores)[name]))
-    return rows
+    return [(margin, summary_as_opened(paths, replace(settings, fractional_margin=margin))) for margin in margins]
 
 
 def _cell(ratio: float, exceeded: float) -> str:
