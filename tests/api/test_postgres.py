@@ -1,47 +1,32 @@
-"""The same store and API on PostgreSQL (127.0.0.1:5432, database `test`), in a fresh schema dropped afterwards."""
+"""The same store and API on PostgreSQL: each test on a fresh database (``pg_url``, tests/conftest.py)."""
 
-import os
 import threading
-import uuid
-from urllib.parse import quote
 
 import psycopg
 import pytest
 
-from advisor.db import Database
+from advisor.db import Database, migrations
 from advisor.store import Store
 from tests.api.conftest import probe_and_wait, rate
 
 pytestmark = pytest.mark.postgres
 
-SERVER = os.environ.get("TAME_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
-
-
-@pytest.fixture
-def pg_url():
-    schema = f"tame_test_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(SERVER, autocommit=True) as conn:
-        conn.execute(f"CREATE SCHEMA {schema}")
-    try:
-        yield f"{SERVER}?options={quote(f'-csearch_path={schema}')}"
-    finally:
-        with psycopg.connect(SERVER, autocommit=True) as conn:
-            conn.execute(f"DROP SCHEMA {schema} CASCADE")
-
 
 def test_migrations_are_versioned_and_idempotent(pg_url):
     db = Database(pg_url)
     try:
-        assert db.migrate() == [1, 2, 3]
+        known = migrations()
+        assert known[1][0] == "initial" and sorted(known) == list(range(1, len(known) + 1))
+        assert db.migrate() == sorted(known)
         assert db.migrate() == []
         with db.transaction() as tx:
             assert tx.execute("SELECT version, name FROM schema_migrations ORDER BY version").fetchall() == [
-                (1, "initial"), (2, "evidence_and_margin"), (3, "stream_losses")]
+                (version, name) for version, (name, _) in sorted(known.items())]
     finally:
         db.close()
 
 
-def test_api_on_postgres(service_factory, pg_url):
+def test_api_on_postgres(pg_url, service_factory):
     base, client, app = service_factory(url=pg_url)
     status = probe_and_wait(client)
     assert status["status"] == "done"
