@@ -20,6 +20,7 @@ from advisor.allowlist import Resolver, system_resolver
 from advisor.destinations import Destination, parse_destination
 from advisor.errors import BatchTooLarge, DestinationNotAllowed, InvalidRequest, UnknownDestination
 from advisor.fitcodec import fit_from_record, fit_to_record
+from advisor.limits import check_max_impact, check_probe_duration_s, check_probe_levels, check_streams, check_throughput_bps
 from advisor.settings import Settings
 from advisor.store import FitRow, Job, NewFit, Store
 from advisor.tame import advise, largest_parallelism_within, point_from_probe, predicted_curve, representative_rtt_s
@@ -30,9 +31,6 @@ from probes.result import ProbeResult
 
 log = logging.getLogger(__name__)
 
-MAX_LEVELS = 8
-MAX_PROBE_STREAMS = 128
-MAX_DURATION_S = 300.0
 _CACHE_LIMIT = 50_000
 # A stale destination's re-probe is requested at most this often from the read path.
 _REFRESH_RETRY_S = 60.0
@@ -44,13 +42,6 @@ class _Cached:
     probed_at: float
     loaded_at: float
     generation: int
-
-
-def check_max_impact(max_impact: Any) -> float:
-    if isinstance(max_impact, bool) or not isinstance(max_impact, (int, float)) or not math.isfinite(max_impact) \
-            or not 0.0 <= max_impact <= 1.0:
-        raise InvalidRequest(f"max_impact must be a fraction between 0 and 1 (e.g. 0.1 for 10 %), got {max_impact!r}")
-    return float(max_impact)
 
 
 def advisable_limit(fitted: ParallelFit, n_max: int) -> float:
@@ -89,10 +80,18 @@ class AdviceService:
 
     def build_fit(self, points: Sequence[ProbePoint], idle_rtt_s: float | None, probed_at: float,
                   observations_used: int = 0) -> NewFit:
-        """Fit the configured model and compute its curve; raises FitError/ValueError if it cannot."""
+        """Fit the configured model and compute its curve; raises FitError if the probes cannot be fitted."""
+        empty = sorted({p.streams for p in points if not p.throughput_bps > 0})
+        if empty:
+            raise FitError(f"the probes at {', '.join(f'{n:g}' for n in empty)} stream(s) carried no data")
         fitted = fit(self.settings.model, points)
         if not all(math.isfinite(v) for v in fitted.params.values()):
-            raise ValueError(f"the {fitted.model} fit of these probes has non-finite parameters {dict(fitted.params)}")
+            raise FitError(f"the {fitted.model} fit of these probes has non-finite parameters {dict(fitted.params)}")
+        return self.stored_fit(fitted, points, idle_rtt_s, probed_at, observations_used)
+
+    def stored_fit(self, fitted: ParallelFit, points: Sequence[ProbePoint], idle_rtt_s: float | None,
+                   probed_at: float, observations_used: int = 0) -> NewFit:
+        """What the store keeps of ``fitted``: its record and its curve, advisable up to the throughput peak."""
         limit = advisable_limit(fitted, self.settings.n_max)
         curve = [(p, p.streams <= limit + 1e-9) for p in predicted_curve(fitted, self.settings.n_max)]
         return NewFit(
@@ -110,7 +109,7 @@ class AdviceService:
         new_fit = None
         try:
             new_fit = self.build_fit(points, idle_rtt_s, probed_at=self.clock())
-        except (FitError, ValueError) as exc:
+        except FitError as exc:
             error = f"the probes could not be fitted: {exc}"
         run_id = self.store.record_run(dest, source=source, idle_rtt_s=idle_rtt_s, results=results,
                                        started_at=started_at, fit=new_fit, job_id=job_id, job_error=error)
@@ -242,20 +241,9 @@ class AdviceService:
                       duration_s: float | None = None) -> tuple[Job, bool]:
         """Queue a probe (or return the destination's active one): (job, created)."""
         dest = parse_destination(dest_text)
-        levels = self.settings.default_levels if levels is None else levels
-        if not isinstance(levels, (list, tuple)) or not all(isinstance(n, int) and not isinstance(n, bool) for n in levels):
-            raise InvalidRequest("levels must be a list of whole stream counts, e.g. [1, 10]")
-        levels = sorted(set(levels))
-        needed = MIN_LEVELS[self.settings.model]
-        if not needed <= len(levels) <= MAX_LEVELS or levels[0] < 1 or levels[-1] > MAX_PROBE_STREAMS:
-            raise InvalidRequest(
-                f"levels must hold {needed} to {MAX_LEVELS} different stream counts between 1 and {MAX_PROBE_STREAMS} "
-                f"(model {self.settings.model} needs {needed}), e.g. [1, 10]; got {levels}"
-            )
-        duration = self.settings.default_duration_s if duration_s is None else duration_s
-        if isinstance(duration, bool) or not isinstance(duration, (int, float)) or not math.isfinite(duration) \
-                or not 1.0 <= duration <= MAX_DURATION_S:
-            raise InvalidRequest(f"duration_s must be between 1 and {MAX_DURATION_S:g} seconds, got {duration!r}")
+        levels = check_probe_levels(self.settings.default_levels if levels is None else levels,
+                                    MIN_LEVELS[self.settings.model], self.settings.model)
+        duration = check_probe_duration_s(self.settings.default_duration_s if duration_s is None else duration_s)
         self.check_allowed(dest)
         job, created = self.store.enqueue_job(dest, levels, float(duration))
         if created:
@@ -283,11 +271,10 @@ class AdviceService:
     def observe(self, dest_text: str, streams: Any, throughput_bps: Any) -> dict[str, Any]:
         """Store a finished transfer's throughput and refit on the newest probes plus the observations since."""
         dest = parse_destination(dest_text)
-        if isinstance(streams, bool) or not isinstance(streams, int) or not 1 <= streams <= 1024:
-            raise InvalidRequest(f"streams must be a whole number between 1 and 1024, got {streams!r}")
-        if isinstance(throughput_bps, bool) or not isinstance(throughput_bps, (int, float)) \
-                or not math.isfinite(throughput_bps) or not 1 <= throughput_bps < 1e15:
-            raise InvalidRequest(f"throughput_bps must be a number of bits/s between 1 and 1e15, got {throughput_bps!r}")
+        streams = check_streams(streams)
+        throughput_bps = check_throughput_bps(throughput_bps)
+        # An observation becomes advice schedulers read: only for destinations this service may probe.
+        self.check_allowed(dest)
         run_at, idle_rtt_s, run_points = self.store.latest_run_points(dest.key)
         base = [ProbePoint(streams=p["streams"], throughput_bps=p["throughput_bps"], rtt_s=p["rtt_mean_s"],
                            retransmits=p["retransmits"], duration_s=p["duration_s"], mss_bytes=p["mss_bytes"],
@@ -299,7 +286,7 @@ class AdviceService:
             try:
                 return self.build_fit(points, idle_rtt_s, probed_at=run_at if run_at is not None else self.clock(),
                                       observations_used=len(observations))
-            except (FitError, ValueError) as exc:
+            except FitError as exc:
                 log.info("observation for %s stored without a refit: %s", dest.key, exc)
                 return None
 

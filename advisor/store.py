@@ -142,13 +142,19 @@ class Store:
     # -- destinations ---------------------------------------------------------------------
 
     def _destination_id(self, tx: Tx, dest: Destination) -> int:
-        row = tx.execute("SELECT id FROM destinations WHERE dest = ?", (dest.key,)).fetchone()
-        if row:
+        """The destination's row id, the row created if missing; safe against concurrent first writes."""
+        select = "SELECT id FROM destinations WHERE dest = ?"
+        row = tx.execute(select, (dest.key,)).fetchone()
+        if row:  # the common case, without an insert that would spend an id of the sequence
             return row[0]
-        return tx.execute(
-            "INSERT INTO destinations (dest, host, port, created_at) VALUES (?, ?, ?, ?) RETURNING id",
+        # Several transactions may miss the row at once (on PostgreSQL they run in parallel): the
+        # upsert makes all but one wait for the winner's commit and do nothing, and the SELECT after
+        # it (a new snapshot under READ COMMITTED) then sees that row.
+        tx.execute(
+            "INSERT INTO destinations (dest, host, port, created_at) VALUES (?, ?, ?, ?) ON CONFLICT (dest) DO NOTHING",
             (dest.key, dest.host, dest.port, self.clock()),
-        ).fetchone()[0]
+        )
+        return tx.execute(select, (dest.key,)).fetchone()[0]
 
     # -- fits -----------------------------------------------------------------------------
 

@@ -21,8 +21,8 @@ DEFAULT_N_MAX = 64
 # A remainder below this is not worth a fractional stream; one needing FM above the cap is not offered.
 MIN_FRACTION = 0.05
 MAX_FRACTIONAL_MULTIPLIER = 1000.0
-# Resolution of the search for n*: impact is evaluated on this grid, then refined by root finding.
-_GRID_STEP = 0.01
+# Resolution of the search for n*: impact is evaluated every 1/_GRID_PER_STREAM streams, then refined by root finding.
+_GRID_PER_STREAM = 100
 
 
 @dataclass(frozen=True)
@@ -97,26 +97,49 @@ def validate_request(max_impact: float, n_max: int, model: str) -> None:
         raise ValueError(f"unknown model {model!r}; choose one of: {', '.join(sorted(MODELS))}")
 
 
+def search_grid(n_max: float) -> np.ndarray:
+    """Stream counts 0, 0.01, ... up to n_max: the grid n* is searched on, with every whole n exactly on it."""
+    return np.arange(0, int(math.floor(n_max * _GRID_PER_STREAM + 1e-9)) + 1) / _GRID_PER_STREAM
+
+
+def held_impact(fitted: ParallelFit, streams):
+    """The predicted impact (fraction 0-1) as the advice reads it: never falling as streams are added.
+
+    A fit's own impact may dip (a knee's equal shares hand over to link conservation at its plateau);
+    an extra stream cannot give competing flows back what fewer took, so the impact at n is the most
+    predicted at any count up to n on the search grid (and at n itself). The advice, the stored curve
+    and the schedulers' SQL view all read this, so they agree for every budget.
+    """
+    n = np.asarray(streams, dtype=float)
+    top = float(np.max(n)) if n.size else 0.0
+    grid = search_grid(top)
+    running = np.maximum.accumulate(np.asarray(fitted.impact(grid), dtype=float))
+    below = running[np.clip(np.searchsorted(grid, n, side="right") - 1, 0, len(grid) - 1)]
+    result = np.maximum(below, np.asarray(fitted.impact(n), dtype=float))
+    return result if result.ndim else float(result)
+
+
 def largest_parallelism_within(fitted: ParallelFit, max_impact: float, n_max: float,
                                margin: ImpactMargin = NO_MARGIN) -> float:
-    """n*: the largest real n in [0, n_max] with margin.bound(impact(n)) <= max_impact, stopping at the throughput peak.
+    """n*: the largest real n in [0, n_max] with margin.bound(held_impact(n)) <= max_impact, stopping at the
+    throughput peak.
 
-    Lu's impact curve is monotone, so this is the binary search of section V.C; the grid plus
-    root refinement also handles models whose curves are not monotone. Beyond the predicted
-    throughput peak extra streams only add impact, so n* never goes past it.
+    The held impact never falls, so this is the binary search of section V.C, done as a grid plus root
+    refinement. Beyond the predicted throughput peak extra streams only add impact, so n* never goes past it.
     """
-    grid = np.arange(0.0, n_max + _GRID_STEP / 2, _GRID_STEP)
+    grid = search_grid(n_max)
     throughput = np.asarray(fitted.throughput_bps(grid[1:]))
     peak = grid[1:][int(np.argmax(throughput >= throughput.max() * (1 - 1e-9)))]
     grid = grid[grid <= peak]
-    within = np.asarray(margin.bound(fitted.impact(grid))) <= max_impact
+    running = np.maximum.accumulate(np.asarray(fitted.impact(grid), dtype=float))
+    within = np.asarray(margin.bound(running)) <= max_impact
     if within.all():
         return float(grid[-1])
     last_ok = int(np.argmin(within)) - 1
     if last_ok < 0:
         return 0.0
-    lo, hi = grid[last_ok], grid[last_ok + 1]
-    excess = lambda n: float(margin.bound(fitted.impact(n))) - max_impact  # noqa: E731
+    lo, hi, held_below = grid[last_ok], grid[last_ok + 1], running[last_ok]
+    excess = lambda n: float(margin.bound(max(held_below, float(fitted.impact(n))))) - max_impact  # noqa: E731
     if excess(hi) <= 0 or excess(lo) > 0:
         # The bound jumps across the budget inside one grid step (a margin switching on at impact 0).
         return float(lo)
@@ -177,7 +200,7 @@ def advise(
     n_star_fractional = (n_star_whole if fractional_margin == margin
                          else largest_parallelism_within(fitted, max_impact, cap, fractional_margin))
     n_star = opened_parallelism(n_star_whole, n_star_fractional)
-    impact = float(fitted.impact(num_flows))
+    impact = float(held_impact(fitted, num_flows))
     if impact > max_impact:
         warnings.append(
             f"even one stream is predicted to cost competing flows {impact:.1%}, above the {max_impact:.1%} budget"
@@ -235,10 +258,10 @@ def tame_parallel_tcp(
 
 def predicted_curve(fitted: ParallelFit, n_max: int = DEFAULT_N_MAX,
                     margin: Margin = DEFAULT_MARGIN) -> list[CurvePoint]:
-    """Predicted throughput (bits/s), impact and its bound (0-1) for n = 1 .. n_max."""
+    """Predicted throughput (bits/s), held impact (:func:`held_impact`) and its bound (0-1) for n = 1 .. n_max."""
     n = np.arange(1, n_max + 1, dtype=float)
     throughput = np.asarray(fitted.throughput_bps(n))
-    impact = np.asarray(fitted.impact(n))
+    impact = np.asarray(held_impact(fitted, n))
     bound = np.asarray(margin.for_fit(fitted).bound(impact))
     return [CurvePoint(int(k), float(t), float(i), float(b)) for k, t, i, b in zip(n, throughput, impact, bound)]
 

@@ -3,7 +3,7 @@ import math
 import pytest
 from numpy.testing import assert_allclose
 
-from advisor.db import Database
+from advisor.db import Database, migrations
 from advisor.destinations import parse_destination
 from advisor.errors import InvalidRequest
 from advisor.fitcodec import fit_from_record, fit_to_record
@@ -92,12 +92,16 @@ def test_a_knee_stored_before_the_plateau_is_read_without_one():
 
 def test_migrations_are_versioned_and_idempotent(tmp_path):
     db = Database(f"sqlite:///{tmp_path}/s.sqlite3")
-    assert db.migrate() == [1, 2, 3]
+    known = migrations()
+    assert db.migrate() == list(range(1, len(known) + 1))
     assert db.migrate() == []
     with db.transaction() as tx:
         assert tx.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert tx.execute("SELECT version, name FROM schema_migrations ORDER BY version").fetchall() == [
-            (1, "initial"), (2, "evidence_and_margin"), (3, "stream_losses")]
+            (version, known[version][0]) for version in sorted(known)]
+        assert [name for _, name in tx.execute("SELECT version, name FROM schema_migrations "
+                                               "ORDER BY version LIMIT 4").fetchall()] == [
+            "initial", "evidence_and_margin", "stream_losses", "held_impact"]
     db.close()
 
 

@@ -1,0 +1,80 @@
+"""The service's input limits, each written once: the CLI, the service and the API schema read them here.
+
+Each ``check_*`` takes a value as a user gave it and returns it typed, or raises InvalidRequest
+saying what to give instead; the CLI turns that into a usage error, the API into 422.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from advisor.errors import InvalidRequest
+from probes.iperf import MAX_STREAMS as MAX_PROBE_STREAMS
+
+# A destination as typed (HOST[:PORT]); DNS names are at most 253 characters.
+MAX_DEST_LENGTH = 300
+# Stream counts a transfer may report or the advice may consider.
+MAX_STREAMS = 1024
+# Throughputs in bits/s: a probe or transfer reports at least 1 bit/s and under 1 Pbit/s, far above any
+# single host's link, so that squares of n/throughput (Lu eq. 6) stay well inside floating point.
+MIN_THROUGHPUT_BPS = 1.0
+MAX_THROUGHPUT_BPS = 1e15
+# A probe plan: how many levels, and seconds per level.
+MAX_PROBE_LEVELS = 8
+MIN_PROBE_DURATION_S = 1.0
+MAX_PROBE_DURATION_S = 300.0
+# Probe runs pushed at once (``tame agent --push``): the levels plus adaptive ones and re-runs.
+MAX_PROBES_PER_RUN = 16
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_max_impact(value: Any) -> float:
+    """An impact budget: a fraction 0-1."""
+    if not _is_number(value) or not math.isfinite(value) or not 0.0 <= value <= 1.0:
+        raise InvalidRequest(f"max_impact must be a fraction between 0 and 1 (e.g. 0.1 for 10 %), got {value!r}")
+    return float(value)
+
+
+def check_streams(value: Any, name: str = "streams") -> int:
+    """A whole number of streams, 1 to MAX_STREAMS."""
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_STREAMS:
+        raise InvalidRequest(f"{name} must be a whole number between 1 and {MAX_STREAMS}, got {value!r}")
+    return value
+
+
+def check_throughput_bps(value: Any, name: str = "throughput_bps") -> float:
+    """A measured throughput in bits/s, MIN_THROUGHPUT_BPS up to (not including) MAX_THROUGHPUT_BPS."""
+    if not _is_number(value) or not math.isfinite(value) \
+            or not MIN_THROUGHPUT_BPS <= value < MAX_THROUGHPUT_BPS:
+        raise InvalidRequest(f"{name} must be a number of bits/s from {MIN_THROUGHPUT_BPS:g} up to "
+                             f"{MAX_THROUGHPUT_BPS:g} (e.g. 88e6 for 88 Mbit/s), got {value!r}")
+    return float(value)
+
+
+def check_probe_levels(levels: Any, needed: int, model: str) -> list[int]:
+    """Stream counts to probe: ``needed`` (the model's minimum) to MAX_PROBE_LEVELS different ones in
+    1..MAX_PROBE_STREAMS, returned sorted without repeats."""
+    if not isinstance(levels, (list, tuple)) or not all(
+            isinstance(n, int) and not isinstance(n, bool) for n in levels):
+        raise InvalidRequest("levels must be a list of whole stream counts, e.g. [1, 10]")
+    distinct = sorted(set(levels))
+    if not needed <= len(distinct) <= MAX_PROBE_LEVELS or distinct[0] < 1 or distinct[-1] > MAX_PROBE_STREAMS:
+        raise InvalidRequest(
+            f"levels must hold {needed} to {MAX_PROBE_LEVELS} different stream counts between 1 and "
+            f"{MAX_PROBE_STREAMS} (model {model} needs {needed}), e.g. [1, 10]; got {list(levels)}"
+        )
+    return distinct
+
+
+def check_probe_duration_s(value: Any) -> float:
+    """Seconds per probe level."""
+    if not _is_number(value) or not math.isfinite(value) \
+            or not MIN_PROBE_DURATION_S <= value <= MAX_PROBE_DURATION_S:
+        raise InvalidRequest(f"duration_s must be between {MIN_PROBE_DURATION_S:g} and {MAX_PROBE_DURATION_S:g} "
+                             f"seconds, got {value!r}")
+    return float(value)
+
