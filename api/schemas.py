@@ -6,6 +6,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from probes.iperf_parse import RAW_MAX_CHARS
+
 Dest = Field(min_length=1, max_length=300, description="HOST or HOST:PORT (default port 5201), IPv6 as [ADDR]:PORT")
 
 
@@ -161,7 +163,7 @@ class ProbeResultIn(BaseModel):
     stream_retransmits: list[Annotated[int, Field(ge=0, le=2**53)]] = Field(
         default_factory=list, max_length=1024,
         description="each stream's retransmitted segments over the window, in stream_bps's order")
-    raw: str = Field(default="", max_length=1_000_000)
+    raw: str = Field(default="", max_length=RAW_MAX_CHARS)
 
     @model_validator(mode="after")
     def _streams_agree(self) -> "ProbeResultIn":

@@ -19,6 +19,13 @@ from probes.settle import assess_series
 
 _US = 1e-6  # libiperf reports tcp_info RTTs in microseconds
 
+#: The most characters a probe's ``raw`` record holds, here and where the API takes a pushed probe.
+#: :func:`raw_summary` stays well inside it for 128 streams x 600 s (about 0.2 M characters) and
+#: enforces it whatever the input.
+RAW_MAX_CHARS = 1_000_000
+RAW_FORM = "iperf3-summary/1"
+_COMPACT = (",", ":")
+
 # Substrings of libiperf's error text (iperf_strerror, 3.x) and of getaddrinfo's messages,
 # checked in order; the first that matches names the error class.
 _ERROR_PATTERNS: tuple[tuple[str, type[ProbeError]], ...] = (
@@ -58,7 +65,8 @@ def parse_iperf_json(text: str, dest: str) -> ProbeResult:
     server's output the client asked for) or, when the server's output is missing or unreadable,
     the sender's; omitted (warm-up) intervals are left out either way and ``interval_side`` says
     whose series it is. ``settled`` and ``throughput_stderr_bps`` come from
-    :func:`probes.settle.assess_series` with its default rule.
+    :func:`probes.settle.assess_series` with its default rule. ``raw`` is :func:`raw_summary` of
+    the document, not the document.
     """
     try:
         doc = json.loads(text)
@@ -69,12 +77,12 @@ def parse_iperf_json(text: str, dest: str) -> ProbeResult:
     if doc.get("error"):
         raise error_from_message(str(doc["error"]), dest)
     try:
-        return _result(doc, text, dest)
+        return _result(doc, dest)
     except (KeyError, TypeError, ValueError) as exc:
         raise ProbeError(f"iperf3 probe to {dest} produced an incomplete result ({exc!r})") from exc
 
 
-def _result(doc: dict[str, Any], text: str, dest: str) -> ProbeResult:
+def _result(doc: dict[str, Any], dest: str) -> ProbeResult:
     start, end = doc["start"], doc["end"]
     test_start = start["test_start"]
     if test_start.get("protocol", "TCP") != "TCP":
@@ -125,8 +133,60 @@ def _result(doc: dict[str, Any], text: str, dest: str) -> ProbeResult:
         interval_side=side,
         stream_bps=stream_bps,
         stream_retransmits=stream_retransmits,
-        raw=text,
+        raw=raw_summary(doc),
     )
+
+
+def raw_summary(doc: dict[str, Any]) -> str:
+    """The record kept as a probe's ``raw``: iperf3's JSON without its per-interval per-stream data.
+
+    iperf3 reports every stream in every interval, so its document grows with streams x seconds
+    (128 streams for 12 s is past a million characters). The summary keeps ``start``, ``end``
+    (each stream's totals: what ``stream_bps`` and ``stream_retransmits`` come from), each
+    interval's ``sum`` (the sender's series), and the server's report the same way (its JSON's
+    interval sums, or its text without per-stream interval lines when it has [SUM] lines), so
+    :func:`parse_iperf_json` reads the summary as it read the document. ``form`` names this record.
+    At most :data:`RAW_MAX_CHARS` characters: should the summary be longer, the interval series go
+    (``intervals_dropped`` says so), then all but the totals.
+    """
+    summary: dict[str, Any] = {"form": RAW_FORM, **_without_stream_intervals(doc)}
+    if isinstance(doc.get("server_output_json"), dict):
+        summary["server_output_json"] = _without_stream_intervals(doc["server_output_json"])
+    if isinstance(doc.get("server_output_text"), str):
+        summary["server_output_text"] = _text_without_stream_intervals(doc["server_output_text"])
+    text = json.dumps(summary, separators=_COMPACT)
+    if len(text) <= RAW_MAX_CHARS:
+        return text
+    intervals = len(summary.get("intervals", []))
+    for key in ("intervals", "server_output_json", "server_output_text"):
+        summary.pop(key, None)
+    summary["intervals_dropped"] = intervals
+    text = json.dumps(summary, separators=_COMPACT)
+    if len(text) <= RAW_MAX_CHARS:
+        return text
+    end = doc.get("end") if isinstance(doc.get("end"), dict) else {}
+    return json.dumps({"form": RAW_FORM, "intervals_dropped": intervals, "streams_dropped": True,
+                       "end": {k: end[k] for k in ("sum_sent", "sum_received") if k in end}},
+                      separators=_COMPACT)[:RAW_MAX_CHARS]
+
+
+def _without_stream_intervals(doc: dict[str, Any]) -> dict[str, Any]:
+    """``start``, ``end`` and each interval's ``sum`` of an iperf3 JSON document."""
+    kept = {key: doc[key] for key in ("start", "end") if key in doc}
+    intervals = doc.get("intervals")
+    if isinstance(intervals, list):
+        kept["intervals"] = [{"sum": iv["sum"]} for iv in intervals if isinstance(iv, dict) and "sum" in iv]
+    return kept
+
+
+def _text_without_stream_intervals(text: str) -> str:
+    """iperf3's text report without each stream's interval lines, when [SUM] lines carry the intervals."""
+    lines = text.splitlines()
+    matches = [_TEXT_INTERVAL.search(line) for line in lines]
+    if not any(m and m["id"] == "SUM" for m in matches):
+        return text  # one stream: its own lines are the series
+    return "\n".join(line for line, m in zip(lines, matches)
+                     if not m or m["id"] == "SUM" or "sender" in m["rest"] or "receiver" in m["rest"])
 
 
 # A receiver series shorter than this is not used: the server's output was cut or did not parse.
