@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
+from typing import Any
 
 from advisor.cli import UsageError
 from advisor.commands.runtime import default_driver, load_settings, open_store, setup_logging
@@ -26,6 +30,10 @@ def register(subparsers) -> None:
                                                       "(uses TAME_TOKEN); default: the local store")
     parser.add_argument("--interval", type=float, default=60.0, help="seconds between freshness checks (default 60)")
     parser.add_argument("--once", action="store_true", help="one round: probe what is missing or stale, then exit")
+    parser.add_argument("--spool", type=Path, default=None, metavar="DIR",
+                        help="with --push: where runs the service did not take (unreachable, 5xx, 408, 429) wait to "
+                             "be sent again, first thing each round; runs it refused (other 4xx) are set aside in "
+                             "DIR/rejected (default: $XDG_STATE_HOME/tame/spool, else ~/.local/state/tame/spool)")
     parser.set_defaults(handler=run)
 
 
@@ -85,12 +93,91 @@ def _enqueue_due(service: AdviceService, dests: list[str]) -> None:
             print(f"tame agent: {dest}: {exc}", file=sys.stderr, flush=True)
 
 
+SPOOL_FORM = "tame-agent-spool/1"
+# Statuses after which the same run may be taken later: no answer (0), the service's trouble (5xx),
+# a timeout or rate limit. Any other 4xx is the run's own fault and sending it again cannot help.
+_RETRY_STATUSES = {0, 408, 429}
+
+
+def default_spool_dir(env=os.environ) -> Path:
+    """$XDG_STATE_HOME/tame/spool, else ~/.local/state/tame/spool (the XDG default for state)."""
+    base = env.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(base) / "tame" / "spool"
+
+
+def _worth_retrying(status: int) -> bool:
+    return status in _RETRY_STATUSES or status >= 500
+
+
+def _spool(spool: Path, payload: dict[str, Any]) -> Path:
+    """Write a run that was not delivered to ``spool`` (atomically: a reader never sees half a file)."""
+    spool.mkdir(parents=True, exist_ok=True)
+    name = f"{time.time_ns()}-{uuid.uuid4().hex[:8]}.json"
+    tmp = spool / f".{name}.tmp"
+    tmp.write_text(json.dumps({"form": SPOOL_FORM, "payload": payload}), encoding="utf-8")
+    os.replace(tmp, spool / name)
+    return spool / name
+
+
+def _set_aside(path: Path) -> Path:
+    rejected = path.parent / "rejected"
+    rejected.mkdir(exist_ok=True)
+    os.replace(path, rejected / path.name)
+    return rejected / path.name
+
+
+def _push(client, payload: dict[str, Any], spool: Path, path: Path | None = None) -> bool:
+    """POST one run; a run not taken goes to (or stays in) ``spool``. False when the service could not take it now."""
+    from api.client import TameError
+
+    dest = payload.get("dest")
+    try:
+        answer = client.push_probe_run(payload)
+    except TameError as exc:
+        if _worth_retrying(exc.status):
+            where = path or _spool(spool, payload)
+            print(f"tame agent: {dest}: not delivered ({exc}); kept in {where}, sent again next round",
+                  file=sys.stderr, flush=True)
+            return False
+        if path is None:
+            path = _spool(spool, payload)
+        print(f"tame agent: {dest}: the service refused the run ({exc}); set aside in {_set_aside(path)}, "
+              f"not sent again", file=sys.stderr, flush=True)
+        return True
+    if path is not None:
+        path.unlink()
+    print(f"tame agent: {dest}: pushed run {answer['probe_run_id']} (fitted: {answer['fitted']})"
+          f"{' from the spool' if path is not None else ''}", flush=True)
+    return True
+
+
+def _deliver_spooled(client, spool: Path) -> None:
+    """Send the spooled runs, oldest first, until the service cannot take one."""
+    if not spool.is_dir():
+        return
+    for path in sorted(spool.glob("*.json")):
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+            if record.get("form") != SPOOL_FORM:
+                raise ValueError(f"form {record.get('form')!r} is not {SPOOL_FORM!r}")
+            payload = record["payload"]
+        except (OSError, ValueError, KeyError, AttributeError) as exc:
+            print(f"tame agent: spooled run {path} is unreadable ({exc}); set aside in {_set_aside(path)}",
+                  file=sys.stderr, flush=True)
+            continue
+        if not _push(client, payload, spool, path):
+            return
+
+
 def _run_push(args, settings, driver) -> int:
     from api.client import TameClient, TameError
 
+    spool = args.spool or default_spool_dir()
     stop = threading.Event()
     with TameClient(args.push, token=settings.token, timeout_s=30) as client:
         while not stop.is_set():
+            # What could not be delivered before goes first: it is older, and it may make a probe unnecessary.
+            _deliver_spooled(client, spool)
             try:
                 fresh = {p["dest"] for p in client.paths() if not p["stale"]}
             except TameError as exc:
@@ -104,17 +191,16 @@ def _run_push(args, settings, driver) -> int:
                     started = time.time()
                     plan = run_plan(driver, dest, plan_for(settings, settings.default_levels, settings.default_duration_s),
                                     next_level=level_chooser(settings.model, settings.n_max))
-                    answer = client.push_probe_run({
-                        "dest": dest, "idle_rtt_s": plan.idle_rtt_s, "started_at": started,
-                        "probes": [{k: v for k, v in dataclasses.asdict(p).items()
-                                    if k not in ("dest", "stream_rtts", "interval_bps", "interval_side", "settled",
-                                                 "window_throughput_bps", "congestion_control", "rtt_min_s", "rtt_max_s")}
-                                   for p in plan.probes],
-                    })
-                    print(f"tame agent: {dest}: pushed run {answer['probe_run_id']} (fitted: {answer['fitted']})",
-                          flush=True)
-                except (AdvisorError, ProbeError, TameError) as exc:
+                except (AdvisorError, ProbeError) as exc:
                     print(f"tame agent: {dest}: {exc}", file=sys.stderr, flush=True)
+                    continue
+                _push(client, {
+                    "dest": dest, "idle_rtt_s": plan.idle_rtt_s, "started_at": started,
+                    "probes": [{k: v for k, v in dataclasses.asdict(p).items()
+                                if k not in ("dest", "stream_rtts", "interval_bps", "interval_side", "settled",
+                                             "window_throughput_bps", "congestion_control", "rtt_min_s", "rtt_max_s")}
+                               for p in plan.probes],
+                }, spool)
             if args.once:
                 break
             stop.wait(args.interval)

@@ -1,0 +1,106 @@
+"""`tame agent --push` keeps what it could not deliver and sends it on the next round (issue 31, defect 8).
+
+Real processes throughout: an `iperf3 -s` on loopback, the agent (`python -m advisor agent --once`)
+and a `tame serve` that is down for the first round and up for the second.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from advisor.commands.agent import SPOOL_FORM, default_spool_dir
+from advisor.db import Database
+from tests.api.conftest import free_port, wait_for
+
+pytestmark = pytest.mark.iperf
+
+
+@pytest.fixture
+def iperf_server():
+    if shutil.which("iperf3") is None:
+        pytest.skip("iperf3 is not installed")
+    port = free_port()
+    proc = subprocess.Popen(["iperf3", "-s", "-B", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def agent(env, *args):
+    return subprocess.run([sys.executable, "-m", "advisor", "agent", *args], env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_a_run_the_service_could_not_take_is_spooled_and_delivered_next_round(tmp_path, iperf_server):
+    # Short probes at two levels, no extension and no adaptive level: one round is a few seconds of iperf3.
+    env = {**os.environ, "TAME_PROBE_LEVELS": "1,2", "TAME_PROBE_DURATION_S": "1", "TAME_PROBE_MAX_DURATION_S": "1",
+           "TAME_MODEL": "lu", "TAME_ALLOWED_DESTINATIONS": "127.0.0.0/8",
+           "TAME_DATABASE_URL": f"sqlite:///{tmp_path}/server.sqlite3"}
+    env.pop("TAME_TOKEN", None)
+    dests = tmp_path / "dests.txt"
+    dests.write_text(f"{iperf_server}\n")
+    spool = tmp_path / "spool"
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    push = ["--dest-file", str(dests), "--push", base, "--spool", str(spool), "--once"]
+
+    # Round 1: nothing listens at the service's address. The probe runs; its run is kept.
+    first = agent(env, *push)
+    assert first.returncode == 0, first.stderr
+    spooled = sorted(spool.glob("*.json"))
+    assert len(spooled) == 1, first.stderr
+    assert "kept in" in first.stderr
+    record = json.loads(spooled[0].read_text())
+    assert record["form"] == SPOOL_FORM and record["payload"]["dest"] == iperf_server
+    assert [p["streams"] for p in record["payload"]["probes"]] == [1, 2]
+    # A run the service will refuse (422: no stream count 0) waits in the spool beside it, older.
+    bad = spool / "0-refused.json"
+    bad.write_text(json.dumps({"form": SPOOL_FORM, "payload": {
+        "dest": iperf_server, "probes": [{"streams": 0, "throughput_bps": 1e6}]}}))
+
+    server = subprocess.Popen([sys.executable, "-m", "advisor", "serve", "--host", "127.0.0.1", "--port", str(port),
+                               "--no-worker"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: _healthy(base), what="tame serve")
+        # Round 2: the spool goes first. The refused run is set aside, the kept one delivered, and the
+        # destination is then fresh, so no new probe runs.
+        second = agent(env, *push)
+        assert second.returncode == 0, second.stderr
+        assert "from the spool" in second.stdout
+        assert second.stdout.count("pushed run") == 1
+        assert "refused the run" in second.stderr and "HTTP 422" in second.stderr
+        assert list(spool.glob("*.json")) == []
+        assert [p.name for p in (spool / "rejected").iterdir()] == ["0-refused.json"]
+        paths = httpx.get(f"{base}/v1/paths", timeout=30).json()["paths"]
+        assert [p["dest"] for p in paths] == [iperf_server]
+    finally:
+        server.terminate()
+        server.wait(30)
+    db = Database(env["TAME_DATABASE_URL"])
+    try:
+        with db.transaction() as tx:
+            runs = tx.execute("SELECT r.source, count(p.id) FROM probe_runs r JOIN probe_results p "
+                              "ON p.probe_run_id = r.id GROUP BY r.id").fetchall()
+    finally:
+        db.close()
+    assert len(runs) == 1 and runs[0][1] == 2  # the one run, with both probes
+
+
+def _healthy(base):
+    try:
+        return httpx.get(f"{base}/healthz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def test_the_default_spool_follows_xdg_state_home(tmp_path):
+    assert default_spool_dir({"XDG_STATE_HOME": str(tmp_path)}) == tmp_path / "tame" / "spool"
+    assert default_spool_dir({}).parts[-4:] == (".local", "state", "tame", "spool")
