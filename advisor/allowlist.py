@@ -66,22 +66,47 @@ class AllowList:
 
     def check(self, dest: Destination, resolver: Resolver = system_resolver) -> None:
         """Raise DestinationNotAllowed (or InvalidRequest if the name does not resolve)."""
-        hint = "ask the operator to add it to TAME_ALLOWED_DESTINATIONS"
         if dest.ip is not None:
-            if not self._address_listed(dest.host):
-                raise DestinationNotAllowed(f"probes to {dest.host} are not allowed on this service; {hint}")
+            self._check_addresses(dest, [dest.host])
             return
         if self._name_listed(dest.host):
             return
-        addresses = resolver(dest.host)
+        self._check_addresses(dest, self._resolve(dest, resolver))
+
+    def checked_address(self, dest: Destination, resolver: Resolver = system_resolver) -> str:
+        """The one IP address to probe ``dest`` at: the name resolved once, checked like :meth:`check`.
+
+        A probe must go to exactly this address (an IP literal), never to the name again: a name
+        resolved a second time may answer elsewhere (DNS re-pointed between check and use). A
+        listed name is allowed whatever it resolves to; otherwise every address it resolves to
+        must be inside a listed network. The first address the resolver gives is chosen.
+        """
+        if dest.ip is not None:
+            self._check_addresses(dest, [dest.host])
+            return dest.ip.compressed
+        addresses = self._resolve(dest, resolver)
+        if not self._name_listed(dest.host):
+            self._check_addresses(dest, addresses)
+        return ipaddress.ip_address(addresses[0]).compressed
+
+    @staticmethod
+    def _resolve(dest: Destination, resolver: Resolver) -> list[str]:
+        addresses = list(resolver(dest.host))
         if not addresses:
             raise InvalidRequest(f"dest host {dest.host!r} does not resolve to any address")
+        return addresses
+
+    def _check_addresses(self, dest: Destination, addresses: Sequence[str]) -> None:
+        hint = "ask the operator to add it to TAME_ALLOWED_DESTINATIONS"
         outside = [a for a in addresses if not self._address_listed(a)]
-        if outside:
-            raise DestinationNotAllowed(
-                f"probes to {dest.host} are not allowed on this service: it resolves to "
-                f"{', '.join(outside)}, outside the allowed networks; {hint}"
-            )
+        if not outside:
+            return
+        if dest.ip is not None:
+            raise DestinationNotAllowed(f"probes to {dest.host} are not allowed on this service; {hint}")
+        raise DestinationNotAllowed(
+            f"probes to {dest.host} are not allowed on this service: it resolves to "
+            f"{', '.join(outside)}, outside the allowed networks; {hint}"
+        )
 
     def describe(self) -> Iterable[str]:
         return [str(n) for n in self.networks] + list(self.names)

@@ -31,3 +31,11 @@ class ConfigError(AdvisorError):
 
 class BatchTooLarge(InvalidRequest):
     """A batch request holds more items than the service accepts in one call."""
+
+
+class QueueFull(AdvisorError):
+    """The probe queue holds as many jobs as the service accepts; ``retry_after_s`` says when to ask again."""
+
+    def __init__(self, message: str, retry_after_s: float):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s

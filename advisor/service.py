@@ -102,8 +102,11 @@ class AdviceService:
         )
 
     def ingest_run(self, dest: Destination, idle_rtt_s: float | None, results: Sequence[ProbeResult],
-                   started_at: float, source: str, job_id: str | None = None) -> tuple[int, str | None]:
-        """Fit and store a finished probe run (and close its job) in one transaction: (run id, fit error)."""
+                   started_at: float, source: str, job_id: str | None = None,
+                   address: str | None = None) -> tuple[int, str | None]:
+        """Fit and store a finished probe run (and close its job) in one transaction: (run id, fit error).
+
+        ``address``: the IP address the probes went to, when this service resolved it."""
         points = [point_from_probe(r) for r in results]
         error = None
         new_fit = None
@@ -112,7 +115,8 @@ class AdviceService:
         except FitError as exc:
             error = f"the probes could not be fitted: {exc}"
         run_id = self.store.record_run(dest, source=source, idle_rtt_s=idle_rtt_s, results=results,
-                                       started_at=started_at, fit=new_fit, job_id=job_id, job_error=error)
+                                       started_at=started_at, fit=new_fit, job_id=job_id, job_error=error,
+                                       address=address)
         self.invalidate()
         return run_id, error
 
@@ -235,7 +239,12 @@ class AdviceService:
     # -- probes ---------------------------------------------------------------------------
 
     def check_allowed(self, dest: Destination) -> None:
+        """Refuse a destination outside the allow-list as it resolves now (at request time)."""
         self.settings.allowed.check(dest, self.resolver)
+
+    def probe_address(self, dest: Destination) -> str:
+        """The IP address a probe of ``dest`` must go to: resolved once here and checked (at run time)."""
+        return self.settings.allowed.checked_address(dest, self.resolver)
 
     def request_probe(self, dest_text: str, levels: Sequence[int] | None = None,
                       duration_s: float | None = None) -> tuple[Job, bool]:
@@ -245,7 +254,10 @@ class AdviceService:
                                     MIN_LEVELS[self.settings.model], self.settings.model)
         duration = check_probe_duration_s(self.settings.default_duration_s if duration_s is None else duration_s)
         self.check_allowed(dest)
-        job, created = self.store.enqueue_job(dest, levels, float(duration))
+        # A client may ask again once about one job per probe slot has run: a whole default plan.
+        retry_after_s = max(1.0, len(self.settings.default_levels) * (self.settings.omit_s + float(duration)))
+        job, created = self.store.enqueue_job(dest, levels, float(duration), max_queued=self.settings.max_queued_probes,
+                                              retry_after_s=retry_after_s)
         if created:
             for listener in self._listeners:
                 listener()
@@ -255,6 +267,7 @@ class AdviceService:
         job = self.store.job(job_id)
         payload: dict[str, Any] = {
             "id": job.id, "dest": job.dest, "status": job.status, "progress": job.progress,
+            "progress_detail": job.progress_detail if job.status == "running" else None,
             "levels": job.levels, "duration_s": job.duration_s, "requested_at": job.requested_at,
             "started_at": job.started_at, "finished_at": job.finished_at, "attempts": job.attempts,
             "error": job.error, "result": None,

@@ -42,6 +42,8 @@ class Settings:
     max_probe_duration_s: float = ProbePlan.max_duration_s
     max_batch: int = 1000
     max_probe_attempts: int = 3
+    # Queued probe jobs in total (all clients); POST /v1/probes past it answers 429.
+    max_queued_probes: int = 500
     # Advice cached in memory is re-read after this long even without a local write, so writes
     # made by another process (an agent sharing the database) show up.
     cache_max_age_s: float = 1.0
@@ -50,7 +52,7 @@ class Settings:
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
         """TAME_DATABASE_URL, TAME_TOKEN, TAME_READ_TOKEN, TAME_ALLOWED_DESTINATIONS, TAME_TTL_S,
         TAME_MAX_CONCURRENT_PROBES, TAME_MODEL, TAME_PROBE_LEVELS (e.g. "1,10"), TAME_PROBE_DURATION_S,
-        TAME_PROBE_MAX_DURATION_S, TAME_MAX_BATCH. ConfigError names the variable that is wrong."""
+        TAME_PROBE_MAX_DURATION_S, TAME_MAX_BATCH, TAME_MAX_QUEUED_PROBES. ConfigError names the variable that is wrong."""
         env = os.environ if env is None else env
 
         def number(name: str, default: float, low: float, high: float, kind=float):
@@ -92,4 +94,5 @@ class Settings:
             default_duration_s=number("TAME_PROBE_DURATION_S", ProbePlan.duration_s, 1.0, 300.0),
             max_probe_duration_s=number("TAME_PROBE_MAX_DURATION_S", ProbePlan.max_duration_s, 1.0, 600.0),
             max_batch=number("TAME_MAX_BATCH", 1000, 1, 100_000, int),
+            max_queued_probes=number("TAME_MAX_QUEUED_PROBES", 500, 1, 1_000_000, int),
         )

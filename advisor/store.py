@@ -18,7 +18,7 @@ from typing import Any, Callable, Sequence
 from advisor.advice import CurvePoint
 from advisor.db import Database, Tx
 from advisor.destinations import Destination
-from advisor.errors import StoreError, UnknownProbe
+from advisor.errors import QueueFull, StoreError, UnknownProbe
 from probes.result import ProbeResult
 
 Clock = Callable[[], float]
@@ -60,6 +60,8 @@ class Job:
     attempts: int
     error: str | None
     probe_run_id: int | None
+    progress_detail: dict[str, Any] | None = None
+    address: str | None = None
 
 
 @dataclass(frozen=True)
@@ -76,14 +78,14 @@ class NewFit:
 
 
 _JOB_COLUMNS = ("id, dest, status, levels_json, duration_s, requested_at, started_at, finished_at, "
-                "progress, attempts, error, probe_run_id")
+                "progress, attempts, error, probe_run_id, progress_detail, address")
 _FIT_COLUMNS = ("id, dest, model, params_json, regime, warnings_json, probe_streams_json, probes_json, "
                 "observations_used, idle_rtt_s, n_max, fitted_at, probed_at")
 
 
 def _job(row) -> Job:
     return Job(row[0], row[1], row[2], json.loads(row[3]), row[4], row[5], row[6], row[7], row[8], row[9],
-               row[10], row[11])
+               row[10], row[11], json.loads(row[12]) if row[12] else None, row[13])
 
 
 def _fit(row) -> FitRow:
@@ -101,21 +103,73 @@ def _from_json_list(text: str | None) -> tuple:
     return tuple(json.loads(text)) if text else ()
 
 
+def _boot_id() -> str:
+    """This boot of the kernel ("" where /proc does not say)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _start_ticks(pid: int) -> int | None:
+    """When process ``pid`` started, in clock ticks since boot (/proc/PID/stat field 22); None if there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode("ascii", errors="replace")
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    except OSError:
+        return -1  # exists but unreadable: cannot tell, treat as alive
+    # The command name (field 2) is in parentheses and may hold spaces or ')': split after the last one.
+    fields = stat[stat.rfind(")") + 2:].split()
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return -1
+
+
 def process_owner() -> str:
-    """host:pid:nonce naming this process as the owner of the jobs it runs."""
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    """host:pid:boot_id:start_ticks:nonce naming this process as the owner of the jobs it runs.
+
+    A pid alone is reused (a restart inside a PID namespace is PID 1 again); the same pid with
+    the same start time in the same boot of the same host is the same process.
+    """
+    pid = os.getpid()
+    ticks = _start_ticks(pid)
+    return (f"{socket.gethostname()}:{pid}:{_boot_id()}:{'' if ticks is None or ticks < 0 else ticks}:"
+            f"{uuid.uuid4().hex[:8]}")
 
 
 def _owner_is_dead_here(owner: str | None) -> bool:
-    """True when ``owner`` is a process on this host that no longer exists."""
+    """True when ``owner`` (see :func:`process_owner`) was a process on this host that no longer runs.
+
+    Another host's owner is never judged dead here (its lease decides). On this host, an owner
+    from an earlier boot is dead; otherwise it is alive only if its pid exists and started when
+    the owner says (a pid reused by another process, e.g. PID 1 of a restarted container, has
+    another start time). Owners written before start times were recorded (host:pid:nonce) are
+    judged by the pid alone. Limit: two live processes on one host name in different PID
+    namespaces cannot see each other's pids, so each would judge the other dead; give each
+    instance its own host name (containers do).
+    """
     if not owner:
         return True
-    host, _, rest = owner.partition(":")
-    pid_text = rest.partition(":")[0]
-    if host != socket.gethostname() or not pid_text.isdigit():
+    parts = owner.split(":")
+    if parts[0] != socket.gethostname() or len(parts) < 2 or not parts[1].isdigit():
         return False
+    pid = int(parts[1])
+    if len(parts) == 5:
+        _, _, boot, start, _ = parts
+        here = _boot_id()
+        if boot and here and boot != here:
+            return True
+        if start.isdigit():
+            ticks = _start_ticks(pid)
+            if ticks is None:
+                return True
+            return ticks >= 0 and ticks != int(start)
     try:
-        os.kill(int(pid_text), 0)
+        os.kill(pid, 0)
     except ProcessLookupError:
         return True
     except PermissionError:
@@ -197,14 +251,16 @@ class Store:
 
     def record_run(self, dest: Destination, *, source: str, idle_rtt_s: float | None,
                    results: Sequence[ProbeResult], started_at: float, fit: NewFit | None,
-                   job_id: str | None = None, job_error: str | None = None) -> int:
-        """Store a finished probe run, its results and fit, and close its job, in one transaction."""
+                   job_id: str | None = None, job_error: str | None = None, address: str | None = None) -> int:
+        """Store a finished probe run, its results and fit, and close its job, in one transaction.
+
+        ``address`` is the IP address the probes went to, when the service resolved it itself."""
         with self.db.transaction(write=True) as tx:
             destination_id = self._destination_id(tx, dest)
             run_id = tx.execute(
-                "INSERT INTO probe_runs (destination_id, job_id, source, idle_rtt_s, started_at, finished_at) "
-                "VALUES (?, ?, ?, ?, ?, ?) RETURNING id",
-                (destination_id, job_id, source, idle_rtt_s, started_at, self.clock()),
+                "INSERT INTO probe_runs (destination_id, job_id, source, idle_rtt_s, started_at, finished_at, address) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id",
+                (destination_id, job_id, source, idle_rtt_s, started_at, self.clock(), address),
             ).fetchone()[0]
             for r in results:
                 tx.execute(
@@ -279,8 +335,11 @@ class Store:
 
     # -- probe jobs -----------------------------------------------------------------------
 
-    def enqueue_job(self, dest: Destination, levels: Sequence[int], duration_s: float) -> tuple[Job, bool]:
-        """A new queued job, or the destination's active one: (job, created)."""
+    def enqueue_job(self, dest: Destination, levels: Sequence[int], duration_s: float,
+                    max_queued: int | None = None, retry_after_s: float = 60.0) -> tuple[Job, bool]:
+        """A new queued job, or the destination's active one: (job, created).
+
+        Raises QueueFull (with ``retry_after_s``) when ``max_queued`` jobs are queued already."""
         job_id = uuid.uuid4().hex
         try:
             with self.db.transaction(write=True) as tx:
@@ -290,6 +349,14 @@ class Store:
                 ).fetchone()
                 if active:
                     return _job(active), False
+                if max_queued is not None:
+                    if self.db.dialect == "postgresql":
+                        # Two processes must not both count max_queued - 1 and insert.
+                        tx.execute("LOCK TABLE probe_jobs IN SHARE ROW EXCLUSIVE MODE")
+                    queued = tx.execute("SELECT count(*) FROM probe_jobs WHERE status = 'queued'").fetchone()[0]
+                    if queued >= max_queued:
+                        raise QueueFull(f"the probe queue is full ({queued} probes waiting, at most {max_queued}); "
+                                        f"ask again in {retry_after_s:.0f} s", retry_after_s)
                 tx.execute(
                     "INSERT INTO probe_jobs (id, dest, status, levels_json, duration_s, requested_at) "
                     "VALUES (?, ?, 'queued', ?, ?, ?)",
@@ -324,24 +391,56 @@ class Store:
             running = tx.execute("SELECT count(*) FROM probe_jobs WHERE status = 'running'").fetchone()[0]
             if running >= limit:
                 return None
+            # A job whose address (as it resolved when it last ran) has a probe running waits its turn.
             row = tx.execute(
-                f"SELECT {_JOB_COLUMNS} FROM probe_jobs WHERE status = 'queued' ORDER BY requested_at, id LIMIT 1"
+                f"SELECT {_JOB_COLUMNS} FROM probe_jobs WHERE status = 'queued' AND (address IS NULL OR address NOT IN "
+                "(SELECT address FROM probe_jobs WHERE status = 'running' AND address IS NOT NULL)) "
+                "ORDER BY requested_at, id LIMIT 1"
             ).fetchone()
             if row is None:
                 return None
             job = _job(row)
             now = self.clock()
             tx.execute(
-                "UPDATE probe_jobs SET status = 'running', started_at = ?, progress = 0, attempts = attempts + 1, "
-                "owner = ?, lease_until = ?, error = NULL WHERE id = ?",
+                "UPDATE probe_jobs SET status = 'running', started_at = ?, progress = 0, progress_detail = NULL, "
+                "attempts = attempts + 1, owner = ?, lease_until = ?, error = NULL, address = NULL WHERE id = ?",
                 (now, owner, now + lease_s(job), job.id),
             )
         return self.job(job.id)
 
-    def set_progress(self, job_id: str, owner: str, progress: float) -> None:
+    def pin_address(self, job_id: str, owner: str, address: str, lease_until: float) -> bool:
+        """Record that ``owner``'s running job probes ``address`` (and renew its lease), unless another
+        running job probes that address: False then, and the job should wait (:meth:`release_job`)."""
         with self.db.transaction(write=True) as tx:
-            tx.execute("UPDATE probe_jobs SET progress = ? WHERE id = ? AND owner = ? AND status = 'running'",
-                       (progress, job_id, owner))
+            if self.db.dialect == "postgresql":
+                tx.execute("LOCK TABLE probe_jobs IN SHARE ROW EXCLUSIVE MODE")
+            busy = tx.execute(
+                "SELECT count(*) FROM probe_jobs WHERE status = 'running' AND address = ? AND id <> ?",
+                (address, job_id),
+            ).fetchone()[0]
+            if busy:
+                return False
+            tx.execute("UPDATE probe_jobs SET address = ?, lease_until = ? WHERE id = ? AND owner = ? AND status = 'running'",
+                       (address, lease_until, job_id, owner))
+        return True
+
+    def release_job(self, job_id: str, owner: str, note: str, address: str | None = None) -> None:
+        """Put ``owner``'s running job back in the queue without counting the attempt (a shutdown, or
+        its address is busy: ``address`` is kept so the claim skips the job while that address is probed)."""
+        with self.db.transaction(write=True) as tx:
+            tx.execute(
+                "UPDATE probe_jobs SET status = 'queued', progress = 0, progress_detail = NULL, owner = NULL, "
+                "lease_until = NULL, attempts = CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END, error = ?, "
+                "address = ? WHERE id = ? AND owner = ? AND status = 'running'",
+                (note, address, job_id, owner),
+            )
+
+    def set_progress(self, job_id: str, owner: str, progress: float, detail: dict[str, Any] | None = None) -> None:
+        """The fraction done and, optionally, where in its plan the job is (a small JSON object)."""
+        with self.db.transaction(write=True) as tx:
+            tx.execute("UPDATE probe_jobs SET progress = ?, progress_detail = ? WHERE id = ? AND owner = ? "
+                       "AND status = 'running'",
+                       (progress, None if detail is None else json.dumps(detail), job_id, owner))
 
     def fail_job(self, job_id: str, error: str) -> None:
         with self.db.transaction(write=True) as tx:
@@ -368,7 +467,8 @@ class Store:
                     )
                 else:
                     tx.execute(
-                        "UPDATE probe_jobs SET status = 'queued', progress = 0, owner = NULL, lease_until = NULL, "
+                        "UPDATE probe_jobs SET status = 'queued', progress = 0, progress_detail = NULL, owner = NULL, "
+                        "lease_until = NULL, address = NULL, "
                         "error = 'interrupted: the probing process stopped; re-queued' WHERE id = ?",
                         (job_id,),
                     )

@@ -23,8 +23,8 @@ from starlette.concurrency import run_in_threadpool
 
 from advisor.allowlist import Resolver, system_resolver
 from advisor.destinations import parse_destination
-from advisor.errors import (BatchTooLarge, DestinationNotAllowed, InvalidRequest, StoreError, UnknownDestination,
-                            UnknownProbe)
+from advisor.errors import (BatchTooLarge, DestinationNotAllowed, InvalidRequest, QueueFull, StoreError,
+                            UnknownDestination, UnknownProbe)
 from advisor.service import AdviceService
 from advisor.settings import Settings
 from advisor.store import Store
@@ -41,6 +41,7 @@ _STATUS = {
     UnknownDestination: 404,
     UnknownProbe: 404,
     InvalidRequest: 422,
+    QueueFull: 429,
     StoreError: 503,
 }
 _ERRORS = {404: {"model": schemas.ErrorOut}, 422: {"model": schemas.ErrorOut}, 503: {"model": schemas.ErrorOut}}
@@ -111,7 +112,8 @@ def create_app(settings: Settings, store: Store, driver: ProbeDriver | None = No
 
     async def _advisor_error(request: Request, exc: Exception):
         status = next(code for kind, code in _STATUS.items() if isinstance(exc, kind))
-        return JSONResponse({"detail": str(exc)}, status_code=status)
+        retry = {"Retry-After": str(max(1, round(exc.retry_after_s)))} if isinstance(exc, QueueFull) else None
+        return JSONResponse({"detail": str(exc)}, status_code=status, headers=retry)
 
     for kind in _STATUS:
         app.add_exception_handler(kind, _advisor_error)

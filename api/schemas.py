@@ -85,6 +85,8 @@ class ProbeStatus(BaseModel):
     dest: str
     status: Literal["queued", "running", "done", "failed"]
     progress: float
+    # While running: {"phase", "level", "index", "of", "attempt", "elapsed_s", "expected_s"}.
+    progress_detail: dict | None = None
     levels: list[int]
     duration_s: float
     requested_at: float

@@ -106,7 +106,12 @@ class ProbePlan:
 
 @dataclass(frozen=True)
 class PlanEvent:
-    """Progress of a plan, for a display: what is about to run or what just finished."""
+    """Progress of a plan, for a display: what is about to run or what just finished.
+
+    ``attempt`` is the level's attempt (0 first; a retry after idle streams is another).
+    ``expected_s`` is how long the step about to run should take, warm-up included (``probe``,
+    ``retry``, ``extend``: the longer run that follows; ``idle_rtt``: its deadline).
+    """
 
     kind: Literal["idle_rtt", "idle_rtt_done", "probe", "probe_done", "extend", "retry"]
     dest: str
@@ -116,6 +121,8 @@ class PlanEvent:
     total: int = 0
     result: ProbeResult | None = None
     idle_rtt_s: float | None = None
+    attempt: int = 0
+    expected_s: float | None = None
 
 
 Progress = Callable[[PlanEvent], None]
@@ -153,7 +160,7 @@ def run_plan(
     report = progress or (lambda event: None)
     schedule = plan.schedule
     with _lock_for(dest):
-        report(PlanEvent("idle_rtt", dest, total=len(schedule)))
+        report(PlanEvent("idle_rtt", dest, total=len(schedule), expected_s=plan.idle_rtt_deadline_s))
         idle_rtt_s = driver.idle_rtt(dest, deadline_s=plan.idle_rtt_deadline_s)
         report(PlanEvent("idle_rtt_done", dest, total=len(schedule), idle_rtt_s=idle_rtt_s))
         probes = []
@@ -190,14 +197,16 @@ def _probed_level(
             if result.settled or duration_s >= plan.max_duration_s:
                 return result
             duration_s = min(max(2 * duration_s, math.ceil(cycles_needed_s(result, plan))), plan.max_duration_s)
-            report(PlanEvent("extend", dest, streams, duration_s, index, total, result))
+            report(PlanEvent("extend", dest, streams, duration_s, index, total, result, attempt=attempt,
+                             expected_s=plan.omit_s + duration_s))
 
-    report(PlanEvent("probe", dest, streams, plan.duration_s, index, total))
+    report(PlanEvent("probe", dest, streams, plan.duration_s, index, total, expected_s=plan.omit_s + plan.duration_s))
     kept = settled(0)
     for attempt in range(1, plan.idle_retries + 1):
         if not idle_streams(kept):
             break
-        report(PlanEvent("retry", dest, streams, plan.duration_s, index, total, kept))
+        report(PlanEvent("retry", dest, streams, plan.duration_s, index, total, kept, attempt=attempt,
+                         expected_s=plan.omit_s + plan.duration_s))
         again = settled(attempt)
         if idle_streams(again) < idle_streams(kept):
             kept = again
