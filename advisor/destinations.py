@@ -10,6 +10,7 @@ import ipaddress
 from dataclasses import dataclass
 
 from advisor.errors import InvalidRequest
+from advisor.limits import MAX_DEST_LENGTH
 from probes import destination as probe_destination
 
 DEFAULT_PORT = probe_destination.DEFAULT_IPERF_PORT
@@ -44,17 +45,28 @@ def parse_destination(text: str) -> Destination:
     if not isinstance(text, str) or not text.strip():
         raise InvalidRequest("dest is empty; give HOST or HOST:PORT, e.g. dtn1.example.org:5201")
     raw = text.strip()
-    if len(raw) > 300:
+    if len(raw) > MAX_DEST_LENGTH:
         raise InvalidRequest("dest is too long; give HOST or HOST:PORT")
-    if raw.count(":") > 1 and not raw.startswith("["):
+    if raw.count(":") > 1 and not raw.startswith("[") and "/" not in raw:
         raw = f"[{raw}]"  # a bare IPv6 literal
     try:
         parsed = probe_destination.parse_destination(raw, default_port=DEFAULT_PORT)
     except ValueError as exc:
         raise InvalidRequest(str(exc)) from None
-    host = parsed.host.lower().rstrip(".")
+    return Destination(canonical_host(parsed.host), parsed.port)
+
+
+def canonical_host(host: str) -> str:
+    """One spelling per host: lower-case names without the trailing dot, compressed addresses (an IPv6
+    zone keeps its interface name's case), and an IPv4-mapped IPv6 address (::ffff:a.b.c.d) as the IPv4
+    address it is."""
     try:
-        host = ipaddress.ip_address(host).compressed
+        address = ipaddress.ip_address(host)
     except ValueError:
-        pass
-    return Destination(host, parsed.port)
+        return host.lower().rstrip(".")
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.scope_id:
+            return f"{ipaddress.IPv6Address(host.partition('%')[0]).compressed}%{address.scope_id}"
+        if address.ipv4_mapped is not None:
+            return address.ipv4_mapped.compressed
+    return address.compressed

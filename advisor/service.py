@@ -23,9 +23,9 @@ from advisor.fitcodec import fit_from_record, fit_to_record
 from advisor.limits import check_max_impact, check_probe_duration_s, check_probe_levels, check_streams, check_throughput_bps
 from advisor.settings import Settings
 from advisor.store import FitRow, Job, NewFit, Store
-from advisor.tame import advise, largest_parallelism_within, point_from_probe, predicted_curve, representative_rtt_s
+from advisor.tame import advisable_limit, advise, point_from_probe, predicted_curve, representative_rtt_s
 from models.errors import FitError
-from models.parallel import UNCONGESTED, ParallelFit, ProbePoint
+from models.parallel import ParallelFit, ProbePoint
 from models.registry import MIN_LEVELS, fit
 from probes.result import ProbeResult
 
@@ -42,14 +42,6 @@ class _Cached:
     probed_at: float
     loaded_at: float
     generation: int
-
-
-def advisable_limit(fitted: ParallelFit, n_max: int) -> float:
-    """The largest n TameParallelTCP may choose on this fit whatever the budget (see advise())."""
-    cap = float(n_max)
-    if fitted.regime == UNCONGESTED and fitted.max_probed_streams < cap:
-        cap = fitted.max_probed_streams
-    return largest_parallelism_within(fitted, 1.0, cap)
 
 
 class AdviceService:

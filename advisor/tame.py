@@ -10,6 +10,7 @@ import numpy as np
 from scipy.optimize import brentq
 
 from advisor.advice import Advice, CurvePoint
+from advisor.limits import MAX_STREAMS
 from models.buffer import per_stream_buffer_bytes
 from models.fu_indulska import multiplier_for_share
 from models.parallel import UNCONGESTED, ParallelFit, ProbePoint
@@ -91,8 +92,8 @@ def validate_request(max_impact: float, n_max: int, model: str) -> None:
     """Raise ValueError saying what to fix for an out-of-range budget, cap or model name."""
     if not (isinstance(max_impact, (int, float)) and math.isfinite(max_impact) and 0.0 <= max_impact <= 1.0):
         raise ValueError(f"max_impact must be a fraction between 0 and 1 (e.g. 0.1 for 10 %), got {max_impact!r}")
-    if not (isinstance(n_max, int) and 1 <= n_max <= 1024):
-        raise ValueError(f"n_max must be an integer between 1 and 1024, got {n_max!r}")
+    if not (isinstance(n_max, int) and 1 <= n_max <= MAX_STREAMS):
+        raise ValueError(f"n_max must be an integer between 1 and {MAX_STREAMS}, got {n_max!r}")
     if model not in MODELS:
         raise ValueError(f"unknown model {model!r}; choose one of: {', '.join(sorted(MODELS))}")
 
@@ -144,6 +145,15 @@ def largest_parallelism_within(fitted: ParallelFit, max_impact: float, n_max: fl
         # The bound jumps across the budget inside one grid step (a margin switching on at impact 0).
         return float(lo)
     return float(brentq(excess, lo, hi, xtol=1e-6))
+
+
+def advisable_limit(fitted: ParallelFit, n_max: int) -> float:
+    """The largest n TameParallelTCP may choose on this fit whatever the budget (see advise()): the throughput
+    peak, or the highest probe when no congestion was seen."""
+    cap = float(n_max)
+    if fitted.regime == UNCONGESTED and fitted.max_probed_streams < cap:
+        cap = fitted.max_probed_streams
+    return largest_parallelism_within(fitted, 1.0, cap)
 
 
 def opened_parallelism(n_star_whole: float, n_star_fractional: float) -> float:

@@ -6,9 +6,11 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from advisor import limits
+
 from probes.iperf_parse import RAW_MAX_CHARS
 
-Dest = Field(min_length=1, max_length=300, description="HOST or HOST:PORT (default port 5201), IPv6 as [ADDR]:PORT")
+Dest = Field(min_length=1, max_length=limits.MAX_DEST_LENGTH, description="HOST or HOST:PORT (default port 5201), IPv6 as [ADDR]:PORT")
 
 
 class AdviceOut(BaseModel):
@@ -67,9 +69,9 @@ class BatchOut(BaseModel):
 class ProbeRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     dest: str = Dest
-    levels: list[int] | None = Field(default=None, max_length=8,
+    levels: list[int] | None = Field(default=None, max_length=limits.MAX_PROBE_LEVELS,
                                      description="stream counts to probe (default: the service's, e.g. [1, 10])")
-    duration_s: float | None = Field(default=None, ge=1.0, le=300.0, allow_inf_nan=False,
+    duration_s: float | None = Field(default=None, ge=limits.MIN_PROBE_DURATION_S, le=limits.MAX_PROBE_DURATION_S, allow_inf_nan=False,
                                      description="seconds per level")
 
 
@@ -138,8 +140,8 @@ class CurveOut(BaseModel):
 class ObservationIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     dest: str = Dest
-    streams: int = Field(ge=1, le=1024)
-    throughput_bps: float = Field(ge=1.0, lt=1e15, allow_inf_nan=False, description="achieved throughput, bits/s")
+    streams: int = Field(ge=1, le=limits.MAX_STREAMS)
+    throughput_bps: float = Field(ge=limits.MIN_THROUGHPUT_BPS, lt=limits.MAX_THROUGHPUT_BPS, allow_inf_nan=False, description="achieved throughput, bits/s")
 
 
 class ObservationOut(BaseModel):
@@ -150,20 +152,20 @@ class ObservationOut(BaseModel):
 
 class ProbeResultIn(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    streams: int = Field(ge=1, le=1024)
-    throughput_bps: float = Field(ge=1.0, lt=1e15, allow_inf_nan=False)
-    sender_bps: float | None = Field(default=None, ge=0, lt=1e15, allow_inf_nan=False)
+    streams: int = Field(ge=1, le=limits.MAX_STREAMS)
+    throughput_bps: float = Field(ge=limits.MIN_THROUGHPUT_BPS, lt=limits.MAX_THROUGHPUT_BPS, allow_inf_nan=False)
+    sender_bps: float | None = Field(default=None, ge=0, lt=limits.MAX_THROUGHPUT_BPS, allow_inf_nan=False)
     retransmits: int | None = Field(default=None, ge=0, le=2**53)
     rtt_mean_s: float | None = Field(default=None, gt=0, lt=1e4, allow_inf_nan=False)
     duration_s: float = Field(default=10.0, gt=0, le=3600, allow_inf_nan=False)
     omit_s: float = Field(default=0.0, ge=0, le=3600, allow_inf_nan=False)
-    throughput_stderr_bps: float | None = Field(default=None, ge=0, lt=1e15, allow_inf_nan=False)
+    throughput_stderr_bps: float | None = Field(default=None, ge=0, lt=limits.MAX_THROUGHPUT_BPS, allow_inf_nan=False)
     started_at: float = Field(default=0.0, ge=0, lt=1e11, allow_inf_nan=False)
     mss_bytes: int | None = Field(default=None, ge=1, le=65535)
-    stream_bps: list[Annotated[float, Field(ge=0, lt=1e15, allow_inf_nan=False)]] = Field(
-        default_factory=list, max_length=1024, description="each stream's rate over the window, bits/s")
+    stream_bps: list[Annotated[float, Field(ge=0, lt=limits.MAX_THROUGHPUT_BPS, allow_inf_nan=False)]] = Field(
+        default_factory=list, max_length=limits.MAX_STREAMS, description="each stream's rate over the window, bits/s")
     stream_retransmits: list[Annotated[int, Field(ge=0, le=2**53)]] = Field(
-        default_factory=list, max_length=1024,
+        default_factory=list, max_length=limits.MAX_STREAMS,
         description="each stream's retransmitted segments over the window, in stream_bps's order")
     raw: str = Field(default="", max_length=RAW_MAX_CHARS)
 
@@ -189,7 +191,7 @@ class ProbeRunIn(BaseModel):
     dest: str = Dest
     idle_rtt_s: float | None = Field(default=None, gt=0, lt=1e4, allow_inf_nan=False)
     started_at: float = Field(default=0.0, ge=0, lt=1e11, allow_inf_nan=False)
-    probes: list[ProbeResultIn] = Field(min_length=1, max_length=16)
+    probes: list[ProbeResultIn] = Field(min_length=1, max_length=limits.MAX_PROBES_PER_RUN)
 
 
 class ProbeRunOut(BaseModel):

@@ -9,11 +9,13 @@ import time
 from advisor.advice import Advice
 from advisor.cli import UsageError
 from advisor.commands.common import add_margin_option, fraction, fractional_margin_from_args, margin_from_args, positive_int, print_advice, print_json
-from advisor.commands.probe import EXIT_PROBE_FAILED, add_plan_options, measure
+from advisor.commands.probe import EXIT_PROBE_FAILED, add_plan_options, measure, parse_levels
+from advisor.errors import InvalidRequest
+from advisor.limits import check_probe_levels
 from advisor.plan_runner import level_chooser
 from advisor.tame import DEFAULT_MODEL, DEFAULT_N_MAX, advise_from_plan
 from models.errors import FitError
-from models.registry import MODELS
+from models.registry import MIN_LEVELS, MODELS
 
 # How long `tame advise` waits for a server-side probe before giving up, seconds.
 SERVER_PROBE_WAIT_S = 900.0
@@ -34,6 +36,11 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    try:
+        # The levels the service would take for this model (POST /v1/probes), whoever runs the probes.
+        check_probe_levels(list(parse_levels(args.levels)), MIN_LEVELS[args.model], args.model)
+    except InvalidRequest as exc:
+        raise UsageError(f"--levels {args.levels!r}: {exc}") from None
     server = os.environ.get("TAME_URL")
     payload = _from_server(server, args) if server else _locally(args)
     if payload is None:
@@ -53,7 +60,7 @@ def _locally(args) -> dict | None:
     try:
         advice = advise_from_plan(plan, args.max_impact, args.n_max, args.model, margin_from_args(args),
                                   fractional_margin_from_args(args))
-    except (FitError, ValueError) as exc:
+    except FitError as exc:
         print(f"tame advise: the probes of {plan.dest} cannot be fitted: {exc}", file=sys.stderr)
         return None
     return {"dest": plan.dest, **advice.to_json()}

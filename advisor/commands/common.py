@@ -11,6 +11,8 @@ from typing import Any
 
 from advisor.advice import Advice
 from advisor.cli import UsageError
+from advisor.errors import InvalidRequest
+from advisor.limits import MAX_STREAMS, check_streams, check_throughput_bps
 from advisor.tame import DEFAULT_FRACTIONAL_MARGIN, DEFAULT_MARGIN, DEFAULT_MODEL, DEFAULT_N_MAX, NO_MARGIN, ImpactMargin
 from models.parallel import ProbePoint
 from models.registry import MODELS, MIN_LEVELS
@@ -29,15 +31,16 @@ def parse_probe(text: str) -> ProbePoint:
         streams = int(streams_text)
     except ValueError:
         raise UsageError(f"--probe {text!r}: the stream count {streams_text!r} must be a whole number >= 1") from None
-    if streams < 1:
-        raise UsageError(f"--probe {text!r}: the stream count must be >= 1")
     try:
         rate = float(rate_text) * _SUFFIX[suffix]
     except ValueError:
         raise UsageError(f"--probe {text!r}: the throughput {rate_text!r} is not a number") from None
-    if not math.isfinite(rate) or rate <= 0:
-        raise UsageError(f"--probe {text!r}: the throughput must be a positive number of bits/s")
-    return ProbePoint(streams=streams, throughput_bps=rate)
+    try:
+        # The limits the API holds probes and observations to.
+        return ProbePoint(streams=check_streams(streams, "the stream count"),
+                          throughput_bps=check_throughput_bps(rate, "the throughput"))
+    except InvalidRequest as exc:
+        raise UsageError(f"--probe {text!r}: {exc}") from None
 
 
 def fraction(text: str) -> float:
@@ -55,8 +58,8 @@ def positive_int(text: str) -> int:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if not 1 <= value <= 1024:
-        raise argparse.ArgumentTypeError(f"{value} is outside 1..1024")
+    if not 1 <= value <= MAX_STREAMS:
+        raise argparse.ArgumentTypeError(f"{value} is outside 1..{MAX_STREAMS}")
     return value
 
 
@@ -116,21 +119,29 @@ def format_bps(bps: float) -> str:
     return f"{bps:.0f} bit/s"
 
 
+def streams_text(count: int) -> str:
+    return f"{count} stream{'' if count == 1 else 's'}"
+
+
 def opened_text(advice: Advice) -> str:
-    """The streams a transfer opens to carry n* (Advice.opened_streams), in words."""
+    """How many sockets to open, once and plainly: the standard and fractional streams that carry n*
+    (Advice.opened_streams), and what to open instead when the tool cannot open a fractional stream."""
     standard, fm = advice.opened_streams()
-    parts = [f"{standard} standard stream{'' if standard == 1 else 's'}"] if standard else []
-    if fm is not None:
-        parts.append(f"1 fractional stream (fractional multiplier {fm:.2f})")
-    return " + ".join(parts)
+    if fm is None:
+        return f"open {streams_text(standard)}" + (" (standard)" if standard == 1 else " (all standard)")
+    fractional = f"1 fractional at FM {fm:.2f}"
+    opened = f"{standard} standard + {fractional}" if standard else fractional
+    return (f"open {streams_text(standard + 1)}: {opened}, or {advice.num_flows} standard "
+            f"stream{'' if advice.num_flows == 1 else 's'} if your tool cannot open a fractional stream")
 
 
 def print_advice(advice: Advice) -> None:
     lines = [
-        f"streams to open:            {advice.num_flows}",
-        f"predicted throughput:       {format_bps(advice.max_nondisruptive_throughput_bps)}",
+        f"streams:                    {opened_text(advice)}",
+        f"predicted throughput:       {format_bps(advice.max_nondisruptive_throughput_bps)} "
+        f"on {advice.num_flows} standard stream{'' if advice.num_flows == 1 else 's'}",
         f"predicted impact on others: {advice.cross_traffic_impact:.1%} (budget {advice.max_impact:.1%})",
-        f"TCP-equivalent streams n*:  {advice.tcp_equivalent_streams:.2f}, opened as {opened_text(advice)}",
+        f"TCP-equivalent streams n*:  {advice.tcp_equivalent_streams:.2f}",
     ]
     if advice.per_stream_buffer_bytes is not None:
         lines.append(f"per-stream socket buffer:   {advice.per_stream_buffer_bytes} bytes")

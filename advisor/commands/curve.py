@@ -5,12 +5,18 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from advisor.advice import curve_to_json
+from advisor.advice import Advice, curve_to_json
 from advisor.cli import UsageError
-from advisor.commands.common import add_probe_options, format_bps, margin_from_args, print_json, probes_from_args
-from advisor.tame import predicted_curve
+from advisor.commands.common import (
+    add_probe_options, format_bps, fraction, fractional_margin_from_args, margin_from_args, opened_text, print_json,
+    probes_from_args,
+)
+from advisor.tame import DEFAULT_MODEL, DEFAULT_N_MAX, advisable_limit, advise, predicted_curve
 from models.errors import FitError
 from models.registry import fit
+
+# Options that shape a fit made here; a known DEST's curve is the stored fit's, made by the service.
+_FIT_OPTIONS = {"model": "--model", "n_max": "--n-max", "no_margin": "--no-margin"}
 
 
 def register(subparsers) -> None:
@@ -20,8 +26,12 @@ def register(subparsers) -> None:
     parser.add_argument("dest", nargs="?", metavar="DEST[:PORT]",
                         help="a destination the store knows (or the server at TAME_URL); instead of --probe")
     add_probe_options(parser, required=False)
+    parser.add_argument("--max-impact", type=fraction, default=None,
+                        help="also mark the stream counts within this budget (fraction 0-1) and say what the advice "
+                             "opens at it")
     parser.add_argument("--plot", type=Path, metavar="OUT.png", help="also draw throughput and impact vs streams")
-    parser.set_defaults(handler=run)
+    # None marks "not given", so that DEST mode can refuse options it cannot honour.
+    parser.set_defaults(handler=run, model=None, n_max=None, no_margin=None)
 
 
 def run(args) -> int:
@@ -29,7 +39,21 @@ def run(args) -> int:
         raise UsageError("give either DEST (a known destination) or --probe numbers, not both")
     if not args.dest and not args.probe:
         raise UsageError("give DEST (a known destination) or at least two --probe STREAMS:BPS")
-    payload = _known_curve(args.dest) if args.dest else _fitted_curve(args)
+    if args.dest:
+        given = [flag for name, flag in _FIT_OPTIONS.items() if getattr(args, name) is not None]
+        if given:
+            raise UsageError(f"{', '.join(given)} shape a fit made from --probe numbers; DEST's curve is the "
+                             "service's stored fit (its model, n_max and margin), so leave them out")
+        payload, advice = _known_curve(args.dest, args.max_impact)
+    else:
+        args.model = args.model or DEFAULT_MODEL
+        args.n_max = args.n_max or DEFAULT_N_MAX
+        args.no_margin = bool(args.no_margin)
+        payload, advice = _fitted_curve(args)
+    if advice is not None:
+        payload.update(max_impact=args.max_impact, num_flows=advice.num_flows,
+                       tcp_equivalent_streams=advice.tcp_equivalent_streams,
+                       fractional_multiplier=advice.fractional_multiplier)
     if args.plot:
         from advisor.plot import plot_curve
 
@@ -38,36 +62,61 @@ def run(args) -> int:
     if args.json:
         print_json(payload)
         return 0
-    print(f"{'streams':>7}  {'throughput':>14}  {'impact':>7}  {'bound':>7}")
-    for point in payload["curve"]:
-        print(f"{point['streams']:>7}  {format_bps(point['throughput_bps']):>14}  {point['impact']:>7.1%}  "
-              f"{point['impact_bound']:>7.1%}")
-    for warning in payload.get("warnings", []):
-        print(f"warning: {warning}")
+    _print_table(payload, args.max_impact, advice)
     return 0
 
 
-def _fitted_curve(args) -> dict:
+def _print_table(payload: dict, budget: float | None, advice: Advice | None) -> None:
+    header = f"{'streams':>7}  {'throughput':>14}  {'impact':>7}  {'bound':>7}"
+    print(header + ("  within budget" if budget is not None else ""))
+    for point in payload["curve"]:
+        line = (f"{point['streams']:>7}  {format_bps(point['throughput_bps']):>14}  {point['impact']:>7.1%}  "
+                f"{point['impact_bound']:>7.1%}")
+        if budget is not None:
+            # The schedulers' rule (current_advice): advisable and the bound within the budget.
+            within = point["advisable"] and point["impact_bound"] <= budget
+            line += f"  {'yes' if within else 'no'}"
+        print(line)
+    if advice is not None:
+        print(f"at budget {budget:.1%}: {opened_text(advice)} (n* {advice.tcp_equivalent_streams:.2f})")
+    for warning in payload.get("warnings", []):
+        print(f"warning: {warning}")
+
+
+def _fitted_curve(args) -> tuple[dict, Advice | None]:
     points = probes_from_args(args)
     try:
         fitted = fit(args.model, points)
-    except (FitError, ValueError) as exc:
+    except FitError as exc:
         raise UsageError(str(exc)) from exc
-    curve = predicted_curve(fitted, args.n_max, margin_from_args(args))
+    margin = margin_from_args(args)
+    limit = advisable_limit(fitted, args.n_max)
+    curve = predicted_curve(fitted, args.n_max, margin)
     payload = curve_to_json(fitted.model, dict(fitted.params), curve)
+    for entry in payload["curve"]:
+        entry["advisable"] = entry["streams"] <= limit + 1e-9
     payload["probes"] = [{"streams": p.streams, "throughput_bps": p.throughput_bps} for p in points]
     payload["warnings"] = list(fitted.warnings)
-    return payload
+    advice = None
+    if args.max_impact is not None:
+        advice = advise(fitted, args.max_impact, args.n_max, margin=margin,
+                        fractional_margin=fractional_margin_from_args(args))
+    return payload, advice
 
 
-def _known_curve(dest: str) -> dict:
+def _advice_from_payload(payload: dict) -> Advice:
+    return Advice(**{k: v for k, v in payload.items() if k in Advice.__dataclass_fields__})
+
+
+def _known_curve(dest: str, budget: float | None) -> tuple[dict, Advice | None]:
     server = os.environ.get("TAME_URL")
     if server:
         from api.client import TameClient, TameError  # the CLI is where the layers are wired together
 
         with TameClient(server, token=os.environ.get("TAME_READ_TOKEN") or os.environ.get("TAME_TOKEN")) as client:
             try:
-                return client.curve(dest)
+                payload = client.curve(dest)
+                return payload, None if budget is None else _advice_from_payload(client.advice(dest, budget))
             except TameError as exc:
                 raise UsageError(f"{server}: {exc}") from exc
     from advisor.commands.runtime import load_settings, open_store
@@ -77,7 +126,9 @@ def _known_curve(dest: str) -> dict:
     settings = load_settings()
     store = open_store(settings)
     try:
-        return AdviceService(store, settings).curve(dest)
+        service = AdviceService(store, settings)
+        payload = service.curve(dest)
+        return payload, None if budget is None else _advice_from_payload(service.advice(dest, budget))
     except AdvisorError as exc:
         raise UsageError(str(exc)) from exc
     finally:

@@ -23,7 +23,7 @@ def run(args) -> int:
     try:
         advice = tame_parallel_tcp(points, args.max_impact, args.n_max, args.model, margin=margin_from_args(args),
                                     fractional_margin=fractional_margin_from_args(args))
-    except (FitError, ValueError) as exc:
+    except FitError as exc:
         raise UsageError(str(exc)) from exc
     if args.json:
         print_json(advice.to_json())

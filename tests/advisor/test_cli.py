@@ -54,12 +54,18 @@ def test_fit_json_fields_and_values():
 def test_fit_human_output():
     result = tame("fit", *PROBE_ARGS, "--max-impact", "0.5", "--model", "lu", "--no-margin")
     assert result.returncode == 0
-    assert "streams to open:            3" in result.stdout
-    # n* = sqrt(12) = 3.46: three standard streams and one fractional stream of FM 1 / 0.4641^2 = 4.64.
-    assert "n*:  3.46, opened as 3 standard streams + 1 fractional stream (fractional multiplier 4.64)" in result.stdout
+    # n* = sqrt(12) = 3.46: three standard streams and one fractional stream of FM 1 / 0.4641^2 = 4.64,
+    # said once, with what to open when the tool has no fractional stream.
+    assert ("streams:                    open 4 streams: 3 standard + 1 fractional at FM 4.64, or 3 standard "
+            "streams if your tool cannot open a fractional stream") in result.stdout
+    assert "on 3 standard streams" in result.stdout and "n*:  3.46\n" in result.stdout
     # Below one stream the fractional stream is the transfer: n* = 0.657, FM 1 / 0.657^2 = 2.31.
     below = tame("fit", *PROBE_ARGS, "--max-impact", "0.05", "--model", "lu", "--no-margin")
-    assert "n*:  0.66, opened as 1 fractional stream (fractional multiplier 2.31)" in below.stdout
+    assert ("open 1 stream: 1 fractional at FM 2.31, or 1 standard stream if your tool cannot open a "
+            "fractional stream") in below.stdout
+    # n* = 2 exactly (impact 1 - sqrt(4/8) = 0.2929 at 2 streams): no fractional stream to explain.
+    whole = tame("fit", *PROBE_ARGS, "--max-impact", str(1 - math.sqrt(0.5) + 1e-6), "--model", "lu", "--no-margin")
+    assert "streams:                    open 2 streams (all standard)\n" in whole.stdout
 
 
 def test_fit_keeps_a_margin_for_the_prediction_error_by_default():
@@ -91,8 +97,16 @@ def test_curve_table():
 
 
 @pytest.mark.parametrize("args, fragment", [
-    (["--probe", "0:1e6", "--probe", "2:3e6"], "stream count must be >= 1"),
-    (["--probe", "1:-5", "--probe", "2:3e6"], "positive"),
+    (["--probe", "0:1e6", "--probe", "2:3e6"], "stream count must be a whole number between 1 and 1024"),
+    (["--probe", "1:-5", "--probe", "2:3e6"], "from 1 up to 1e+15"),
+    # The API's limits: a throughput of 1 Pbit/s or more is refused, not fitted with overflow warnings.
+    (["--probe", "1:1e308", "--probe", "10:1e308"], "from 1 up to 1e+15"),
+    (["--probe", "1:1e300", "--probe", "10:2e300"], "from 1 up to 1e+15"),
+    (["--probe", "1:1e15", "--probe", "10:2e6"], "from 1 up to 1e+15"),
+    (["--probe", "1:0.5", "--probe", "10:2e6"], "from 1 up to 1e+15"),
+    (["--probe", "1:nan", "--probe", "10:2e6"], "STREAMS:BITS_PER_SECOND"),
+    (["--probe", "1:inf", "--probe", "10:2e6"], "STREAMS:BITS_PER_SECOND"),
+    (["--probe", "2000:1e6", "--probe", "10:2e6"], "between 1 and 1024"),
     (["--probe", "1:abc", "--probe", "2:3e6"], "STREAMS:BITS_PER_SECOND"),
     (["--probe", "1:1e6", "--probe", "1:2e6"], "different stream counts"),
     (["--probe", "1:1e6", "--probe", "5:2e6", "--max-impact", "1.5"], "outside [0, 1]"),
@@ -105,3 +119,39 @@ def test_bad_input_exits_nonzero_with_one_line(args, fragment):
     assert result.stdout == ""
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and fragment in lines[0], result.stderr
+
+
+def test_curve_marks_the_budget_and_says_what_the_advice_opens():
+    # Lu's curve with the bare rule at budget 0.5: impact(n) = 1 - sqrt(4 / (n^2 + 4)) <= 0.5 up to n = sqrt(12).
+    result = tame("curve", *PROBE_ARGS, "--n-max", "5", "--model", "lu", "--no-margin", "--max-impact", "0.5",
+                  "--json")
+    assert result.returncode == 0, result.stderr
+    payload = json.loads(result.stdout)
+    assert payload["num_flows"] == 3 and payload["max_impact"] == 0.5
+    assert_allclose(payload["tcp_equivalent_streams"], math.sqrt(12), atol=1e-4)
+    assert [p["advisable"] and p["impact_bound"] <= 0.5 for p in payload["curve"]] == [True, True, True, False, False]
+    table = tame("curve", *PROBE_ARGS, "--n-max", "5", "--model", "lu", "--no-margin", "--max-impact", "0.5")
+    assert "at budget 50.0%: open 4 streams: 3 standard + 1 fractional at FM 4.64" in table.stdout
+
+
+@pytest.mark.parametrize("option", [["--n-max", "5"], ["--model", "lu"], ["--no-margin"]])
+def test_curve_of_a_known_dest_refuses_options_it_cannot_honour(tmp_path, option):
+    result = subprocess.run([sys.executable, "-m", "advisor", "curve", "127.0.0.1", *option], capture_output=True,
+                            text=True, timeout=60, cwd=tmp_path)
+    assert result.returncode == 2 and option[0] in result.stderr and "stored fit" in result.stderr
+    assert not list(tmp_path.iterdir())  # refused before opening any store
+
+
+@pytest.mark.parametrize("levels, fragment", [("1", "2 to 8 different stream counts"),
+                                              ("1,2,3,4,5,6,7,8,9", "2 to 8 different stream counts"),
+                                              ("1,200", "more than iperf3 allows")])
+def test_advise_takes_the_levels_the_service_takes(levels, fragment):
+    result = tame("advise", "127.0.0.1:9", "--max-impact", "0.1", "--levels", levels)
+    assert result.returncode == 2 and fragment in result.stderr, result.stderr
+    assert "iperf3" not in result.stderr.replace("iperf3 allows", "")  # refused before probing
+
+
+def test_a_url_as_destination_is_named_as_one():
+    result = tame("advise", "http://127.0.0.1:5201/", "--max-impact", "0.1")
+    assert result.returncode == 2
+    assert "looks like a URL" in result.stderr and "brackets" not in result.stderr
