@@ -42,6 +42,7 @@ class _Cached:
     probed_at: float
     loaded_at: float
     generation: int
+    fit_id: int
 
 
 class AdviceService:
@@ -54,6 +55,8 @@ class AdviceService:
         self._cache: dict[tuple[str, float], _Cached] = {}
         self._generation = 0
         self._refresh_requested: dict[str, float] = {}
+        # One thread at a time brings an expired entry up to date; the others serve the previous one.
+        self._refreshing: dict[tuple[str, float], threading.Lock] = {}
         self._lock = threading.Lock()
         self._listeners: list[Callable[[], None]] = []
 
@@ -142,9 +145,14 @@ class AdviceService:
         if isinstance(max_impact, bool) or not isinstance(max_impact, float) or not 0.0 <= max_impact <= 1.0:
             return None
         now = self.clock()
-        cached = self._cache.get((dest_text, max_impact))
-        if cached is None or cached.generation != self._generation or now - cached.loaded_at > self.settings.cache_max_age_s:
+        key = (dest_text, max_impact)
+        cached = self._cache.get(key)
+        if cached is None or cached.generation != self._generation:
             return None
+        if now - cached.loaded_at > self.settings.cache_max_age_s:
+            refreshing = self._refreshing.get(key)
+            if refreshing is None or not refreshing.locked():
+                return None
         stale = now - cached.probed_at > self.settings.ttl_s
         if stale:
             last = self._refresh_requested.get(cached.payload["dest"])
@@ -166,25 +174,58 @@ class AdviceService:
         now = self.clock()
         key = (dest_text, budget)
         cached = self._cache.get(key)
-        if cached is None or cached.generation != self._generation or now - cached.loaded_at > self.settings.cache_max_age_s:
-            dest = parse_destination(dest_text)
-            generation = self._generation
-            row = self._load(dest)
-            fitted = fit_from_record(row.model, row.params, row.regime, row.probe_streams, row.warnings)
-            probes = [ProbePoint(streams=p["streams"], throughput_bps=p["throughput_bps"]) for p in row.probes]
-            payload = advise(fitted, budget, row.n_max, row.idle_rtt_s, probes).to_json()
-            payload.update(dest=dest.key, fitted_at=row.fitted_at, probed_at=row.probed_at,
-                           observations_used=row.observations_used)
-            cached = _Cached(payload, row.probed_at, now, generation)
-            with self._lock:
-                if len(self._cache) >= _CACHE_LIMIT:
-                    self._cache.clear()
-                if generation == self._generation:
-                    self._cache[key] = cached
+        if not self._fresh(cached, now):
+            cached = self._refreshed(key, cached)
         result = dict(cached.payload)
         result["age_s"] = max(0.0, now - cached.probed_at)
         result["stale"] = self._stale(result["dest"], cached.probed_at, now)
         return result
+
+    def _fresh(self, cached: _Cached | None, now: float) -> bool:
+        return (cached is not None and cached.generation == self._generation
+                and now - cached.loaded_at <= self.settings.cache_max_age_s)
+
+    def _refreshed(self, key: tuple[str, float], cached: _Cached | None) -> _Cached:
+        """The entry for ``key`` brought up to date by one thread at a time (no stampede when it expires
+        under load): while one reloads, the others get the previous entry, or wait for it if there is none."""
+        with self._lock:
+            refreshing = self._refreshing.setdefault(key, threading.Lock())
+        usable = cached is not None and cached.generation == self._generation
+        if not refreshing.acquire(blocking=not usable):
+            return cached
+        try:
+            current = self._cache.get(key)
+            if self._fresh(current, self.clock()):
+                return current
+            return self._load_entry(key, current)
+        finally:
+            refreshing.release()
+
+    def _load_entry(self, key: tuple[str, float], previous: _Cached | None) -> _Cached:
+        dest_text, budget = key
+        dest = parse_destination(dest_text)
+        generation = self._generation
+        now = self.clock()
+        if previous is not None and previous.generation == generation \
+                and self.store.current_fit_id(dest.key) == previous.fit_id:
+            # Nothing was written since (not even by another process): keep the advice, and the entry
+            # object, which the API's serialisation is memoised on.
+            previous.loaded_at = now
+            return previous
+        row = self._load(dest)
+        fitted = fit_from_record(row.model, row.params, row.regime, row.probe_streams, row.warnings)
+        probes = [ProbePoint(streams=p["streams"], throughput_bps=p["throughput_bps"]) for p in row.probes]
+        payload = advise(fitted, budget, row.n_max, row.idle_rtt_s, probes).to_json()
+        payload.update(dest=dest.key, fitted_at=row.fitted_at, probed_at=row.probed_at,
+                       observations_used=row.observations_used)
+        entry = _Cached(payload, row.probed_at, now, generation, row.id)
+        with self._lock:
+            if len(self._cache) >= _CACHE_LIMIT:
+                self._cache.clear()
+                self._refreshing = {k: v for k, v in self._refreshing.items() if v.locked()}
+            if generation == self._generation:
+                self._cache[key] = entry
+        return entry
 
     def batch(self, items: Sequence[tuple[str, Any]]) -> list[dict[str, Any]]:
         """One entry per (dest, max_impact): {"dest", "max_impact", "advice"} or {"dest", "max_impact", "error"}."""

@@ -235,6 +235,13 @@ class Store:
             row = tx.execute(f"SELECT {_FIT_COLUMNS} FROM current_fits WHERE dest = ?", (dest_key,)).fetchone()
         return _fit(row) if row else None
 
+    def current_fit_id(self, dest_key: str) -> int | None:
+        """The id of the destination's newest fit (a cheap check that nothing was written since)."""
+        with self.db.transaction() as tx:
+            row = tx.execute("SELECT max(f.id) FROM fits f JOIN destinations d ON d.id = f.destination_id "
+                             "WHERE d.dest = ?", (dest_key,)).fetchone()
+        return row[0] if row else None
+
     def current_fits(self) -> list[FitRow]:
         with self.db.transaction() as tx:
             rows = tx.execute(f"SELECT {_FIT_COLUMNS} FROM current_fits ORDER BY dest").fetchall()

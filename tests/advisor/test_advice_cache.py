@@ -1,0 +1,110 @@
+"""The advice cache under concurrent reads: an expired entry is reloaded by one thread, the rest are
+served the previous entry, and a write by another process shows up after the cache's max age."""
+
+import math
+import threading
+
+from advisor.destinations import parse_destination
+from advisor.service import AdviceService
+from advisor.settings import Settings
+from advisor.store import Store
+from probes.result import ProbeResult
+
+A, B = 1e-16, 4e-16
+DEST = "127.0.0.1:5201"
+
+
+def rate(n):
+    return n / math.sqrt(A * n * n + B)
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1_700_000_000.0
+
+    def __call__(self):
+        return self.now
+
+
+def counting(store, name):
+    """Count calls of store.NAME (the real method still runs)."""
+    calls = []
+    real = getattr(store, name)
+
+    def wrapper(*args, **kwargs):
+        calls.append(args)
+        return real(*args, **kwargs)
+
+    setattr(store, name, wrapper)
+    return calls
+
+
+def service_on(path, clock):
+    store = Store.open(f"sqlite:///{path}", clock=clock)
+    return AdviceService(store, Settings(model="lu"), clock=clock, resolver=lambda host: ["127.0.0.1"])
+
+
+def ingest(service, throughput_scale=1.0):
+    results = [ProbeResult(dest=DEST, streams=n, throughput_bps=rate(n) * throughput_scale, duration_s=10.0,
+                           omit_s=0.0, sender_bps=None)
+               for n in (1, 10)]
+    service.ingest_run(parse_destination(DEST), 0.04, results, service.clock(), source="test")
+
+
+def read_together(service, threads=16):
+    barrier = threading.Barrier(threads)
+    answers = [None] * threads
+
+    def read(i):
+        barrier.wait()
+        answers[i] = service.advice(DEST, 0.3)
+
+    workers = [threading.Thread(target=read, args=(i,)) for i in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(30)
+    return answers
+
+
+def test_an_expired_entry_is_reloaded_once_not_by_every_reader(tmp_path):
+    clock = Clock()
+    service = service_on(tmp_path / "s.sqlite3", clock)
+    ingest(service)
+    first = service.advice(DEST, 0.3)
+    loads = counting(service.store, "current_fit")
+    checks = counting(service.store, "current_fit_id")
+    clock.now += service.settings.cache_max_age_s + 1
+    answers = read_together(service)
+    # Nothing changed in the store: one cheap check, no reload and no refit, for sixteen readers.
+    assert loads == [] and len(checks) == 1
+    assert all(a["num_flows"] == first["num_flows"] for a in answers)
+
+    # Another process (its own Store on the same file) writes a new fit.
+    other = service_on(tmp_path / "s.sqlite3", clock)
+    ingest(other, throughput_scale=3.0)
+    other.store.close()
+    clock.now += service.settings.cache_max_age_s + 1
+    answers = read_together(service)
+    assert len(loads) == 1, "the new fit is loaded by one reader, not by each"
+    newest = service.advice(DEST, 0.3)
+    assert newest["fitted_at"] >= first["fitted_at"] and newest["max_nondisruptive_throughput_bps"] > \
+        first["max_nondisruptive_throughput_bps"]
+    assert {a["max_nondisruptive_throughput_bps"] for a in answers} <= {
+        first["max_nondisruptive_throughput_bps"], newest["max_nondisruptive_throughput_bps"]}
+    service.store.close()
+
+
+def test_the_fast_path_serves_the_previous_entry_while_one_reader_reloads(tmp_path):
+    clock = Clock()
+    service = service_on(tmp_path / "s.sqlite3", clock)
+    ingest(service)
+    service.advice(DEST, 0.3)
+    clock.now += service.settings.cache_max_age_s + 1
+    # Expired and nobody reloading: the fast path leaves it to the route, which reloads.
+    assert service.cached_entry(DEST, 0.3) is None
+    refreshing = service._refreshing[(DEST, 0.3)]
+    with refreshing:  # a reader is reloading it
+        hit = service.cached_entry(DEST, 0.3)
+        assert hit is not None and hit[0].payload["dest"] == DEST
+    service.store.close()
