@@ -2,24 +2,28 @@
 
 Error mapping to HTTP statuses lives here and only here:
 InvalidRequest -> 422, BatchTooLarge -> 413, DestinationNotAllowed -> 403, UnknownDestination and
-UnknownProbe -> 404, StoreError -> 503, a missing or wrong token -> 401.
-Auth: when TAME_TOKEN is set, writes (POST) need ``Authorization: Bearer TOKEN``; when
-TAME_READ_TOKEN is set, reads need it (or the write token). /healthz is always open.
+UnknownProbe -> 404, StoreError -> 503 (with a generic message; the detail is logged). Tokens,
+body caps and body deadlines are checked before any route, by api/boundary.py: when TAME_TOKEN is
+set, writes need ``Authorization: Bearer TOKEN``; when TAME_READ_TOKEN is set, reads (the docs
+included) need it or the write token. /healthz is always open. /docs serves Swagger UI from
+assets shipped in the fastapi-offline package, so it works offline.
 """
 
 from __future__ import annotations
 
-import hmac
 import json
+import logging
 import time
 from contextlib import asynccontextmanager
 from typing import Any, Callable
 
-from fastapi import Depends, FastAPI, Query, Request
+from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
+from starlette.staticfiles import StaticFiles
 
 from advisor.allowlist import Resolver, system_resolver
 from advisor.destinations import parse_destination
@@ -30,6 +34,7 @@ from advisor.settings import Settings
 from advisor.store import Store
 from advisor.worker import ProbeWorker
 from api import schemas
+from api.boundary import Boundary, body_caps
 from api.fastpath import AdviceFastPath
 from api.metrics import Metrics, MetricsMiddleware
 from probes.base import ProbeDriver
@@ -44,11 +49,10 @@ _STATUS = {
     QueueFull: 429,
     StoreError: 503,
 }
-_ERRORS = {404: {"model": schemas.ErrorOut}, 422: {"model": schemas.ErrorOut}, 503: {"model": schemas.ErrorOut}}
+STORE_UNAVAILABLE = "the advice store is unavailable; try again shortly"
+_ERRORS = {code: {"model": schemas.ErrorOut} for code in (401, 404, 422, 503)}
 
-
-class Unauthorized(Exception):
-    """A token is configured and the request did not carry it."""
+log = logging.getLogger("tame.api")
 
 
 def _json(payload: Any, status: int = 200) -> Response:
@@ -83,36 +87,21 @@ def create_app(settings: Settings, store: Store, driver: ProbeDriver | None = No
                 await run_in_threadpool(worker.stop)
 
     app = FastAPI(title="TameParallelTCP advice service", version="1", lifespan=lifespan,
+                  docs_url=None, redoc_url=None,
                   description="How many parallel TCP streams to use to a destination, and what they cost other traffic.")
+    app.state.settings = settings
     app.state.service = service
     app.state.worker = worker
     app.state.metrics = metrics
     app.add_middleware(MetricsMiddleware, metrics=metrics)
 
-    def _token_ok(request: Request, *tokens: str | None) -> bool:
-        return _header_token_ok(request.headers.get("authorization", ""), *tokens)
-
-    def _header_token_ok(header: str, *tokens: str | None) -> bool:
-        scheme, _, given = header.partition(" ")
-        if scheme.lower() != "bearer" or not given:
-            return False
-        return any(t is not None and hmac.compare_digest(given.encode(), t.encode()) for t in tokens)
-
-    async def require_read(request: Request) -> None:
-        if settings.read_token and not _token_ok(request, settings.read_token, settings.token):
-            raise Unauthorized("reads need 'Authorization: Bearer TOKEN' (TAME_READ_TOKEN is set)")
-
-    async def require_write(request: Request) -> None:
-        if settings.token and not _token_ok(request, settings.token):
-            raise Unauthorized("writes need 'Authorization: Bearer TOKEN' (TAME_TOKEN is set)")
-
-    @app.exception_handler(Unauthorized)
-    async def _unauthorized(request: Request, exc: Unauthorized):
-        return JSONResponse({"detail": str(exc)}, status_code=401, headers={"WWW-Authenticate": "Bearer"})
-
     async def _advisor_error(request: Request, exc: Exception):
         status = next(code for kind, code in _STATUS.items() if isinstance(exc, kind))
         retry = {"Retry-After": str(max(1, round(exc.retry_after_s)))} if isinstance(exc, QueueFull) else None
+        if isinstance(exc, StoreError):
+            # The store's text can carry SQL and data (a key's value); it goes to the log only.
+            log.error("%s %s: %s", request.method, request.url.path, exc)
+            return JSONResponse({"detail": STORE_UNAVAILABLE}, status_code=status)
         return JSONResponse({"detail": str(exc)}, status_code=status, headers=retry)
 
     for kind in _STATUS:
@@ -122,10 +111,7 @@ def create_app(settings: Settings, store: Store, driver: ProbeDriver | None = No
     async def _invalid(request: Request, exc: RequestValidationError):
         return JSONResponse({"detail": _describe_validation(exc)}, status_code=422)
 
-    read = [Depends(require_read)]
-    write = [Depends(require_write)]
-
-    @app.get("/v1/advice", response_model=schemas.AdviceOut, dependencies=read, responses=_ERRORS)
+    @app.get("/v1/advice", response_model=schemas.AdviceOut, responses=_ERRORS)
     async def get_advice(dest: str = Query(min_length=1, max_length=300, description="HOST[:PORT]"),
                          max_impact: float = Query(description="impact budget, fraction 0-1")) -> Response:
         payload = service.cached_advice(dest, max_impact)
@@ -134,37 +120,35 @@ def create_app(settings: Settings, store: Store, driver: ProbeDriver | None = No
         metrics.advice_served.labels("true" if payload["stale"] else "false").inc()
         return _json(payload)
 
-    @app.post("/v1/advice:batch", response_model=schemas.BatchOut, dependencies=read,
+    @app.post("/v1/advice:batch", response_model=schemas.BatchOut,
               responses={413: {"model": schemas.ErrorOut}, **_ERRORS})
     def post_batch(items: list[schemas.AdviceQuery]) -> Response:
         results = service.batch([(item.dest, item.max_impact) for item in items])
         return _json({"results": results})
 
-    @app.post("/v1/probes", status_code=202, response_model=schemas.ProbeAccepted, dependencies=write,
-              responses={403: {"model": schemas.ErrorOut}, 401: {"model": schemas.ErrorOut}, **_ERRORS})
+    @app.post("/v1/probes", status_code=202, response_model=schemas.ProbeAccepted,
+              responses={403: {"model": schemas.ErrorOut}, **_ERRORS})
     def post_probe(body: schemas.ProbeRequest) -> Response:
         job, created = service.request_probe(body.dest, body.levels, body.duration_s)
         return _json({"id": job.id, "dest": job.dest, "status": job.status, "created": created}, 202)
 
-    @app.get("/v1/probes/{probe_id}", response_model=schemas.ProbeStatus, dependencies=read, responses=_ERRORS)
+    @app.get("/v1/probes/{probe_id}", response_model=schemas.ProbeStatus, responses=_ERRORS)
     def get_probe(probe_id: str) -> Response:
         return _json(service.probe_status(probe_id))
 
-    @app.get("/v1/paths", response_model=schemas.PathsOut, dependencies=read, responses=_ERRORS)
+    @app.get("/v1/paths", response_model=schemas.PathsOut, responses=_ERRORS)
     def get_paths() -> Response:
         return _json({"paths": service.paths()})
 
-    @app.get("/v1/paths/{dest}/curve", response_model=schemas.CurveOut, dependencies=read, responses=_ERRORS)
+    @app.get("/v1/paths/{dest}/curve", response_model=schemas.CurveOut, responses=_ERRORS)
     def get_curve(dest: str) -> Response:
         return _json(service.curve(dest))
 
-    @app.post("/v1/observations", status_code=202, response_model=schemas.ObservationOut, dependencies=write,
-              responses={401: {"model": schemas.ErrorOut}, **_ERRORS})
+    @app.post("/v1/observations", status_code=202, response_model=schemas.ObservationOut, responses=_ERRORS)
     def post_observation(body: schemas.ObservationIn) -> Response:
         return _json(service.observe(body.dest, body.streams, body.throughput_bps), 202)
 
-    @app.post("/v1/probe-runs", status_code=201, response_model=schemas.ProbeRunOut, dependencies=write,
-              responses={401: {"model": schemas.ErrorOut}, **_ERRORS})
+    @app.post("/v1/probe-runs", status_code=201, response_model=schemas.ProbeRunOut, responses=_ERRORS)
     def post_probe_run(body: schemas.ProbeRunIn) -> Response:
         dest = parse_destination(body.dest)
         results = [ProbeResult(dest=dest.key, **p.result_fields()) for p in body.probes]
@@ -176,16 +160,41 @@ def create_app(settings: Settings, store: Store, driver: ProbeDriver | None = No
         store.job_counts()  # touches the database; StoreError -> 503
         return _json({"status": "ok", "database": store.db.dialect})
 
-    @app.get("/metrics", dependencies=read, response_class=PlainTextResponse)
+    @app.get("/metrics", response_class=PlainTextResponse)
     def get_metrics() -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    def fast_read_allowed(scope) -> bool:
-        if not settings.read_token:
-            return True
-        header = next((v for k, v in scope["headers"] if k == b"authorization"), b"").decode("latin-1")
-        return _header_token_ok(header, settings.read_token, settings.token)
+    assets = _swagger_assets()
+    app.mount("/docs/assets", StaticFiles(directory=assets), name="docs-assets")
 
-    # Added last, so it runs first: warm advice never reaches FastAPI's routing (see api/fastpath.py).
-    app.add_middleware(AdviceFastPath, service=service, metrics=metrics, read_allowed=fast_read_allowed)
+    @app.get("/docs", include_in_schema=False)
+    def docs() -> HTMLResponse:
+        return get_swagger_ui_html(openapi_url=app.openapi_url, title=f"{app.title} - Swagger UI",
+                                   swagger_js_url="/docs/assets/swagger-ui-bundle.js",
+                                   swagger_css_url="/docs/assets/swagger-ui.css",
+                                   swagger_favicon_url="/docs/assets/favicon.png", oauth2_redirect_url=None)
+
+    @app.get("/redoc", include_in_schema=False)
+    def redoc() -> HTMLResponse:
+        return get_redoc_html(openapi_url=app.openapi_url, title=f"{app.title} - ReDoc",
+                              redoc_js_url="/docs/assets/redoc.standalone.js",
+                              redoc_favicon_url="/docs/assets/favicon.png", with_google_fonts=False)
+
+    # Added last, so they run first: warm advice never reaches FastAPI's routing (see api/fastpath.py),
+    # and nothing runs before the boundary's token and size checks.
+    app.add_middleware(AdviceFastPath, service=service, metrics=metrics)
+    caps = body_caps(settings.max_batch)
+
+    def refused(method: str, path: str, status: int) -> None:
+        metrics.requests.labels(method, path if path in caps else "unmatched", str(status)).inc()
+
+    app.add_middleware(Boundary, token=settings.token, read_token=settings.read_token, caps=caps,
+                       body_timeout_s=settings.body_timeout_s, on_refused=refused)
     return app
+
+
+def _swagger_assets() -> str:
+    """The folder of Swagger UI's and ReDoc's JavaScript and CSS that the fastapi-offline package ships."""
+    import importlib.resources
+
+    return str(importlib.resources.files("fastapi_offline") / "static")

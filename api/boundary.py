@@ -1,0 +1,165 @@
+"""The server's boundary: a request is authenticated from its headers, and its body capped and timed,
+before the app reads a byte of it.
+
+Pure ASGI and outermost, so a request without the right token gets 401 with its body unread, and
+a body over its route's cap gets 413 as soon as that is known: at once from Content-Length, or
+when the bytes streamed in (a chunked body) pass the cap. Bodies within their cap are read here,
+under TAME_BODY_TIMEOUT_S, and handed on whole, so the app never waits on a slow client.
+
+Access classes: POST /v1/probes, /v1/probe-runs and /v1/observations (any method on those paths)
+need TAME_TOKEN when it is set; /healthz is open; everything else, /docs and /openapi.json
+included, needs TAME_READ_TOKEN or TAME_TOKEN when TAME_READ_TOKEN is set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+from typing import Callable
+
+from api import schemas
+
+WRITE_PATHS = frozenset({"/v1/probes", "/v1/probe-runs", "/v1/observations"})
+OPEN_PATHS = frozenset({"/healthz"})
+
+# A body on any route not in body_caps (none of them reads one) is refused past this.
+OTHER_BODY_BYTES = 16 * 1024
+# POST /v1/probes and /v1/observations: a dest of at most 300 characters and a few numbers.
+SMALL_BODY_BYTES = 16 * 1024
+# One batch item is a dest of at most 300 characters and a budget: under 400 bytes as compact JSON;
+# 1 KiB leaves room for indentation and some escaped characters.
+BATCH_ITEM_BYTES = 1024
+# One pushed probe: its scalar fields (under 1 KiB), stream_bps and stream_retransmits for up to
+# 128 streams (TAME_PROBE_LEVELS' ceiling) at under 32 bytes a number, and raw as JSON text, where
+# quotes, backslashes and newlines take two bytes a character (iperf3's JSON output escapes no worse).
+PROBE_RUN_FIELDS_BYTES = 4 * 1024
+PROBE_FIELDS_BYTES = 2 * 1024 + 2 * 128 * 32
+
+
+def _max_length(model, name: str) -> int:
+    """The max_length a schema field declares, so the caps follow api/schemas.py."""
+    return next(m.max_length for m in model.model_fields[name].metadata if getattr(m, "max_length", None))
+
+
+PROBE_RAW_BYTES = 2 * _max_length(schemas.ProbeResultIn, "raw")
+PROBE_RUN_BYTES = (PROBE_RUN_FIELDS_BYTES
+                   + _max_length(schemas.ProbeRunIn, "probes") * (PROBE_FIELDS_BYTES + PROBE_RAW_BYTES))
+
+
+def body_caps(max_batch: int) -> dict[str, int]:
+    """The most bytes a request body may have, by path (others: OTHER_BODY_BYTES)."""
+    return {
+        "/v1/advice:batch": max_batch * BATCH_ITEM_BYTES,
+        "/v1/probes": SMALL_BODY_BYTES,
+        "/v1/observations": SMALL_BODY_BYTES,
+        "/v1/probe-runs": PROBE_RUN_BYTES,
+    }
+
+
+def header_token_ok(header: str, *tokens: str | None) -> bool:
+    """Whether an Authorization header value is ``Bearer T`` for one of ``tokens`` (constant-time compare)."""
+    scheme, _, given = header.partition(" ")
+    if scheme.lower() != "bearer" or not given:
+        return False
+    return any(t is not None and hmac.compare_digest(given.encode(), t.encode()) for t in tokens)
+
+
+class Boundary:
+    """ASGI middleware: token check from the headers, then the body read whole within its cap and deadline."""
+
+    def __init__(self, app, *, token: str | None, read_token: str | None, caps: dict[str, int],
+                 body_timeout_s: float, on_refused: Callable[[str, str, int], None] | None = None):
+        self.app = app
+        self.token = token
+        self.read_token = read_token
+        self.caps = caps
+        self.body_timeout_s = body_timeout_s
+        self.on_refused = on_refused
+
+    def _denied(self, path: str, authorization: bytes) -> str | None:
+        if path in OPEN_PATHS:
+            return None
+        if path in WRITE_PATHS:
+            if self.token and not header_token_ok(authorization.decode("latin-1"), self.token):
+                return "writes need 'Authorization: Bearer TOKEN' (TAME_TOKEN is set)"
+            return None
+        if self.read_token and not header_token_ok(authorization.decode("latin-1"), self.read_token, self.token):
+            return "reads need 'Authorization: Bearer TOKEN' (TAME_READ_TOKEN is set)"
+        return None
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope["path"]
+        if len(path) > 1:
+            path = path.rstrip("/")
+        authorization = b""
+        length = None
+        chunked = False
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                authorization = value
+            elif name == b"content-length":
+                length = value
+            elif name == b"transfer-encoding":
+                chunked = True
+        has_body = chunked or (length is not None and length != b"0")
+        denied = self._denied(path, authorization)
+        if denied is not None:
+            return await self._refuse(scope, send, path, 401, denied, has_body, {b"www-authenticate": b"Bearer"})
+        if not has_body:
+            return await self.app(scope, receive, send)
+        cap = self.caps.get(path, OTHER_BODY_BYTES)
+        if length is not None and not chunked:
+            if not length.isdigit():
+                return await self._refuse(scope, send, path, 400, "Content-Length is not a number", True)
+            if int(length) > cap:
+                return await self._refuse(scope, send, path, 413, _too_large(cap), True)
+        body = bytearray()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.body_timeout_s
+        while True:
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
+            except asyncio.TimeoutError:
+                return await self._refuse(scope, send, path, 408,
+                                          f"the request body did not arrive within {self.body_timeout_s:g} s", True)
+            if message["type"] == "http.disconnect":
+                return
+            body += message.get("body", b"")
+            if len(body) > cap:
+                return await self._refuse(scope, send, path, 413, _too_large(cap), True)
+            if not message.get("more_body", False):
+                break
+        return await self.app(scope, _replay(bytes(body), receive), send)
+
+    async def _refuse(self, scope, send, path: str, status: int, detail: str, unread_body: bool,
+                      extra: dict[bytes, bytes] | None = None) -> None:
+        payload = json.dumps({"detail": detail}).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+        headers += list((extra or {}).items())
+        if unread_body:
+            # The rest of the body is not wanted: closing stops the server reading it.
+            headers.append((b"connection", b"close"))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": payload})
+        if self.on_refused is not None:
+            self.on_refused(scope["method"], path, status)
+
+
+def _too_large(cap: int) -> str:
+    return f"the request body is larger than this endpoint accepts ({cap} bytes)"
+
+
+def _replay(body: bytes, receive):
+    sent = False
+
+    async def replay():
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay

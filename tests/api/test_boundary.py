@@ -1,0 +1,148 @@
+"""The boundary (api/boundary.py) on a real server, over raw sockets: tokens before bodies, size caps, body deadlines."""
+
+import json
+import select
+import socket
+import sqlite3
+import time
+from urllib.parse import urlsplit
+
+import pytest
+
+from api.app import STORE_UNAVAILABLE
+
+WRITE = {"Authorization": "Bearer s3cret"}
+
+
+def connect(base):
+    parts = urlsplit(base)
+    return socket.create_connection((parts.hostname, parts.port), timeout=10)
+
+
+def read_response(sock, timeout_s=10.0):
+    """(status, headers text, body) of one response; the body read by Content-Length."""
+    sock.settimeout(timeout_s)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise AssertionError(f"connection closed before a response: {data!r}")
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    length = next((int(line.split(":", 1)[1]) for line in lines if line.lower().startswith("content-length:")), 0)
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        body += chunk
+    return int(lines[0].split()[1]), "\n".join(lines[1:]).lower(), body
+
+
+def request_head(method, path, headers):
+    lines = [f"{method} {path} HTTP/1.1", "Host: 127.0.0.1"] + [f"{k}: {v}" for k, v in headers.items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+def test_a_huge_post_without_a_token_gets_401_before_its_body_is_read(service_factory):
+    base, client, app = service_factory(token="s3cret", start_worker=False)
+    with connect(base) as sock:
+        started = time.monotonic()
+        sock.sendall(request_head("POST", "/v1/probe-runs", {"Content-Type": "application/json",
+                                                               "Content-Length": str(300 * 1024 * 1024)}) + b'{"dest"')
+        status, headers, body = read_response(sock)
+        assert status == 401, body
+        assert time.monotonic() - started < 5
+        assert "TAME_TOKEN" in json.loads(body)["detail"]
+        assert "connection: close" in headers
+        # The server has closed: the rest of the body is not read.
+        assert sock.recv(1) == b""
+
+
+def test_bad_json_without_a_token_gets_401_not_422(service_factory):
+    base, client, app = service_factory(token="s3cret", start_worker=False)
+    response = client.post("/v1/probes", content=b"{not json", headers={"Content-Type": "application/json"})
+    assert response.status_code == 401, response.text
+    assert client.post("/v1/probes", content=b"{not json", headers={**WRITE, "Content-Type": "application/json"}
+                       ).status_code == 422
+
+
+def test_a_read_token_is_checked_before_a_batch_body(service_factory):
+    base, client, app = service_factory(token="s3cret", read_token="r3ad", start_worker=False)
+    response = client.post("/v1/advice:batch", content=b"[garbage", headers={"Content-Type": "application/json"})
+    assert response.status_code == 401 and "TAME_READ_TOKEN" in response.json()["detail"]
+
+
+def test_a_batch_declared_over_its_cap_gets_413_at_once(service_factory):
+    base, client, app = service_factory(start_worker=False, max_batch=1000)
+    with connect(base) as sock:
+        started = time.monotonic()
+        sock.sendall(request_head("POST", "/v1/advice:batch", {"Content-Type": "application/json",
+                                                                 "Content-Length": str(42 * 1024 * 1024)}) + b"[")
+        status, headers, body = read_response(sock)
+        assert status == 413, body
+        assert time.monotonic() - started < 5
+        assert "larger than this endpoint accepts" in json.loads(body)["detail"]
+
+
+def test_a_chunked_batch_over_its_cap_gets_413_as_it_passes_the_cap(service_factory):
+    # max_batch=10 gives a 10 KiB cap (api.boundary.BATCH_ITEM_BYTES a item).
+    base, client, app = service_factory(start_worker=False, max_batch=10)
+    item = json.dumps({"dest": "127.0.0.1", "max_impact": 0.1}).encode() + b","
+    chunk = item * 100  # about 4.5 KB a chunk
+    sent = 0
+    with connect(base) as sock:
+        sock.sendall(request_head("POST", "/v1/advice:batch", {"Content-Type": "application/json",
+                                                                 "Transfer-Encoding": "chunked"}) + b"1\r\n[\r\n")
+        deadline = time.monotonic() + 10
+        while not select.select([sock], [], [], 0.05)[0]:
+            assert sent < 2_000_000 and time.monotonic() < deadline, "no answer while the body passed its cap"
+            try:
+                sock.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            except (BrokenPipeError, ConnectionResetError):
+                break
+            sent += len(chunk)
+        status, headers, body = read_response(sock)
+    assert status == 413, body
+    assert sent < 10 * 1024 + 4 * len(chunk)  # refused within a few chunks of the cap
+
+
+def test_bodies_within_their_cap_are_passed_on_whole(service_factory):
+    base, client, app = service_factory(start_worker=False, max_batch=10)
+    items = [{"dest": "127.0.0.1", "max_impact": 0.1}] * 3
+
+    def chunks():
+        text = json.dumps(items).encode()
+        yield text[:7]
+        yield text[7:]
+
+    for response in (client.post("/v1/advice:batch", json=items),
+                     client.post("/v1/advice:batch", content=chunks(), headers={"Content-Type": "application/json"})):
+        assert response.status_code == 200, response.text
+        assert [r["error"]["kind"] for r in response.json()["results"]] == ["UnknownDestination"] * 3
+
+
+def test_a_body_that_stalls_gets_408(service_factory):
+    base, client, app = service_factory(start_worker=False, body_timeout_s=1.0)
+    with connect(base) as sock:
+        started = time.monotonic()
+        sock.sendall(request_head("POST", "/v1/observations", {"Content-Type": "application/json",
+                                                                 "Content-Length": "100"}) + b'{"dest"')
+        status, headers, body = read_response(sock)
+        assert status == 408, body
+        assert time.monotonic() - started < 8
+        assert sock.recv(1) == b""
+
+
+def test_a_store_error_sends_no_database_text(service_factory, tmp_path):
+    base, client, app = service_factory(start_worker=False)
+    assert client.get("/v1/paths").status_code == 200
+    db = sqlite3.connect(tmp_path / "tame.sqlite3")
+    db.execute("DROP TABLE fits")
+    db.commit()
+    db.close()
+    response = client.get("/v1/paths")
+    assert response.status_code == 503
+    assert response.json() == {"detail": STORE_UNAVAILABLE}
+    for word in ("fits", "table", "sqlite", "SELECT", "error:"):
+        assert word not in response.text
