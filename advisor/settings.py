@@ -47,12 +47,23 @@ class Settings:
     # Advice cached in memory is re-read after this long even without a local write, so writes
     # made by another process (an agent sharing the database) show up.
     cache_max_age_s: float = 1.0
+    # The HTTP server's limits (api/server.py, docs/security.md): an idle keep-alive connection is
+    # closed after keepalive_timeout_s; a request's headers must be complete header_timeout_s after
+    # its first byte (or the connection's opening), its body body_timeout_s after its headers;
+    # beyond max_connections open connections new requests get 503; backlog is the listen queue.
+    keepalive_timeout_s: float = 5.0
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    max_connections: int = 1000
+    backlog: int = 2048
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
         """TAME_DATABASE_URL, TAME_TOKEN, TAME_READ_TOKEN, TAME_ALLOWED_DESTINATIONS, TAME_TTL_S,
         TAME_MAX_CONCURRENT_PROBES, TAME_MODEL, TAME_PROBE_LEVELS (e.g. "1,10"), TAME_PROBE_DURATION_S,
-        TAME_PROBE_MAX_DURATION_S, TAME_MAX_BATCH, TAME_MAX_QUEUED_PROBES. ConfigError names the variable that is wrong."""
+        TAME_PROBE_MAX_DURATION_S, TAME_MAX_BATCH, TAME_MAX_QUEUED_PROBES, TAME_KEEPALIVE_TIMEOUT_S,
+        TAME_HEADER_TIMEOUT_S, TAME_BODY_TIMEOUT_S, TAME_MAX_CONNECTIONS, TAME_BACKLOG.
+        ConfigError names the variable that is wrong."""
         env = os.environ if env is None else env
 
         def number(name: str, default: float, low: float, high: float, kind=float):
@@ -82,10 +93,17 @@ class Settings:
             raise ConfigError(f"TAME_PROBE_LEVELS={levels_text!r}: give stream counts such as 1,10") from None
         if len(levels) < 2 or levels[0] < 1 or levels[-1] > 128:
             raise ConfigError(f"TAME_PROBE_LEVELS={levels_text!r}: give at least two stream counts in 1..128")
+        token = env.get("TAME_TOKEN") or None
+        read_token = env.get("TAME_READ_TOKEN") or None
+        if read_token and not token:
+            # Writes are guarded by TAME_TOKEN alone, so this would guard reads and leave writes open.
+            raise ConfigError("TAME_READ_TOKEN is set but TAME_TOKEN is empty, which would leave writes "
+                              "(POST /v1/probes, /v1/probe-runs, /v1/observations) open to anyone: set TAME_TOKEN "
+                              "to a write token too, or unset TAME_READ_TOKEN")
         return cls(
             database_url=url,
-            token=env.get("TAME_TOKEN") or None,
-            read_token=env.get("TAME_READ_TOKEN") or None,
+            token=token,
+            read_token=read_token,
             allowed=AllowList.parse(env.get("TAME_ALLOWED_DESTINATIONS") or DEFAULT_ALLOWED),
             ttl_s=number("TAME_TTL_S", 3600.0, 1.0, 365 * 86400.0),
             max_concurrent_probes=number("TAME_MAX_CONCURRENT_PROBES", 1, 1, 64, int),
@@ -95,4 +113,9 @@ class Settings:
             max_probe_duration_s=number("TAME_PROBE_MAX_DURATION_S", ProbePlan.max_duration_s, 1.0, 600.0),
             max_batch=number("TAME_MAX_BATCH", 1000, 1, 100_000, int),
             max_queued_probes=number("TAME_MAX_QUEUED_PROBES", 500, 1, 1_000_000, int),
+            keepalive_timeout_s=number("TAME_KEEPALIVE_TIMEOUT_S", 5.0, 0.1, 300.0),
+            header_timeout_s=number("TAME_HEADER_TIMEOUT_S", 10.0, 0.1, 300.0),
+            body_timeout_s=number("TAME_BODY_TIMEOUT_S", 30.0, 0.1, 3600.0),
+            max_connections=number("TAME_MAX_CONNECTIONS", 1000, 1, 1_000_000, int),
+            backlog=number("TAME_BACKLOG", 2048, 1, 65535, int),
         )

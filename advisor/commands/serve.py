@@ -6,7 +6,21 @@ The CLI is the composition root, so this command imports the api package (lazily
 
 from __future__ import annotations
 
+import argparse
+
+from advisor.cli import UsageError
 from advisor.commands.runtime import default_driver, load_settings, open_store, setup_logging
+
+
+def port_number(text: str) -> int:
+    """A TCP port, 1-65535 (argparse type)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number: give 1-65535") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a TCP port: give 1-65535")
+    return port
 
 
 def register(subparsers) -> None:
@@ -14,27 +28,36 @@ def register(subparsers) -> None:
         "serve", help="run the HTTP advice API with its store and probe worker",
         description="Configuration comes from the environment: TAME_DATABASE_URL (default sqlite file "
                     "./tame.sqlite3 or $XDG_DATA_HOME/tame/tame.sqlite3), TAME_TOKEN, TAME_READ_TOKEN, "
-                    "TAME_ALLOWED_DESTINATIONS (default loopback only), TAME_TTL_S, TAME_MAX_CONCURRENT_PROBES.",
+                    "TAME_ALLOWED_DESTINATIONS (default loopback only), TAME_TTL_S, TAME_MAX_CONCURRENT_PROBES; "
+                    "the server's limits and timeouts are in docs/security.md.",
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8080, help="TCP port (default 8080)")
+    parser.add_argument("--port", type=port_number, default=8080, help="TCP port, 1-65535 (default 8080)")
     parser.add_argument("--no-worker", action="store_true", help="serve only; leave probes to a `tame agent`")
     parser.set_defaults(handler=run)
 
 
 def run(args) -> int:
     from api.app import create_app
-    from api.server import serve
+    from api.server import bind, ensure_file_limit, serve_on
 
     setup_logging()
     settings = load_settings()
-    store = open_store(settings)
-    driver = None if args.no_worker else default_driver()
-    app = create_app(settings, store, driver)
-    print(f"tame serve: listening on http://{args.host}:{args.port} (store {store.db.dialect}, "
-          f"probes allowed to: {', '.join(settings.allowed.describe())})", flush=True)
     try:
-        serve(app, args.host, args.port)
-    finally:
-        store.close()
+        # Bound before anything is said or opened, so "listening" is true when printed.
+        sock = bind(args.host, args.port, settings.backlog)
+    except OSError as exc:
+        raise UsageError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc} "
+                         f"(choose another --port or --host)") from exc
+    with sock:
+        ensure_file_limit(settings.max_connections)
+        store = open_store(settings)
+        try:
+            driver = None if args.no_worker else default_driver()
+            app = create_app(settings, store, driver)
+            print(f"tame serve: listening on http://{args.host}:{args.port} (store {store.db.dialect}, "
+                  f"probes allowed to: {', '.join(settings.allowed.describe())})", flush=True)
+            serve_on(app, sock)
+        finally:
+            store.close()
     return 0

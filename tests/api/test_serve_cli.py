@@ -1,0 +1,123 @@
+"""`tame serve` as a process: start-up refusals, the port it says it listens on, memory under a huge unauthenticated POST."""
+
+import os
+import select
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from advisor.errors import ConfigError
+from advisor.settings import Settings
+from tests.api.conftest import free_port, wait_for
+
+TAME = str(Path(sys.executable).with_name("tame"))
+
+
+def run_serve(tmp_path, *args, env=None, timeout_s=60):
+    env = {**os.environ, "TAME_DATABASE_URL": f"sqlite:///{tmp_path}/t.sqlite3", **(env or {})}
+    return subprocess.run([TAME, "serve", "--no-worker", *args], env=env, capture_output=True, text=True,
+                          timeout=timeout_s)
+
+
+def rss_bytes(pid):
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_a_read_token_without_a_write_token_is_refused():
+    with pytest.raises(ConfigError, match="TAME_READ_TOKEN.*TAME_TOKEN"):
+        Settings.from_env({"TAME_READ_TOKEN": "r", "TAME_TOKEN": ""})
+    assert Settings.from_env({"TAME_READ_TOKEN": "r", "TAME_TOKEN": "w"}).read_token == "r"
+
+
+def test_serve_exits_2_on_a_read_token_without_a_write_token(tmp_path):
+    done = run_serve(tmp_path, "--port", str(free_port()), env={"TAME_READ_TOKEN": "r", "TAME_TOKEN": ""})
+    assert done.returncode == 2, done
+    assert "TAME_READ_TOKEN is set but TAME_TOKEN is empty" in done.stderr
+    assert "listening" not in done.stdout
+
+
+@pytest.mark.parametrize("port", ["99999", "0", "-1", "http"])
+def test_serve_refuses_a_port_outside_1_to_65535(tmp_path, port):
+    done = run_serve(tmp_path, "--port", port)
+    assert done.returncode == 2, done
+    assert "--port" in done.stderr and "1-65535" in done.stderr
+    assert "listening" not in done.stdout
+
+
+def test_serve_on_a_port_in_use_fails_without_saying_it_listens(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = run_serve(tmp_path, "--port", str(port))
+    assert done.returncode != 0, done
+    assert f"cannot listen on 127.0.0.1:{port}" in done.stderr and "in use" in done.stderr
+    assert "listening" not in done.stdout
+
+
+@pytest.fixture
+def served(tmp_path):
+    """A `tame serve` process with TAME_TOKEN set: (process, port), its "listening" line already printed."""
+    port = free_port()
+    env = {**os.environ, "TAME_DATABASE_URL": f"sqlite:///{tmp_path}/t.sqlite3", "TAME_TOKEN": "s3cret"}
+    proc = subprocess.Popen([TAME, "serve", "--no-worker", "--port", str(port)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert f"listening on http://127.0.0.1:{port}" in line, line
+        yield proc, port
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def test_serve_listens_on_the_port_it_names(served):
+    proc, port = served
+    # Said once the socket is bound: a connection is accepted from then on.
+    with socket.create_connection(("127.0.0.1", port), timeout=10):
+        pass
+    wait_for(lambda: httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200,
+             what="healthz")
+
+
+def test_a_300_mb_post_without_a_token_costs_the_server_no_memory(served):
+    proc, port = served
+    wait_for(lambda: httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200,
+             what="healthz")
+    before = rss_bytes(proc.pid)
+    head = (f"POST /v1/probe-runs HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {300 * 1024 * 1024}\r\n\r\n").encode()
+    chunk = b"x" * 65536
+    sent = 0
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(head)
+        started = time.monotonic()
+        # Keep sending (at most 64 MB, 20 s) until the answer comes; the server must answer long before.
+        while not select.select([sock], [], [], 0)[0]:
+            assert sent < 64 * 1024 * 1024 and time.monotonic() - started < 20, "no answer while the body streamed"
+            try:
+                sock.sendall(chunk)
+            except (BrokenPipeError, ConnectionResetError):
+                break
+            sent += len(chunk)
+        answer = sock.recv(4096)
+    assert answer.startswith(b"HTTP/1.1 401"), answer
+    assert rss_bytes(proc.pid) - before < 16 * 1024 * 1024
+
+
+def test_the_server_limits_come_from_the_environment():
+    settings = Settings.from_env({"TAME_KEEPALIVE_TIMEOUT_S": "2", "TAME_HEADER_TIMEOUT_S": "3", "TAME_BODY_TIMEOUT_S": "4",
+                                  "TAME_MAX_CONNECTIONS": "50", "TAME_BACKLOG": "64"})
+    assert (settings.keepalive_timeout_s, settings.header_timeout_s, settings.body_timeout_s,
+            settings.max_connections, settings.backlog) == (2.0, 3.0, 4.0, 50, 64)
+    for name, text in (("TAME_MAX_CONNECTIONS", "0"), ("TAME_HEADER_TIMEOUT_S", "soon"), ("TAME_BACKLOG", "1e9")):
+        with pytest.raises(ConfigError, match=name):
+            Settings.from_env({name: text})

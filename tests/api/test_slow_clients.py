@@ -1,0 +1,104 @@
+"""The server's timeouts and connection limit (api/server.py), with short values configured.
+
+Bounds on time are generous upper limits (a closed connection must close well within them),
+never speed assertions.
+"""
+
+import select
+import socket
+import time
+from urllib.parse import urlsplit
+
+from tests.api.conftest import wait_for
+
+HEALTH = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+
+
+def connect(base):
+    parts = urlsplit(base)
+    return socket.create_connection((parts.hostname, parts.port), timeout=10)
+
+
+def wait_closed(sock, within_s):
+    """Seconds until the server closes ``sock`` (reading and discarding what it sends)."""
+    started = time.monotonic()
+    sock.settimeout(within_s)
+    try:
+        while sock.recv(65536):
+            pass
+    except ConnectionResetError:
+        pass
+    except socket.timeout:
+        raise AssertionError(f"still open after {within_s} s") from None
+    return time.monotonic() - started
+
+
+def status_of(base, request=HEALTH):
+    with connect(base) as sock:
+        sock.sendall(request)
+        head = b""
+        while b"\r\n" not in head:
+            chunk = sock.recv(4096)
+            if not chunk:
+                return None
+            head += chunk
+        return int(head.split()[1])
+
+
+def test_an_idle_keep_alive_connection_is_closed_after_the_keep_alive_timeout(service_factory):
+    base, client, app = service_factory(start_worker=False, keepalive_timeout_s=1.0, header_timeout_s=30.0)
+    with connect(base) as sock:
+        sock.sendall(HEALTH)
+        assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+        wait_closed(sock, within_s=4)  # uvicorn's own default is 5 s: this is the setting at work
+
+
+def test_a_connection_that_sends_nothing_is_closed_after_the_header_timeout(service_factory):
+    base, client, app = service_factory(start_worker=False, keepalive_timeout_s=30.0, header_timeout_s=1.0)
+    with connect(base) as sock:
+        assert wait_closed(sock, within_s=10) < 10
+
+
+def test_headers_sent_a_byte_at_a_time_are_cut_off_at_the_header_timeout(service_factory):
+    base, client, app = service_factory(start_worker=False, keepalive_timeout_s=30.0, header_timeout_s=1.0)
+    request = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + b"a" * 200 + b"\r\n\r\n"
+    with connect(base) as sock:
+        started = time.monotonic()
+        for byte in request:  # one byte each 0.2 s: 45 s for the whole request
+            assert time.monotonic() - started < 15, "the trickle was not cut off"
+            try:
+                sock.sendall(bytes([byte]))
+            except (BrokenPipeError, ConnectionResetError):
+                break
+            if select.select([sock], [], [], 0.2)[0]:
+                break
+        else:
+            raise AssertionError("the whole request trickled in")
+        try:
+            answer = sock.recv(4096)
+        except ConnectionResetError:
+            answer = b""
+        assert answer == b"" or answer.startswith(b"HTTP/1.1 408"), answer
+    # A prompt client on a second connection is served meanwhile and after.
+    assert status_of(base) == 200
+
+
+def test_a_keep_alive_connection_that_trickles_its_next_request_is_cut_off(service_factory):
+    base, client, app = service_factory(start_worker=False, keepalive_timeout_s=5.0, header_timeout_s=1.0)
+    with connect(base) as sock:
+        sock.sendall(HEALTH)
+        assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+        sock.sendall(b"GET /hea")
+        assert wait_closed(sock, within_s=10) < 10
+
+
+def test_past_the_connection_limit_new_requests_get_503_until_connections_close(service_factory):
+    base, client, app = service_factory(start_worker=False, max_connections=4, header_timeout_s=60.0)
+    held = [connect(base) for _ in range(3)]
+    try:
+        # The three idle connections and this one make four: the limit.
+        wait_for(lambda: status_of(base) == 503, timeout_s=10, what="503 past the connection limit")
+    finally:
+        for sock in held:
+            sock.close()
+    wait_for(lambda: status_of(base) == 200, timeout_s=10, what="service once the connections closed")
