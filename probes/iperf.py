@@ -2,8 +2,12 @@
 
 Each probe runs ``python -m probes.iperf_worker`` (an argument list, never a shell string) in a
 new session, with a hard wall-clock budget. The worker is killed and reaped when the budget runs
-out, and on any exception in the caller (KeyboardInterrupt included). See
-:mod:`probes.iperf_worker` for the bindings' defects the worker owns.
+out, on any exception in the caller (KeyboardInterrupt included), and by :meth:`IperfDriver.cancel`
+(a service shutting down). It dies with its parent: it asks the kernel for SIGKILL when the
+thread that started it exits (PR_SET_PDEATHSIG), and that thread is the one blocked waiting for
+it here, so it exits only after the worker is reaped, or when the whole process dies (SIGKILL,
+OOM, a crash), which is when the worker must go too. See :mod:`probes.iperf_worker` for the
+bindings' defects the worker owns.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import math
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from probes.destination import Destination, parse_destination
@@ -56,6 +61,17 @@ class IperfDriver:
         self.idle_duration_s = int(idle_duration_s)
         #: Process id of the most recent worker (already reaped when a call returns or raises).
         self.last_worker_pid: int | None = None
+        self._lock = threading.Lock()
+        self._running: set[subprocess.Popen[bytes]] = set()
+        self._cancelled = False
+
+    def cancel(self) -> None:
+        """Kill every worker running now and refuse new probes (each call in flight raises ProbeError)."""
+        with self._lock:
+            self._cancelled = True
+            running = list(self._running)
+        for proc in running:
+            proc.kill()  # the calling thread reaps it
 
     def run(
         self,
@@ -108,21 +124,27 @@ class IperfDriver:
             "--connect-timeout-ms", str(max(1, int(deadline_s * 1000 * 0.8))),
             # Should this process die without killing the worker, the worker still ends itself.
             "--deadline-s", str(math.ceil(deadline_s) + 1),
+            # The worker dies with this process (PR_SET_PDEATHSIG), and exits at once if it is already gone.
+            "--parent-pid", str(os.getpid()),
             *extra,
         ]  # fmt: skip
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_PROJECT_ROOT, env.get("PYTHONPATH")) if p)
-        try:
-            proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                env=env,
-                start_new_session=True,  # a Ctrl-C in the terminal reaches us, and we kill it
-            )
-        except OSError as exc:
-            raise ProbeError(f"cannot start the iperf3 worker ({self.python}): {exc}") from exc
+        with self._lock:
+            if self._cancelled:
+                raise ProbeError(f"iperf3 probe to {target} not started: the driver was cancelled")
+            try:
+                proc = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    env=env,
+                    start_new_session=True,  # a Ctrl-C in the terminal reaches us, and we kill it
+                )
+            except OSError as exc:
+                raise ProbeError(f"cannot start the iperf3 worker ({self.python}): {exc}") from exc
+            self._running.add(proc)
         try:
             self.last_worker_pid = proc.pid
             out, err = proc.communicate(timeout=deadline_s)
@@ -134,6 +156,11 @@ class IperfDriver:
         except BaseException:
             _kill(proc)
             raise
+        finally:
+            with self._lock:
+                self._running.discard(proc)
+        if self._cancelled:
+            raise ProbeError(f"iperf3 probe to {target} stopped: the driver was cancelled")
         if proc.returncode != 0:
             detail = err.decode("utf-8", errors="replace").strip().splitlines()
             reason = detail[-1] if detail else f"exit status {proc.returncode}"

@@ -2,11 +2,13 @@
 
 Run as ``python -m probes.iperf_worker --host H --port P --streams N --duration S --omit S
 [--congestion-control NAME] [--connect-timeout-ms MS] [--bandwidth-bps BPS] [--blksize BYTES]
-[--deadline-s S]``. It writes libiperf's JSON text (a result, or libiperf's own
+[--deadline-s S] [--parent-pid PID]``. It writes libiperf's JSON text (a result, or libiperf's own
 ``{"error": …}`` document; a host that does not resolve is reported the same way, as
 ``{"error": "unable to resolve host …"}``) to its original standard output and exits 0. It exits
 3 with a message on stderr when the bindings themselves fail, and ends itself by SIGALRM at
-``--deadline-s``.
+``--deadline-s``. With ``--parent-pid`` (Linux) it dies with the thread of that process that
+started it: it asks for SIGKILL on its parent's death first thing, then exits at once (status 4)
+if its parent is no longer that process, having died before the request was made.
 
 Two defects of the bindings (PyPI ``iperf3`` 0.1.11) are owned here rather than worked around
 by callers:
@@ -38,6 +40,21 @@ import sys
 import tempfile
 
 EXIT_BINDINGS_FAILED = 3
+EXIT_ORPHANED = 4
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent_pid: int) -> bool:
+    """Ask the kernel to SIGKILL this process when its parent exits; False if the parent is already gone.
+
+    The request is checked against ``parent_pid`` after it is made, so a parent that died before
+    it (this process then has another parent) is caught too.
+    """
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    return os.getppid() == parent_pid
 
 
 def _parse_args(argv: list[str]) -> argparse.Namespace:
@@ -53,6 +70,8 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--blksize", type=int, default=0, help="bytes per write (0: libiperf's default)")
     parser.add_argument("--deadline-s", type=float, default=None,
                         help="the worker ends itself (SIGALRM) this many seconds after it starts")
+    parser.add_argument("--parent-pid", type=int, default=None,
+                        help="die with this process (the one that starts the worker)")
     return parser.parse_args(argv)
 
 
@@ -121,6 +140,9 @@ def resolution_error(host: str, port: int) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(sys.argv[1:] if argv is None else argv)
+    if args.parent_pid is not None and not die_with_parent(args.parent_pid):
+        print(f"parent process {args.parent_pid} is gone; not probing", file=sys.stderr)
+        return EXIT_ORPHANED
     if args.deadline_s:
         # The parent kills the worker at its deadline; this covers a parent that died first
         # (SIGKILL, OOM): SIGALRM's default action ends the process, libiperf or not.
