@@ -1,0 +1,116 @@
+"""The README's HTTP example as processes: a real `tame serve` probing a real `iperf3 -s` on 127.0.0.1
+through its own worker (probes.iperf.IperfDriver), then advice over HTTP and the same stream count
+from the `current_advice` SQL view of the file it wrote.
+
+Kept short by settings only: 1 s probes that are never extended (TAME_PROBE_MAX_DURATION_S=1) and
+Lu's model, which adds no adaptive third probe; iperf3's 5 s warm-up (ProbePlan.omit_s, not an
+environment setting) stays, so the plan takes about 15 s.
+"""
+
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from numpy.testing import assert_allclose
+
+from tests.api.conftest import free_port, wait_for
+
+TAME = str(Path(sys.executable).with_name("tame"))
+pytestmark = pytest.mark.iperf
+
+
+def start_iperf3(tmp_path, port):
+    assert shutil.which("iperf3"), "iperf3 is not installed"
+    log = tmp_path / "iperf3.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(["iperf3", "-s", "-B", "127.0.0.1", "-p", str(port), "--forceflush"],
+                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    wait_for(lambda: "Server listening" in log.read_text(errors="replace") or proc.poll() is not None,
+             timeout_s=30, what="iperf3 -s")
+    assert proc.poll() is None, log.read_text(errors="replace")
+    return proc
+
+
+def start_serve(tmp_path, db_path, env=None, args=()):
+    """`tame serve` on a free port over ``db_path``: (Popen, base URL); its output goes to files in tmp_path."""
+    port = free_port()
+    env = {**os.environ, "TAME_DATABASE_URL": f"sqlite:///{db_path}", **(env or {})}
+    env.pop("TAME_TOKEN", None)
+    env.pop("TAME_READ_TOKEN", None)
+    out = (tmp_path / f"serve-{port}.out").open("wb")
+    err = (tmp_path / f"serve-{port}.err").open("wb")
+    proc = subprocess.Popen([TAME, "serve", "--port", str(port), *args], env=env, stdout=out, stderr=err,
+                            stdin=subprocess.DEVNULL)
+    out.close()
+    err.close()
+    base = f"http://127.0.0.1:{port}"
+
+    def up():
+        assert proc.poll() is None, (tmp_path / f"serve-{port}.err").read_text(errors="replace")
+        try:
+            return httpx.get(f"{base}/healthz", timeout=5).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_for(up, timeout_s=60, what="tame serve")
+    return proc, base
+
+
+def stop(proc):
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    proc.wait(30)
+
+
+def test_serve_probes_a_real_iperf3_and_advises_what_the_view_says(tmp_path):
+    iperf_port = free_port()
+    db_path = tmp_path / "tame.sqlite3"
+    iperf = start_iperf3(tmp_path, iperf_port)
+    serve = None
+    try:
+        serve, base = start_serve(tmp_path, db_path, env={
+            "TAME_PROBE_DURATION_S": "1", "TAME_PROBE_MAX_DURATION_S": "1", "TAME_MODEL": "lu",
+            "TAME_ALLOWED_DESTINATIONS": "127.0.0.0/8"})
+        dest = f"127.0.0.1:{iperf_port}"
+        with httpx.Client(base_url=base, timeout=30) as http:
+            accepted = http.post("/v1/probes", json={"dest": dest, "levels": [1, 2], "duration_s": 1})
+            assert accepted.status_code == 202, accepted.text
+            job_id = accepted.json()["id"]
+            # A generous bound: the plan itself takes about 15 s.
+            job = wait_for(lambda: (lambda s: s if s["status"] in ("done", "failed") else None)(
+                http.get(f"/v1/probes/{job_id}").json()), timeout_s=180, what="the probe job")
+            assert job["status"] == "done", job
+            advice = http.get("/v1/advice", params={"dest": dest, "max_impact": 0.2})
+            assert advice.status_code == 200, advice.text
+            advice = advice.json()
+    finally:
+        if serve is not None:
+            stop(serve)
+        stop(iperf)
+
+    db = sqlite3.connect(db_path)
+    try:
+        run_id, address = db.execute("SELECT probe_run_id, address FROM probe_jobs WHERE id = ?", (job_id,)).fetchone()
+        assert address == "127.0.0.1"
+        stored = db.execute("SELECT streams, throughput_bps FROM probe_results WHERE probe_run_id = ? ORDER BY streams",
+                            (run_id,)).fetchall()
+        (view_flows,) = db.execute("SELECT coalesce(max(streams), 1) FROM current_advice "
+                                   "WHERE dest = ? AND impact_bound <= ?", (dest, 0.2)).fetchone()
+    finally:
+        db.close()
+    assert [s for s, _ in stored] == [1, 2]
+    assert all(bps > 0 for _, bps in stored), stored
+    assert advice["dest"] == dest and advice["model"] == "lu"
+    got = sorted((p["streams"], p["throughput_bps"]) for p in advice["probes"])
+    assert [s for s, _ in got] == [1, 2]
+    assert_allclose([bps for _, bps in got], [bps for _, bps in stored], rtol=1e-12)
+    assert advice["num_flows"] == view_flows
