@@ -1,4 +1,8 @@
-"""A fitted model to and from the plain values the store keeps (model, params, regime, probe levels).
+"""A fitted model to and from what the store keeps: the fit's own record, and plain columns to show.
+
+A fit is read back from its record (models.parallel.ParallelFit.to_record, which names its form and
+version). Fits stored before records were kept have only the plain values (model, params, regime,
+probe levels); :func:`fit_from_legacy_record` rebuilds those by the params they hold.
 
 The advice for any budget is recomputed from the rebuilt fit rather than searched in the
 stored curve, so n*, the fractional multiplier and the throughput are exact (the stored curve
@@ -13,7 +17,7 @@ from typing import Any, Mapping, Sequence
 from models.auto import LEVEL_RATE_PREFIX, KneeFit, split_flow_rates, with_flow_rates, with_levels
 from models.auto import MODEL as AUTO, WEIGHTED_MODEL as AUTO_WEIGHTED
 from models.fair_share import FairShareFit
-from models.parallel import UNCONGESTED, ParallelFit, PolynomialFit
+from models.parallel import UNCONGESTED, ParallelFit, PolynomialFit, fit_from_record
 
 # The exponent of n that each named coefficient multiplies in p'(n), per model (Lu eq. 5, 12, 13).
 _EXPONENTS = {
@@ -24,19 +28,29 @@ _EXPONENTS = {
 
 
 def fit_to_record(fitted: ParallelFit) -> dict[str, Any]:
-    """The JSON-able description of a fit that :func:`fit_from_record` turns back into it."""
+    """What the store keeps of a fit, which :func:`fit_from_stored` turns back into it: the plain columns
+    (model, params, regime, probe levels, warnings) and ``fit``, the fit's own record."""
     return {
         "model": fitted.model,
         "params": {k: float(v) for k, v in fitted.params.items()},
         "regime": fitted.regime,
         "probe_streams": [float(x) for x in fitted.probe_streams],
         "warnings": list(fitted.warnings),
+        "fit": fitted.to_record(),
     }
 
 
-def fit_from_record(model: str, params: Mapping[str, float], regime: str,
-                    probe_streams: Sequence[float], warnings: Sequence[str] = ()) -> ParallelFit:
-    """Rebuild the fit the models module made; raises ValueError for an unknown model or parameter."""
+def fit_from_stored(model: str, params: Mapping[str, float], regime: str, probe_streams: Sequence[float],
+                    warnings: Sequence[str] = (), fit: Mapping[str, Any] | None = None) -> ParallelFit:
+    """The stored fit: from its record when it has one, else from the plain values (stored before records)."""
+    if fit is not None:
+        return fit_from_record(fit)
+    return fit_from_legacy_record(model, params, regime, probe_streams, warnings)
+
+
+def fit_from_legacy_record(model: str, params: Mapping[str, float], regime: str,
+                           probe_streams: Sequence[float], warnings: Sequence[str] = ()) -> ParallelFit:
+    """Rebuild a fit stored before records from the params it holds; ValueError for an unknown model or parameter."""
     if model == "fair_share":
         return _fair_share_from_record(model, params, regime, probe_streams, warnings)
     if model in (AUTO, AUTO_WEIGHTED):

@@ -19,7 +19,7 @@ from advisor.advice import curve_to_json
 from advisor.allowlist import Resolver, system_resolver
 from advisor.destinations import Destination, parse_destination
 from advisor.errors import BatchTooLarge, DestinationNotAllowed, InvalidRequest, UnknownDestination
-from advisor.fitcodec import fit_from_record, fit_to_record
+from advisor.fitcodec import fit_from_stored, fit_to_record
 from advisor.limits import check_max_impact, check_probe_duration_s, check_probe_levels, check_streams, check_throughput_bps
 from advisor.settings import Settings
 from advisor.store import FitRow, Job, NewFit, Store
@@ -213,7 +213,7 @@ class AdviceService:
             previous.loaded_at = now
             return previous
         row = self._load(dest)
-        fitted = fit_from_record(row.model, row.params, row.regime, row.probe_streams, row.warnings)
+        fitted = fit_from_stored(row.model, row.params, row.regime, row.probe_streams, row.warnings, row.record)
         probes = [ProbePoint(streams=p["streams"], throughput_bps=p["throughput_bps"]) for p in row.probes]
         payload = advise(fitted, budget, row.n_max, row.idle_rtt_s, probes).to_json()
         payload.update(dest=dest.key, fitted_at=row.fitted_at, probed_at=row.probed_at,

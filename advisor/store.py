@@ -42,6 +42,7 @@ class FitRow:
     n_max: int
     fitted_at: float
     probed_at: float
+    record: dict[str, Any] | None = None  # the fit's own record (NULL for fits stored before)
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,7 @@ class NewFit:
 _JOB_COLUMNS = ("id, dest, status, levels_json, duration_s, requested_at, started_at, finished_at, "
                 "progress, attempts, error, probe_run_id, progress_detail, address")
 _FIT_COLUMNS = ("id, dest, model, params_json, regime, warnings_json, probe_streams_json, probes_json, "
-                "observations_used, idle_rtt_s, n_max, fitted_at, probed_at")
+                "observations_used, idle_rtt_s, n_max, fitted_at, probed_at, record_json")
 
 
 def _job(row) -> Job:
@@ -90,7 +91,8 @@ def _job(row) -> Job:
 
 def _fit(row) -> FitRow:
     return FitRow(row[0], row[1], row[2], json.loads(row[3]), row[4], json.loads(row[5]), json.loads(row[6]),
-                  json.loads(row[7]), row[8], row[9], row[10], row[11], row[12])
+                  json.loads(row[7]), row[8], row[9], row[10], row[11], row[12],
+                  json.loads(row[13]) if row[13] else None)
 
 
 def _json_list(values: Sequence[float]) -> str | None:
@@ -216,11 +218,12 @@ class Store:
         rec = fit.record
         fit_id = tx.execute(
             "INSERT INTO fits (destination_id, probe_run_id, model, params_json, regime, warnings_json, "
-            "probe_streams_json, probes_json, observations_used, idle_rtt_s, n_max, fitted_at, probed_at) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+            "probe_streams_json, probes_json, observations_used, idle_rtt_s, n_max, fitted_at, probed_at, "
+            "record_json) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
             (destination_id, probe_run_id, rec["model"], json.dumps(rec["params"]), rec["regime"],
              json.dumps(rec["warnings"]), json.dumps(rec["probe_streams"]), json.dumps(fit.probes),
-             fit.observations_used, fit.idle_rtt_s, fit.n_max, self.clock(), fit.probed_at),
+             fit.observations_used, fit.idle_rtt_s, fit.n_max, self.clock(), fit.probed_at,
+             json.dumps(rec["fit"])),
         ).fetchone()[0]
         for point, advisable in fit.curve:
             tx.execute(

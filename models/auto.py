@@ -96,6 +96,8 @@ class TimeoutRegimeFit(FairShareFit):
     second under-predicts it.
     """
 
+    record_form = "timeout_regime"
+
     flow_rate_streams: tuple[float, ...] = ()
     flow_rates_bps: tuple[float, ...] = ()
 
@@ -232,6 +234,8 @@ class KneeFit(ParallelFit):
     Below ``plateau_until_streams`` (the lowest loss-limited probe) the congested part is held at
     its value there; a fit stored without it has no plateau.
     """
+
+    record_form = "knee"
 
     per_stream_bps: float = 0.0
     linear_until_streams: float = 0.0

@@ -77,6 +77,8 @@ class FairShareFit(ParallelFit):
     impact stays n / (n + M) of the one fitted curve.
     """
 
+    record_form = "fair_share"
+
     link_capacity_bps: float = float("inf")
     competing_flows: float = 0.0
     per_stream_bps: float = 0.0

@@ -8,8 +8,8 @@ Throughputs are bits/s; p' is in (s/bit)^2.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 from scipy.optimize import nnls
@@ -56,6 +56,12 @@ class ProbePoint:
     stream_retransmits: tuple[int, ...] = ()
 
 
+# The version of the stored record of a fit (ParallelFit.to_record); a new one when a form's fields change.
+RECORD_VERSION = 1
+# Each fit class by the form its record names (filled as the classes are defined).
+_RECORD_FORMS: dict[str, type["ParallelFit"]] = {}
+
+
 @dataclass(frozen=True)
 class ParallelFit:
     """A fitted throughput/impact curve. Subclasses implement the two curves.
@@ -63,7 +69,23 @@ class ParallelFit:
     ``regime`` is "congested" (normal), "uncongested" (no congestion seen up to the highest
     probe: impact 0, throughput held flat beyond it) or "saturated" (more streams did not
     raise throughput: the path was already full at the lowest probe).
+
+    A fit is stored as its record (:meth:`to_record`, read back by :func:`fit_from_record`): the form its
+    class names in ``record_form``, the record's version and the class's own fields, typed.
     """
+
+    record_form = "parallel"
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.__dict__.get("record_form") is None:
+            raise TypeError(f"{cls.__name__} must name its record_form")
+        _RECORD_FORMS[cls.record_form] = cls
+
+    def to_record(self) -> dict[str, Any]:
+        """This fit as stored: ``form``, ``version`` and every field (JSON-able; a fit inside, as its record)."""
+        return {"form": self.record_form, "version": RECORD_VERSION,
+                **{f.name: _to_plain(getattr(self, f.name)) for f in fields(self)}}
 
     model: str
     params: Mapping[str, float]
@@ -95,9 +117,46 @@ class ParallelFit:
         return self.regime
 
 
+def _to_plain(value):
+    if isinstance(value, ParallelFit):
+        return value.to_record()
+    if isinstance(value, Mapping):
+        return {str(k): float(v) for k, v in value.items()}
+    if isinstance(value, (tuple, list)):
+        return [_to_plain(v) for v in value]
+    return value
+
+
+def _from_plain(name: str, value):
+    if isinstance(value, dict) and "form" in value:
+        return fit_from_record(value)
+    if isinstance(value, list):
+        return tuple(_from_plain(name, v) for v in value)
+    return value
+
+
+def fit_from_record(record: Mapping[str, Any]) -> ParallelFit:
+    """The fit a record of :meth:`ParallelFit.to_record` describes; ValueError saying what is wrong with it."""
+    form, version = record.get("form"), record.get("version")
+    cls = _RECORD_FORMS.get(form)
+    if cls is None:
+        raise ValueError(f"stored fit record has unknown form {form!r}; known: {', '.join(sorted(_RECORD_FORMS))}")
+    if version != RECORD_VERSION:
+        raise ValueError(f"stored {form} fit record has version {version!r}; this program reads {RECORD_VERSION}")
+    names = {f.name for f in fields(cls)}
+    unknown = set(record) - names - {"form", "version"}
+    if unknown:
+        raise ValueError(f"stored {form} fit record has unknown fields {sorted(unknown)}")
+    values = {name: _from_plain(name, record[name]) for name in names if name in record}
+    values["params"] = dict(record.get("params", {}))
+    return cls(**values)
+
+
 @dataclass(frozen=True)
 class PolynomialFit(ParallelFit):
     """p'(n) = sum_k coefficients[k] * n ** exponents[k] (Lu eq. 5, 12 or 13)."""
+
+    record_form = "polynomial"
 
     exponents: tuple[int, ...] = ()
     coefficients: tuple[float, ...] = ()

@@ -6,7 +6,7 @@ from numpy.testing import assert_allclose
 from advisor.db import Database, migrations
 from advisor.destinations import parse_destination
 from advisor.errors import InvalidRequest
-from advisor.fitcodec import fit_from_record, fit_to_record
+from advisor.fitcodec import fit_from_legacy_record, fit_from_stored, fit_to_record
 from advisor.store import Store
 from advisor.tame import advise
 from models.parallel import ProbePoint
@@ -67,10 +67,14 @@ def test_a_stored_fit_gives_the_same_advice_as_the_original(case):
     model, points = CASES[case]
     original = fit(model, points)
     record = fit_to_record(original)
-    rebuilt = fit_from_record(record["model"], record["params"], record["regime"], record["probe_streams"],
-                              record["warnings"])
+    rebuilt = fit_from_stored(**record)
+    # Fits stored before records were kept carry only the plain values: they read back the same.
+    legacy = fit_from_legacy_record(record["model"], record["params"], record["regime"], record["probe_streams"],
+                                    record["warnings"])
+    assert rebuilt == original and type(legacy) is type(original)
     for budget in (0.0, 0.05, 0.3, 0.9, 1.0):
         assert advise(rebuilt, budget, 64, 0.02, points) == advise(original, budget, 64, 0.02, points)
+        assert advise(legacy, budget, 64, 0.02, points) == advise(original, budget, 64, 0.02, points)
     n = [1, 2, 5, 17, 64]
     assert_allclose(rebuilt.throughput_bps(n), original.throughput_bps(n), rtol=1e-12)
     assert_allclose(rebuilt.impact(n), original.impact(n), rtol=1e-12)
@@ -84,7 +88,7 @@ def test_a_knee_stored_before_the_plateau_is_read_without_one():
     record = fit_to_record(fit(model, points))
     params = {k: v for k, v in record["params"].items() if k != "plateau_until_streams"}
     assert len(params) == len(record["params"]) - 1
-    old = fit_from_record(model, params, record["regime"], record["probe_streams"], record["warnings"])
+    old = fit_from_legacy_record(model, params, record["regime"], record["probe_streams"], record["warnings"])
     capacity, competing = params["congested_capacity_bps"], params["congested_competing_flows"]
     assert_allclose(old.throughput_bps(17), capacity * 17 / (17 + competing), rtol=1e-12)
     assert old.throughput_bps(17) < fit(model, points).throughput_bps(17)
@@ -168,3 +172,43 @@ def test_a_stored_run_keeps_the_evidence_the_auto_model_reads(tmp_path):
          "stream_bps": (2e6,) * 10, "stream_retransmits": (1, 0, 2, 0, 0, 1, 1, 0, 2, 0)},
     ]
     store.close()
+
+
+def test_fits_are_stored_as_their_own_records_and_rows_stored_before_still_read(tmp_path):
+    from advisor.service import AdviceService
+    from advisor.settings import Settings
+    from probes.result import ProbeResult
+
+    store = Store.open(f"sqlite:///{tmp_path}/s.sqlite3", clock=lambda: 1_700_000_000.0)
+    service = AdviceService(store, Settings(model="auto"), clock=lambda: 1_700_000_000.0,
+                            resolver=lambda host: ["127.0.0.1"])
+    model, points = CASES["auto knee"]
+    results = [ProbeResult(dest="127.0.0.1:5201", streams=int(p.streams), throughput_bps=p.throughput_bps,
+                           duration_s=p.duration_s, omit_s=0.0, sender_bps=None, retransmits=p.retransmits,
+                           rtt_mean_s=p.rtt_s, mss_bytes=int(p.mss_bytes)) for p in points]
+    service.ingest_run(parse_destination("127.0.0.1"), 0.05, results, 0.0, source="test")
+    row = store.current_fit("127.0.0.1:5201")
+    # The record names its form and version; nothing is inferred from which params exist.
+    assert row.record["form"] == "knee" and row.record["version"] == 1
+    assert row.record["congested"]["form"] == "fair_share"
+    fresh = service.advice("127.0.0.1", 0.3)
+    # A row written before records were kept (record_json NULL) reads back to the same advice.
+    with store.db.transaction(write=True) as tx:
+        tx.execute("UPDATE fits SET record_json = NULL")
+    service.invalidate()
+    assert store.current_fit("127.0.0.1:5201").record is None
+    assert service.advice("127.0.0.1", 0.3) == fresh
+    store.close()
+
+
+@pytest.mark.parametrize("record, words", [
+    ({"form": "spline", "version": 1}, "unknown form"),
+    ({"form": "knee", "version": 99}, "version 99"),
+    ({"form": "fair_share", "version": 1, "model": "auto", "params": {}, "regime": "congested",
+      "probe_streams": [1.0], "surprise": 1}, "unknown fields"),
+])
+def test_a_fit_record_that_cannot_be_read_says_why(record, words):
+    from models.parallel import fit_from_record
+
+    with pytest.raises(ValueError, match=words):
+        fit_from_record(record)

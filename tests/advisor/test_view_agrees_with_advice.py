@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from advisor.destinations import parse_destination
-from advisor.fitcodec import fit_from_record, fit_to_record
+from advisor.fitcodec import fit_from_stored, fit_from_legacy_record, fit_to_record
 from advisor.service import AdviceService
 from advisor.settings import Settings
 from advisor.store import Store
@@ -33,7 +33,7 @@ def polynomial(model, names, regime=CONGESTED):
     coefficient = {"a_prime": log_uniform(1e-19, 1e-14), "b_prime": log_uniform(1e-18, 1e-13),
                    "c_prime": log_uniform(1e-19, 1e-14), "exponent": st.floats(0.5, 3.0)}
     return st.fixed_dictionaries({n: coefficient[n] for n in names}).map(
-        lambda params: fit_from_record(model, params, regime, [1.0, 5.0, 10.0]))
+        lambda params: fit_from_legacy_record(model, params, regime, [1.0, 5.0, 10.0]))
 
 
 def fair_share(model="fair_share", regime=CONGESTED):
@@ -96,7 +96,7 @@ FORMS = {
 
 def store_fit(service, fitted):
     # Stored as the service stores a probe run's fit, then read back as the service reads it.
-    rebuilt = fit_from_record(**{k: v for k, v in fit_to_record(fitted).items()})
+    rebuilt = fit_from_stored(**fit_to_record(fitted))
     points = [ProbePoint(streams=n, throughput_bps=float(fitted.throughput_bps(n))) for n in fitted.probe_streams]
     new_fit = service.stored_fit(rebuilt, points, idle_rtt_s=0.04, probed_at=service.clock())
     service.store.record_run(DEST, source="test", idle_rtt_s=0.04, results=[], started_at=service.clock(),

@@ -257,8 +257,8 @@ def test_few_competing_flows_take_the_impacts_m_from_the_lowest_two_probes():
     assert_allclose(fit.throughput_bps([1, 10, 31]), [p.throughput_bps for p in points], rtol=1e-12)
     assert any("few competing flows" in w for w in fit.warnings)
     # The store keeps the M the impact uses and rebuilds the same curve.
-    from advisor.fitcodec import fit_from_record, fit_to_record
-    rebuilt = fit_from_record(**fit_to_record(fit))
+    from advisor.fitcodec import fit_from_stored, fit_to_record
+    rebuilt = fit_from_stored(**fit_to_record(fit))
     n = np.arange(1, 65)
     assert_allclose(rebuilt.impact(n), fit.impact(n), rtol=1e-12)
     assert_allclose(rebuilt.throughput_bps(n), fit.throughput_bps(n), rtol=1e-12)
