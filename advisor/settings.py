@@ -9,6 +9,8 @@ from typing import Mapping
 
 from advisor.allowlist import DEFAULT_ALLOWED, AllowList
 from advisor.errors import ConfigError
+from advisor.retention import Retention
+from advisor.store import REFIT_OBSERVATIONS
 from advisor.tame import DEFAULT_MODEL, DEFAULT_N_MAX
 from models.registry import MODELS
 from probes.plan import ProbePlan
@@ -56,6 +58,8 @@ class Settings:
     body_timeout_s: float = 30.0
     max_connections: int = 1000
     backlog: int = 2048
+    # What history the store keeps and how often the rest is pruned (advisor/retention.py).
+    retention: Retention = field(default_factory=Retention)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
@@ -63,6 +67,13 @@ class Settings:
         TAME_MAX_CONCURRENT_PROBES, TAME_MODEL, TAME_PROBE_LEVELS (e.g. "1,10"), TAME_PROBE_DURATION_S,
         TAME_PROBE_MAX_DURATION_S, TAME_MAX_BATCH, TAME_MAX_QUEUED_PROBES, TAME_KEEPALIVE_TIMEOUT_S,
         TAME_HEADER_TIMEOUT_S, TAME_BODY_TIMEOUT_S, TAME_MAX_CONNECTIONS, TAME_BACKLOG.
+        Retention (advisor/retention.py), per destination: TAME_KEEP_FITS (newest fits kept with their
+        curves, default 20), TAME_KEEP_RUNS (newest probe runs and finished probe jobs kept, default 20),
+        TAME_RUN_MAX_AGE_S (runs and finished jobs older than this go even within TAME_KEEP_RUNS;
+        default 2592000 = 30 days, 0 = no age limit), TAME_KEEP_OBSERVATIONS (default 1000, at least
+        200, the refit window); the current fit, the run it rests on and the newest run are always
+        kept. TAME_PRUNE_INTERVAL_S (seconds between pruning passes of a serving process, default 60,
+        0 = never prune), TAME_PRUNE_BATCH (rows deleted per transaction, default 500).
         ConfigError names the variable that is wrong."""
         env = os.environ if env is None else env
 
@@ -118,4 +129,12 @@ class Settings:
             body_timeout_s=number("TAME_BODY_TIMEOUT_S", 30.0, 0.1, 3600.0),
             max_connections=number("TAME_MAX_CONNECTIONS", 1000, 1, 1_000_000, int),
             backlog=number("TAME_BACKLOG", 2048, 1, 65535, int),
+            retention=Retention(
+                keep_fits=number("TAME_KEEP_FITS", 20, 1, 1_000_000, int),
+                keep_runs=number("TAME_KEEP_RUNS", 20, 1, 1_000_000, int),
+                run_max_age_s=number("TAME_RUN_MAX_AGE_S", 30 * 86400.0, 0.0, 100 * 365 * 86400.0),
+                keep_observations=number("TAME_KEEP_OBSERVATIONS", 1000, REFIT_OBSERVATIONS, 100_000_000, int),
+                interval_s=number("TAME_PRUNE_INTERVAL_S", 60.0, 0.0, 7 * 86400.0),
+                batch=number("TAME_PRUNE_BATCH", 500, 1, 100_000, int),
+            ),
         )

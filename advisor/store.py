@@ -23,6 +23,9 @@ from probes.result import ProbeResult
 
 Clock = Callable[[], float]
 ACTIVE = ("queued", "running")
+# An observation refits on at most this many observations (the newest since the newest probe run);
+# retention (advisor/retention.py) always keeps at least these.
+REFIT_OBSERVATIONS = 200
 
 
 @dataclass(frozen=True)
@@ -316,7 +319,8 @@ class Store:
     # -- observations ---------------------------------------------------------------------
 
     def add_observation(self, dest: Destination, streams: int, throughput_bps: float,
-                        refit: Callable[[list[dict[str, float]]], NewFit | None], limit: int = 200) -> int | None:
+                        refit: Callable[[list[dict[str, float]]], NewFit | None],
+                        limit: int = REFIT_OBSERVATIONS) -> int | None:
         """Store an observation and, in the same transaction, the refit ``refit(observations)`` returns.
 
         ``refit`` gets the observations newer than the newest probe run (at most ``limit``,

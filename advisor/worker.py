@@ -9,6 +9,9 @@ that died are re-queued.
 A job's destination is resolved once, when it runs: that address is checked against the
 allow-list, probed (as an IP literal, never the name again) and recorded with the run.
 
+While it runs, a :class:`advisor.retention.Pruner` prunes the store every
+``settings.retention.interval_s`` (so `tame serve` and a local `tame agent` keep it bounded).
+
 On :meth:`ProbeWorker.stop` (a service shutting down) the driver's running probes are killed
 (its ``cancel()``, when it has one) and their jobs go back to the queue, the attempt not counted.
 """
@@ -23,6 +26,7 @@ from typing import Any, Callable
 from advisor.destinations import parse_destination
 from advisor.errors import AdvisorError
 from advisor.plan_runner import level_chooser, plan_for
+from advisor.retention import Pruner
 from advisor.service import AdviceService
 from advisor.store import Job, process_owner
 from probes.base import ProbeDriver
@@ -117,6 +121,7 @@ class ProbeWorker:
         self._threads: list[threading.Thread] = []
         self._active: dict[str, JobProgress] = {}
         self._active_lock = threading.Lock()
+        self.pruner = Pruner(self.store, self.settings.retention)
         service.on_enqueue(self.wake)
 
     def wake(self) -> None:
@@ -133,6 +138,7 @@ class ProbeWorker:
         ticker = threading.Thread(target=self._tick, name="tame-probe-progress", daemon=True)
         ticker.start()
         self._threads.append(ticker)
+        self.pruner.start()
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop claiming, kill the probes running (their jobs go back to the queue) and join the threads."""
@@ -141,6 +147,7 @@ class ProbeWorker:
         if cancel is not None:
             cancel()
         self.wake()
+        self.pruner.stop(timeout_s)
         for thread in self._threads:
             thread.join(timeout_s)
 

@@ -1,0 +1,214 @@
+"""Retention: what the advice store keeps, and pruning the rest in short batches.
+
+Kept, per destination: the newest ``keep_fits`` fits with their curves (the current fit, the
+newest, is always among them); the newest ``keep_runs`` probe runs with their results, and of
+those only runs finished within ``run_max_age_s`` (0: no age limit); always the run any kept fit
+rests on (fits.probe_run_id) and the newest run with results (the base an observation refits
+on, :meth:`advisor.store.Store.latest_run_points`); the newest ``keep_observations`` observations
+(never fewer than the refit window, :data:`advisor.store.REFIT_OBSERVATIONS`, so the
+observations the current fit used stay); queued and running probe jobs, and the newest
+``keep_runs`` finished ones, within the same age. Destinations are never deleted. The SQL views
+(current_fits, current_advice) read only the newest fit and its curve, which are never pruned.
+
+Each batch is one short write transaction of at most ``batch`` parent rows (and their children:
+a fit's curve points, a run's results), so readers and writers wait at most for one batch. On
+SQLite the pages freed are reused by later writes: under a steady load the file stays flat
+without VACUUM (auto_vacuum is left as it is; switching it on for an existing file needs a VACUUM
+that rewrites the whole file under an exclusive lock). On PostgreSQL, autovacuum reclaims the
+dead rows.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from advisor.db import Tx
+from advisor.errors import AdvisorError
+from advisor.store import REFIT_OBSERVATIONS, Store
+
+log = logging.getLogger(__name__)
+
+# A pass stops after this many batches per table even if rows are left (the next pass goes on).
+MAX_BATCHES_PER_PASS = 200
+
+
+@dataclass(frozen=True)
+class Retention:
+    """How much history the store keeps (see the module docstring)."""
+
+    keep_fits: int = 20
+    keep_runs: int = 20
+    run_max_age_s: float = 30 * 86400.0
+    keep_observations: int = 1000
+    batch: int = 500
+    interval_s: float = 60.0
+
+    def __post_init__(self):
+        for name in ("keep_fits", "keep_runs", "batch"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
+        if self.keep_observations < REFIT_OBSERVATIONS:
+            raise ValueError(f"keep_observations must be at least {REFIT_OBSERVATIONS} (the refit window), "
+                             f"not {self.keep_observations}")
+        if self.run_max_age_s < 0 or self.interval_s < 0:
+            raise ValueError("run_max_age_s and interval_s must be >= 0")
+
+
+@dataclass
+class PruneCounts:
+    """Rows deleted by one pass, per table."""
+
+    deleted: dict[str, int] = field(default_factory=dict)
+    batches: int = 0
+
+    def add(self, table: str, rows: int) -> None:
+        self.deleted[table] = self.deleted.get(table, 0) + rows
+
+
+# The (OFFSET+1)-th newest id of each destination's rows: that id and older ones are beyond the count kept.
+_FIT_CUTOFF = ("SELECT d.id AS did, (SELECT f2.id FROM fits f2 WHERE f2.destination_id = d.id "
+               "ORDER BY f2.id DESC LIMIT 1 OFFSET ?) AS cutoff FROM destinations d")
+
+
+def _prunable_fits(tx: Tx, keep: int, limit: int) -> list[int]:
+    rows = tx.execute(
+        f"WITH cut AS ({_FIT_CUTOFF}) SELECT f.id FROM fits f JOIN cut ON f.destination_id = cut.did "
+        "WHERE f.id <= cut.cutoff ORDER BY f.id LIMIT ?", (keep, limit)).fetchall()
+    return [r[0] for r in rows]
+
+
+def _prunable_runs(tx: Tx, keep: int, older_than: float | None, limit: int) -> list[int]:
+    # A run goes when it is past the count kept or older than the age kept, unless a fit rests on it
+    # or it is its destination's newest run (with results: the base of observation refits).
+    rows = tx.execute(
+        "WITH cut AS (SELECT d.id AS did, "
+        "(SELECT r2.id FROM probe_runs r2 WHERE r2.destination_id = d.id ORDER BY r2.id DESC LIMIT 1 OFFSET ?) "
+        "AS cutoff, "
+        "(SELECT max(r3.id) FROM probe_runs r3 WHERE r3.destination_id = d.id) AS newest, "
+        "(SELECT max(r4.id) FROM probe_runs r4 WHERE r4.destination_id = d.id AND EXISTS "
+        "(SELECT 1 FROM probe_results p WHERE p.probe_run_id = r4.id)) AS base FROM destinations d) "
+        "SELECT r.id FROM probe_runs r JOIN cut ON r.destination_id = cut.did "
+        "WHERE (r.id <= cut.cutoff OR r.finished_at < ?) AND r.id <> cut.newest AND r.id <> coalesce(cut.base, -1) "
+        "AND NOT EXISTS (SELECT 1 FROM fits f WHERE f.probe_run_id = r.id) ORDER BY r.id LIMIT ?",
+        (keep, -1.0 if older_than is None else older_than, limit)).fetchall()
+    return [r[0] for r in rows]
+
+
+def _prunable_observations(tx: Tx, keep: int, limit: int) -> list[int]:
+    rows = tx.execute(
+        "WITH cut AS (SELECT d.id AS did, (SELECT o2.id FROM observations o2 WHERE o2.destination_id = d.id "
+        "ORDER BY o2.id DESC LIMIT 1 OFFSET ?) AS cutoff FROM destinations d) "
+        "SELECT o.id FROM observations o JOIN cut ON o.destination_id = cut.did WHERE o.id <= cut.cutoff "
+        "ORDER BY o.id LIMIT ?", (keep, limit)).fetchall()
+    return [r[0] for r in rows]
+
+
+def _prunable_jobs(tx: Tx, keep: int, older_than: float | None, limit: int) -> list[str]:
+    # Finished jobs only; their order is finished_at (job ids are random). A client polling a job
+    # pruned gets 404, so the newest few per destination stay for as long as runs do.
+    rows = tx.execute(
+        "SELECT j.id FROM probe_jobs j WHERE j.status IN ('done', 'failed') AND (j.finished_at < ? OR "
+        "(SELECT count(*) FROM probe_jobs j2 WHERE j2.dest = j.dest AND j2.status IN ('done', 'failed') "
+        "AND (j2.finished_at > j.finished_at OR (j2.finished_at = j.finished_at AND j2.id > j.id))) >= ?) "
+        "ORDER BY j.finished_at LIMIT ?",
+        (-1.0 if older_than is None else older_than, keep, limit)).fetchall()
+    return [r[0] for r in rows]
+
+
+def _placeholders(ids) -> str:
+    return ", ".join("?" for _ in ids)
+
+
+def prune(store: Store, retention: Retention, *, pause_s: float = 0.0, max_batches: int = MAX_BATCHES_PER_PASS,
+          stop: threading.Event | None = None) -> PruneCounts:
+    """One pass: delete what ``retention`` does not keep, ``retention.batch`` rows per transaction
+    (a set ``stop`` ends the pass between batches)."""
+    counts = PruneCounts()
+    now = store.clock()
+    older_than = now - retention.run_max_age_s if retention.run_max_age_s > 0 else None
+    db = store.db
+    b = retention.batch
+
+    def batches(step: Callable[[Tx], int]) -> None:
+        for _ in range(max_batches):
+            if stop is not None and stop.is_set():
+                return
+            with db.transaction(write=True) as tx:
+                deleted = step(tx)
+            counts.batches += 1
+            if deleted < b:
+                return
+            if pause_s:
+                time.sleep(pause_s)  # lets waiting writers in between batches
+
+    def fits(tx: Tx) -> int:
+        ids = _prunable_fits(tx, retention.keep_fits, b)
+        if ids:
+            tx.execute(f"DELETE FROM curve_points WHERE fit_id IN ({_placeholders(ids)})", ids)
+            tx.execute(f"DELETE FROM fits WHERE id IN ({_placeholders(ids)})", ids)
+        counts.add("fits", len(ids))
+        return len(ids)
+
+    def runs(tx: Tx) -> int:
+        ids = _prunable_runs(tx, retention.keep_runs, older_than, b)
+        if ids:
+            tx.execute(f"DELETE FROM probe_results WHERE probe_run_id IN ({_placeholders(ids)})", ids)
+            tx.execute(f"DELETE FROM probe_runs WHERE id IN ({_placeholders(ids)})", ids)
+        counts.add("probe_runs", len(ids))
+        return len(ids)
+
+    def observations(tx: Tx) -> int:
+        ids = _prunable_observations(tx, max(retention.keep_observations, REFIT_OBSERVATIONS), b)
+        if ids:
+            tx.execute(f"DELETE FROM observations WHERE id IN ({_placeholders(ids)})", ids)
+        counts.add("observations", len(ids))
+        return len(ids)
+
+    def jobs(tx: Tx) -> int:
+        ids = _prunable_jobs(tx, retention.keep_runs, older_than, b)
+        if ids:
+            tx.execute(f"DELETE FROM probe_jobs WHERE id IN ({_placeholders(ids)}) "
+                       "AND status IN ('done', 'failed')", ids)
+        counts.add("probe_jobs", len(ids))
+        return len(ids)
+
+    # Fits first: a run is kept while a fit rests on it.
+    for step in (fits, runs, observations, jobs):
+        batches(step)
+    return counts
+
+
+class Pruner:
+    """A daemon thread that prunes the store every ``retention.interval_s`` seconds (0: never)."""
+
+    def __init__(self, store: Store, retention: Retention, pause_s: float = 0.05):
+        self.store = store
+        self.retention = retention
+        self.pause_s = pause_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self.retention.interval_s <= 0 or self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._loop, name="tame-prune", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.retention.interval_s):
+            try:
+                counts = prune(self.store, self.retention, pause_s=self.pause_s, stop=self._stop)
+            except AdvisorError as exc:  # a store briefly unavailable: the next pass tries again
+                log.warning("pruning the store failed: %s", exc)
+                continue
+            if any(counts.deleted.values()):
+                log.info("pruned %s", ", ".join(f"{n} {t}" for t, n in counts.deleted.items() if n))

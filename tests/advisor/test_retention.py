@@ -1,0 +1,210 @@
+"""Retention (advisor/retention.py) on a real SQLite file and on PostgreSQL: bounded counts, the
+current advice untouched, and a SQLite file that stays flat under a steady load once pruned."""
+
+import math
+import os
+import sqlite3
+from dataclasses import replace
+
+import pytest
+
+from advisor.destinations import parse_destination
+from advisor.retention import Retention, prune
+from advisor.service import AdviceService
+from advisor.settings import Settings
+from advisor.store import Store, process_owner
+from probes.result import ProbeResult
+
+A, B = 1e-16, 4e-16  # a path that follows Lu's model: BW(n) = n / sqrt(A n^2 + B)
+DESTS = ("127.0.0.1:5201", "127.0.0.2:5201")
+RETENTION = Retention(keep_fits=5, keep_runs=3, run_max_age_s=0, keep_observations=200, batch=40, interval_s=0)
+OBSERVATIONS_PER_RUN = 30
+
+
+def rate(n):
+    return n / math.sqrt(A * n * n + B)
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1_700_000_000.0
+
+    def __call__(self):
+        self.now += 1.0  # every reading is a second later: runs and observations are ordered in time
+        return self.now
+
+
+def probe_results(dest, cycle):
+    # A raw summary of a few KB, as probes keep (probes/iperf_parse.py RAW_MAX_CHARS bounds it).
+    return [ProbeResult(dest=dest, streams=n, duration_s=5, omit_s=1, throughput_bps=rate(n) * (1 + cycle % 3 / 100),
+                        sender_bps=rate(n), raw="x" * 4000) for n in (1, 10)]
+
+
+def run_cycle(service, cycle):
+    """For each destination: a probe job run to completion, then observations (each refits)."""
+    owner = process_owner()
+    for dest in DESTS:
+        job, _ = service.request_probe(dest)
+        claimed = service.store.claim_job(owner, lambda j: 600.0, 10)
+        assert claimed.id == job.id
+        service.ingest_run(parse_destination(dest), 0.001, probe_results(dest, cycle), service.clock(), source="probe", job_id=job.id)
+        for i in range(OBSERVATIONS_PER_RUN):
+            n = 2 + (i + cycle) % 7
+            service.observe(dest, n, rate(n) * (1 + (i % 5) / 200))
+
+
+def counts(store):
+    out = {}
+    with store.db.transaction() as tx:
+        for table in ("fits", "curve_points", "probe_runs", "probe_results", "observations", "probe_jobs"):
+            out[table] = tx.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+    return out
+
+
+def current_view(store):
+    with store.db.transaction() as tx:
+        return tx.execute("SELECT dest, fit_id, model, regime, fitted_at, probed_at, streams, throughput_bps, impact, "
+                          "impact_bound FROM current_advice ORDER BY dest, streams").fetchall()
+
+
+def advice(service):
+    return {dest: {k: v for k, v in service.advice(dest, 0.5).items() if k not in ("age_s", "stale")}
+            for dest in DESTS}
+
+
+def check_bounded_and_unchanged(service):
+    store = service.store
+    before_view, before_advice = current_view(store), advice(service)
+    before_fits = {dest: store.current_fit(dest) for dest in DESTS}
+    prune(store, RETENTION)
+    service.invalidate()
+    assert current_view(store) == before_view
+    assert advice(service) == before_advice
+    assert {dest: store.current_fit(dest) for dest in DESTS} == before_fits
+    n = len(DESTS)
+    c = counts(store)
+    assert c["fits"] <= n * RETENTION.keep_fits, c
+    assert c["curve_points"] <= n * RETENTION.keep_fits * service.settings.n_max, c
+    # The newest keep_runs runs, plus any an older kept fit rests on (none here: the newest fits are refits).
+    assert c["probe_runs"] <= n * (RETENTION.keep_runs + RETENTION.keep_fits), c
+    assert c["probe_results"] == 2 * c["probe_runs"], c
+    assert c["observations"] <= n * RETENTION.keep_observations, c
+    assert c["probe_jobs"] <= n * RETENTION.keep_runs, c
+    # The next observation refits on the newest run and the observations since, as it would have unpruned.
+    run_at, _, points = store.latest_run_points(DESTS[0])
+    assert [p["streams"] for p in points] == [1, 10]
+    with store.db.transaction() as tx:
+        (since,) = tx.execute("SELECT count(*) FROM observations o JOIN destinations d ON d.id = o.destination_id "
+                              "WHERE d.dest = ? AND o.observed_at >= ?", (DESTS[0], run_at)).fetchone()
+    assert since == OBSERVATIONS_PER_RUN == before_fits[DESTS[0]].observations_used
+    return c
+
+
+def make_service(url):
+    store = Store.open(url, clock=Clock())
+    settings = replace(Settings(), model="lu", retention=RETENTION)
+    return AdviceService(store, settings, clock=store.clock)
+
+
+def file_bytes(path):
+    # Pages still in the WAL belong to the store too: fold them into the file before measuring.
+    conn = sqlite3.connect(path)
+    try:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    finally:
+        conn.close()
+    return os.path.getsize(path) + (os.path.getsize(f"{path}-wal") if os.path.exists(f"{path}-wal") else 0)
+
+
+def test_sqlite_file_stays_flat_and_the_advice_unchanged(tmp_path):
+    path = tmp_path / "tame.sqlite3"
+    service = make_service(f"sqlite:///{path}")
+    try:
+        cycles = 12  # 12 runs and 360 observations (and refits) per destination each half: past every limit
+        for cycle in range(cycles):  # warm-up
+            run_cycle(service, cycle)
+            prune(service.store, RETENTION)
+        warm = check_bounded_and_unchanged(service)
+        size_warm = file_bytes(path)
+        for cycle in range(cycles, 2 * cycles):  # a second, equally long load
+            run_cycle(service, cycle)
+            prune(service.store, RETENTION)
+        after = check_bounded_and_unchanged(service)
+        size_after = file_bytes(path)
+        assert after == warm
+        # Freed pages are reused: the file may gain a few pages (page-level fragmentation), not a load's worth.
+        assert size_after <= size_warm * 1.05 + 8 * 4096, (size_warm, size_after)
+    finally:
+        service.store.close()
+
+
+def test_unpruned_store_grows(tmp_path):
+    # The control for the test above: without pruning, the same second load grows the file.
+    path = tmp_path / "tame.sqlite3"
+    service = make_service(f"sqlite:///{path}")
+    try:
+        for cycle in range(4):
+            run_cycle(service, cycle)
+        size_warm = file_bytes(path)
+        for cycle in range(4, 8):
+            run_cycle(service, cycle)
+        assert file_bytes(path) > size_warm * 1.5
+    finally:
+        service.store.close()
+
+
+def test_old_runs_go_but_the_newest_and_what_fits_rest_on_stay(tmp_path):
+    service = make_service(f"sqlite:///{tmp_path / 'tame.sqlite3'}")
+    store = service.store
+    try:
+        for cycle in range(4):
+            run_cycle(service, cycle)
+        store.clock.now += 10 * 86400  # everything is ten days old
+        dest = DESTS[0]
+        current = store.current_fit(dest)
+        prune(store, replace(RETENTION, run_max_age_s=86400, keep_runs=100, keep_fits=1000))
+        with store.db.transaction() as tx:
+            runs = tx.execute("SELECT r.id FROM probe_runs r JOIN destinations d ON d.id = r.destination_id "
+                              "WHERE d.dest = ?", (dest,)).fetchall()
+            resting = tx.execute("SELECT count(*) FROM fits f WHERE f.probe_run_id IS NOT NULL AND NOT EXISTS "
+                                 "(SELECT 1 FROM probe_runs r WHERE r.id = f.probe_run_id)").fetchone()[0]
+            jobs = tx.execute("SELECT count(*) FROM probe_jobs").fetchone()[0]
+        # Four runs each with a fit resting on it (keep_fits=1000 keeps those fits), so all four stay.
+        assert len(runs) == 4 and resting == 0
+        assert jobs == 0  # finished jobs past the age go
+        prune(store, replace(RETENTION, run_max_age_s=86400, keep_runs=100, keep_fits=1))
+        with store.db.transaction() as tx:
+            runs = tx.execute("SELECT r.id FROM probe_runs r JOIN destinations d ON d.id = r.destination_id "
+                              "WHERE d.dest = ?", (dest,)).fetchall()
+        assert len(runs) == 1  # the newest, which the next refit rests on
+        assert store.current_fit(dest) == current
+    finally:
+        store.close()
+
+
+@pytest.mark.postgres
+def test_postgres_counts_bounded_and_the_advice_unchanged(pg_url):
+    service = make_service(pg_url)
+    try:
+        for cycle in range(8):
+            run_cycle(service, cycle)
+            prune(service.store, RETENTION)
+        warm = check_bounded_and_unchanged(service)
+        for cycle in range(8, 16):
+            run_cycle(service, cycle)
+            prune(service.store, RETENTION)
+        assert check_bounded_and_unchanged(service) == warm
+    finally:
+        service.store.close()
+
+
+def test_settings_validate_the_retention_variables():
+    from advisor.errors import ConfigError
+
+    got = Settings.from_env({"TAME_KEEP_FITS": "7", "TAME_KEEP_RUNS": "4", "TAME_RUN_MAX_AGE_S": "0",
+                             "TAME_KEEP_OBSERVATIONS": "500", "TAME_PRUNE_INTERVAL_S": "0",
+                             "TAME_PRUNE_BATCH": "10"}).retention
+    assert got == Retention(keep_fits=7, keep_runs=4, run_max_age_s=0, keep_observations=500, interval_s=0, batch=10)
+    for name, bad in (("TAME_KEEP_FITS", "0"), ("TAME_KEEP_OBSERVATIONS", "199"), ("TAME_PRUNE_BATCH", "x")):
+        with pytest.raises(ConfigError, match=name):
+            Settings.from_env({name: bad})
