@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import math
 import os
+import socket
 import subprocess
 import sys
 import threading
 from pathlib import Path
 
 from probes.destination import Destination, parse_destination
-from probes.errors import ProbeDeadlineExceeded, ProbeError
+from probes.errors import ProbeDeadlineExceeded, ProbeError, ServerBusy
 from probes.iperf_parse import parse_iperf_json
 from probes.result import ProbeResult
 
@@ -93,7 +94,7 @@ class IperfDriver:
         extra = ["--streams", str(streams), "--duration", str(math.ceil(duration_s)), "--omit", str(math.ceil(omit_s))]
         if self.congestion_control:
             extra += ["--congestion-control", self.congestion_control]
-        return parse_iperf_json(self._run_worker(target, extra, deadline_s), str(target))
+        return _parse(self._run_worker(target, extra, deadline_s), target)
 
     def idle_rtt(self, dest: str, deadline_s: float) -> float | None:
         """Smallest smoothed RTT of one stream paced at ``idle_rate_bps``, in seconds.
@@ -111,7 +112,7 @@ class IperfDriver:
             "--streams", "1", "--duration", str(self.idle_duration_s), "--omit", "0",
             "--bandwidth-bps", str(self.idle_rate_bps), "--blksize", "8192",
         ]  # fmt: skip
-        result = parse_iperf_json(self._run_worker(target, extra, deadline_s), str(target))
+        result = _parse(self._run_worker(target, extra, deadline_s), target)
         return result.rtt_min_s
 
     def _run_worker(self, target: Destination, extra: list[str], deadline_s: float) -> str:
@@ -166,6 +167,46 @@ class IperfDriver:
             reason = detail[-1] if detail else f"exit status {proc.returncode}"
             raise ProbeError(f"iperf3 probe to {target} failed in its worker: {reason}")
         return out.decode("utf-8", errors="replace")
+
+
+# How long a server that libiperf read "busy" from is watched for what it sends to a new connection.
+BUSY_CHECK_WAIT_S = 0.5
+# What a busy iperf3 server sends to a new connection before closing it: ACCESS_DENIED, one byte.
+_ACCESS_DENIED = b"\xff"
+
+
+def _parse(text: str, target: Destination) -> ProbeResult:
+    """The probe's result; a "busy" answer from something that is not an iperf3 server is said to be that."""
+    try:
+        return parse_iperf_json(text, str(target))
+    except ServerBusy as exc:
+        # libiperf reads any first byte 0xff as ACCESS_DENIED; a busy iperf3 server sends that one byte
+        # and closes, so a server that sends anything else to a new connection is something else.
+        greeting = _greeting(target, BUSY_CHECK_WAIT_S)
+        if greeting and greeting != _ACCESS_DENIED:
+            raise ProbeError(f"{target} is not an iperf3 server: it answers a new connection with "
+                             f"{greeting[:16]!r} (check the destination's host and port)") from exc
+        raise
+
+
+def _greeting(target: Destination, wait_s: float) -> bytes | None:
+    """What the server at ``target`` sends to a new connection, unasked, up to 64 bytes or until it closes
+    within ``wait_s`` (empty: it sent nothing, e.g. an idle iperf3 server waiting for a client); None when
+    it cannot be reached."""
+    received = b""
+    try:
+        with socket.create_connection((target.host, target.port), timeout=wait_s) as conn:
+            conn.settimeout(wait_s)
+            while len(received) < 64:
+                chunk = conn.recv(64 - len(received))
+                if not chunk:
+                    break
+                received += chunk
+    except (TimeoutError, socket.timeout):
+        return received
+    except OSError:
+        return None
+    return received
 
 
 def _kill(proc: subprocess.Popen[bytes]) -> None:

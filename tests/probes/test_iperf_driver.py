@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from probes.errors import HostUnresolvable, NothingListening, ProbeDeadlineExceeded, ServerBusy
+from probes.errors import HostUnresolvable, NothingListening, ProbeDeadlineExceeded, ProbeError, ServerBusy
 from probes.iperf import IperfDriver
 
 pytestmark = pytest.mark.iperf
@@ -191,3 +191,38 @@ def test_worker_ends_itself_at_its_deadline_when_nobody_kills_it(server):
             "--streams", "1", "--duration", "30", "--deadline-s", "1"]  # fmt: skip
     worker = subprocess.run(argv, capture_output=True, timeout=60)
     assert worker.returncode == -signal.SIGALRM
+
+
+def test_a_server_that_speaks_first_is_not_reported_busy():
+    # libiperf takes a first byte 0xff for a busy iperf3 server's ACCESS_DENIED; this server sends it
+    # (and more) to anyone who connects, before they speak: it is not an iperf3 server at all.
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    listener.settimeout(30)
+    port = listener.getsockname()[1]
+    stop = threading.Event()
+
+    def babble():
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                try:
+                    conn.sendall(b"\xff" * 64)
+                    time.sleep(0.2)
+                except OSError:
+                    pass
+
+    thread = threading.Thread(target=babble, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(ProbeError, match="not an iperf3 server: it answers a new connection with") as raised:
+            IperfDriver().run(f"127.0.0.1:{port}", streams=1, duration_s=1, omit_s=0, deadline_s=30)
+        assert not isinstance(raised.value, ServerBusy)
+    finally:
+        stop.set()
+        listener.close()
+        thread.join(5)
