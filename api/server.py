@@ -68,7 +68,8 @@ class _HeaderDeadline:
         self.transport.close()
 
 
-def _protocol(http: str, header_timeout_s: float) -> type:
+def header_deadline_protocol(http: str, header_timeout_s: float) -> type:
+    """uvicorn's "httptools" or "h11" protocol class with the header deadline of ``header_timeout_s``."""
     if http == "httptools":
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as base
     else:
@@ -81,9 +82,9 @@ def uvicorn_config(app, host: str, port: int, log_level: str = "warning") -> uvi
     settings = getattr(getattr(app, "state", None), "settings", None) or Settings()
     loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
     http = "httptools" if importlib.util.find_spec("httptools") else "h11"
-    return uvicorn.Config(app, host=host, port=port, loop=loop, http=_protocol(http, settings.header_timeout_s),
-                          access_log=False, log_level=log_level, lifespan="on", timeout_graceful_shutdown=5,
-                          timeout_keep_alive=settings.keepalive_timeout_s,
+    protocol = header_deadline_protocol(http, settings.header_timeout_s)
+    return uvicorn.Config(app, host=host, port=port, loop=loop, http=protocol, access_log=False, log_level=log_level,
+                          lifespan="on", timeout_graceful_shutdown=5, timeout_keep_alive=settings.keepalive_timeout_s,
                           limit_concurrency=settings.max_connections, backlog=settings.backlog)
 
 

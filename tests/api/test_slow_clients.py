@@ -6,10 +6,15 @@ never speed assertions.
 
 import select
 import socket
+import threading
 import time
 from urllib.parse import urlsplit
 
-from tests.api.conftest import wait_for
+import pytest
+import uvicorn
+
+from api.server import header_deadline_protocol
+from tests.api.conftest import free_port, wait_for
 
 HEALTH = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
 
@@ -102,3 +107,31 @@ def test_past_the_connection_limit_new_requests_get_503_until_connections_close(
         for sock in held:
             sock.close()
     wait_for(lambda: status_of(base) == 200, timeout_s=10, what="service once the connections closed")
+
+
+@pytest.mark.parametrize("http", ["httptools", "h11"])
+def test_the_header_deadline_works_with_either_http_parser(http):
+    # uvicorn_config picks httptools when it is installed; h11 is the fallback.
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="off", log_level="warning",
+                                           http=header_deadline_protocol(http, 1.0), timeout_keep_alive=30))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: server.started, timeout_s=30, what="uvicorn start")
+        base = f"http://127.0.0.1:{port}"
+        with connect(base) as silent, connect(base) as trickle, connect(base) as kept:
+            trickle.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n")
+            kept.sendall(HEALTH)
+            assert kept.recv(4096).startswith(b"HTTP/1.1 200")
+            kept.sendall(b"GET / HT")
+            for sock in (silent, trickle, kept):
+                wait_closed(sock, within_s=10)
+        assert status_of(base) == 200
+    finally:
+        server.should_exit = True
+        thread.join(10)
