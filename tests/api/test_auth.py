@@ -64,3 +64,18 @@ def test_a_second_probe_of_a_destination_returns_the_active_one(service_factory)
     second = client.post("/v1/probes", json={"dest": "127.0.0.1:5201"}).json()
     assert first["created"] is True and second["created"] is False and second["id"] == first["id"]
     assert client.get("/v1/probes/nope").status_code == 404
+
+
+def test_warm_advice_on_the_fast_path_still_needs_the_read_token(service_factory):
+    from tests.api.conftest import rate
+
+    base, client, app = service_factory(token="s3cret", read_token="r3ad", start_worker=False)
+    run = {"dest": "127.0.0.1", "idle_rtt_s": 0.01,
+           "probes": [{"streams": 1, "throughput_bps": rate(1)}, {"streams": 10, "throughput_bps": rate(10)}]}
+    assert client.post("/v1/probe-runs", json=run, headers=WRITE).status_code == 201
+    query = {"dest": "127.0.0.1:5201", "max_impact": 0.1}
+    for _ in range(3):  # warm: answered from the cache by api/fastpath.py
+        assert client.get("/v1/advice", params=query, headers={"Authorization": "Bearer r3ad"}).status_code == 200
+    assert client.get("/v1/advice", params=query).status_code == 401
+    assert client.get("/v1/advice", params=query, headers={"Authorization": "Bearer nope"}).status_code == 401
+    assert client.get("/metrics").status_code == 401
