@@ -19,6 +19,7 @@ import json
 from typing import Callable
 
 from api import schemas
+from probes.iperf_parse import RAW_MAX_CHARS
 
 WRITE_PATHS = frozenset({"/v1/probes", "/v1/probe-runs", "/v1/observations"})
 OPEN_PATHS = frozenset({"/healthz"})
@@ -42,7 +43,7 @@ def _max_length(model, name: str) -> int:
     return next(m.max_length for m in model.model_fields[name].metadata if getattr(m, "max_length", None))
 
 
-PROBE_RAW_BYTES = 2 * _max_length(schemas.ProbeResultIn, "raw")
+PROBE_RAW_BYTES = 2 * RAW_MAX_CHARS
 PROBE_RUN_BYTES = (PROBE_RUN_FIELDS_BYTES
                    + _max_length(schemas.ProbeRunIn, "probes") * (PROBE_FIELDS_BYTES + PROBE_RAW_BYTES))
 
