@@ -8,6 +8,7 @@ other processes sharing the database).
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import threading
@@ -36,13 +37,28 @@ _CACHE_LIMIT = 50_000
 _REFRESH_RETRY_S = 60.0
 
 
-@dataclass
-class _Cached:
+@dataclass(eq=False)
+class AdviceEntry:
+    """The advice for one (destination, budget) as cached: Advice.to_json() plus dest, fitted_at, probed_at
+    and observations_used. It owns the one serialisation every reader gets, with age_s and stale added."""
+
     payload: dict[str, Any]
     probed_at: float
     loaded_at: float
     generation: int
     fit_id: int
+    _json_prefix: bytes | None = None
+
+    def document(self, age_s: float, stale: bool) -> dict[str, Any]:
+        """The advice as a reader gets it (GET /v1/advice, batch items, `tame advise`)."""
+        return {**self.payload, "age_s": age_s, "stale": stale}
+
+    def json_bytes(self, age_s: float, stale: bool) -> bytes:
+        """``document(age_s, stale)`` as compact JSON; the payload's part is encoded once per entry."""
+        if self._json_prefix is None:
+            self._json_prefix = json.dumps(self.payload, separators=(",", ":")).encode()[:-1]
+        return (self._json_prefix + b',"age_s":' + json.dumps(age_s).encode()
+                + (b',"stale":true}' if stale else b',"stale":false}'))
 
 
 class AdviceService:
@@ -52,7 +68,7 @@ class AdviceService:
         self.settings = settings
         self.clock = clock
         self.resolver = resolver
-        self._cache: dict[tuple[str, float], _Cached] = {}
+        self._cache: dict[tuple[str, float], AdviceEntry] = {}
         self._generation = 0
         self._refresh_requested: dict[str, float] = {}
         # One thread at a time brings an expired entry up to date; the others serve the previous one.
@@ -138,7 +154,7 @@ class AdviceService:
                 log.info("stale advice for %s not re-probed: %s", dest_key, exc)
         return True
 
-    def cached_entry(self, dest_text: str, max_impact: float) -> tuple[_Cached, float, bool] | None:
+    def cached_entry(self, dest_text: str, max_impact: float) -> tuple[AdviceEntry, float, bool] | None:
         """(entry, age_s, stale) from memory alone, or None when the store is needed (miss, expired,
         or a re-probe to queue). Never blocks: the API answers warm requests with it on the event loop.
         The entry object is replaced whenever the advice changes, so callers may memoise on it."""
@@ -160,32 +176,26 @@ class AdviceService:
                 return None
         return cached, max(0.0, now - cached.probed_at), stale
 
-    def cached_advice(self, dest_text: str, max_impact: float) -> dict[str, Any] | None:
-        """Like :meth:`advice` but from memory alone; None when the store is needed."""
-        hit = self.cached_entry(dest_text, max_impact)
-        if hit is None:
-            return None
-        cached, age_s, stale = hit
-        return {**cached.payload, "age_s": age_s, "stale": stale}
-
-    def advice(self, dest_text: str, max_impact: Any) -> dict[str, Any]:
-        """Advice.to_json() plus dest, fitted_at, probed_at, age_s and stale."""
+    def advice_entry(self, dest_text: str, max_impact: Any) -> tuple[AdviceEntry, float, bool]:
+        """(entry, age_s, stale) for a budget, from the cache or the store; a stale one has its re-probe queued."""
         budget = check_max_impact(max_impact)
         now = self.clock()
         key = (dest_text, budget)
         cached = self._cache.get(key)
         if not self._fresh(cached, now):
             cached = self._refreshed(key, cached)
-        result = dict(cached.payload)
-        result["age_s"] = max(0.0, now - cached.probed_at)
-        result["stale"] = self._stale(result["dest"], cached.probed_at, now)
-        return result
+        return cached, max(0.0, now - cached.probed_at), self._stale(cached.payload["dest"], cached.probed_at, now)
 
-    def _fresh(self, cached: _Cached | None, now: float) -> bool:
+    def advice(self, dest_text: str, max_impact: Any) -> dict[str, Any]:
+        """Advice.to_json() plus dest, fitted_at, probed_at, observations_used, age_s and stale."""
+        entry, age_s, stale = self.advice_entry(dest_text, max_impact)
+        return entry.document(age_s, stale)
+
+    def _fresh(self, cached: AdviceEntry | None, now: float) -> bool:
         return (cached is not None and cached.generation == self._generation
                 and now - cached.loaded_at <= self.settings.cache_max_age_s)
 
-    def _refreshed(self, key: tuple[str, float], cached: _Cached | None) -> _Cached:
+    def _refreshed(self, key: tuple[str, float], cached: AdviceEntry | None) -> AdviceEntry:
         """The entry for ``key`` brought up to date by one thread at a time (no stampede when it expires
         under load): while one reloads, the others get the previous entry, or wait for it if there is none."""
         with self._lock:
@@ -201,7 +211,7 @@ class AdviceService:
         finally:
             refreshing.release()
 
-    def _load_entry(self, key: tuple[str, float], previous: _Cached | None) -> _Cached:
+    def _load_entry(self, key: tuple[str, float], previous: AdviceEntry | None) -> AdviceEntry:
         dest_text, budget = key
         dest = parse_destination(dest_text)
         generation = self._generation
@@ -218,7 +228,7 @@ class AdviceService:
         payload = advise(fitted, budget, row.n_max, row.idle_rtt_s, probes).to_json()
         payload.update(dest=dest.key, fitted_at=row.fitted_at, probed_at=row.probed_at,
                        observations_used=row.observations_used)
-        entry = _Cached(payload, row.probed_at, now, generation, row.id)
+        entry = AdviceEntry(payload, row.probed_at, now, generation, row.id)
         with self._lock:
             if len(self._cache) >= _CACHE_LIMIT:
                 self._cache.clear()

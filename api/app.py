@@ -17,7 +17,7 @@ import time
 from contextlib import asynccontextmanager
 from typing import Any, Callable
 
-from fastapi import FastAPI, Query, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
@@ -35,7 +35,7 @@ from advisor.store import Store
 from advisor.worker import ProbeWorker
 from api import schemas
 from api.boundary import Boundary, body_caps
-from api.fastpath import AdviceFastPath
+from api.fastpath import ADVICE_PARAMETERS, AdviceFastPath, advice_query
 from api.metrics import Metrics, MetricsMiddleware
 from probes.base import ProbeDriver
 from probes.result import ProbeResult
@@ -111,14 +111,14 @@ def create_app(settings: Settings, store: Store, driver: ProbeDriver | None = No
     async def _invalid(request: Request, exc: RequestValidationError):
         return JSONResponse({"detail": _describe_validation(exc)}, status_code=422)
 
-    @app.get("/v1/advice", response_model=schemas.AdviceOut, responses=_ERRORS)
-    async def get_advice(dest: str = Query(min_length=1, max_length=300, description="HOST[:PORT]"),
-                         max_impact: float = Query(description="impact budget, fraction 0-1")) -> Response:
-        payload = service.cached_advice(dest, max_impact)
-        if payload is None:
-            payload = await run_in_threadpool(service.advice, dest, max_impact)
-        metrics.advice_served.labels("true" if payload["stale"] else "false").inc()
-        return _json(payload)
+    @app.get("/v1/advice", response_model=schemas.AdviceOut, responses=_ERRORS,
+             openapi_extra={"parameters": ADVICE_PARAMETERS})
+    async def get_advice(request: Request) -> Response:
+        # The fast path answered what was cached; this parses the same query with the same function.
+        dest, budget = advice_query(request.scope["query_string"])
+        entry, age_s, stale = await run_in_threadpool(service.advice_entry, dest, budget)
+        metrics.advice_served.labels("true" if stale else "false").inc()
+        return Response(entry.json_bytes(age_s, stale), media_type="application/json")
 
     @app.post("/v1/advice:batch", response_model=schemas.BatchOut,
               responses={413: {"model": schemas.ErrorOut}, **_ERRORS})
