@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 import time
 import uuid
 from dataclasses import dataclass
@@ -23,6 +24,11 @@ from probes.result import ProbeResult
 
 Clock = Callable[[], float]
 ACTIVE = ("queued", "running")
+# A test hook (tests/advisor/test_commit_atomic.py), read when a Store is made: when set, record_run
+# names each step of its transaction on stderr and then pauses there, for that many seconds, or, set
+# to "stdin", until a line arrives on stdin; so a test can kill the process inside the transaction,
+# at a known step or at random moments. No effect when unset or empty.
+RECORD_RUN_PAUSE_ENV = "TAME_TEST_RECORD_RUN_PAUSE_S"
 # An observation refits on at most this many observations (the newest since the newest probe run);
 # retention (advisor/retention.py) always keeps at least these.
 REFIT_OBSERVATIONS = 200
@@ -108,6 +114,24 @@ def _from_json_list(text: str | None) -> tuple:
     return tuple(json.loads(text)) if text else ()
 
 
+def _step_pause(env=os.environ) -> Callable[[str], None]:
+    """The record_run step hook RECORD_RUN_PAUSE_ENV asks for (a no-op when it is unset)."""
+    text = env.get(RECORD_RUN_PAUSE_ENV)
+    if not text:
+        return lambda step: None
+    seconds = None if text == "stdin" else float(text)
+
+    def pause(step: str) -> None:
+        sys.stderr.write(f"record_run step {step}\n")
+        sys.stderr.flush()
+        if seconds is None:
+            sys.stdin.readline()
+        else:
+            time.sleep(seconds)
+
+    return pause
+
+
 def _boot_id() -> str:
     """This boot of the kernel ("" where /proc does not say)."""
     try:
@@ -188,6 +212,7 @@ class Store:
     def __init__(self, db: Database, clock: Clock = time.time):
         self.db = db
         self.clock = clock
+        self._step = _step_pause()
 
     @classmethod
     def open(cls, url: str, clock: Clock = time.time) -> "Store":
@@ -217,7 +242,8 @@ class Store:
 
     # -- fits -----------------------------------------------------------------------------
 
-    def _insert_fit(self, tx: Tx, destination_id: int, probe_run_id: int | None, fit: NewFit) -> int:
+    def _insert_fit(self, tx: Tx, destination_id: int, probe_run_id: int | None, fit: NewFit,
+                    step: Callable[[str], None] = lambda step: None) -> int:
         rec = fit.record
         fit_id = tx.execute(
             "INSERT INTO fits (destination_id, probe_run_id, model, params_json, regime, warnings_json, "
@@ -228,7 +254,10 @@ class Store:
              fit.observations_used, fit.idle_rtt_s, fit.n_max, self.clock(), fit.probed_at,
              json.dumps(rec["fit"])),
         ).fetchone()[0]
-        for point, advisable in fit.curve:
+        step("fit")
+        for index, (point, advisable) in enumerate(fit.curve):
+            if index == len(fit.curve) // 2:
+                step("curve")
             tx.execute(
                 "INSERT INTO curve_points (fit_id, streams, throughput_bps, impact, impact_bound, advisable) "
                 "VALUES (?, ?, ?, ?, ?, ?)",
@@ -268,8 +297,11 @@ class Store:
         """Store a finished probe run, its results and fit, and close its job, in one transaction.
 
         ``address`` is the IP address the probes went to, when the service resolved it itself."""
+        step = self._step
         with self.db.transaction(write=True) as tx:
+            step("begin")
             destination_id = self._destination_id(tx, dest)
+            step("destination")
             run_id = tx.execute(
                 "INSERT INTO probe_runs (destination_id, job_id, source, idle_rtt_s, started_at, finished_at, address) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id",
@@ -284,14 +316,16 @@ class Store:
                      r.omit_s, r.throughput_stderr_bps, r.started_at, r.raw, r.mss_bytes,
                      _json_list(r.stream_bps), _json_list(r.stream_retransmits)),
                 )
+                step("result")
             if fit is not None:
-                self._insert_fit(tx, destination_id, run_id, fit)
+                self._insert_fit(tx, destination_id, run_id, fit, step)
             if job_id is not None:
                 tx.execute(
                     "UPDATE probe_jobs SET status = ?, finished_at = ?, progress = 1, error = ?, probe_run_id = ?, "
                     "owner = NULL, lease_until = NULL WHERE id = ?",
                     ("failed" if job_error else "done", self.clock(), job_error, run_id, job_id),
                 )
+            step("job")
         return run_id
 
     def latest_run_points(self, dest_key: str) -> tuple[float | None, float | None, list[dict[str, Any]]]:
