@@ -25,7 +25,7 @@ test: deps venv
 	$(BIN)/python -m pytest -q -ra
 
 bench-accuracy-quick: deps venv
-	$(BIN)/python benchmarks/accuracy.py --quick
+	$(BIN)/python -m benchmarks.accuracy --quick
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -46,43 +46,16 @@ class ImpactMargin:
         result = np.where(i > 0, np.minimum(1.0, i * (1 + self.relative) + self.absolute), i)
         return result if result.ndim else float(result)
 
-    def for_fit(self, fitted: ParallelFit) -> "ImpactMargin":
-        """The margin for ``fitted``: this one, whatever its form."""
-        return self
-
-
-@dataclass(frozen=True)
-class MarginByForm:
-    """A margin per form of fit (ParallelFit.form: the knee, the timeout regime, ...), ``default`` for the rest.
-
-    Each form reads the impact from its own law (the fair share's M, the knee's equal shares and link
-    conservation, the timeout regime's loss rates), so each errs by its own amount. Used wherever an
-    ImpactMargin is: advise() and predicted_curve() ask it for the fit's own margin; ``bound`` alone
-    (a curve of no known form) is the default's.
-    """
-
-    default: ImpactMargin
-    forms: tuple[tuple[str, ImpactMargin], ...] = ()
-
-    def for_fit(self, fitted: ParallelFit) -> ImpactMargin:
-        return dict(self.forms).get(fitted.form, self.default)
-
-    def bound(self, impact):
-        return self.default.bound(impact)
-
-
-# What advise() and predicted_curve() accept as a margin.
-Margin = ImpactMargin | MarginByForm
 
 NO_MARGIN = ImpactMargin()
-# Calibrated on ns-2 (benchmarks/accuracy.py, Lu's scenarios 1-6): with the 'auto' model the
+# Calibrated on ns-2 (python -m benchmarks.accuracy, Lu's scenarios 1-6): with the 'auto' model the
 # true impact exceeded the prediction by more than this in about one case in ten. It costs
 # throughput only where the prediction is close to the budget.
 DEFAULT_MARGIN = ImpactMargin(relative=0.15, absolute=0.02)
 # The fractional stream for n*'s remainder is held against a margin of its own. Rounding n* down to
 # whole streams leaves slack that DEFAULT_MARGIN's calibration counted on; the fractional stream
 # spends it (held to DEFAULT_MARGIN, the advice as opened exceeded the budget in 15 % of cases on
-# Lu's scenarios 1-6). Chosen on that run (`python benchmarks/margin_sweep.py --fractional`): of the
+# Lu's scenarios 1-6). Chosen on that run (`python -m benchmarks.studies.margin_sweep --fractional`): of the
 # margins meeting both advice goals there (0.98 of the best, 9 % over budget), the one whose grid
 # neighbours meet them most often; scenarios 7-10 were not looked at to choose it.
 DEFAULT_FRACTIONAL_MARGIN = ImpactMargin(relative=0.20, absolute=0.03)
@@ -187,8 +160,8 @@ def advise(
     n_max: int = DEFAULT_N_MAX,
     rtt_s: float | None = None,
     probes: Sequence[ProbePoint] = (),
-    margin: Margin = DEFAULT_MARGIN,
-    fractional_margin: Margin = DEFAULT_FRACTIONAL_MARGIN,
+    margin: ImpactMargin = DEFAULT_MARGIN,
+    fractional_margin: ImpactMargin = DEFAULT_FRACTIONAL_MARGIN,
 ) -> Advice:
     """Advice from a fitted curve: n*, the streams to open, their throughput (bits/s) and impact.
 
@@ -198,7 +171,6 @@ def advise(
     itself, at the whole streams.
     """
     validate_request(max_impact, n_max, fitted.model)
-    margin, fractional_margin = margin.for_fit(fitted), fractional_margin.for_fit(fitted)
     warnings = list(fitted.warnings)
     cap = float(n_max)
     if fitted.regime == UNCONGESTED and fitted.max_probed_streams < cap:
@@ -256,8 +228,8 @@ def tame_parallel_tcp(
     n_max: int = DEFAULT_N_MAX,
     model: str = DEFAULT_MODEL,
     idle_rtt_s: float | None = None,
-    margin: Margin = DEFAULT_MARGIN,
-    fractional_margin: Margin = DEFAULT_FRACTIONAL_MARGIN,
+    margin: ImpactMargin = DEFAULT_MARGIN,
+    fractional_margin: ImpactMargin = DEFAULT_FRACTIONAL_MARGIN,
 ) -> Advice:
     """TameParallelTCP(dest, max_impact) from probe results: fit `model`, then advise."""
     validate_request(max_impact, n_max, model)
@@ -267,12 +239,12 @@ def tame_parallel_tcp(
 
 
 def predicted_curve(fitted: ParallelFit, n_max: int = DEFAULT_N_MAX,
-                    margin: Margin = DEFAULT_MARGIN) -> list[CurvePoint]:
+                    margin: ImpactMargin = DEFAULT_MARGIN) -> list[CurvePoint]:
     """Predicted throughput (bits/s), held impact (:func:`held_impact`) and its bound (0-1) for n = 1 .. n_max."""
     n = np.arange(1, n_max + 1, dtype=float)
     throughput = np.asarray(fitted.throughput_bps(n))
     impact = np.asarray(held_impact(fitted, n))
-    bound = np.asarray(margin.for_fit(fitted).bound(impact))
+    bound = np.asarray(margin.bound(impact))
     return [CurvePoint(int(k), float(t), float(i), float(b)) for k, t, i, b in zip(n, throughput, impact, bound)]
 
 
@@ -294,7 +266,7 @@ def point_from_probe(probe: ProbeResult) -> ProbePoint:
 
 def advise_from_plan(
     plan: PlanResult, max_impact: float, n_max: int = DEFAULT_N_MAX, model: str = DEFAULT_MODEL,
-    margin: Margin = DEFAULT_MARGIN, fractional_margin: Margin = DEFAULT_FRACTIONAL_MARGIN,
+    margin: ImpactMargin = DEFAULT_MARGIN, fractional_margin: ImpactMargin = DEFAULT_FRACTIONAL_MARGIN,
 ) -> Advice:
     """TameParallelTCP(dest, max_impact) from a finished probe plan."""
     return tame_parallel_tcp([point_from_probe(p) for p in plan.probes], max_impact, n_max, model, plan.idle_rtt_s,

@@ -9,9 +9,9 @@ Then it fits every model in models.registry.MODELS on the probes and scores thro
 12), cross traffic (Fig. 14), the advice against the best in-budget n, and the probe cost, and writes
 a Markdown report with PNG figures.
 
-    python benchmarks/accuracy.py --quick            # <= 5 minutes on 2 cores
-    python benchmarks/accuracy.py                    # scenarios 1-6 x m 5..30 x n 1..31
-    python benchmarks/accuracy.py --holdout          # scenarios 7-10 (not Lu's) x m 5,15,25 x n 1..31
+    python -m benchmarks.accuracy --quick            # <= 5 minutes on 2 cores
+    python -m benchmarks.accuracy                    # scenarios 1-6 x m 5..30 x n 1..31
+    python -m benchmarks.accuracy --holdout          # scenarios 7-10 (not Lu's) x m 5,15,25 x n 1..31
 
 Advice is scored as the service gives it (advisor.tame.DEFAULT_MARGIN, or ``--margin``) and with
 Lu's bare rule (no margin), for every model.
@@ -20,6 +20,7 @@ Lu's bare rule (no margin), for every model.
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -29,15 +30,14 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-from advisor.tame import (DEFAULT_FRACTIONAL_MARGIN, DEFAULT_MARGIN, DEFAULT_MODEL, NO_MARGIN, ImpactMargin,  # noqa: E402
+from advisor.tame import (DEFAULT_FRACTIONAL_MARGIN, DEFAULT_MARGIN, DEFAULT_MODEL, NO_MARGIN, ImpactMargin,
                           advise, point_from_probe)
-from models.errors import FitError  # noqa: E402
-from models.parallel import ProbePoint  # noqa: E402
-from models.registry import MIN_LEVELS, MODELS, PROBE_LEVELS, model_probes, next_probe_level  # noqa: E402
-from probes.ns2 import HELD_OUT, QUEUES, Ns2Config, Ns2Driver, probe_result, simulate  # noqa: E402
-from probes.plan import PlanEvent, ProbePlan, run_plan  # noqa: E402
+from models.errors import FitError
+from models.parallel import ProbePoint
+from models.registry import MIN_LEVELS, MODELS, PROBE_LEVELS, model_probes, next_probe_level
+from probes.ns2 import HELD_OUT, QUEUES, Ns2Config, Ns2Driver, probe_result, simulate
+from probes.plan import PlanEvent, ProbePlan, run_plan
 
 BUDGETS = (0.05, 0.1, 0.2, 0.3)
 FULL = dict(scenarios=(1, 2, 3, 4, 5, 6), ms=(5, 10, 15, 20, 25, 30), ns=tuple(range(1, 32)))
@@ -213,18 +213,6 @@ def advice_outcome(ns, ours_bps, true_impact, budget: float, advised: int) -> tu
     return best_n, ratio, bool(true_impact[index] > budget)
 
 
-def whole_stream_outcomes(path: PathResult, fitted, margin) -> list[tuple[float, bool]]:
-    """The service's whole streams (advisor.tame.advise, floor(n*)) held to ``margin`` against the path's truth:
-    (true throughput / best in-budget, whether over budget) for each budget that has an in-budget n."""
-    outcomes = []
-    for budget in BUDGETS:
-        advised = advise(fitted, budget, n_max=max(path.ns), margin=margin, fractional_margin=NO_MARGIN)
-        _, ratio, over = advice_outcome(path.ns, path.ours_bps, path.true_impact, budget, advised.num_flows)
-        if ratio is not None:
-            outcomes.append((ratio, over))
-    return outcomes
-
-
 def known_curve_advice(path: PathResult, ours_bps, impact, margin: ImpactMargin = NO_MARGIN) -> list[tuple[float, bool]]:
     """Advice of a model that knows a curve (our bits/s and impact 0-1 at each n of the path's sweep), scored
     against the path's truth: (true throughput / best in-budget, whether over budget) for each budget that
@@ -334,15 +322,6 @@ def score_paths(paths: list[PathResult], settings: Settings) -> dict[str, ModelS
                 continue
             score_model(name, path, probes, scores[name], settings)
     return scores
-
-
-def summary_as_opened(paths: list[PathResult], settings: Settings) -> dict[str, float]:
-    """The first model's summary row, its served advice also simulated as the transfer opens it (score_opened)."""
-    name = settings.models[0]
-    settings = replace(settings, fractional_models=(name,))
-    scores = score_paths(paths, settings)
-    score_opened(paths, scores, settings)
-    return summary(scores)[name]
 
 
 def score_opened(paths: list[PathResult], scores: dict[str, ModelScore], settings: Settings) -> None:
@@ -582,14 +561,6 @@ def settings_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     return settings, out
 
 
-def one_model_settings(parser: argparse.ArgumentParser, argv=None) -> tuple[Settings, argparse.Namespace]:
-    """A study's settings from the command line and its parsed options: ``parser`` (built on
-    :func:`argument_parser`) read, the first model asked for or the default, no advice simulated as opened."""
-    args = parser.parse_args(argv)
-    settings, _ = settings_from(args, parser)
-    return replace(settings, models=settings.models[:1] or (DEFAULT_MODEL,), fractional_models=()), args
-
-
 def parse_args(argv=None) -> tuple[Settings, Path]:
     """The run's settings and report directory from the command line."""
     parser = argument_parser()
@@ -597,7 +568,7 @@ def parse_args(argv=None) -> tuple[Settings, Path]:
 
 
 def main(argv=None) -> int:
-    from accuracy_report import write_report
+    from benchmarks.accuracy_report import write_report
 
     settings, out = parse_args(argv)
     start = time.monotonic()
@@ -606,7 +577,8 @@ def main(argv=None) -> int:
     floor = seed_floor(paths, settings) if settings.floor_seeds else None
     form = summary(form_scores(paths, settings))
     elapsed = time.monotonic() - start
-    write_report(out, settings, paths, scores, rows, elapsed, " ".join(sys.argv), floor, form)
+    command = " ".join(["python -m benchmarks.accuracy", *map(shlex.quote, sys.argv[1:])])
+    write_report(out, settings, paths, scores, rows, elapsed, command, floor, form)
     for name, row in rows.items():
         print(f"{name:>10}: thr median {row['thr_median']:.3f} p90 {row['thr_p90']:.3f}  "
               f"cross p50 {row['cross_p50']:.3f} p90 {row['cross_p90']:.3f}  "

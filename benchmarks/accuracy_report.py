@@ -1,4 +1,4 @@
-"""Markdown + PNG report of the accuracy benchmark (benchmarks/accuracy.py)."""
+"""Markdown + PNG report of the accuracy benchmark (benchmarks.accuracy)."""
 
 from __future__ import annotations
 

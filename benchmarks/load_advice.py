@@ -1,6 +1,6 @@
 """Load benchmark: GET /v1/advice on a warm cache, from this (separate) process, on loopback.
 
-    .venv/bin/python benchmarks/load_advice.py [--seconds 15] [--connections 32] [--url URL]
+    .venv/bin/python -m benchmarks.load_advice [--seconds 15] [--connections 32] [--url URL]
 
 Without --url it starts `tame serve --no-worker` on a fresh SQLite file in a temporary folder,
 stores a probe run for 127.0.0.1:5201 through POST /v1/probe-runs and warms the cache. The

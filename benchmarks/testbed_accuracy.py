@@ -1,7 +1,7 @@
 """How accurate the advice is on real test-bed paths: predicted vs measured throughput and cross-traffic impact.
 
-    sudo .venv/bin/python benchmarks/testbed_accuracy.py           # about 15-20 minutes
-    sudo .venv/bin/python benchmarks/testbed_accuracy.py --quick   # about 5 minutes, 5 s runs
+    sudo .venv/bin/python -m benchmarks.testbed_accuracy           # about 15-20 minutes
+    sudo .venv/bin/python -m benchmarks.testbed_accuracy --quick   # about 5 minutes, 5 s runs
 
 For each of three namespace test beds (probes/testbed.py) it
 
@@ -57,24 +57,23 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from advisor.commands.probe import from_json  # noqa: E402
-from advisor.commands.probe import to_json as probe_json  # noqa: E402
-from advisor.tame import DEFAULT_MODEL, DEFAULT_N_MAX, point_from_probe, tame_parallel_tcp  # noqa: E402
-from models.errors import FitError  # noqa: E402
-from models.evidence import loss_limited, loss_rate  # noqa: E402
-from models.registry import ADAPTIVE_LEVEL, MODELS, PROBE_LEVELS, fit, model_probes  # noqa: E402
-from probes import pathcheck, testbed  # noqa: E402
-from probes.errors import ProbeError  # noqa: E402
-from probes.iperf_parse import parse_iperf_json  # noqa: E402
-from probes.netns import run  # noqa: E402
-from probes.plan import ProbePlan  # noqa: E402
-from probes.result import PlanResult  # noqa: E402
+from advisor.commands.probe import from_json
+from advisor.commands.probe import to_json as probe_json
+from advisor.tame import DEFAULT_MODEL, DEFAULT_N_MAX, point_from_probe, tame_parallel_tcp
+from models.errors import FitError
+from models.evidence import loss_limited, loss_rate
+from models.registry import ADAPTIVE_LEVEL, MODELS, PROBE_LEVELS, fit, model_probes
+from probes import pathcheck, testbed
+from probes.errors import ProbeError
+from probes.iperf_parse import parse_iperf_json
+from probes.netns import run
+from probes.plan import ProbePlan
+from probes.result import PlanResult
 
 PORT = 5201
 STREAMS = (1, 2, 4, 8, 16, 32)
-# Impact budgets the advice is scored at (those of the ns-2 benchmark, benchmarks/accuracy.py).
+# Impact budgets the advice is scored at (those of the ns-2 benchmark, benchmarks.accuracy).
 BUDGETS = (0.05, 0.1, 0.2, 0.3)
 CONGESTION_CONTROL = "cubic"
 # The host allows only reno and bbr as namespace defaults, so every sender asks for cubic per socket.
@@ -384,7 +383,7 @@ def summary(results: list[PathResult], models: list[str], runs: int) -> list[str
             rows = []
             for result, score in scored:
                 ratios = [r for _, _, _, r in score["advice"].values()]
-                # As on ns-2 (benchmarks/accuracy.py): only budgets some measured n meets can be kept to.
+                # As on ns-2 (benchmarks.accuracy): only budgets some measured n meets can be kept to.
                 feasible = [(budget, there) for budget, (_, there, best, _) in score["advice"].items()
                             if best is not None]
                 over = sum(there is not None and true_impact(result, there) > budget for budget, there in feasible)
@@ -488,7 +487,7 @@ def main() -> int:
                         help="measure nothing: fit --models to the measurements FILE holds (the .json an earlier "
                              "run wrote) and write the report again (default: FILE with .md)")
     args = parser.parse_args()
-    command = "sudo .venv/bin/python benchmarks/testbed_accuracy.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    command = "sudo .venv/bin/python -m benchmarks.testbed_accuracy " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     models = [m for m in args.models.split(",") if m]
     if any(m not in MODELS for m in models):
         parser.error(f"unknown model in --models {args.models!r}")

@@ -1,7 +1,7 @@
 """Measure a namespace test bed: RTT mean and jitter (idle and under UDP load) and TCP goodput.
 
-    sudo .venv/bin/python benchmarks/testbed_check.py                 # 100 Mbit/s, 40 ms RTT
-    sudo .venv/bin/python benchmarks/testbed_check.py --rate 50e6 --rtt 0.02 --json
+    sudo .venv/bin/python -m benchmarks.testbed_check                 # 100 Mbit/s, 40 ms RTT
+    sudo .venv/bin/python -m benchmarks.testbed_check --rate 50e6 --rtt 0.02 --json
 
 Builds its own beds (unique names, private state directory), measures and
 removes them (about 25 s in all). RTTs are milliseconds in the printout, rates Mbit/s
@@ -29,9 +29,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from probes import pathcheck, testbed  # noqa: E402
+from probes import pathcheck, testbed
 
 PORT = 5201
 

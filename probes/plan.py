@@ -38,7 +38,7 @@ class ProbePlan:
     # defaults before) left probes that passed the settling rule off the long transfers often enough to
     # take auto's per-path throughput error from 0.066 to 0.100 (median), and 30 s probes need fewer
     # re-runs, so probing a path costs about the same (161 s either way). Figures and the commands
-    # that give them: benchmarks/results/SUMMARY.md.
+    # that give them: docs/accuracy.md ("Shorter probes").
     duration_s: float = 30.0
     omit_s: float = 5.0
     repeats: int = 1
@@ -53,7 +53,7 @@ class ProbePlan:
     # On ns-2's 10 Mbit/s held-out scenario 7, 8-28 of 31 streams started together carry nothing
     # for a whole 30 s probe (their first segments lost, their retransmission timers backing off),
     # while the long transfers of the ground truth carry on every stream; a later attempt mostly
-    # finds every stream running. Figures: benchmarks/results/SUMMARY.md.
+    # finds every stream running. Figures: docs/accuracy.md (DropTail lock-out on s1 and s7).
     idle_retries: int = 1
 
     def __post_init__(self) -> None:

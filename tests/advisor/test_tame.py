@@ -4,8 +4,7 @@ import numpy as np
 import pytest
 from numpy.testing import assert_allclose
 
-from advisor.tame import (NO_MARGIN, ImpactMargin, MarginByForm, advise, fractional_multiplier_for, predicted_curve,
-                          tame_parallel_tcp)
+from advisor.tame import NO_MARGIN, ImpactMargin, fractional_multiplier_for, predicted_curve, tame_parallel_tcp
 from models.parallel import ProbePoint, fit_lu
 
 A, B = 1e-16, 4e-16  # BW_n = n / sqrt(A n^2 + B): 44.7 Mbit/s at n = 1, capacity 100 Mbit/s
@@ -153,17 +152,3 @@ def test_latent_losses_up_to_a_full_link_advise_the_streams_that_fill_it():
     advice = tame_parallel_tcp([probe(1, 10.64e6, 0.001), probe(10, 95.53e6, 0.001), probe(40, 95.62e6, 0.0065)], 0.1)
     assert advice.num_flows == 10 and advice.cross_traffic_impact == 0.0
     assert advice.model == "auto"
-
-
-def test_margin_by_form_holds_each_fit_to_the_margin_of_its_own_form():
-    fitted = fit_lu(PROBES)
-    wide = ImpactMargin(0.5, 0.1)
-    own_form = MarginByForm(NO_MARGIN, ((fitted.form, wide),))
-    other_form = MarginByForm(NO_MARGIN, (("some other form", wide),))
-    held_wide = advise(fitted, 0.5, margin=wide, fractional_margin=wide)
-    bare = advise(fitted, 0.5, margin=NO_MARGIN, fractional_margin=NO_MARGIN)
-    assert held_wide.tcp_equivalent_streams < bare.tcp_equivalent_streams
-    assert advise(fitted, 0.5, margin=own_form, fractional_margin=own_form) == held_wide
-    assert advise(fitted, 0.5, margin=other_form, fractional_margin=other_form) == bare
-    assert [p.impact_bound for p in predicted_curve(fitted, 8, own_form)] == \
-        [p.impact_bound for p in predicted_curve(fitted, 8, wide)]

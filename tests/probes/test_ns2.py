@@ -1,4 +1,3 @@
-import importlib
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -7,20 +6,16 @@ import numpy as np
 import pytest
 from numpy.testing import assert_allclose
 
+from benchmarks import accuracy, accuracy_report
+from benchmarks.studies import (cross_breakdown, explain_path, impact_bound_study, margin_by_form, margin_sweep,
+                                probe_length)
 from probes.errors import SimulatorError
 from probes.ns2 import (
     ATTEMPT_SEED_STRIDE, SCENARIOS, Ns2Config, Ns2Driver, cache_key, parse_ns2_output, probe_result, simulate,
 )
 from probes.plan import ProbePlan, idle_streams, run_plan
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-
-
-def _benchmark(name: str):
-    """A script under benchmarks/ imported as a module (they import each other by bare name)."""
-    if str(BENCHMARKS) not in sys.path:
-        sys.path.insert(0, str(BENCHMARKS))
-    return importlib.import_module(name)
+ROOT = Path(__file__).resolve().parents[2]
 
 
 DATA = Path(__file__).parent / "data"
@@ -203,9 +198,9 @@ def test_accuracy_benchmark_quick_preset_runs(tmp_path):
     # It checks that the benchmark runs and reports every model, not the accuracy targets.
     import subprocess
 
-    script = BENCHMARKS / "accuracy.py"
-    argv = [sys.executable, str(script), "--quick", "--cache", str(tmp_path / "cache"), "--out", str(tmp_path / "out")]
-    completed = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    argv = [sys.executable, "-m", "benchmarks.accuracy", "--quick", "--cache", str(tmp_path / "cache"),
+            "--out", str(tmp_path / "out")]
+    completed = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert completed.returncode == 0, completed.stderr
     report = (tmp_path / "out" / "README.md").read_text()
     from models.registry import MODELS
@@ -221,8 +216,6 @@ def test_seed_floor_is_zero_for_the_same_seed_and_brackets_another(tmp_path):
     # must score exactly 0 out of sample and in sample (runs are deterministic). With one other
     # seed, the in-sample median of two curves is their mean, (a + b) / 2, whose relative error
     # against a is |b / a - 1| / 2: exactly half the out-of-sample error at every n.
-
-    accuracy = _benchmark("accuracy")
 
     settings = accuracy.Settings(scenarios=(1,), ms=(3,), ns=(1, 2), truth_duration_s=8.0, truth_omit_s=2.0,
                                  cache_dir=tmp_path, workers=1)
@@ -245,7 +238,7 @@ def test_seed_floor_is_zero_for_the_same_seed_and_brackets_another(tmp_path):
     assert_allclose(other["in_sample"]["thr_median"], other["thr_median"] / 2)
     assert_allclose(other["in_sample"]["cross_p90"], other["cross_p90"] / 2)
     # The report's per-path table carries both figures of the one path.
-    table = _benchmark("accuracy_report")._floor_table([path], other, None, settings.seed)
+    table = accuracy_report._floor_table([path], other, None, settings.seed)
     assert table[-3] == "| path | out of sample | in sample |"
     assert table[-1] == f"| s1 m3 | {other['per_path'][0]:.3f} | {other['in_sample']['per_path'][0]:.3f} |"
 
@@ -255,8 +248,6 @@ def test_form_scores_fit_the_ground_truths_own_runs(tmp_path):
     # Fitted to the long transfers at its own two levels, Lu's two-parameter curve passes through
     # both, so scored at just those n its error is 0 (up to rounding); a model whose levels the
     # sweep lacks (yildirim probes 5 streams) is left out rather than scored on something else.
-
-    accuracy = _benchmark("accuracy")
 
     settings = accuracy.Settings(scenarios=(2,), ms=(3,), ns=(1, 10), truth_duration_s=8.0, truth_omit_s=2.0,
                                  cache_dir=tmp_path, workers=1, models=("lu", "yildirim"))
@@ -277,8 +268,6 @@ def test_form_scores_fit_the_ground_truths_own_runs(tmp_path):
 def test_probe_length_path_argument_is_parsed_or_explained():
     import argparse
 
-    probe_length = _benchmark("probe_length")
-
     assert probe_length.parse_path("7:25:5,10,31") == (7, 25, (5, 10, 31))
     with pytest.raises(argparse.ArgumentTypeError, match="scenario:m:n1,n2"):
         probe_length.parse_path("7-25")
@@ -287,8 +276,6 @@ def test_probe_length_path_argument_is_parsed_or_explained():
 @pytest.mark.ns2
 def test_probe_length_prints_one_row_per_stream_count(tmp_path, capsys):
     import re
-
-    probe_length = _benchmark("probe_length")
 
     assert probe_length.main(["--path", "1:3:1,2", "--lengths", "2,4", "--truth-seeds", "2",
                               "--cache", str(tmp_path)]) == 0
@@ -305,8 +292,6 @@ def test_probe_length_prints_one_row_per_stream_count(tmp_path, capsys):
 
 @pytest.mark.ns2
 def test_explain_path_prints_the_models_prediction_against_the_truth_at_every_n(tmp_path, capsys):
-    explain_path = _benchmark("explain_path")
-    accuracy = _benchmark("accuracy")
     from models.registry import MODELS
 
     assert explain_path.main(["1:3", "--ns", "1,2,4", "--cache", str(tmp_path)]) == 0
@@ -339,9 +324,6 @@ def test_explain_path_prints_the_models_prediction_against_the_truth_at_every_n(
 
 
 def test_explain_path_reads_the_queue_it_is_given(tmp_path, capsys):
-    explain_path = _benchmark("explain_path")
-    accuracy = _benchmark("accuracy")
-
     assert explain_path.main(["1:3", "--ns", "1,2", "--queue", "RED", "--cache", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "## s1 m3 (RED)" in out
@@ -361,16 +343,12 @@ def test_explain_path_reads_the_queue_it_is_given(tmp_path, capsys):
 def test_explain_path_argument_is_parsed_or_explained():
     import argparse
 
-    explain_path = _benchmark("explain_path")
-
     assert explain_path.parse_path("6:10") == (6, 10)
     with pytest.raises(argparse.ArgumentTypeError, match="scenario:m"):
         explain_path.parse_path("6")
 
 
 def test_explain_path_names_the_scenarios_when_given_an_unknown_one(capsys):
-    explain_path = _benchmark("explain_path")
-
     with pytest.raises(SystemExit) as exit_info:
         explain_path.main(["11:5"])
     assert exit_info.value.code == 2
@@ -380,8 +358,6 @@ def test_explain_path_names_the_scenarios_when_given_an_unknown_one(capsys):
 def test_advice_is_recorded_per_path_and_budget_against_the_best_in_budget_n():
     # A made-up path: our throughput 10 Mbit/s per stream, the cross traffic losing 7 % per stream,
     # so the true impact is 0.07 n: nothing fits 0.05, n <= 1 fits 0.1, n <= 2 fits 0.2, n <= 4 fits 0.3.
-    accuracy = _benchmark("accuracy")
-    report = _benchmark("accuracy_report")
     from advisor.tame import DEFAULT_MARGIN, advise
     from models.parallel import ProbePoint
     from models.registry import MODELS
@@ -404,14 +380,13 @@ def test_advice_is_recorded_per_path_and_budget_against_the_best_in_budget_n():
     # By scenario: the median over the budgets that have a best n (0.05 has none).
     ratios = [by_budget[b][2] for b in (0.1, 0.2, 0.3)]
     assert accuracy.summary({"lu": score})["lu"]["adv_by_scenario"] == {2: pytest.approx(float(np.median(ratios)))}
-    row = report._advice_table([path], score)[-1]
+    row = accuracy_report._advice_table([path], score)[-1]
     advised, _, ratio, over = by_budget[0.3]
     assert row.startswith(f"| s2 m5 | {by_budget[0.05][0]} / none")
     assert f"{advised} / 4 ({ratio:.2f}){' !' if over else ''} |" in row
 
 
 def test_the_opened_advice_holds_its_fractional_stream_to_the_fractional_margin():
-    accuracy = _benchmark("accuracy")
     from advisor.tame import DEFAULT_MARGIN, ImpactMargin, advise
     from models.parallel import ProbePoint
     from models.registry import MODELS
@@ -436,8 +411,6 @@ def test_the_opened_advice_holds_its_fractional_stream_to_the_fractional_margin(
 def test_served_advice_is_simulated_as_opened_with_its_fractional_stream(tmp_path):
     # A short real path (s2, 5 cross flows, n = 1..4): every advice with a fractional stream is a run of its own,
     # scored against the same best in-budget whole n as the whole-stream advice.
-    accuracy = _benchmark("accuracy")
-    report = _benchmark("accuracy_report")
     settings = _short_real_path_settings(accuracy, tmp_path, models=("auto", "lu"))
     (path,), scores = accuracy.evaluate(settings)
     auto = scores["auto"]
@@ -466,14 +439,12 @@ def test_served_advice_is_simulated_as_opened_with_its_fractional_stream(tmp_pat
     assert auto.within_opened_without_whole == within
     row = accuracy.summary(scores)["auto"]
     assert row["without_whole"] == len(within) and row["within_opened_without_whole"] == sum(within)
-    text = "\n".join(report._opened_table([path], auto))
+    text = "\n".join(accuracy_report._opened_table([path], auto))
     streams, fm = opened[0.3]
     assert "| s2 m5 | " in text and (f"{streams} + FM {fm:.1f}:" if fm else f"{streams}:") in text
 
 
 def test_cross_breakdown_counts_errors_within_the_tolerance_per_scenario():
-    cross_breakdown = _benchmark("cross_breakdown")
-    accuracy = _benchmark("accuracy")
     # Two paths of scenario 2 and one of scenario 6, three n each.
     score = accuracy.ModelScore("auto", per_path_scenario=[2, 6, 2],
                                 cross_error=[0.01, -0.04, 0.2, -0.5, 0.05, 0.0, 0.06, -0.06, 0.03])
@@ -488,8 +459,6 @@ def test_cross_breakdown_counts_errors_within_the_tolerance_per_scenario():
 
 
 def test_cross_breakdown_refuses_a_tolerance_that_is_not_positive(capsys):
-    cross_breakdown = _benchmark("cross_breakdown")
-
     with pytest.raises(SystemExit) as exit_info:
         cross_breakdown.main(["--tolerance", "0"])
     assert exit_info.value.code == 2
@@ -498,9 +467,6 @@ def test_cross_breakdown_refuses_a_tolerance_that_is_not_positive(capsys):
 
 @pytest.mark.ns2
 def test_cross_breakdown_agrees_with_the_benchmarks_own_cross_errors(tmp_path, capsys):
-    cross_breakdown = _benchmark("cross_breakdown")
-    accuracy = _benchmark("accuracy")
-
     # n = 10 is in the sweep so that the form (auto fitted to the truth at its levels 1 and 10) is scored too.
     assert cross_breakdown.main(["--scenarios", "1", "--ms", "3", "--ns", "1,2,4,10", "--cache", str(tmp_path)]) == 0
     out = capsys.readouterr().out
@@ -520,7 +486,6 @@ def test_cross_breakdown_agrees_with_the_benchmarks_own_cross_errors(tmp_path, c
 def test_margin_argument_is_parsed_or_explained():
     import argparse
 
-    accuracy = _benchmark("accuracy")
     from advisor.tame import DEFAULT_FRACTIONAL_MARGIN, DEFAULT_MARGIN, ImpactMargin
 
     assert accuracy.margin_arg("0.1,0.01") == ImpactMargin(0.1, 0.01)
@@ -536,7 +501,6 @@ def test_margin_argument_is_parsed_or_explained():
 
 
 def test_fractional_models_argument_is_parsed_or_explained(capsys):
-    accuracy = _benchmark("accuracy")
     assert accuracy.parse_args(["--quick"])[0].fractional_models == ("auto",)
     assert accuracy.parse_args(["--quick", "--fractional-models", "none"])[0].fractional_models == ()
     assert accuracy.parse_args(["--quick", "--fractional-models", "lu,auto"])[0].fractional_models == ("lu", "auto")
@@ -549,8 +513,6 @@ def test_margin_sweep_scores_each_margins_advice_and_marks_the_goals():
     # The made-up path of the advice test above: 10 Mbit/s per stream, the cross traffic losing 7 % per
     # stream, so n <= 1 fits 0.1, n <= 2 fits 0.2, n <= 4 fits 0.3; Lu's model fitted to exact probes
     # predicts an impact the bare rule can follow to the budget and a wide margin cannot.
-    accuracy = _benchmark("accuracy")
-    sweep = _benchmark("margin_sweep")
     from advisor.tame import DEFAULT_MARGIN, NO_MARGIN, ImpactMargin, advise
     from models.parallel import ProbePoint
     from models.registry import MODELS
@@ -560,7 +522,7 @@ def test_margin_sweep_scores_each_margins_advice_and_marks_the_goals():
     path.probes.update({1: ProbePoint(1, 10e6), 10: ProbePoint(10, 60e6)})
     settings = accuracy.Settings(scenarios=(2,), ms=(5,), ns=ns, models=("lu",))
     wide = ImpactMargin(1.0, 0.1)
-    rows = sweep.sweep_rows([path], settings, [NO_MARGIN, DEFAULT_MARGIN, wide])
+    rows = margin_sweep.sweep_rows([path], settings, [NO_MARGIN, DEFAULT_MARGIN, wide])
     fitted = MODELS["lu"](list(path.probes.values()))
     for margin, row in rows:
         for budget in (0.1, 0.2, 0.3):
@@ -570,7 +532,7 @@ def test_margin_sweep_scores_each_margins_advice_and_marks_the_goals():
             assert row[f"exc_{budget}"] == float(0.07 * advised > budget)
     # A wider margin never advises more streams.
     assert rows[2][1]["adv_all"] <= rows[1][1]["adv_all"] <= rows[0][1]["adv_all"]
-    lines = sweep.table(rows)
+    lines = margin_sweep.table(rows)
     assert len(lines) == 2 + len(rows)
     assert lines[3].startswith("| 0.15 | 0.02 |") and "*" in lines[3].split("|")[-2]
     for line, (_, row) in zip(lines[2:], rows):
@@ -580,23 +542,21 @@ def test_margin_sweep_scores_each_margins_advice_and_marks_the_goals():
 
 @pytest.mark.ns2
 def test_fractional_margin_sweep_scores_the_advice_as_opened_per_margin(tmp_path):
-    # The short real path of the opened-advice test: each margin's row is what accuracy.py reports with
+    # The short real path of the opened-advice test: each margin's row is what benchmarks.accuracy reports with
     # --fractional-margin set to it.
-    accuracy = _benchmark("accuracy")
-    sweep = _benchmark("margin_sweep")
     from advisor.tame import DEFAULT_FRACTIONAL_MARGIN, ImpactMargin
 
     settings = _short_real_path_settings(accuracy, tmp_path, models=("auto",), fractional_models=())
     paths, _ = accuracy.evaluate(settings)
     margins = [DEFAULT_FRACTIONAL_MARGIN, ImpactMargin(1.0, 0.1)]
-    rows = sweep.fractional_sweep_rows(paths, settings, margins)
+    rows = margin_sweep.fractional_sweep_rows(paths, settings, margins)
     keys = [f"{kind}_opened_{b}" for kind in ("adv", "exc") for b in (*accuracy.BUDGETS, "all")]
     for margin, row in rows:
         _, scores = accuracy.evaluate(replace(settings, fractional_margin=margin, fractional_models=("auto",)))
         expected = accuracy.summary(scores)["auto"]
         for key in (*keys, "without_whole", "within_opened_without_whole"):
             assert row[key] == pytest.approx(expected[key], nan_ok=True), (margin, key)
-    text = sweep.table(rows, opened=True)
+    text = margin_sweep.table(rows, opened=True)
     service = f"| {DEFAULT_FRACTIONAL_MARGIN.relative:g} | {DEFAULT_FRACTIONAL_MARGIN.absolute:g} |"
     assert text[2].startswith(service) and "*" in text[2].split("|")[-3]
     assert text[3].startswith("| 1 | 0.1 |") and text[3].endswith(f" {rows[1][1]['within_opened_without_whole']} of "
@@ -604,21 +564,19 @@ def test_fractional_margin_sweep_scores_the_advice_as_opened_per_margin(tmp_path
 
 
 def test_margin_sweep_help_lists_its_own_options_and_the_benchmarks(capsys):
-    sweep = _benchmark("margin_sweep")
     with pytest.raises(SystemExit) as exited:
-        sweep.main(["--help"])
+        margin_sweep.main(["--help"])
     assert exited.value.code == 0
     shown = capsys.readouterr().out
     assert "--relative" in shown and "--absolute" in shown and "--holdout" in shown
     with pytest.raises(SystemExit) as exited:
-        sweep.main(["--absolute", "0.01,-1"])
+        margin_sweep.main(["--absolute", "0.01,-1"])
     assert exited.value.code == 2
     assert "margins must be numbers >= 0" in capsys.readouterr().err
 
 
 def test_advice_of_a_known_curve_is_scored_against_the_truth():
     # The made-up path above (true impact 0.07 n; best in-budget n 1, 2, 4 for 0.1, 0.2, 0.3; none for 0.05).
-    accuracy = _benchmark("accuracy")
     path = _seven_percent_path(accuracy, range(1, 9))
     ours, ns = path.ours_bps, path.ns
     # Knowing the truth itself: the best n at every budget that has one, never over.
@@ -635,10 +593,8 @@ def test_advice_of_a_known_curve_is_scored_against_the_truth():
 
 def test_impact_bound_study_scores_the_service_advice_at_zero_weight_and_only_widens_the_bound(tmp_path):
     # On the short real path: with no jackknife weight the study's advice is the service's whole
-    # streams as accuracy.py scores them; a weight and a link-rate floor only raise the bound, so they
+    # streams as benchmarks.accuracy scores them; a weight and a link-rate floor only raise the bound, so they
     # never advise more streams nor exceed the budget more often.
-    accuracy = _benchmark("accuracy")
-    study = _benchmark("impact_bound_study")
     from advisor.tame import DEFAULT_MARGIN
     from models.registry import MODELS, model_probes
 
@@ -647,7 +603,7 @@ def test_impact_bound_study_scores_the_service_advice_at_zero_weight_and_only_wi
                                          ns=(1, 2, 5, 10, 20, 40))
     paths, scores = accuracy.evaluate(settings)
     expected = accuracy.summary(scores)["auto"]
-    (none, _, weighted), = [study.spread_rows(paths, "auto", [DEFAULT_MARGIN], [0.0, 0.5, 4.0])]
+    (none, _, weighted), = [impact_bound_study.spread_rows(paths, "auto", [DEFAULT_MARGIN], [0.0, 0.5, 4.0])]
     assert none[2]["advice"] == pytest.approx(expected["adv_all"])
     assert none[2]["exceeded"] == pytest.approx(expected["exc_all"])
     assert none[2]["cross_p50"] == pytest.approx(expected["cross_p50"])
@@ -655,45 +611,58 @@ def test_impact_bound_study_scores_the_service_advice_at_zero_weight_and_only_wi
     (path,) = paths
     probes = model_probes("auto", path.probes, max(path.ns))
     fitted = MODELS["auto"](probes)
-    left_out = study.left_out_fits("auto", probes)
+    left_out = impact_bound_study.left_out_fits("auto", probes)
     assert len(left_out) == len(probes) == 3
     ns = np.array([1.0, 5.0, 20.0, 40.0])
-    spread = study.BoundedImpact.around(fitted, DEFAULT_MARGIN, 1.0, left_out).spread(ns)
+    spread = impact_bound_study.BoundedImpact.around(fitted, DEFAULT_MARGIN, 1.0, left_out).spread(ns)
     assert (spread >= 0).all() and spread.any()
-    constant = np.asarray(study.BoundedImpact.around(fitted, DEFAULT_MARGIN).impact(ns))
-    assert (np.asarray(study.BoundedImpact.around(fitted, DEFAULT_MARGIN, 1.0, left_out).impact(ns)) >= constant).all()
-    floored = study.BoundedImpact.around(fitted, DEFAULT_MARGIN, link_bps=1e6)  # far below our throughput: impact 1
+    constant = np.asarray(impact_bound_study.BoundedImpact.around(fitted, DEFAULT_MARGIN).impact(ns))
+    widened = impact_bound_study.BoundedImpact.around(fitted, DEFAULT_MARGIN, 1.0, left_out)
+    assert (np.asarray(widened.impact(ns)) >= constant).all()
+    # A link rate far below our throughput: impact 1.
+    floored = impact_bound_study.BoundedImpact.around(fitted, DEFAULT_MARGIN, link_bps=1e6)
     assert np.allclose(floored.predicted_impact(ns), 1.0)
-    capacity = study.capacity_score(paths, "auto", DEFAULT_MARGIN)
+    capacity = impact_bound_study.capacity_score(paths, "auto", DEFAULT_MARGIN)
     assert capacity["over"] <= none[2]["over"] and capacity["cases"] == none[2]["cases"]
+
+
+def test_margin_by_form_holds_each_fit_to_the_margin_of_its_own_form():
+    from advisor.tame import NO_MARGIN, ImpactMargin
+    from models.parallel import ProbePoint, fit_lu
+
+    # Lu's fit names no form of its own: its form is its regime.
+    fitted = fit_lu([ProbePoint(1, 44.7e6), ProbePoint(10, 98.1e6)])
+    wide = ImpactMargin(0.5, 0.1)
+    assert margin_by_form.form_of(fitted) == fitted.regime
+    assert margin_by_form.MarginByForm(NO_MARGIN, ((fitted.regime, wide),)).for_fit(fitted) == wide
+    assert margin_by_form.MarginByForm(NO_MARGIN, (("knee", wide),)).for_fit(fitted) == NO_MARGIN
 
 
 def test_margin_by_form_study_keeps_the_service_advice_with_its_margin_and_adds_no_over_budget_case(tmp_path):
     # On the short real path: with the service's margin as the only choice, every form keeps it and the
-    # study scores the advice exactly as accuracy.py does; with the whole grid, each form's chosen margin
+    # study scores the advice exactly as benchmarks.accuracy does; with the whole grid, each form's chosen margin
     # adds no over-budget case and gets at least the service margin's mean ratio on that form's cases.
-    accuracy = _benchmark("accuracy")
-    study = _benchmark("margin_by_form")
     from advisor.tame import DEFAULT_MARGIN, ImpactMargin
 
     settings = _short_real_path_settings(accuracy, tmp_path, models=("auto",), fractional_models=("auto",),
                                          ns=(1, 2, 5, 10, 20, 40))
     paths, scores = accuracy.evaluate(settings)
     expected = accuracy.summary(scores)["auto"]
-    fits = study.fitted_paths(paths, "auto")
-    only_service, _ = study.choose(fits, grid=(DEFAULT_MARGIN,))
+    fits = margin_by_form.fitted_paths(paths, "auto")
+    only_service, _ = margin_by_form.choose(fits, grid=(DEFAULT_MARGIN,))
     assert only_service.forms and all(margin == DEFAULT_MARGIN for _, margin in only_service.forms)
-    row = study.scored(paths, settings, only_service)
+    row = margin_by_form.scored(paths, settings, only_service)
     for key in ("adv_all", "exc_all", "adv_opened_all", "exc_opened_all"):
         assert row[key] == pytest.approx(expected[key], nan_ok=True)
     # A margin that advises fewer streams for no budget kept is not chosen over the service's.
     wide = ImpactMargin(3.0, 0.3)
-    chosen, rows = study.choose(fits, grid=(wide, DEFAULT_MARGIN))
+    chosen, rows = margin_by_form.choose(fits, grid=(wide, DEFAULT_MARGIN))
     assert dict(chosen.forms) == {"congested": DEFAULT_MARGIN}
     (_, _, _, _, _, wide_mean), (_, _, _, _, _, service_mean) = rows
     assert wide_mean < service_mean
-    chosen, rows = study.choose(fits)
-    assert {form for form, *_ in rows} == {form for form, _ in chosen.forms} == {fitted.form for _, fitted in fits}
+    chosen, rows = margin_by_form.choose(fits)
+    forms = {margin_by_form.form_of(fitted) for _, fitted in fits}
+    assert {form for form, *_ in rows} == {form for form, _ in chosen.forms} == forms
     for form, margin in chosen.forms:
         tried = {m: (over, allowed, mean) for f, m, _, over, allowed, mean in rows if f == form}
         over, allowed, mean = tried[margin]

@@ -93,7 +93,7 @@ def _check_complete(tb: testbed.Testbed, state_dir: Path) -> None:
 # half minute (kdamond was running). A stall only ever adds delay and takes rate. So these tests check what a
 # stall cannot fake, on the best of up to STALL_TRIES measurements: the configured delay is there (not missing,
 # not doubled), no queue builds up, the rate is there. Sub-millisecond jitter is a figure, not a test:
-# ``benchmarks/testbed_check.py`` prints mean, mdev, p99 - p50 and the delay line's own lateness.
+# ``python -m benchmarks.testbed_check`` prints mean, mdev, p99 - p50 and the delay line's own lateness.
 STALL_TRIES = 3
 
 
@@ -244,7 +244,7 @@ def test_accuracy_benchmark_fits_the_default_to_the_probes_the_service_runs(tmp_
     # it adds its third probe at 4 x 10 = 40 streams; a throughput-only fit would be the fair share on two probes.
     report = tmp_path / "testbed.md"
     root = Path(__file__).resolve().parents[2]
-    done = subprocess.run([sys.executable, str(root / "benchmarks" / "testbed_accuracy.py"), "--quick",
+    done = subprocess.run([sys.executable, "-m", "benchmarks.testbed_accuracy", "--quick",
                            "--paths", "buffer", "--output", str(report)],
                           cwd=root, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -267,7 +267,7 @@ def test_accuracy_benchmark_fits_the_default_to_the_probes_the_service_runs(tmp_
     # What was measured is kept beside the report; the report written again from it (no root, no network) is the
     # same but for the command line.
     again = tmp_path / "again.md"
-    redone = subprocess.run([sys.executable, str(root / "benchmarks" / "testbed_accuracy.py"), "--from-json",
+    redone = subprocess.run([sys.executable, "-m", "benchmarks.testbed_accuracy", "--from-json",
                              str(report.with_suffix(".json")), "--output", str(again)],
                             cwd=root, capture_output=True, text=True, timeout=120)
     assert redone.returncode == 0, redone.stderr[-2000:]
@@ -282,7 +282,7 @@ def test_dispersion_benchmark_reads_the_index_auto_reads_from_the_service_s_prob
     # an 8 s probe counts a few hundred retransmissions, enough (5 a stream) for the index to be read.
     output = tmp_path / "dispersion.md"
     root = Path(__file__).resolve().parents[2]
-    done = subprocess.run([sys.executable, str(root / "benchmarks" / "testbed_dispersion.py"), "--beds",
+    done = subprocess.run([sys.executable, "-m", "benchmarks.studies.testbed_dispersion", "--beds",
                            "droptail-small", "--runs", "1", "--seconds", "8", "--omit", "2", "--output", str(output)],
                           cwd=root, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -1,10 +1,10 @@
 """The advice's margin chosen per form of the default model's fit, scored on ns-2 (a study; the service keeps one margin).
 
 The service holds every fit's predicted impact i to i (1 + 0.15) + 0.02 (advisor.tame.DEFAULT_MARGIN).
-``auto`` reads the impact from different laws by form (ParallelFit.form): the fair share's M
+``auto`` reads the impact from different laws by form (:func:`form_of`): the fair share's M
 ("congested"), the knee's equal shares and link conservation ("knee"), the mean of the fair share and
 the probes' loss rates ("timeout regime"), none ("uncongested"). This study gives each form a margin of
-its own (advisor.tame.MarginByForm), chosen on Lu's scenarios 1-6 (accuracy.py's full run) by one rule:
+its own (:class:`MarginByForm`), chosen on Lu's scenarios 1-6 (accuracy's full run) by one rule:
 
     for each form, every margin on the grid is tried with the other forms kept at the service's; among
     those that add no over-budget case in that form, the one with the highest mean ratio (true
@@ -15,11 +15,11 @@ The choice is always made on the full run; the run the options ask for (``--hold
 (each advice with a fractional stream is a ground-truth run of its own, accuracy.score_opened; its
 fractional stream keeps the service's fractional margin):
 
-    python benchmarks/margin_by_form.py                        # choose and score on scenarios 1-6
-    python benchmarks/margin_by_form.py --holdout              # choose on 1-6, score on 7-10
-    python benchmarks/margin_by_form.py --holdout --queue RED  # ... behind RED queues
+    python -m benchmarks.studies.margin_by_form                        # choose and score on scenarios 1-6
+    python -m benchmarks.studies.margin_by_form --holdout              # choose on 1-6, score on 7-10
+    python -m benchmarks.studies.margin_by_form --holdout --queue RED  # ... behind RED queues
 
-Runs come from accuracy.py's cache; missing ones are simulated first (the full run from an empty cache
+Runs come from the accuracy benchmark's cache; missing ones are simulated first (the full run from an empty cache
 takes about 50 minutes on two cores).
 """
 
@@ -29,20 +29,43 @@ import argparse
 import sys
 import time
 from collections import defaultdict
-from dataclasses import replace
-from pathlib import Path
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from accuracy import (FULL, argument_parser, evaluate, one_model_settings, summary_as_opened,  # noqa: E402
-                      whole_stream_outcomes)
-
-from advisor.tame import DEFAULT_MARGIN, ImpactMargin, MarginByForm  # noqa: E402
-from models.registry import MODELS, model_probes  # noqa: E402
+from advisor.tame import DEFAULT_MARGIN, ImpactMargin
+from benchmarks.accuracy import (FULL, ModelScore, PathResult, Settings, argument_parser, evaluate, score_opened,
+                                 score_paths, summary)
+from benchmarks.studies.common import one_model_settings, whole_stream_outcomes
+from models.auto import KneeFit, TimeoutRegimeFit
+from models.parallel import ParallelFit
+from models.registry import MODELS, model_probes
 
 GRID = tuple(ImpactMargin(r, a) for r in (0.0, 0.05, 0.10, 0.15) for a in (0.0, 0.01, 0.02))
+
+
+def form_of(fitted: ParallelFit) -> str:
+    """Which law the fit's impact comes from: "knee", "timeout regime", else its regime ("congested", "uncongested")."""
+    if isinstance(fitted, KneeFit):
+        return "knee"
+    if isinstance(fitted, TimeoutRegimeFit):
+        return "timeout regime"
+    return fitted.regime
+
+
+@dataclass(frozen=True)
+class MarginByForm:
+    """A margin per form of fit (:func:`form_of`), ``default`` for the rest.
+
+    Each form reads the impact from its own law (the fair share's M, the knee's equal shares and link
+    conservation, the timeout regime's loss rates), so each errs by its own amount.
+    """
+
+    default: ImpactMargin
+    forms: tuple[tuple[str, ImpactMargin], ...] = ()
+
+    def for_fit(self, fitted: ParallelFit) -> ImpactMargin:
+        return dict(self.forms).get(form_of(fitted), self.default)
 
 
 def fitted_paths(paths, model: str) -> list[tuple[object, object]]:
@@ -63,7 +86,7 @@ def choose(fits, grid=GRID, service: ImpactMargin = DEFAULT_MARGIN) -> tuple[Mar
     A form's margin moves only the advice of that form's paths, so each form is scored on its own paths."""
     by_form = defaultdict(list)
     for path, fitted in fits:
-        by_form[fitted.form].append((path, fitted))
+        by_form[form_of(fitted)].append((path, fitted))
     chosen, rows = {}, []
     for form, form_fits in sorted(by_form.items()):
         allowed = sum(over for _, over in form_outcomes(form_fits, service))
@@ -79,9 +102,36 @@ def choose(fits, grid=GRID, service: ImpactMargin = DEFAULT_MARGIN) -> tuple[Mar
     return MarginByForm(service, tuple(sorted(chosen.items()))), rows
 
 
-def scored(paths, settings, margin) -> dict:
-    """The model's summary row with its advice held to ``margin``, whole streams and as opened."""
-    return summary_as_opened(paths, replace(settings, margin=margin))
+def pooled(name: str, parts: list[ModelScore]) -> ModelScore:
+    """One score of the paths of ``parts`` (scores of disjoint sets of paths), in the order of ``parts``."""
+    whole = ModelScore(name)
+    for part in parts:
+        for f in fields(ModelScore):
+            mine, theirs = getattr(whole, f.name), getattr(part, f.name)
+            if isinstance(mine, list):
+                mine.extend(theirs)
+            elif isinstance(mine, dict):
+                for key, values in theirs.items():
+                    mine.setdefault(key, []).extend(values)
+    return whole
+
+
+def scored(paths: list[PathResult], settings: Settings, margins: MarginByForm) -> dict:
+    """The first model's summary row, each path's advice held to the margin of its fit's form, whole streams and
+    as opened (its fractional stream held to the settings' fractional margin).
+
+    A form's margin moves only its own paths' advice, so the paths are scored a margin at a time with the
+    benchmark's own scoring (accuracy.score_paths, score_opened) and their scores pooled."""
+    name = settings.models[0]
+    settings = replace(settings, fractional_models=(name,))
+    groups: dict[ImpactMargin, list[PathResult]] = defaultdict(list)
+    for path, fitted in fitted_paths(paths, name):
+        groups[margins.for_fit(fitted)].append(path)
+    ordered = [path for group in groups.values() for path in group]
+    scores = {name: pooled(name, [score_paths(group, replace(settings, margin=margin))[name]
+                                  for margin, group in groups.items()])}
+    score_opened(ordered, scores, settings)
+    return summary(scores)[name]
 
 
 def _cell(row: dict, kind: str) -> str:
@@ -105,7 +155,7 @@ def main(argv=None) -> int:
         mark = " *" if chosen[form] == margin else ""
         print(f"| {form} | {margin.relative:g}, {margin.absolute:g}{mark} | {cases} | {over} ({allowed}) | {mean:.3f} |")
     paths = full_paths if settings == full else evaluate(settings)[0]
-    service, per_form = scored(paths, settings, DEFAULT_MARGIN), scored(paths, settings, by_form)
+    service, per_form = scored(paths, settings, MarginByForm(DEFAULT_MARGIN)), scored(paths, settings, by_form)
     print(f"\nAdvice on scenarios {list(settings.scenarios)} x m {list(settings.ms)} ({settings.queue}, {len(paths)} "
           "paths): median over budgets 0.05-0.3 of true throughput at the advice / best in-budget, and the share "
           "of advice truly over budget.\n")

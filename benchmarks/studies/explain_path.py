@@ -9,9 +9,9 @@ with a cross flow's (1.00: equal shares, Lu's assumption), and the advice for ea
 the best in-budget n. It runs the same settings as the benchmark (same seeds, same probe plan),
 reading the benchmark's cache and simulating what it lacks.
 
-    python benchmarks/explain_path.py 6:10                  # scenario 6, 10 cross flows, model auto
-    python benchmarks/explain_path.py 10:25 --model lu      # held-out scenario 10, Lu's model
-    python benchmarks/explain_path.py 9:15 --queue RED      # the same path with a RED bottleneck queue
+    python -m benchmarks.studies.explain_path 6:10                  # scenario 6, 10 cross flows, model auto
+    python -m benchmarks.studies.explain_path 10:25 --model lu      # held-out scenario 10, Lu's model
+    python -m benchmarks.studies.explain_path 9:15 --queue RED      # the same path with a RED bottleneck queue
 """
 
 from __future__ import annotations
@@ -22,13 +22,12 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from benchmarks.accuracy import FULL, ModelScore, Settings, evaluate, score_model, sweep_index
+from models.evidence import loss_dispersion, loss_limited, loss_rate
+from models.registry import MODELS, model_probes
+from probes.ns2 import QUEUES, SCENARIOS
 
-from accuracy import FULL, ModelScore, Settings, evaluate, score_model, sweep_index  # noqa: E402
-from models.evidence import loss_dispersion, loss_limited, loss_rate  # noqa: E402
-from models.registry import MODELS, model_probes  # noqa: E402
-from probes.ns2 import QUEUES, SCENARIOS  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 MBPS = 1e6
 VERDICT = {True: "loss-limited", False: "clean", None: "cannot tell"}

@@ -1,7 +1,7 @@
 """Do a real queue's drops read as random? The loss-count dispersion `auto` reads, on namespace test beds.
 
-    sudo .venv/bin/python benchmarks/testbed_dispersion.py            # about 10 minutes
-    sudo .venv/bin/python benchmarks/testbed_dispersion.py --beds droptail-bdp --runs 1
+    sudo .venv/bin/python -m benchmarks.studies.testbed_dispersion            # about 10 minutes
+    sudo .venv/bin/python -m benchmarks.studies.testbed_dispersion --beds droptail-bdp --runs 1
 
 `auto` weights its fair share by the probes' loss counts where the lowest probe of several streams
 (10 streams) spreads its losses over its streams at least as much as Poisson counts
@@ -39,17 +39,13 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))  # the scripts import each other by bare name
-
-from advisor.tame import point_from_probe  # noqa: E402
-from models.auto import RANDOM_DROP_DISPERSION  # noqa: E402
-from models.evidence import MIN_EXPECTED_LOSSES_PER_STREAM, loss_dispersion, loss_rate  # noqa: E402
-from probes import pathcheck, testbed  # noqa: E402
-from probes.iperf import CONGESTION_CONTROLS  # noqa: E402
-from probes.testbed import FRAME_BYTES  # noqa: E402
-from testbed_accuracy import CROSS_WARMUP_S, PORT, Terminated, _on_sigterm, tame_probe  # noqa: E402
+from advisor.tame import point_from_probe
+from benchmarks.testbed_accuracy import CROSS_WARMUP_S, PORT, Terminated, _on_sigterm, tame_probe
+from models.auto import RANDOM_DROP_DISPERSION
+from models.evidence import MIN_EXPECTED_LOSSES_PER_STREAM, loss_dispersion, loss_rate
+from probes import pathcheck, testbed
+from probes.iperf import CONGESTION_CONTROLS
+from probes.testbed import FRAME_BYTES
 
 STREAMS = 10  # the level `auto` reads the index at (the lowest probe of several streams in its plan)
 
@@ -156,7 +152,7 @@ def main() -> int:
     if os.geteuid() != 0:
         parser.error("needs root (network namespaces)")
     signal.signal(signal.SIGTERM, _on_sigterm)
-    command = "sudo .venv/bin/python benchmarks/testbed_dispersion.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    command = "sudo .venv/bin/python -m benchmarks.studies.testbed_dispersion " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     started = time.monotonic()
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="tpt-dispersion-") as tmp:

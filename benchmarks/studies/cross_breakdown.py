@@ -7,8 +7,8 @@ own runs at the model's probe levels (the model's form, as in the report), so th
 hold the p50 up can be named. Same settings as the benchmark, reading its cache and simulating
 what it lacks.
 
-    python benchmarks/cross_breakdown.py                      # full run, model auto
-    python benchmarks/cross_breakdown.py --holdout --model lu
+    python -m benchmarks.studies.cross_breakdown                      # full run, model auto
+    python -m benchmarks.studies.cross_breakdown --holdout --model lu
 """
 
 from __future__ import annotations
@@ -16,15 +16,11 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from accuracy import ModelScore, argument_parser, evaluate, form_scores, settings_from  # noqa: E402
-from models.registry import MODELS  # noqa: E402
+from benchmarks.accuracy import ModelScore, argument_parser, evaluate, form_scores, settings_from
+from models.registry import MODELS
 
 
 def errors_by_scenario(score: ModelScore, points_per_path: int) -> dict[int, np.ndarray]:

@@ -3,18 +3,18 @@
 The advisor holds the budget to the predicted impact i raised to i (1 + RELATIVE) + ABSOLUTE
 (advisor.tame.DEFAULT_MARGIN). A larger margin exceeds the budget less often and leaves more of
 the in-budget throughput unused; this prints both for every margin on the grid, per budget and over
-all budgets, from the same probes and ground truth as benchmarks/accuracy.py (its cache; missing runs
+all budgets, from the same probes and ground truth as benchmarks.accuracy (its cache; missing runs
 are simulated first), for the default model unless ``--models`` says otherwise:
 
-    python benchmarks/margin_sweep.py                  # Lu's scenarios 1-6 (accuracy.py's full run)
-    python benchmarks/margin_sweep.py --holdout        # scenarios 7-10
+    python -m benchmarks.studies.margin_sweep                  # Lu's scenarios 1-6 (the accuracy benchmark's full run)
+    python -m benchmarks.studies.margin_sweep --holdout        # scenarios 7-10
 
 With ``--fractional`` the grid is the fractional stream's margin (advisor.tame.DEFAULT_FRACTIONAL_MARGIN)
 instead, the whole streams held to the service's margin, and the advice is scored as the transfer
 opens it: each advice with a fractional stream is a ground-truth run of its own (accuracy.score_opened),
 so a margin's first sweep costs about a hundred simulations on the full run (2-3 minutes on two cores).
 
-Every option of accuracy.py is accepted (its --margin, or with --fractional its --fractional-margin,
+Every option of benchmarks.accuracy is accepted (its --margin, or with --fractional its --fractional-margin,
 is ignored: the grid replaces it).
 """
 
@@ -25,14 +25,11 @@ import math
 import sys
 import time
 from dataclasses import replace
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from accuracy import (BUDGETS, argument_parser, evaluate, one_model_settings, score_paths, summary,  # noqa: E402
-                      summary_as_opened)
-
-from advisor.tame import DEFAULT_FRACTIONAL_MARGIN, DEFAULT_MARGIN, ImpactMargin  # noqa: E402
+from advisor.tame import DEFAULT_FRACTIONAL_MARGIN, DEFAULT_MARGIN, ImpactMargin
+from benchmarks.accuracy import (BUDGETS, PathResult, Settings, argument_parser, evaluate, score_opened, score_paths,
+                                 summary)
+from benchmarks.studies.common import one_model_settings
 
 RELATIVE = (0.0, 0.05, 0.10, 0.15, 0.20, 0.30)
 ABSOLUTE = (0.0, 0.01, 0.02, 0.03)
@@ -54,6 +51,15 @@ def fractions(text: str) -> tuple[float, ...]:
     if not values or any(not v >= 0 for v in values):
         raise argparse.ArgumentTypeError(f"margins must be numbers >= 0; got {text!r}")
     return values
+
+
+def summary_as_opened(paths: list[PathResult], settings: Settings) -> dict[str, float]:
+    """The first model's summary row, its served advice also simulated as the transfer opens it (score_opened)."""
+    name = settings.models[0]
+    settings = replace(settings, fractional_models=(name,))
+    scores = score_paths(paths, settings)
+    score_opened(paths, scores, settings)
+    return summary(scores)[name]
 
 
 def sweep_rows(paths, settings, margins) -> list[tuple[ImpactMargin, dict]]:

@@ -2,7 +2,7 @@
 
 Both wrap the default model's fit and change only the impact the budget is held against; the advice is
 the service's own (advisor.tame.advise: its whole streams, floor(n*)), scored as
-benchmarks/accuracy.py scores it, from the same probes and ground truth (its cache; missing runs are
+benchmarks.accuracy scores it, from the same probes and ground truth (its cache; missing runs are
 simulated first):
 
 * ``spread``: a margin per path from the fit's own uncertainty. The probes are left out one at a
@@ -13,10 +13,10 @@ simulated first):
   bottleneck's rate (the scenario's L3 link, which the service is not told): a full link's total is
   conserved, so the cross traffic loses what we take. This also changes the cross-traffic error.
 
-    python benchmarks/impact_bound_study.py                 # Lu's scenarios 1-6
-    python benchmarks/impact_bound_study.py --holdout       # scenarios 7-10
+    python -m benchmarks.studies.impact_bound_study                 # Lu's scenarios 1-6
+    python -m benchmarks.studies.impact_bound_study --holdout       # scenarios 7-10
 
-Every option of accuracy.py is accepted; its --margin is the constant part (RELATIVE, ABSOLUTE) of
+Every option of benchmarks.accuracy is accepted; its --margin is the constant part (RELATIVE, ABSOLUTE) of
 the ``spread`` rows' first column and of the ``capacity`` row.
 """
 
@@ -26,19 +26,16 @@ import argparse
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from accuracy import argument_parser, evaluate, one_model_settings, whole_stream_outcomes  # noqa: E402
-
-from advisor.tame import NO_MARGIN, ImpactMargin  # noqa: E402
-from models.errors import FitError  # noqa: E402
-from models.parallel import CONGESTED, ParallelFit  # noqa: E402
-from models.registry import MODELS, model_probes  # noqa: E402
-from probes.ns2 import SCENARIOS  # noqa: E402
+from advisor.tame import NO_MARGIN, ImpactMargin
+from benchmarks.accuracy import argument_parser, evaluate
+from benchmarks.studies.common import one_model_settings, whole_stream_outcomes
+from models.errors import FitError
+from models.parallel import CONGESTED, ParallelFit
+from models.registry import MODELS, model_probes
+from probes.ns2 import SCENARIOS
 
 SPREAD_WEIGHTS = (0.0, 0.25, 0.5, 1.0, 2.0)
 
@@ -48,6 +45,9 @@ class BoundedImpact(ParallelFit):
     """``fitted`` with its impact replaced by the bound the budget is held against (fractions 0-1): the
     predicted impact (floored at throughput / ``link_bps`` where congested, if given) raised by ``margin``
     and by ``weight`` x the jackknife spread over the ``left_out`` fits. Build it with :meth:`around`."""
+
+    # Every fit class names the form of its record; this one is never stored.
+    record_form = "impact_bound_study"
 
     fitted: ParallelFit | None = None
     margin: ImpactMargin = NO_MARGIN

@@ -8,8 +8,8 @@ gap the probe table of benchmarks/results/*/README.md reports. The last columns 
 long transfer with other seeds: (their rate / seed 1's) - 1, the spread of the truth itself.
 Runs are cached like the benchmark's.
 
-    python benchmarks/probe_length.py                               # s1 and s7 (lock-out), s6
-    python benchmarks/probe_length.py --path 7:25:5,10,31 --lengths 10,60,120
+    python -m benchmarks.studies.probe_length                               # s1 and s7 (lock-out), s6
+    python -m benchmarks.studies.probe_length --path 7:25:5,10,31 --lengths 10,60,120
 """
 
 from __future__ import annotations
@@ -19,11 +19,10 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from benchmarks.accuracy import FULL, Settings, simulate
+from models.single_flow import BITS_PER_BYTE
 
-from accuracy import FULL, Settings, simulate  # noqa: E402
-from models.single_flow import BITS_PER_BYTE  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 # Lock-out paths (s1, s7) and s6, whose fair-share probes miss the ground truth by up to 40 %.
 DEFAULT_PATHS = ("1:15:5,10,31", "1:25:5,10,31", "7:5:10,31", "7:25:5,10,31", "6:15:10", "6:20:10", "6:30:5")
