@@ -57,20 +57,12 @@ def knee():
                      st.none() | st.integers(0, 30), fair_share(AUTO))
 
 
-def timeout_regime():
-    def build(shared, top, falls):
-        rates = top * np.cumprod([1.0, *falls])
-        return with_flow_rates(shared, (1.0, 10.0, 31.0), tuple(rates))
-    return st.builds(build, fair_share(AUTO), log_uniform(1e4, 1e8), st.lists(st.floats(0.05, 1.0), min_size=2,
-                                                                               max_size=2))
-
-
-def through_levels():
-    def build(shared, first, gains):
-        rates = first * np.cumprod([1.0, *gains])
-        return with_levels(shared, (1.0, 10.0, 31.0), tuple(rates))
-    return st.builds(build, fair_share(AUTO), log_uniform(1e5, 1e9), st.lists(st.floats(0.5, 5.0), min_size=2,
-                                                                               max_size=2))
+def with_measured_rates(form, first, steps):
+    """A fair share made ``form`` (with_flow_rates or with_levels) by rates at 1, 10 and 31 streams, each the
+    one before times a step."""
+    def build(shared, rate, factors):
+        return form(shared, (1.0, 10.0, 31.0), tuple(rate * np.cumprod([1.0, *factors])))
+    return st.builds(build, fair_share(AUTO), first, st.lists(steps, min_size=2, max_size=2))
 
 
 def uncongested():
@@ -88,8 +80,9 @@ FORMS = {
     "yildirim": polynomial("yildirim", ["a_prime", "b_prime", "exponent"]),
     "fair_share": fair_share(),
     "knee": knee(),
-    "timeout regime": timeout_regime(),
-    "fair share through its probes": through_levels(),
+    # Mathis rates that fall as streams are added; probe rates that rise or fall.
+    "timeout regime": with_measured_rates(with_flow_rates, log_uniform(1e4, 1e8), st.floats(0.05, 1.0)),
+    "fair share through its probes": with_measured_rates(with_levels, log_uniform(1e5, 1e9), st.floats(0.5, 5.0)),
     "uncongested": uncongested(),
 }
 
