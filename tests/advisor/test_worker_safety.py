@@ -225,3 +225,28 @@ def test_a_running_job_reports_progress_before_it_ends(tmp_path):
     assert detail["elapsed_s"] > 0 and detail["expected_s"] >= service.settings.omit_s + 1.0
     assert service.probe_status(job.id)["progress_detail"] is None
     store.close()
+
+
+@pytest.mark.postgres
+def test_the_job_rules_hold_on_postgres(pg_url):
+    store = Store.open(pg_url)
+    try:
+        first, _ = store.enqueue_job(parse_destination("a.test"), [1, 10], 1.0, max_queued=2)
+        second, _ = store.enqueue_job(parse_destination("b.test"), [1, 10], 1.0, max_queued=2)
+        with pytest.raises(QueueFull):
+            store.enqueue_job(parse_destination("c.test"), [1, 10], 1.0, max_queued=2)
+        assert store.claim_job("h:1:a", lambda job: 100, limit=2).id == first.id
+        assert store.pin_address(first.id, "h:1:a", "127.0.0.1", 1e12)
+        assert store.claim_job("h:1:a", lambda job: 100, limit=2).id == second.id
+        assert not store.pin_address(second.id, "h:1:a", "127.0.0.1", 1e12)
+        store.release_job(second.id, "h:1:a", "waiting", "127.0.0.1")
+        assert store.claim_job("h:1:a", lambda job: 100, limit=2) is None
+        store.set_progress(first.id, "h:1:a", 0.25, {"phase": "probe", "index": 1})
+        assert store.job(first.id).progress_detail == {"phase": "probe", "index": 1}
+        store.record_run(parse_destination("a.test"), source="probe", idle_rtt_s=None, results=[], started_at=0.0,
+                         fit=None, job_id=first.id, job_error="no probes", address="127.0.0.1")
+        with store.db.transaction() as tx:
+            assert tx.execute("SELECT address FROM probe_runs WHERE job_id = ?", (first.id,)).fetchone()[0] == "127.0.0.1"
+        assert store.claim_job("h:1:a", lambda job: 100, limit=2).id == second.id
+    finally:
+        store.close()
