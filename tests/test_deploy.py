@@ -1,8 +1,17 @@
 """docker-compose.yml and the Dockerfile refer to things that exist (no Docker engine runs here)."""
 
+import os
+import pwd
 import shlex
+import shutil
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import httpx
 import yaml
 
 from advisor.allowlist import AllowList
@@ -10,6 +19,12 @@ from advisor.cli import build_parser
 from advisor.commands.agent import read_destinations
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def _free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def compose():
@@ -59,3 +74,133 @@ def test_dockerfile_copies_every_package_and_runs_tame():
     argv = yaml.safe_load(cmd[len("CMD"):])
     assert argv[0] == "tame" and build_parser().parse_args(argv[1:]).command == "serve"
     assert shlex.split("iperf3 libiperf0")[0] in text
+
+
+# -- the image's user -------------------------------------------------------------------------
+
+def dockerfile_instructions():
+    """[(INSTRUCTION, arguments)] of the Dockerfile, continuation lines joined, comments dropped."""
+    lines, current = [], ""
+    for raw in (ROOT / "Dockerfile").read_text().splitlines():
+        if not current and (not raw.strip() or raw.lstrip().startswith("#")):
+            continue
+        if raw.rstrip().endswith("\\"):
+            current += raw.rstrip()[:-1] + " "
+            continue
+        lines.append(current + raw)
+        current = ""
+    return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1] if len(line.split(None, 1)) > 1 else "")
+            for line in lines]
+
+
+def test_the_image_runs_as_its_own_user_that_owns_the_data_volume():
+    steps = dockerfile_instructions()
+    kinds = [kind for kind, _ in steps]
+    users = [args.strip() for kind, args in steps if kind == "USER"]
+    assert users, "the image must not run as root"
+    user = users[-1].split(":")[0]
+    assert user not in ("root", "0", "nobody", "65534"), user
+    # The user is made by a RUN before it is used, with a fixed non-zero uid.
+    made = [(i, shlex.split(args)) for i, (kind, args) in enumerate(steps) if kind == "RUN" and "useradd" in args]
+    assert made, "no RUN useradd"
+    at, argv = made[-1]
+    useradd = argv[argv.index("useradd"):]
+    assert useradd[useradd.index("&&") - 1 if "&&" in useradd else -1] == user
+    uid = int(useradd[useradd.index("--uid") + 1])
+    assert uid >= 1000, uid
+    # /data exists and belongs to that user before VOLUME declares it (a new volume copies its owner).
+    volume_at = next(i for i, (kind, args) in enumerate(steps) if kind == "VOLUME" and "/data" in args)
+    chowns = [i for i, (kind, args) in enumerate(steps[:volume_at]) if kind == "RUN"
+              and any(part.split(":")[0] == user for part in _after(shlex.split(args), "chown"))
+              and "/data" in _after(shlex.split(args), "chown")]
+    assert chowns and at <= chowns[-1] < volume_at
+    assert kinds.index("USER") > volume_at
+    env = dict(args.split("=", 1) for kind, args in steps if kind == "ENV")
+    assert env["TAME_DATABASE_URL"] == "sqlite:////data/tame.sqlite3"
+
+
+def _after(argv, word):
+    """The arguments of the first ``word`` command in a shell argv (up to the next && or ;)."""
+    if word not in argv:
+        return []
+    rest = argv[argv.index(word) + 1:]
+    for end, part in enumerate(rest):
+        if part in ("&&", ";", "||"):
+            return rest[:end]
+    return rest
+
+
+def as_unprivileged(argv):
+    """``argv`` run as nobody when this is root, else as this (already unprivileged) user: (argv, uid).
+
+    The test machine's interpreter lives under /root (mode 0700), so nobody gets
+    CAP_DAC_READ_SEARCH to read and search it; that bypasses read checks only, and every write
+    (the thing under test) is checked as for any unprivileged user.
+    """
+    if os.geteuid() != 0:
+        return argv, os.geteuid()
+    nobody = pwd.getpwnam("nobody")
+    assert shutil.which("setpriv"), "setpriv (util-linux) is needed to drop root"
+    return ["setpriv", f"--reuid={nobody.pw_uid}", f"--regid={nobody.pw_gid}", "--clear-groups",
+            "--inh-caps=+dac_read_search", "--ambient-caps=+dac_read_search", *argv], nobody.pw_uid
+
+
+def start_serve_as(data, uid, tmp_path):
+    port = _free_port()
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(data),
+           "TAME_DATABASE_URL": f"sqlite:///{data}/tame.sqlite3"}
+    argv, _ = as_unprivileged([str(Path(sys.executable).with_name("tame")), "serve", "--no-worker",
+                               "--port", str(port)])
+    err = tmp_path / f"serve-{port}.err"
+    with err.open("wb") as stderr:
+        proc = subprocess.Popen(argv, env=env, cwd=str(data), stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=stderr)
+    return proc, f"http://127.0.0.1:{port}", err
+
+
+def test_serve_as_an_unprivileged_user_writes_its_own_data_dir(tmp_path):
+    _, uid = as_unprivileged([])
+    data = tmp_path / "data"
+    data.mkdir()
+    os.chown(data, uid, -1)
+    tmp_path.chmod(0o755)
+    proc, base, err = start_serve_as(data, uid, tmp_path)
+    try:
+        deadline = time.monotonic() + 60  # a generous bound on start-up
+        while True:
+            assert proc.poll() is None, err.read_text(errors="replace")
+            try:
+                health = httpx.get(f"{base}/healthz", timeout=5)
+                break
+            except httpx.HTTPError:
+                assert time.monotonic() < deadline, "tame serve did not answer /healthz"
+                time.sleep(0.1)
+        assert health.status_code == 200 and health.json() == {"status": "ok", "database": "sqlite"}
+        posted = httpx.post(f"{base}/v1/observations",
+                            json={"dest": "127.0.0.1:5201", "streams": 2, "throughput_bps": 1e8}, timeout=30)
+        assert posted.status_code == 202, posted.text
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    db = data / "tame.sqlite3"
+    assert db.stat().st_uid == uid
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT count(*) FROM observations").fetchone()[0] == 1
+
+
+def test_serve_as_an_unprivileged_user_refuses_a_data_dir_it_cannot_write(tmp_path):
+    # The image's former shape: /data owned by root, the server run as another user.
+    _, uid = as_unprivileged([])
+    data = tmp_path / "data"
+    data.mkdir()
+    data.chmod(0o555)
+    tmp_path.chmod(0o755)
+    proc, _, err = start_serve_as(data, uid, tmp_path)
+    try:
+        assert proc.wait(60) == 2
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "cannot open the advice store" in err.read_text(errors="replace")
+    assert not (data / "tame.sqlite3").exists()
