@@ -69,9 +69,6 @@ PER_STREAM_TOLERANCE = 0.10
 # probe loses 3.5-39 % on scenario 1 and at most 1.1 % on scenarios 2-6 (the accuracy reports' probe tables).
 TIMEOUT_REGIME_WINDOW_SEGMENTS = 8.0
 TIMEOUT_REGIME_LOSS_RATE = 1.5 / TIMEOUT_REGIME_WINDOW_SEGMENTS ** 2
-# ParallelFit.form of the two forms that are not a plain fair share (or uncongested).
-KNEE = "knee"
-TIMEOUT_REGIME = "timeout regime"
 FLOW_RATE_PREFIX = "flow_rate_bps_at_"
 LEVEL_RATE_PREFIX = "probe_bps_at_"
 # A fitted fair share that misses a probe by more than this fraction says so in its warnings.
@@ -101,9 +98,6 @@ class TimeoutRegimeFit(FairShareFit):
     flow_rate_streams: tuple[float, ...] = ()
     flow_rates_bps: tuple[float, ...] = ()
 
-    @property
-    def form(self) -> str:
-        return TIMEOUT_REGIME
 
     def impact(self, streams):
         """Relative throughput loss of each competing flow, 0-1."""
@@ -184,7 +178,7 @@ def few_flows_impact(fit: FairShareFit, points: Sequence[ProbePoint]) -> FairSha
     Few Reno flows on a small drop-tail buffer keep in step and use a fixed part of the link: the
     link's total holds flat as flows are added, up to a number of flows well above a handful, and
     only then rises (ns-2: s2 and s3 with 5 cross flows hold 72-77 Mbit/s of 100 from 6 to 28 flows
-    in all, then reach 84 at 36; ``benchmarks/explain_path.py 2:5``). A flat total gives every
+    in all, then reach 84 at 36; ``python -m benchmarks.studies.explain_path 2:5``). A flat total gives every
     flow an equal share of it, the fair share with M = m, which the lowest two probes (1 and 10
     streams: 6 to 15 flows there) measure; the top probe reads the later rise as more competing
     flows and one curve through all three puts M above m (6.3 for m = 5), under-predicting the
@@ -275,9 +269,6 @@ class KneeFit(ParallelFit):
     def capacity_bps(self) -> float | None:
         return self.congested.capacity_bps
 
-    @property
-    def form(self) -> str:
-        return KNEE
 
 
 def knee_params(fit: KneeFit) -> dict[str, float]:

@@ -13,7 +13,7 @@ from models.parallel import ProbePoint
 from models.single_flow import BITS_PER_BYTE, congestion_cycle_s, padhye_throughput_bps
 
 # A stream at this fraction of its Reno rate or above is taken as loss-limited; the benchmark's
-# probe table (benchmarks/accuracy.py) shows the fractions its probes reach on ns-2.
+# probe table (python -m benchmarks.accuracy) shows the fractions its probes reach on ns-2.
 LOSS_LIMITED_FRACTION = 0.5
 # Padhye's T0: the smallest retransmission timeout RFC 6298 allows, seconds. A longer real RTO
 # only lowers the Reno rate, so this errs towards calling streams loss-limited.

@@ -111,11 +111,6 @@ class ParallelFit:
     def max_probed_streams(self) -> float:
         return max(self.probe_streams)
 
-    @property
-    def form(self) -> str:
-        """Which law the impact comes from: the regime, unless a subclass names its own form."""
-        return self.regime
-
 
 def _to_plain(value):
     if isinstance(value, ParallelFit):
