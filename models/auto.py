@@ -98,7 +98,6 @@ class TimeoutRegimeFit(FairShareFit):
     flow_rate_streams: tuple[float, ...] = ()
     flow_rates_bps: tuple[float, ...] = ()
 
-
     def impact(self, streams):
         """Relative throughput loss of each competing flow, 0-1."""
         n = validated_streams(streams)
@@ -268,7 +267,6 @@ class KneeFit(ParallelFit):
     @property
     def capacity_bps(self) -> float | None:
         return self.congested.capacity_bps
-
 
 
 def knee_params(fit: KneeFit) -> dict[str, float]:
