@@ -15,6 +15,7 @@ from advisor.service import AdviceService
 from advisor.settings import Settings
 from advisor.store import Store, _boot_id, _owner_is_dead_here, _start_ticks, process_owner
 from advisor.worker import JobProgress, ProbeWorker
+from probes.errors import ServerBusy
 from probes.fake import FakeDriver
 from probes.plan import PlanEvent
 from tests.api.conftest import rate
@@ -250,3 +251,35 @@ def test_the_job_rules_hold_on_postgres(pg_url):
         assert store.claim_job("h:1:a", lambda job: 100, limit=2).id == second.id
     finally:
         store.close()
+
+
+class BusyOnce(FakeDriver):
+    """An iperf3 server still busy with a killed worker's test for the first call."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.busy = 1
+
+    def idle_rtt(self, dest, deadline_s):
+        if self.busy:
+            self.busy -= 1
+            raise ServerBusy("the server is busy running a test")
+        return super().idle_rtt(dest, deadline_s)
+
+
+def test_a_re_queued_job_waits_out_a_server_still_busy_with_its_killed_attempt(tmp_path):
+    driver = BusyOnce(rate, rtt_s=0.01)
+    store, service, _ = make(tmp_path, lambda host: ["127.0.0.1"], driver)
+    worker = ProbeWorker(service, driver, busy_retry_waits_s=(0.01,))
+    job, _ = service.request_probe("127.0.0.1")
+    store.claim_job("h:1:gone", lambda job: 3600, limit=1)
+    store.recover_jobs(3, owner_is_dead=lambda owner: True)
+    assert worker.run_once()
+    final = store.job(job.id)
+    assert (final.status, final.attempts) == ("done", 2), final.error
+    # A first attempt that finds the server busy is another client's test: it fails as before.
+    driver.busy = 1
+    again, _ = service.request_probe("127.0.0.1:5202")
+    assert worker.run_once()
+    assert store.job(again.id).status == "failed" and "ServerBusy" in store.job(again.id).error
+    store.close()
