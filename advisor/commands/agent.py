@@ -19,7 +19,7 @@ from advisor.errors import AdvisorError
 from advisor.plan_runner import level_chooser, plan_for
 from probes.plan import run_plan
 from advisor.service import AdviceService
-from advisor.worker import ProbeWorker
+from advisor.worker import ProbeWorker, probe_target
 from probes.errors import ProbeError
 
 
@@ -187,9 +187,11 @@ def _run_push(args, settings, driver) -> int:
                 if dest in fresh:
                     continue
                 try:
-                    settings.allowed.check(parse_destination(dest))
+                    # Resolved once: the probes go to the address checked, never to the name again.
+                    parsed = parse_destination(dest)
+                    target = probe_target(settings.allowed.checked_address(parsed), parsed.port)
                     started = time.time()
-                    plan = run_plan(driver, dest, plan_for(settings, settings.default_levels, settings.default_duration_s),
+                    plan = run_plan(driver, target, plan_for(settings, settings.default_levels, settings.default_duration_s),
                                     next_level=level_chooser(settings.model, settings.n_max))
                 except (AdvisorError, ProbeError) as exc:
                     print(f"tame agent: {dest}: {exc}", file=sys.stderr, flush=True)
