@@ -13,13 +13,14 @@ import logging
 import math
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from advisor.advice import curve_to_json
 from advisor.allowlist import Resolver, system_resolver
 from advisor.destinations import Destination, parse_destination
-from advisor.errors import BatchTooLarge, DestinationNotAllowed, InvalidRequest, UnknownDestination
+from advisor.errors import AdvisorError, BatchTooLarge, DestinationNotAllowed, InvalidRequest, UnknownDestination
 from advisor.fitcodec import fit_from_stored, fit_to_record
 from advisor.limits import check_max_impact, check_probe_duration_s, check_probe_levels, check_streams, check_throughput_bps
 from advisor.settings import Settings
@@ -35,6 +36,9 @@ log = logging.getLogger(__name__)
 _CACHE_LIMIT = 50_000
 # A stale destination's re-probe is requested at most this often from the read path.
 _REFRESH_RETRY_S = 60.0
+# An expired cache entry is served while its refresh runs for up to this long past its expiry; then the
+# route reloads it (and reports a store error, if that is why the refreshes failed).
+_SERVE_EXPIRED_S = 5.0
 
 
 @dataclass(eq=False)
@@ -73,6 +77,7 @@ class AdviceService:
         self._refresh_requested: dict[str, float] = {}
         # One thread at a time brings an expired entry up to date; the others serve the previous one.
         self._refreshing: dict[tuple[str, float], threading.Lock] = {}
+        self._refresher: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
         self._listeners: list[Callable[[], None]] = []
 
@@ -155,9 +160,10 @@ class AdviceService:
         return True
 
     def cached_entry(self, dest_text: str, max_impact: float) -> tuple[AdviceEntry, float, bool] | None:
-        """(entry, age_s, stale) from memory alone, or None when the store is needed (miss, expired,
-        or a re-probe to queue). Never blocks: the API answers warm requests with it on the event loop.
-        The entry object is replaced whenever the advice changes, so callers may memoise on it."""
+        """(entry, age_s, stale) from memory alone, or None when the store is needed (a miss, an entry that
+        could not be refreshed for a while, or a re-probe to queue). Never blocks: the API answers warm
+        requests with it on the event loop. An expired entry is still served while one background thread
+        brings it up to date (stale-while-revalidate: no reader waits for the store, none refits)."""
         if isinstance(max_impact, bool) or not isinstance(max_impact, float) or not 0.0 <= max_impact <= 1.0:
             return None
         now = self.clock()
@@ -165,10 +171,11 @@ class AdviceService:
         cached = self._cache.get(key)
         if cached is None or cached.generation != self._generation:
             return None
-        if now - cached.loaded_at > self.settings.cache_max_age_s:
-            refreshing = self._refreshing.get(key)
-            if refreshing is None or not refreshing.locked():
-                return None
+        expired_s = now - cached.loaded_at - self.settings.cache_max_age_s
+        if expired_s > 0:
+            if expired_s > _SERVE_EXPIRED_S:
+                return None  # the refreshes are failing: the route reports why
+            self._refresh_in_background(key)
         stale = now - cached.probed_at > self.settings.ttl_s
         if stale:
             last = self._refresh_requested.get(cached.payload["dest"])
@@ -210,6 +217,28 @@ class AdviceService:
             return self._load_entry(key, current)
         finally:
             refreshing.release()
+
+    def _refresh_in_background(self, key: tuple[str, float]) -> None:
+        """Bring ``key``'s entry up to date in the background, unless a thread is doing so already."""
+        with self._lock:
+            refreshing = self._refreshing.setdefault(key, threading.Lock())
+        if not refreshing.acquire(blocking=False):
+            return
+
+        def refresh() -> None:
+            try:
+                current = self._cache.get(key)
+                if not self._fresh(current, self.clock()):
+                    self._load_entry(key, current)
+            except AdvisorError as exc:  # readers keep the previous entry for a while; the route reports it after
+                log.warning("advice for %s not refreshed: %s", key[0], exc)
+            finally:
+                refreshing.release()
+
+        with self._lock:
+            if self._refresher is None:
+                self._refresher = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tame-advice-refresh")
+        self._refresher.submit(refresh)
 
     def _load_entry(self, key: tuple[str, float], previous: AdviceEntry | None) -> AdviceEntry:
         dest_text, budget = key

@@ -2,9 +2,10 @@
 # Installs the Debian packages the project runs: iperf3 and libiperf (probes), ns-2 (simulated paths),
 # iproute2/nftables/iptables/ethtool/iputils-ping/procps (sysctl) and gcc with libnetfilter-queue (the namespace
 # test bed and its NFQUEUE delay line, compiled at first use), and the PostgreSQL server binaries (the tests start a
-# throwaway cluster of their own; nothing uses a system cluster). Idempotent: does nothing when all are present.
+# throwaway cluster of their own; nothing uses a system cluster), and wrk (the load benchmark). Idempotent: does
+# nothing when all are present.
 set -euo pipefail
-packages=(iperf3 libiperf0 ns2 iproute2 nftables iptables ethtool iputils-ping procps libnetfilter-queue1 libnetfilter-queue-dev gcc libc6-dev python3-venv postgresql)
+packages=(iperf3 libiperf0 ns2 iproute2 nftables iptables ethtool iputils-ping procps libnetfilter-queue1 libnetfilter-queue-dev gcc libc6-dev python3-venv postgresql wrk)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -95,16 +95,23 @@ def test_an_expired_entry_is_reloaded_once_not_by_every_reader(tmp_path):
     service.store.close()
 
 
-def test_the_fast_path_serves_the_previous_entry_while_one_reader_reloads(tmp_path):
+def test_the_fast_path_serves_an_expired_entry_while_one_thread_refreshes_it(tmp_path):
     clock = Clock()
     service = service_on(tmp_path / "s.sqlite3", clock)
     ingest(service)
     service.advice(DEST, 0.3)
+    checks = counting(service.store, "current_fit_id")
     clock.now += service.settings.cache_max_age_s + 1
-    # Expired and nobody reloading: the fast path leaves it to the route, which reloads.
-    assert service.cached_entry(DEST, 0.3) is None
+    # Expired: still answered from memory, and one background refresh is started, not one per reader.
+    hits = [service.cached_entry(DEST, 0.3) for _ in range(50)]
+    assert all(hit is not None and hit[0].payload["dest"] == DEST for hit in hits)
     refreshing = service._refreshing[(DEST, 0.3)]
-    with refreshing:  # a reader is reloading it
-        hit = service.cached_entry(DEST, 0.3)
-        assert hit is not None and hit[0].payload["dest"] == DEST
+    with refreshing:  # waits for the refresh to end
+        pass
+    assert len(checks) == 1
+    entry = service.cached_entry(DEST, 0.3)[0]
+    assert entry.loaded_at == clock.now and entry is hits[0][0]  # nothing changed: the same entry, renewed
+    # An entry whose refreshes have failed for a while is left to the route, which reports why.
     service.store.close()
+    clock.now += service.settings.cache_max_age_s + 10
+    assert service.cached_entry(DEST, 0.3) is None
