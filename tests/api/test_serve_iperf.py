@@ -7,68 +7,16 @@ Lu's model, which adds no adaptive third probe; iperf3's 5 s warm-up (ProbePlan.
 environment setting) stays, so the plan takes about 15 s.
 """
 
-import os
-import shutil
 import sqlite3
-import subprocess
-import sys
-from pathlib import Path
 
 import httpx
 import pytest
 from numpy.testing import assert_allclose
 
 from tests.api.conftest import free_port, wait_for
+from tests.api.procs import start_iperf3, start_serve, stop
 
-TAME = str(Path(sys.executable).with_name("tame"))
 pytestmark = pytest.mark.iperf
-
-
-def start_iperf3(tmp_path, port):
-    assert shutil.which("iperf3"), "iperf3 is not installed"
-    log = tmp_path / "iperf3.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(["iperf3", "-s", "-B", "127.0.0.1", "-p", str(port), "--forceflush"],
-                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    wait_for(lambda: "Server listening" in log.read_text(errors="replace") or proc.poll() is not None,
-             timeout_s=30, what="iperf3 -s")
-    assert proc.poll() is None, log.read_text(errors="replace")
-    return proc
-
-
-def start_serve(tmp_path, db_path, env=None, args=()):
-    """`tame serve` on a free port over ``db_path``: (Popen, base URL); its output goes to files in tmp_path."""
-    port = free_port()
-    env = {**os.environ, "TAME_DATABASE_URL": f"sqlite:///{db_path}", **(env or {})}
-    env.pop("TAME_TOKEN", None)
-    env.pop("TAME_READ_TOKEN", None)
-    out = (tmp_path / f"serve-{port}.out").open("wb")
-    err = (tmp_path / f"serve-{port}.err").open("wb")
-    proc = subprocess.Popen([TAME, "serve", "--port", str(port), *args], env=env, stdout=out, stderr=err,
-                            stdin=subprocess.DEVNULL)
-    out.close()
-    err.close()
-    base = f"http://127.0.0.1:{port}"
-
-    def up():
-        assert proc.poll() is None, (tmp_path / f"serve-{port}.err").read_text(errors="replace")
-        try:
-            return httpx.get(f"{base}/healthz", timeout=5).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    wait_for(up, timeout_s=60, what="tame serve")
-    return proc, base
-
-
-def stop(proc):
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-    proc.wait(30)
 
 
 def test_serve_probes_a_real_iperf3_and_advises_what_the_view_says(tmp_path):

@@ -1,0 +1,60 @@
+"""Real processes for tests: `iperf3 -s` and `tame serve` on 127.0.0.1, their output in files."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+
+from tests.api.conftest import free_port, wait_for
+
+TAME = str(Path(sys.executable).with_name("tame"))
+
+
+def start_iperf3(tmp_path, port):
+    assert shutil.which("iperf3"), "iperf3 is not installed"
+    log = tmp_path / "iperf3.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(["iperf3", "-s", "-B", "127.0.0.1", "-p", str(port), "--forceflush"],
+                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    wait_for(lambda: "Server listening" in log.read_text(errors="replace") or proc.poll() is not None,
+             timeout_s=30, what="iperf3 -s")
+    assert proc.poll() is None, log.read_text(errors="replace")
+    return proc
+
+
+def start_serve(tmp_path, db_path, env=None, args=()):
+    """`tame serve` on a free port over ``db_path``: (Popen, base URL); its output goes to files in tmp_path."""
+    port = free_port()
+    env = {**os.environ, "TAME_DATABASE_URL": f"sqlite:///{db_path}", **(env or {})}
+    env.pop("TAME_TOKEN", None)
+    env.pop("TAME_READ_TOKEN", None)
+    out = (tmp_path / f"serve-{port}.out").open("wb")
+    err = (tmp_path / f"serve-{port}.err").open("wb")
+    proc = subprocess.Popen([TAME, "serve", "--port", str(port), *args], env=env, stdout=out, stderr=err,
+                            stdin=subprocess.DEVNULL)
+    out.close()
+    err.close()
+    base = f"http://127.0.0.1:{port}"
+
+    def up():
+        assert proc.poll() is None, (tmp_path / f"serve-{port}.err").read_text(errors="replace")
+        try:
+            return httpx.get(f"{base}/healthz", timeout=5).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_for(up, timeout_s=60, what="tame serve")
+    return proc, base
+
+
+def stop(proc):
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    proc.wait(30)
