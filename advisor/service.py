@@ -319,8 +319,9 @@ class AdviceService:
         return self.settings.allowed.checked_address(dest, self.resolver)
 
     def request_probe(self, dest_text: str, levels: Sequence[int] | None = None,
-                      duration_s: float | None = None) -> tuple[Job, bool]:
-        """Queue a probe (or return the destination's active one): (job, created)."""
+                      duration_s: float | None = None, client: str | None = None) -> tuple[Job, bool]:
+        """Queue a probe (or return the destination's active one): (job, created). ``client`` (the API's
+        remote address) is held to settings.max_queued_probes_per_client queued jobs."""
         dest = parse_destination(dest_text)
         levels = check_probe_levels(self.settings.default_levels if levels is None else levels,
                                     MIN_LEVELS[self.settings.model], self.settings.model)
@@ -329,7 +330,8 @@ class AdviceService:
         # A client may ask again once about one job per probe slot has run: a whole default plan.
         retry_after_s = max(1.0, len(self.settings.default_levels) * (self.settings.omit_s + float(duration)))
         job, created = self.store.enqueue_job(dest, levels, float(duration), max_queued=self.settings.max_queued_probes,
-                                              retry_after_s=retry_after_s)
+                                              retry_after_s=retry_after_s, client=client,
+                                              max_queued_per_client=self.settings.max_queued_probes_per_client)
         if created:
             for listener in self._listeners:
                 listener()

@@ -46,6 +46,7 @@ class Settings:
     max_probe_attempts: int = 3
     # Queued probe jobs in total (all clients); POST /v1/probes past it answers 429.
     max_queued_probes: int = 500
+    max_queued_probes_per_client: int = 50
     # Advice cached in memory is re-read after this long even without a local write, so writes
     # made by another process (an agent sharing the database) show up.
     cache_max_age_s: float = 1.0
@@ -65,7 +66,8 @@ class Settings:
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
         """TAME_DATABASE_URL, TAME_TOKEN, TAME_READ_TOKEN, TAME_ALLOWED_DESTINATIONS, TAME_TTL_S,
         TAME_MAX_CONCURRENT_PROBES, TAME_MODEL, TAME_PROBE_LEVELS (e.g. "1,10"), TAME_PROBE_DURATION_S,
-        TAME_PROBE_MAX_DURATION_S, TAME_MAX_BATCH, TAME_MAX_QUEUED_PROBES, TAME_KEEPALIVE_TIMEOUT_S,
+        TAME_PROBE_MAX_DURATION_S, TAME_MAX_BATCH, TAME_MAX_QUEUED_PROBES,
+        TAME_MAX_QUEUED_PROBES_PER_CLIENT (queued jobs one remote address may have), TAME_KEEPALIVE_TIMEOUT_S,
         TAME_HEADER_TIMEOUT_S, TAME_BODY_TIMEOUT_S, TAME_MAX_CONNECTIONS, TAME_BACKLOG.
         Retention (advisor/retention.py), per destination: TAME_KEEP_FITS (newest fits kept with their
         curves, default 20), TAME_KEEP_RUNS (newest probe runs and finished probe jobs kept, default 20),
@@ -124,6 +126,7 @@ class Settings:
             max_probe_duration_s=number("TAME_PROBE_MAX_DURATION_S", ProbePlan.max_duration_s, 1.0, 600.0),
             max_batch=number("TAME_MAX_BATCH", 1000, 1, 100_000, int),
             max_queued_probes=number("TAME_MAX_QUEUED_PROBES", 500, 1, 1_000_000, int),
+            max_queued_probes_per_client=number("TAME_MAX_QUEUED_PROBES_PER_CLIENT", 50, 1, 1_000_000, int),
             keepalive_timeout_s=number("TAME_KEEPALIVE_TIMEOUT_S", 5.0, 0.1, 300.0),
             header_timeout_s=number("TAME_HEADER_TIMEOUT_S", 10.0, 0.1, 300.0),
             body_timeout_s=number("TAME_BODY_TIMEOUT_S", 30.0, 0.1, 3600.0),

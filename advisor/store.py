@@ -384,10 +384,12 @@ class Store:
     # -- probe jobs -----------------------------------------------------------------------
 
     def enqueue_job(self, dest: Destination, levels: Sequence[int], duration_s: float,
-                    max_queued: int | None = None, retry_after_s: float = 60.0) -> tuple[Job, bool]:
+                    max_queued: int | None = None, retry_after_s: float = 60.0, client: str | None = None,
+                    max_queued_per_client: int | None = None) -> tuple[Job, bool]:
         """A new queued job, or the destination's active one: (job, created).
 
-        Raises QueueFull (with ``retry_after_s``) when ``max_queued`` jobs are queued already."""
+        Raises QueueFull (with ``retry_after_s``) when ``max_queued`` jobs are queued already, or
+        ``max_queued_per_client`` of them were asked for by ``client``."""
         job_id = uuid.uuid4().hex
         try:
             with self.db.transaction(write=True) as tx:
@@ -405,10 +407,16 @@ class Store:
                     if queued >= max_queued:
                         raise QueueFull(f"the probe queue is full ({queued} probes waiting, at most {max_queued}); "
                                         f"ask again in {retry_after_s:.0f} s", retry_after_s)
+                if client is not None and max_queued_per_client is not None:
+                    mine = tx.execute("SELECT count(*) FROM probe_jobs WHERE client = ? AND status = 'queued'",
+                                      (client,)).fetchone()[0]
+                    if mine >= max_queued_per_client:
+                        raise QueueFull(f"you have {mine} probes waiting, at most {max_queued_per_client} per client; "
+                                        f"ask again in {retry_after_s:.0f} s", retry_after_s)
                 tx.execute(
-                    "INSERT INTO probe_jobs (id, dest, status, levels_json, duration_s, requested_at) "
-                    "VALUES (?, ?, 'queued', ?, ?, ?)",
-                    (job_id, dest.key, json.dumps(list(levels)), duration_s, self.clock()),
+                    "INSERT INTO probe_jobs (id, dest, status, levels_json, duration_s, requested_at, client) "
+                    "VALUES (?, ?, 'queued', ?, ?, ?, ?)",
+                    (job_id, dest.key, json.dumps(list(levels)), duration_s, self.clock(), client),
                 )
         except StoreError as exc:
             # Another process enqueued the same destination between our check and insert.

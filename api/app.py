@@ -128,8 +128,9 @@ def create_app(settings: Settings, store: Store, driver: ProbeDriver | None = No
 
     @app.post("/v1/probes", status_code=202, response_model=schemas.ProbeAccepted,
               responses={403: {"model": schemas.ErrorOut}, **_ERRORS})
-    def post_probe(body: schemas.ProbeRequest) -> Response:
-        job, created = service.request_probe(body.dest, body.levels, body.duration_s)
+    def post_probe(body: schemas.ProbeRequest, request: Request) -> Response:
+        client = request.client.host if request.client else None
+        job, created = service.request_probe(body.dest, body.levels, body.duration_s, client=client)
         return _json({"id": job.id, "dest": job.dest, "status": job.status, "created": created}, 202)
 
     @app.get("/v1/probes/{probe_id}", response_model=schemas.ProbeStatus, responses=_ERRORS)
