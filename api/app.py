@@ -20,7 +20,7 @@ from typing import Any, Callable
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
-from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 from starlette.staticfiles import StaticFiles
@@ -50,7 +50,31 @@ _STATUS = {
     StoreError: 503,
 }
 STORE_UNAVAILABLE = "the advice store is unavailable; try again shortly"
-_ERRORS = {code: {"model": schemas.ErrorOut} for code in (401, 404, 422, 503)}
+_ERROR_MEANING = {
+    401: "a token is configured and the request did not carry it",
+    403: "the destination is outside the operator's allow-list (TAME_ALLOWED_DESTINATIONS)",
+    404: "unknown destination or probe",
+    408: "the body did not arrive within TAME_BODY_TIMEOUT_S",
+    413: "the body, or the batch, is larger than this route takes",
+    422: "malformed input; the detail says what to give instead",
+    429: "the probe queue is full, in total or for this client; ask again after Retry-After seconds",
+    503: "the advice store is unavailable, or the server is at its connection limit",
+}
+
+
+def _responses(*codes: int) -> dict[int, dict]:
+    """The error statuses a route may answer, as the OpenAPI schema documents them (one ErrorOut body each)."""
+    out: dict[int, dict] = {}
+    for code in codes:
+        out[code] = {"model": schemas.ErrorOut, "description": _ERROR_MEANING[code]}
+        if code == 429:
+            out[code]["headers"] = {"Retry-After": {"description": "seconds to wait", "schema": {"type": "integer"}}}
+    return out
+
+
+# Every route may answer 401 (tokens), 422 and 503; those that take a body also 408 and 413 (api/boundary.py).
+_ERRORS = _responses(401, 404, 422, 503)
+_BODY_ERRORS = _responses(401, 404, 408, 413, 422, 503)
 
 log = logging.getLogger("tame.api")
 
@@ -120,14 +144,13 @@ def create_app(settings: Settings, store: Store, driver: ProbeDriver | None = No
         metrics.advice_served.labels("true" if stale else "false").inc()
         return Response(entry.json_bytes(age_s, stale), media_type="application/json")
 
-    @app.post("/v1/advice:batch", response_model=schemas.BatchOut,
-              responses={413: {"model": schemas.ErrorOut}, **_ERRORS})
+    @app.post("/v1/advice:batch", response_model=schemas.BatchOut, responses=_BODY_ERRORS)
     def post_batch(items: list[schemas.AdviceQuery]) -> Response:
         results = service.batch([(item.dest, item.max_impact) for item in items])
         return _json({"results": results})
 
     @app.post("/v1/probes", status_code=202, response_model=schemas.ProbeAccepted,
-              responses={403: {"model": schemas.ErrorOut}, **_ERRORS})
+              responses={**_BODY_ERRORS, **_responses(403, 429)})
     def post_probe(body: schemas.ProbeRequest, request: Request) -> Response:
         client = request.client.host if request.client else None
         job, created = service.request_probe(body.dest, body.levels, body.duration_s, client=client)
@@ -145,23 +168,29 @@ def create_app(settings: Settings, store: Store, driver: ProbeDriver | None = No
     def get_curve(dest: str) -> Response:
         return _json(service.curve(dest))
 
-    @app.post("/v1/observations", status_code=202, response_model=schemas.ObservationOut, responses=_ERRORS)
+    @app.post("/v1/observations", status_code=202, response_model=schemas.ObservationOut,
+              responses={**_BODY_ERRORS, **_responses(403)})
     def post_observation(body: schemas.ObservationIn) -> Response:
         return _json(service.observe(body.dest, body.streams, body.throughput_bps), 202)
 
-    @app.post("/v1/probe-runs", status_code=201, response_model=schemas.ProbeRunOut, responses=_ERRORS)
+    @app.post("/v1/probe-runs", status_code=201, response_model=schemas.ProbeRunOut,
+              responses={**_BODY_ERRORS, **_responses(403)})
     def post_probe_run(body: schemas.ProbeRunIn) -> Response:
         dest = parse_destination(body.dest)
+        # A pushed run becomes advice schedulers read, as an observation does: only where probes are allowed.
+        service.check_allowed(dest)
         results = [ProbeResult(dest=dest.key, **p.result_fields()) for p in body.probes]
         run_id, error = service.ingest_run(dest, body.idle_rtt_s, results, body.started_at or clock(), source="push")
         return _json({"dest": dest.key, "probe_run_id": run_id, "fitted": error is None, "error": error}, 201)
 
-    @app.get("/healthz", response_model=schemas.Health, responses={503: {"model": schemas.ErrorOut}})
+    @app.get("/healthz", response_model=schemas.Health, responses=_responses(503))
     def healthz() -> Response:
         store.job_counts()  # touches the database; StoreError -> 503
         return _json({"status": "ok", "database": store.db.dialect})
 
-    @app.get("/metrics", response_class=PlainTextResponse)
+    @app.get("/metrics", responses={200: {"description": "Prometheus text format",
+                                          "content": {CONTENT_TYPE_LATEST.split(";")[0]: {"schema": {"type": "string"}}}},
+                                    **_responses(401, 503)})
     def get_metrics() -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 

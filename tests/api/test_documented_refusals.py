@@ -8,16 +8,13 @@ operation's documented responses (status, content type, headers, body).
 
 import pytest
 import schemathesis
-from schemathesis.exceptions import CheckFailed
 
 from tests.api.test_fuzz import CHECKS
 
-DOCS_FIX = "api/app.py: add the status to the route's responses= (see the issue 30 item 3 report)"
 
 
-def case(name, method, path, status, *, body=None, headers=None, settings=None, before=None, xfail=None):
-    marks = [pytest.mark.xfail(strict=True, raises=CheckFailed, reason=f"undocumented {status}: {xfail}")] if xfail else []
-    return pytest.param(method, path, status, body, headers or {}, settings or {}, before, id=name, marks=marks)
+def case(name, method, path, status, *, body=None, headers=None, settings=None, before=None):
+    return pytest.param(method, path, status, body, headers or {}, settings or {}, before, id=name)
 
 
 def fill_queue(client):
@@ -28,20 +25,19 @@ CASES = [
     case("read-without-token", "GET", "/v1/paths", 401, settings={"token": "w", "read_token": "r"}),
     case("write-without-token", "POST", "/v1/observations", 401,
          body={"dest": "127.0.0.1", "streams": 1, "throughput_bps": 1e6}, settings={"token": "w"}),
-    case("metrics-without-token", "GET", "/metrics", 401, settings={"token": "w", "read_token": "r"},
-         xfail="GET /metrics answers 401 without the read token; " + DOCS_FIX),
+    case("metrics-without-token", "GET", "/metrics", 401, settings={"token": "w", "read_token": "r"}),
     case("probe-not-allowed", "POST", "/v1/probes", 403, body={"dest": "evil.test"}),
     case("observation-not-allowed", "POST", "/v1/observations", 403,
-         body={"dest": "evil.test", "streams": 1, "throughput_bps": 1e6},
-         xfail="POST /v1/observations answers 403 for a destination outside the allow-list; " + DOCS_FIX),
+         body={"dest": "evil.test", "streams": 1, "throughput_bps": 1e6}),
     case("probe-queue-full", "POST", "/v1/probes", 429, body={"dest": "127.0.0.2:5201"},
-         settings={"max_queued_probes": 1}, before=fill_queue,
-         xfail="POST /v1/probes answers 429 (with Retry-After) when the queue is full; " + DOCS_FIX),
+         settings={"max_queued_probes": 1}, before=fill_queue),
     case("batch-too-large", "POST", "/v1/advice:batch", 413,
          body=[{"dest": "127.0.0.1", "max_impact": 0.1}] * 3, settings={"max_batch": 2}),
     case("observation-body-over-cap", "POST", "/v1/observations", 413,
-         body={"dest": "127.0.0.1", "streams": 1, "throughput_bps": 1e6, "pad": "x" * 20_000},
-         xfail="the boundary answers 413 for a body over the route's cap; " + DOCS_FIX),
+         body={"dest": "127.0.0.1", "streams": 1, "throughput_bps": 1e6, "pad": "x" * 20_000}),
+    case("probe-run-not-allowed", "POST", "/v1/probe-runs", 403,
+         body={"dest": "evil.test", "probes": [{"streams": 1, "throughput_bps": 1e6},
+                                               {"streams": 10, "throughput_bps": 5e6}]}),
 ]
 
 
