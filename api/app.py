@@ -29,6 +29,7 @@ from advisor.allowlist import Resolver, system_resolver
 from advisor.destinations import parse_destination
 from advisor.errors import (BatchTooLarge, DestinationNotAllowed, InvalidRequest, QueueFull, StoreError,
                             UnknownDestination, UnknownProbe)
+from advisor.retention import Pruner
 from advisor.service import AdviceService
 from advisor.settings import Settings
 from advisor.store import Store
@@ -99,14 +100,20 @@ def create_app(settings: Settings, store: Store, driver: ProbeDriver | None = No
     service = AdviceService(store, settings, clock=clock, resolver=resolver)
     metrics = Metrics(service.staleness)
     worker = ProbeWorker(service, driver, on_probe=metrics.observe_probe) if driver is not None else None
+    # The worker prunes the store while it runs; a server without one (`tame serve --no-worker`) prunes itself.
+    pruner = Pruner(store, settings.retention) if worker is None else None
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         if worker is not None and start_worker:
             worker.start()
+        if pruner is not None:
+            pruner.start()
         try:
             yield
         finally:
+            if pruner is not None:
+                await run_in_threadpool(pruner.stop)
             if worker is not None and start_worker:
                 await run_in_threadpool(worker.stop)
 

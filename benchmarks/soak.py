@@ -1,7 +1,7 @@
 """Soak: a real `tame serve` and `tame agent` on loopback under mixed load, killed and restarted at random.
 
-    python benchmarks/soak.py --minutes 30 --store sqlite
-    python benchmarks/soak.py --minutes 30 --store postgresql   # a throwaway cluster, or TAME_SOAK_DATABASE_URL
+    python -m benchmarks.soak --minutes 30 --store sqlite
+    python -m benchmarks.soak --minutes 30 --store postgresql   # a throwaway cluster, or TAME_SOAK_DATABASE_URL
 
 It starts `iperf3 -s` on 127.0.0.1, `tame serve` (its worker probes that server with 1 s probes) and a
 local `tame agent` on the same store, then for --minutes runs: reads (GET /v1/advice, batches),
@@ -577,8 +577,7 @@ def main(argv=None) -> int:
             else:
                 url = os.environ.get("TAME_SOAK_DATABASE_URL")
                 if not url:
-                    sys.path.insert(0, str(ROOT))
-                    from tests.conftest import throwaway_cluster
+                    from tests.conftest import throwaway_cluster  # run from the repository root (python -m)
 
                     url = stack.enter_context(throwaway_cluster())
             result = run(args, url, work)

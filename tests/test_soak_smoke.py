@@ -1,8 +1,8 @@
-"""Smoke run of the soak benchmark (benchmarks/soak.py): one minute on SQLite, not a soak.
+"""Smoke run of the soak benchmark (python -m benchmarks.soak): one minute on SQLite, not a soak.
 
 It only shows that the benchmark runs end to end (real tame serve, tame agent, iperf3 -s on
 loopback, kills and restarts) and that no acknowledged write is lost; the figures that matter
-come from the full runs (`python benchmarks/soak.py --minutes 30`).
+come from the full runs (`python -m benchmarks.soak --minutes 30`).
 """
 
 import json
@@ -22,7 +22,7 @@ def test_soak_smoke_one_minute_loses_no_acknowledged_write(tmp_path):
     if shutil.which("iperf3") is None:
         pytest.skip("iperf3 is not installed")
     out = tmp_path / "soak.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "soak.py"), "--minutes", "1", "--store", "sqlite",
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.soak", "--minutes", "1", "--store", "sqlite",
                            "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=140)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     figures = json.loads(out.read_text())
