@@ -1,10 +1,11 @@
 """Load benchmark: GET /v1/advice on a warm cache, from separate processes, on loopback.
 
     .venv/bin/python -m benchmarks.load_advice [--seconds 30] [--connections 32] [--client both]
-        [--database-url postgresql://...] [--url URL]
+        [--store sqlite|postgresql] [--database-url postgresql://...] [--url URL]
 
-Without --url it starts `tame serve --no-worker` on a fresh SQLite file in a temporary folder (or on
-the database --database-url names), stores a probe run for 127.0.0.1:5201 through POST
+Without --url it starts `tame serve --no-worker` on a fresh SQLite file in a temporary folder, on a
+throwaway PostgreSQL cluster (--store postgresql; tests.conftest.throwaway_cluster, run from the
+repository root), or on the database --database-url names, stores a probe run for 127.0.0.1:5201 through POST
 /v1/probe-runs and warms the cache. Two clients: wrk (`wrk -t2 -cN -dS --latency`, Debian's wrk),
 and a minimal HTTP/1.1 keep-alive client on asyncio in this process (uvloop when installed). The
 cache expires every second (advisor.settings.Settings.cache_max_age_s, so that other processes' writes
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -156,7 +158,9 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--client", choices=("wrk", "builtin", "both"), default="both")
-    parser.add_argument("--database-url", help="the store the started server uses (default: a fresh SQLite file)")
+    parser.add_argument("--store", choices=("sqlite", "postgresql"), default="sqlite",
+                        help="the store of the started server: a fresh SQLite file, or a throwaway PostgreSQL cluster")
+    parser.add_argument("--database-url", help="instead of --store: the database the started server uses")
     parser.add_argument("--url", help="an already running `tame serve` that knows 127.0.0.1:5201")
     args = parser.parse_args()
     if not 1 <= args.seconds <= 120:
@@ -167,11 +171,16 @@ def main() -> int:
         parser.error("this benchmark only targets loopback servers")
     clients = {"wrk": [wrk_client], "builtin": [builtin_client], "both": [wrk_client, builtin_client]}[args.client]
     results = []
-    with tempfile.TemporaryDirectory() as folder:
+    with tempfile.TemporaryDirectory() as folder, contextlib.ExitStack() as stack:
         proc = None
         url = args.url
+        database_url = args.database_url
+        if url is None and database_url is None and args.store == "postgresql":
+            from tests.conftest import throwaway_cluster  # run from the repository root (python -m)
+
+            database_url = stack.enter_context(throwaway_cluster())
         if url is None:
-            proc, url = start_server(folder, args.database_url)
+            proc, url = start_server(folder, database_url)
             status, body = http("POST", f"{url}/v1/probe-runs", {"dest": DEST, "idle_rtt_s": 0.01, "probes": [
                 {"streams": 1, "throughput_bps": rate(1)}, {"streams": 10, "throughput_bps": rate(10)}]})
             if status != 201:
@@ -185,7 +194,7 @@ def main() -> int:
             if proc is not None:
                 proc.terminate()
                 proc.wait(30)
-    store = "given server" if args.url else ("postgresql" if args.database_url else "sqlite")
+    store = "given server" if args.url else ("postgresql" if database_url else "sqlite")
     print(f"GET /v1/advice (warm cache, expiring every second), {args.connections} connections, {args.seconds:g} s "
           f"per client, store {store}, {os.cpu_count()} CPUs")
     print(f"{'client':<22} {'requests':>9} {'req/s':>8} {'p50 ms':>7} {'p90 ms':>7} {'p99 ms':>7} {'max ms':>7}  goal")
