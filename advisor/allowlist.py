@@ -9,6 +9,7 @@ from typing import Callable, Iterable, Sequence
 
 from advisor.destinations import Destination
 from advisor.errors import ConfigError, DestinationNotAllowed, InvalidRequest
+from probes import destination as probe_destination
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 Resolver = Callable[[str], Sequence[str]]
@@ -25,6 +26,31 @@ def system_resolver(host: str) -> list[str]:
     return sorted({info[4][0] for info in infos})
 
 
+_EXAMPLES = "give CIDR networks and host names, e.g. 10.0.0.0/8,dtn1.example.org,*.example.org"
+
+
+def _parse_entry(item: str) -> Network | str:
+    """One allow-list entry: a CIDR network (a bare address is its /32 or /128), or a host name, ``*.``
+    before a name allowing its sub-domains. ConfigError names the entry and says what is wrong."""
+    where = f"TAME_ALLOWED_DESTINATIONS: {item!r}"
+    if item in ("*", "*.*"):
+        raise ConfigError(f"{where} would allow probes to every address; {_EXAMPLES} "
+                          "(0.0.0.0/0 and ::/0 if every address is really meant)")
+    try:
+        return ipaddress.ip_network(item, strict=True)
+    except ValueError as exc:
+        if "/" in item and "://" not in item:
+            raise ConfigError(f"{where} is not a CIDR network ({exc}); {_EXAMPLES}") from None
+    name = item[2:] if item.startswith("*.") else item
+    if ":" in name and "://" not in name:
+        raise ConfigError(f"{where}: list hosts without a port; {_EXAMPLES}")
+    try:
+        probe_destination.parse_destination(name)
+    except ValueError as exc:
+        raise ConfigError(f"{where} is neither a CIDR network nor a host name ({exc}); {_EXAMPLES}") from None
+    return item.lower().rstrip(".")
+
+
 @dataclass(frozen=True)
 class AllowList:
     """CIDR networks and host names (``*.suffix`` matches sub-domains).
@@ -39,20 +65,13 @@ class AllowList:
 
     @classmethod
     def parse(cls, text: str) -> "AllowList":
+        """The list as TAME_ALLOWED_DESTINATIONS gives it, comma-separated; ConfigError names a bad entry."""
         networks, names = [], []
         for item in (part.strip() for part in text.split(",")):
             if not item:
                 continue
-            try:
-                networks.append(ipaddress.ip_network(item, strict=False))
-                continue
-            except ValueError:
-                pass
-            name = item.lower().rstrip(".")
-            bare = name[2:] if name.startswith("*.") else name
-            if not bare or any(not label or len(label) > 63 for label in bare.split(".")):
-                raise ConfigError(f"TAME_ALLOWED_DESTINATIONS: {item!r} is neither a CIDR network nor a host name")
-            names.append(name)
+            entry = _parse_entry(item)
+            (networks if isinstance(entry, (ipaddress.IPv4Network, ipaddress.IPv6Network)) else names).append(entry)
         return cls(tuple(networks), tuple(names))
 
     def _name_listed(self, host: str) -> bool:

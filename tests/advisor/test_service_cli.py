@@ -102,3 +102,24 @@ def test_tame_curve_plot_writes_a_png(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("entries, named, words", [
+    ("10.0.0.0/33", "10.0.0.0/33", "not a CIDR network"),
+    ("10.0.0.1/8", "10.0.0.1/8", "host bits set"),
+    ("http://x", "http://x", "looks like a URL"),
+    ("10.0.0.0/8,*", "'*'", "every address"),
+    ("*.", "'*.'", "neither a CIDR network nor a host name"),
+    ("x\n.lab.test", "x\\n.lab.test", "not a valid host name"),
+    ("dtn1.example.org:5201", "dtn1.example.org:5201", "without a port"),
+    ("0x7f.1", "0x7f.1", "read it as 127.0.0.1"),
+])
+def test_a_bad_allow_list_entry_stops_start_up_naming_it(entries, named, words):
+    with pytest.raises(ConfigError, match="TAME_ALLOWED_DESTINATIONS") as raised:
+        Settings.from_env({"TAME_ALLOWED_DESTINATIONS": entries})
+    assert named in str(raised.value) and words in str(raised.value)
+
+
+def test_good_allow_list_entries_are_kept_canonical():
+    allowed = Settings.from_env({"TAME_ALLOWED_DESTINATIONS": "10.0.0.0/8, ::1, DTN1.Example.org., *.Lab.Test"}).allowed
+    assert allowed.describe() == ["10.0.0.0/8", "::1/128", "dtn1.example.org", "*.lab.test"]

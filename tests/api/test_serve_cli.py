@@ -121,3 +121,9 @@ def test_the_server_limits_come_from_the_environment():
     for name, text in (("TAME_MAX_CONNECTIONS", "0"), ("TAME_HEADER_TIMEOUT_S", "soon"), ("TAME_BACKLOG", "1e9")):
         with pytest.raises(ConfigError, match=name):
             Settings.from_env({name: text})
+
+
+def test_serve_exits_2_naming_a_bad_allow_list_entry(tmp_path):
+    done = run_serve(tmp_path, "--port", str(free_port()), env={"TAME_ALLOWED_DESTINATIONS": "10.0.0.0/33,http://x,*"})
+    assert done.returncode == 2, done
+    assert "TAME_ALLOWED_DESTINATIONS: '10.0.0.0/33'" in done.stderr and "listening" not in done.stdout
