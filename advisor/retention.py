@@ -69,15 +69,15 @@ class PruneCounts:
         self.deleted[table] = self.deleted.get(table, 0) + rows
 
 
-# The (OFFSET+1)-th newest id of each destination's rows: that id and older ones are beyond the count kept.
-_FIT_CUTOFF = ("SELECT d.id AS did, (SELECT f2.id FROM fits f2 WHERE f2.destination_id = d.id "
-               "ORDER BY f2.id DESC LIMIT 1 OFFSET ?) AS cutoff FROM destinations d")
-
-
-def _prunable_fits(tx: Tx, keep: int, limit: int) -> list[int]:
+def _beyond_newest(tx: Tx, table: str, keep: int, limit: int) -> list[int]:
+    """Ids of ``table``'s rows (fits or observations) past the ``keep`` newest of their destination, oldest first."""
+    assert table in ("fits", "observations")
+    # The (keep+1)-th newest id of each destination: that id and older ones are beyond the count kept.
     rows = tx.execute(
-        f"WITH cut AS ({_FIT_CUTOFF}) SELECT f.id FROM fits f JOIN cut ON f.destination_id = cut.did "
-        "WHERE f.id <= cut.cutoff ORDER BY f.id LIMIT ?", (keep, limit)).fetchall()
+        f"WITH cut AS (SELECT d.id AS did, (SELECT t2.id FROM {table} t2 WHERE t2.destination_id = d.id "
+        "ORDER BY t2.id DESC LIMIT 1 OFFSET ?) AS cutoff FROM destinations d) "
+        f"SELECT t.id FROM {table} t JOIN cut ON t.destination_id = cut.did WHERE t.id <= cut.cutoff "
+        "ORDER BY t.id LIMIT ?", (keep, limit)).fetchall()
     return [r[0] for r in rows]
 
 
@@ -95,15 +95,6 @@ def _prunable_runs(tx: Tx, keep: int, older_than: float | None, limit: int) -> l
         "WHERE (r.id <= cut.cutoff OR r.finished_at < ?) AND r.id <> cut.newest AND r.id <> coalesce(cut.base, -1) "
         "AND NOT EXISTS (SELECT 1 FROM fits f WHERE f.probe_run_id = r.id) ORDER BY r.id LIMIT ?",
         (keep, -1.0 if older_than is None else older_than, limit)).fetchall()
-    return [r[0] for r in rows]
-
-
-def _prunable_observations(tx: Tx, keep: int, limit: int) -> list[int]:
-    rows = tx.execute(
-        "WITH cut AS (SELECT d.id AS did, (SELECT o2.id FROM observations o2 WHERE o2.destination_id = d.id "
-        "ORDER BY o2.id DESC LIMIT 1 OFFSET ?) AS cutoff FROM destinations d) "
-        "SELECT o.id FROM observations o JOIN cut ON o.destination_id = cut.did WHERE o.id <= cut.cutoff "
-        "ORDER BY o.id LIMIT ?", (keep, limit)).fetchall()
     return [r[0] for r in rows]
 
 
@@ -146,7 +137,7 @@ def prune(store: Store, retention: Retention, *, pause_s: float = 0.0, max_batch
                 time.sleep(pause_s)  # lets waiting writers in between batches
 
     def fits(tx: Tx) -> int:
-        ids = _prunable_fits(tx, retention.keep_fits, b)
+        ids = _beyond_newest(tx, "fits", retention.keep_fits, b)
         if ids:
             tx.execute(f"DELETE FROM curve_points WHERE fit_id IN ({_placeholders(ids)})", ids)
             tx.execute(f"DELETE FROM fits WHERE id IN ({_placeholders(ids)})", ids)
@@ -162,7 +153,7 @@ def prune(store: Store, retention: Retention, *, pause_s: float = 0.0, max_batch
         return len(ids)
 
     def observations(tx: Tx) -> int:
-        ids = _prunable_observations(tx, max(retention.keep_observations, REFIT_OBSERVATIONS), b)
+        ids = _beyond_newest(tx, "observations", max(retention.keep_observations, REFIT_OBSERVATIONS), b)
         if ids:
             tx.execute(f"DELETE FROM observations WHERE id IN ({_placeholders(ids)})", ids)
         counts.add("observations", len(ids))
