@@ -2,13 +2,14 @@
 served the previous entry, and a write by another process shows up after the cache's max age."""
 
 import math
-import threading
 
 from advisor.destinations import parse_destination
 from advisor.service import AdviceService
 from advisor.settings import Settings
 from advisor.store import Store
+from tests.api.conftest import Clock
 from probes.result import ProbeResult
+from tests.together import run_together
 
 A, B = 1e-16, 4e-16
 DEST = "127.0.0.1:5201"
@@ -16,14 +17,6 @@ DEST = "127.0.0.1:5201"
 
 def rate(n):
     return n / math.sqrt(A * n * n + B)
-
-
-class Clock:
-    def __init__(self):
-        self.now = 1_700_000_000.0
-
-    def __call__(self):
-        return self.now
 
 
 def counting(store, name):
@@ -52,19 +45,7 @@ def ingest(service, throughput_scale=1.0):
 
 
 def read_together(service, threads=16):
-    barrier = threading.Barrier(threads)
-    answers = [None] * threads
-
-    def read(i):
-        barrier.wait()
-        answers[i] = service.advice(DEST, 0.3)
-
-    workers = [threading.Thread(target=read, args=(i,)) for i in range(threads)]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join(30)
-    return answers
+    return run_together(lambda i, _: service.advice(DEST, 0.3), threads)
 
 
 def test_an_expired_entry_is_reloaded_once_not_by_every_reader(tmp_path):

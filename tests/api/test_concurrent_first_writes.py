@@ -4,12 +4,12 @@ Each write creates the destination's row if it is missing; concurrent first writ
 succeed and leave exactly one row, on PostgreSQL (where they run truly in parallel) and SQLite.
 """
 
-import threading
 
 import httpx
 import pytest
 
 from advisor.db import Database
+from tests.together import run_together
 from tests.api.conftest import rate
 
 WRITERS = 20
@@ -27,21 +27,18 @@ def _probe_run(dest):
 
 def _all_at_once(base, path, body):
     """WRITERS threads, each with its own connection, POST the same body as close together as a barrier allows."""
-    barrier = threading.Barrier(WRITERS)
-    statuses = [None] * WRITERS
+    def connect(i):
+        client = httpx.Client(base_url=base, timeout=60)
+        client.get("/healthz")  # connected before the barrier, so the POSTs leave together
+        return client
 
-    def write(i):
-        with httpx.Client(base_url=base, timeout=60) as client:
-            client.get("/healthz")  # connected before the barrier, so the POSTs leave together
-            barrier.wait(30)
-            statuses[i] = client.post(path, json=body).status_code
+    def write(i, client):
+        try:
+            return client.post(path, json=body).status_code
+        finally:
+            client.close()
 
-    threads = [threading.Thread(target=write, args=(i,)) for i in range(WRITERS)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(120)
-    return statuses
+    return run_together(write, WRITERS, setup=connect)
 
 
 def _counts(url, table):
