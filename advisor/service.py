@@ -20,7 +20,8 @@ from typing import Any, Callable, Sequence
 from advisor.advice import curve_to_json
 from advisor.allowlist import Resolver, system_resolver
 from advisor.destinations import Destination, parse_destination
-from advisor.errors import AdvisorError, BatchTooLarge, DestinationNotAllowed, InvalidRequest, UnknownDestination
+from advisor.errors import (AdvisorError, BatchTooLarge, DestinationNotAllowed, InvalidRequest, QueueFull,
+                            UnknownDestination)
 from advisor.fitcodec import fit_from_stored, fit_to_record
 from advisor.limits import check_max_impact, check_probe_duration_s, check_probe_levels, check_streams, check_throughput_bps
 from advisor.settings import Settings
@@ -155,7 +156,8 @@ class AdviceService:
             self._refresh_requested[dest_key] = now
             try:
                 self.request_probe(dest_key)
-            except (DestinationNotAllowed, InvalidRequest) as exc:
+            except (DestinationNotAllowed, InvalidRequest, QueueFull) as exc:
+                # The stale advice is still the best answer; the re-probe is asked for again later.
                 log.info("stale advice for %s not re-probed: %s", dest_key, exc)
         return True
 

@@ -125,6 +125,23 @@ def test_stale_advice_is_flagged_and_a_reprobe_is_queued(service_factory, clock)
     assert "tame_stale_destinations 1.0" in metrics
 
 
+def test_stale_advice_is_served_when_the_probe_queue_is_full(service_factory, clock):
+    # Found by review: the read path queued the re-probe and let QueueFull through, so a full queue
+    # turned a stale GET /v1/advice into 429 and failed a whole batch.
+    base, client, app = service_factory(driver=None, ttl_s=600, max_queued_probes=1)
+    for port in (5301, 5302):
+        response = client.post("/v1/probe-runs", json={"dest": f"127.0.0.1:{port}", "probes": [
+            {"streams": 1, "throughput_bps": rate(1)}, {"streams": 10, "throughput_bps": rate(10)}]})
+        assert response.status_code == 201
+    assert client.post("/v1/probes", json={"dest": "127.0.0.1:5401"}).status_code == 202  # the queue is full
+    clock.advance(601)
+    response = client.get("/v1/advice", params={"dest": "127.0.0.1:5301", "max_impact": 0.5})
+    assert response.status_code == 200 and response.json()["stale"] is True
+    response = client.post("/v1/advice:batch", json=[{"dest": "127.0.0.1:5302", "max_impact": 0.5}])
+    assert response.status_code == 200
+    assert response.json()["results"][0]["advice"]["stale"] is True
+
+
 def test_observations_refine_the_fit(service_factory):
     base, client, app = service_factory()
     probe_and_wait(client)
