@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import sys
 
 from advisor.cli import UsageError
@@ -19,6 +20,9 @@ from probes.plan import NextLevel, PlanEvent, ProbePlan, idle_streams, run_plan
 from probes.result import PlanResult, ProbeResult
 
 EXIT_PROBE_FAILED = 1
+# Whole numbers as typed: ASCII digits only (str.isdigit also takes '²', which int() refuses, and other
+# scripts' digits, which it reads as numbers).
+_WHOLE = re.compile(r"[0-9]+")
 
 
 def register(subparsers) -> None:
@@ -58,7 +62,7 @@ def parse_levels(text: str) -> tuple[int, ...]:
     parts = [p.strip() for p in text.split(",")]
     levels = []
     for part in parts:
-        if not part.isdigit() or int(part) < 1:
+        if not _WHOLE.fullmatch(part) or int(part) < 1:
             raise UsageError(f"--levels {text!r}: {part!r} is not a positive integer; give e.g. --levels 1,10")
         if int(part) > MAX_STREAMS:
             raise UsageError(f"--levels {text!r}: {part} streams is more than iperf3 allows ({MAX_STREAMS})")
@@ -80,7 +84,7 @@ def _seconds(option: str, text: str, minimum: float) -> float:
 
 
 def plan_from_args(args) -> ProbePlan:
-    if not args.repeats.isdigit() or int(args.repeats) < 1:
+    if not _WHOLE.fullmatch(args.repeats) or int(args.repeats) < 1:
         raise UsageError(f"--repeats {args.repeats!r}: give a positive integer")
     duration = _seconds("--duration", args.duration, 1)
     max_duration = _seconds("--max-duration", args.max_duration, 1)

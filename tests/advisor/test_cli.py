@@ -144,11 +144,21 @@ def test_curve_of_a_known_dest_refuses_options_it_cannot_honour(tmp_path, option
 
 @pytest.mark.parametrize("levels, fragment", [("1", "2 to 8 different stream counts"),
                                               ("1,2,3,4,5,6,7,8,9", "2 to 8 different stream counts"),
-                                              ("1,200", "more than iperf3 allows")])
+                                              ("1,200", "more than iperf3 allows"),
+                                              # Digits str.isdigit takes and int() does not ('²'), or reads as
+                                              # another number (Arabic-Indic 10): whole ASCII numbers only.
+                                              ("1,\u00b2", "not a positive integer"),
+                                              ("1,\u0661\u0660", "not a positive integer")])
 def test_advise_takes_the_levels_the_service_takes(levels, fragment):
     result = tame("advise", "127.0.0.1:9", "--max-impact", "0.1", "--levels", levels)
     assert result.returncode == 2 and fragment in result.stderr, result.stderr
     assert "iperf3" not in result.stderr.replace("iperf3 allows", "")  # refused before probing
+
+
+@pytest.mark.parametrize("repeats", ["0", "\u00b2", "-1"])
+def test_probe_repeats_must_be_a_positive_ascii_number(repeats):
+    result = tame("probe", "127.0.0.1:9", "--repeats", repeats)
+    assert result.returncode == 2 and "--repeats" in result.stderr and "Traceback" not in result.stderr, result.stderr
 
 
 def test_a_url_as_destination_is_named_as_one():
