@@ -4,7 +4,7 @@ PYTHON ?= python3.11
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: run test deps venv bench-accuracy-quick clean
+.PHONY: run test deps venv cc bench-accuracy-quick clean
 
 deps:
 	@bash scripts/install-system-deps.sh
@@ -21,7 +21,12 @@ venv: $(STAMP)
 run: deps venv
 	$(BIN)/tame serve --host 127.0.0.1 --port 8080
 
-test: deps venv
+# The tame congestion control (probes/bpf/tame_cc.bpf.c) for the running kernel, cached outside git
+# (probes.delayline.cache_dir); `tame cc load` builds it too when missing.
+cc: deps venv
+	@$(BIN)/python -m probes.cc >/dev/null
+
+test: deps venv cc
 	$(BIN)/python -m pytest -q -ra
 
 bench-accuracy-quick: deps venv

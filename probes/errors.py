@@ -27,3 +27,27 @@ class ZeroThroughput(ProbeError):
 
 class SimulatorError(ProbeError):
     """The network simulator failed or produced output that cannot be read."""
+
+
+class CcError(Exception):
+    """Base class: the tame congestion control could not be built, registered, set or inspected."""
+
+
+class CcUnavailable(CcError):
+    """This machine cannot build or run the control (no BTF, clang or bpftool)."""
+
+
+class CcNotRoot(CcError):
+    """The operation needs root and the process is not root."""
+
+
+class CcNotLoaded(CcError):
+    """The control is not registered, so it has no settings to read or change."""
+
+
+class CcRouteConflict(CcError):
+    """The destination's route cannot carry the control (a route tame did not add, or a local address)."""
+
+
+class CcCommandFailed(CcError):
+    """bpftool or ip failed or passed its deadline."""

@@ -2,10 +2,11 @@
 # Installs the Debian packages the project runs: iperf3 and libiperf (probes), ns-2 (simulated paths),
 # iproute2/nftables/iptables/ethtool/iputils-ping/procps (sysctl) and gcc with libnetfilter-queue (the namespace
 # test bed and its NFQUEUE delay line, compiled at first use), and the PostgreSQL server binaries (the tests start a
-# throwaway cluster of their own; nothing uses a system cluster), and wrk (the load benchmark). Idempotent: does
-# nothing when all are present.
+# throwaway cluster of their own; nothing uses a system cluster), wrk (the load benchmark), and clang, llvm,
+# libbpf-dev and bpftool (the tame congestion control, probes/bpf/, built for the running kernel by `make cc`).
+# Idempotent: does nothing when all are present.
 set -euo pipefail
-packages=(iperf3 libiperf0 ns2 iproute2 nftables iptables ethtool iputils-ping procps libnetfilter-queue1 libnetfilter-queue-dev gcc libc6-dev python3-venv postgresql wrk)
+packages=(iperf3 libiperf0 ns2 iproute2 nftables iptables ethtool iputils-ping procps libnetfilter-queue1 libnetfilter-queue-dev gcc libc6-dev python3-venv postgresql wrk clang llvm libbpf-dev bpftool)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,0 +1,189 @@
+"""`tame cc load|unload|status|apply|clear`: the tame congestion control and its per-destination settings (root)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import dataclass
+
+from advisor.cli import UsageError
+from advisor.tame import MIN_FRACTION, fractional_multiplier_for
+from models.fu_indulska import multiplier_for_share
+from probes import cc
+from probes.errors import CcError, CcNotRoot, CcRouteConflict
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What `apply` writes for one destination: its FM and the streams the transfer should open."""
+
+    fractional_multiplier: float
+    standard_streams: int
+    tame_streams: int
+    form: str  # "fractional" or "aggregate"
+
+
+def setting_for(tcp_equivalent: float, streams: int | None = None) -> Setting:
+    """The FM that makes the transfer take ``tcp_equivalent`` (n*) standard streams' share.
+
+    Without ``streams`` (the fractional form, as the advice opens it): floor(n*) standard streams plus
+    one tame stream carrying the remainder r, FM = 1/r^2 (advisor.tame.fractional_multiplier_for).
+
+    With ``streams`` = N (the aggregate form, for tools that open N streams of one control): each of
+    the N streams runs tame at FM = (N/n*)^2. Why: by Fu & Indulska eq. (1) (the AIMD square-root
+    law, Mathis et al.) at a loss rate shared by all flows, a stream's rate goes as sqrt(a) for
+    additive increase a segments a round trip; tame's a = 1/FM, so one stream takes 1/sqrt(FM) of a
+    standard stream (models.fu_indulska.fractional_stream_share). N such streams take N/sqrt(FM),
+    and N/sqrt(FM) = n* gives FM = (N/n*)^2 (models.fu_indulska.multiplier_for_share(n*/N)).
+    Whether a real kernel agrees is issue 32's calibration, not assumed settled here.
+    """
+    n_star = float(tcp_equivalent)
+    if not math.isfinite(n_star) or n_star <= 0:
+        raise UsageError(f"--tcp-equivalent {tcp_equivalent!r}: give n*, a finite number of streams > 0")
+    if streams is None:
+        fm = fractional_multiplier_for(n_star)
+        if fm is None:
+            raise UsageError(
+                f"--tcp-equivalent {n_star:g} has no fractional remainder of at least {MIN_FRACTION:g}: open "
+                f"{max(1, round(n_star))} standard stream(s), no tame stream is needed "
+                "(or give --streams N to scale N streams)")
+        return Setting(fm, standard_streams=math.floor(n_star), tame_streams=1, form="fractional")
+    if streams < 1:
+        raise UsageError(f"--streams {streams}: give the number of streams the transfer opens, at least 1")
+    if streams < n_star:
+        raise UsageError(
+            f"--streams {streams} is fewer than --tcp-equivalent {n_star:g}: tame only slows streams down "
+            f"(FM >= 1), so {streams} stream(s) cannot take what {n_star:g} standard streams would; "
+            f"open at least {math.ceil(n_star)}")
+    fm = float(multiplier_for_share(n_star / streams))
+    if fm > cc.MAX_FM:
+        raise UsageError(f"--streams {streams} for --tcp-equivalent {n_star:g} needs FM {fm:g}, "
+                         f"above the largest the control holds ({cc.MAX_FM:g})")
+    return Setting(fm, standard_streams=0, tame_streams=streams, form="aggregate")
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "cc",
+        help="load the tame congestion control and set it per destination (root)",
+        description="The tame congestion control: Reno whose additive increase is 1/FM segments a round trip, "
+        "FM set per destination address. Registration is kernel-wide; routes are per network namespace.",
+    )
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    actions.add_parser("load", help="build (first time) and register the control")
+    actions.add_parser("unload", help="unregister the control; its settings go with it")
+    status = actions.add_parser("status", help="whether it is registered, and every destination's FM")
+    status.add_argument("--json", action="store_true", help="print JSON")
+    apply = actions.add_parser(
+        "apply", help="set a destination's FM and route it through the control",
+        description="Writes DEST's FM and replaces DEST/32 (/128)'s route with the same next hop plus "
+        "'congctl tame', so every new connection to DEST from this namespace uses the control, "
+        "whatever tool opens it.")
+    apply.add_argument("dest", metavar="DEST", help="destination IPv4 or IPv6 address")
+    apply.add_argument("--tcp-equivalent", required=True, metavar="NSTAR",
+                       help="n*: how many standard TCP streams' share the transfer may take")
+    apply.add_argument("--streams", type=int, metavar="N",
+                       help="the transfer opens N streams: scale each so together they take n*'s share")
+    apply.add_argument("--json", action="store_true", help="print JSON")
+    clear = actions.add_parser("clear", help="remove a destination's FM and the route apply added")
+    clear.add_argument("dest", metavar="DEST", help="destination IPv4 or IPv6 address")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        if args.action == "load":
+            return _load()
+        if args.action == "unload":
+            print(f"{cc.NAME} unregistered" if cc.unload() else f"{cc.NAME} was not registered")
+            return 0
+        if args.action == "status":
+            return _status(args)
+        if args.action == "apply":
+            return _apply(args)
+        return _clear(args)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    except (CcNotRoot, CcRouteConflict) as exc:  # input the user must change: exit 2, as for bad arguments
+        raise UsageError(str(exc)) from exc
+    except CcError as exc:
+        print(f"tame cc {args.action}: {exc}", file=sys.stderr)
+        return 1
+
+
+def _load() -> int:
+    reg, new = cc.load()
+    state = "registered" if new else "already registered"
+    print(f"{cc.NAME} {state} (struct_ops map id {reg.struct_ops_id}, FM map id {reg.fm_map_id})")
+    return 0
+
+
+def _status(args) -> int:
+    cc.require_root()
+    reg = cc.registration()
+    entries = []
+    if reg is not None:
+        for addr, fm in sorted(cc.settings().items(), key=lambda item: (item[0].version, item[0])):
+            entries.append({"dest": str(addr), "fractional_multiplier": fm, "route": cc.describe_route(addr)})
+    if args.json:
+        json.dump({"name": cc.NAME, "registered": reg is not None,
+                   "struct_ops_id": reg.struct_ops_id if reg else None,
+                   "fm_map_id": reg.fm_map_id if reg else None,
+                   "destinations": entries}, sys.stdout)
+        print()
+        return 0
+    if reg is None:
+        print(f"{cc.NAME}: not registered")
+        return 0
+    print(f"{cc.NAME}: registered (struct_ops map id {reg.struct_ops_id}, FM map id {reg.fm_map_id}); "
+          f"destinations without an entry get FM 1 (Reno)")
+    for e in entries:
+        route = e["route"] or "no route here (this namespace): only sockets choosing -C tame get it"
+        print(f"  {e['dest']}: FM {e['fractional_multiplier']:g}; route: {route}")
+    return 0
+
+
+def _apply(args) -> int:
+    addr = cc.canonical_address(args.dest)
+    try:
+        n_star = float(args.tcp_equivalent)
+    except ValueError:
+        raise UsageError(f"--tcp-equivalent {args.tcp_equivalent!r} is not a number") from None
+    setting = setting_for(n_star, args.streams)
+    cc.require_root()
+    cc.set_fm(addr, setting.fractional_multiplier)
+    try:
+        route = cc.apply_route(addr)
+    except CcError:
+        cc.delete_fm(addr)  # no half-applied state: the entry without its route would mislead status
+        raise
+    if args.json:
+        json.dump({"dest": str(addr), "fractional_multiplier": setting.fractional_multiplier, "form": setting.form,
+                   "standard_streams": setting.standard_streams, "tame_streams": setting.tame_streams,
+                   "congestion_control": cc.NAME, "route": route}, sys.stdout)
+        print()
+        return 0
+    if setting.form == "aggregate":
+        what = (f"each of {setting.tame_streams} streams at FM {setting.fractional_multiplier:g} "
+                f"(together n* {n_star:g})")
+    else:
+        what = (f"{setting.standard_streams} standard stream(s) plus one at FM {setting.fractional_multiplier:g}; "
+                "the route gives tame to every new connection to it that does not choose "
+                "its own control, so open the standard ones with one (e.g. iperf3 -C cubic)")
+    print(f"{addr}: {what}\n  route: {route}")
+    return 0
+
+
+def _clear(args) -> int:
+    addr = cc.canonical_address(args.dest)
+    cc.require_root()
+    removed_route = cc.clear_route(addr)
+    removed_entry = cc.registration() is not None and cc.delete_fm(addr)
+    if not (removed_route or removed_entry):
+        print(f"{addr}: nothing to clear")
+    else:
+        parts = ("route" if removed_route else "no route", "FM entry" if removed_entry else "no FM entry")
+        print(f"{addr}: cleared ({', '.join(parts)})")
+    return 0

@@ -1,0 +1,318 @@
+"""The tame congestion control (``bpf/tame_cc.bpf.c``): build, register, per-destination settings, routes.
+
+This is the one module that runs bpftool and ``ip route`` for it; every call is an argv list with
+a deadline (:func:`probes.netns.run`), and failures become :class:`CcError` subclasses.
+
+* Registration is kernel-wide (``bpftool struct_ops register``); its hash map of fractional
+  multipliers (FM x 1000 per destination, key the 16-byte IPv6 or IPv4-mapped address) lives as
+  long as the registration. The map is found by id, not by a pin: the struct_ops map ``tame`` and
+  ``tame_fm`` share one BTF object id. Pins under /sys/fs/bpf are invisible inside
+  ``ip netns exec`` (it remounts /sys), where the test bed's senders run.
+* Routes are per network namespace: ``apply`` adds ``DEST/32`` (``/128``) with ``congctl tame``
+  and protocol :data:`ROUTE_PROTO` in the namespace it runs in, and ``clear`` removes only a route
+  carrying that protocol. Nothing here sets ``net.ipv4.tcp_congestion_control``: a BPF control as a
+  namespace's default leaks its map when the namespace goes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from probes.delayline import cache_dir
+from probes.errors import CcCommandFailed, CcNotLoaded, CcNotRoot, CcRouteConflict, CcUnavailable
+from probes.netns import TestbedCommandFailed, run
+
+NAME = "tame"
+"""The congestion control's name (``iperf3 -C tame``, ``congctl tame``) and its struct_ops map's."""
+FM_MAP = "tame_fm"
+FM_UNIT = 1000
+"""The map holds round(FM x FM_UNIT) as a u32."""
+MAX_FM = 1_000_000.0
+"""Largest FM the map can hold with headroom in the kernel's u64 threshold (cwnd x FM x 1000)."""
+ROUTE_PROTO = "250"
+"""Routing protocol number marking the routes ``apply`` adds, so ``clear`` never removes anyone else's."""
+
+SOURCE = Path(__file__).with_name("bpf") / "tame_cc.bpf.c"
+BUILD_SCRIPT = SOURCE.with_name("build.sh")
+KERNEL_BTF = Path("/sys/kernel/btf/vmlinux")
+BUILD_TIMEOUT_S = 120.0
+BPFTOOL_TIMEOUT_S = 20.0
+
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+def canonical_address(dest: str) -> Address:
+    """The destination as an address object; raises ValueError for anything but a plain IPv4/IPv6 literal."""
+    text = dest.strip()
+    try:
+        addr = ipaddress.ip_address(text)
+    except ValueError:
+        raise ValueError(
+            f"destination {dest!r} is not an IPv4 or IPv6 address (the setting is kept per address: "
+            "resolve a name first and give the address it should apply to)"
+        ) from None
+    if isinstance(addr, ipaddress.IPv6Address):
+        if addr.scope_id:
+            raise ValueError(f"destination {dest!r}: scoped (link-local %zone) addresses are not supported")
+        if addr.ipv4_mapped is not None:
+            return addr.ipv4_mapped
+    if addr.is_unspecified or addr.is_multicast:
+        raise ValueError(f"destination {dest!r} is not a unicast address")
+    return addr
+
+
+def map_key(addr: Address) -> bytes:
+    """The 16-byte map key: the IPv6 address, or an IPv4 address in its IPv4-mapped form (::ffff:a.b.c.d)."""
+    if isinstance(addr, ipaddress.IPv4Address):
+        return bytes(10) + b"\xff\xff" + addr.packed
+    return addr.packed
+
+
+def address_from_key(key: bytes) -> Address:
+    """Inverse of :func:`map_key`."""
+    addr = ipaddress.IPv6Address(key)
+    return addr.ipv4_mapped or addr
+
+
+def fm_value(fractional_multiplier: float) -> bytes:
+    """The map value for ``fractional_multiplier`` (finite, 1 <= FM <= MAX_FM): FM x 1000 as a little-endian u32."""
+    fm = float(fractional_multiplier)
+    if not (fm == fm and fm not in (float("inf"), float("-inf"))):
+        raise ValueError(f"fractional_multiplier must be finite, got {fractional_multiplier!r}")
+    if not 1.0 <= fm <= MAX_FM:
+        raise ValueError(f"fractional_multiplier must be between 1 and {MAX_FM:g}, got {fm:g}")
+    return round(fm * FM_UNIT).to_bytes(4, "little")
+
+
+def require_root() -> None:
+    """Raise CcNotRoot unless running as root (registration, maps and routes all need it)."""
+    if os.geteuid() != 0:
+        raise CcNotRoot("the tame congestion control needs root (BPF struct_ops and routes); run as root")
+
+
+def object_path() -> Path:
+    """The compiled BPF object for this kernel, building it first (probes/bpf/build.sh) if missing or stale."""
+    try:
+        btf = KERNEL_BTF.read_bytes()
+    except OSError as exc:
+        raise CcUnavailable(
+            f"{KERNEL_BTF}: {exc.strerror}; this kernel has no BTF, so no BPF congestion control") from exc
+    digest = hashlib.sha256(SOURCE.read_bytes() + BUILD_SCRIPT.read_bytes() + btf).hexdigest()[:16]
+    target = cache_dir() / f"tame_cc-{digest}.bpf.o"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tame_cc-", suffix=".o", dir=target.parent)
+    os.close(fd)
+    try:
+        try:
+            run(["bash", str(BUILD_SCRIPT), tmp], timeout_s=BUILD_TIMEOUT_S)
+        except TestbedCommandFailed as exc:
+            raise CcUnavailable(
+                f"cannot build the tame congestion control (needs clang, llvm, libbpf-dev and bpftool; "
+                f"run 'make deps'): {exc}"
+            ) from exc
+        os.replace(tmp, target)  # atomic: a concurrent first use never loads a half-written object
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+def _bpftool_json(*args: str) -> object:
+    try:
+        out = run(["bpftool", "-j", *args], timeout_s=BPFTOOL_TIMEOUT_S)
+    except TestbedCommandFailed as exc:
+        raise CcCommandFailed(str(exc)) from exc
+    try:
+        return json.loads(out or "null")
+    except json.JSONDecodeError as exc:
+        raise CcCommandFailed(f"bpftool {' '.join(args)}: output is not JSON") from exc
+
+
+def _struct_ops_map() -> dict | None:
+    """bpftool's record of the registered struct_ops map named tame, or None."""
+    shown = _bpftool_json("map", "show") or []
+    found = [m for m in shown if m.get("type") == "struct_ops" and m.get("name") == NAME]
+    if len(found) > 1:
+        raise CcCommandFailed(f"{len(found)} struct_ops maps named {NAME!r} are registered; unload them by id")
+    return found[0] if found else None
+
+
+@dataclass(frozen=True)
+class Registration:
+    """The registered control: its struct_ops map id and the id of its FM map."""
+
+    struct_ops_id: int
+    fm_map_id: int
+
+
+def registration() -> Registration | None:
+    """The registered tame control, or None when it is not registered."""
+    ops = _struct_ops_map()
+    if ops is None:
+        return None
+    maps = _bpftool_json("map", "show") or []
+    fm = [m for m in maps if m.get("name") == FM_MAP and m.get("btf_id") == ops.get("btf_id")]
+    if len(fm) != 1:
+        raise CcCommandFailed(f"{NAME} is registered (struct_ops id {ops['id']}) but its {FM_MAP} map was not found")
+    return Registration(struct_ops_id=int(ops["id"]), fm_map_id=int(fm[0]["id"]))
+
+
+def _require_registration() -> Registration:
+    reg = registration()
+    if reg is None:
+        raise CcNotLoaded(f"the {NAME} congestion control is not registered; run 'tame cc load' first")
+    return reg
+
+
+def load() -> tuple[Registration, bool]:
+    """Register the control (building it if needed); returns it and whether this call registered it."""
+    require_root()
+    reg = registration()
+    if reg is not None:
+        return reg, False
+    available = Path("/proc/sys/net/ipv4/tcp_available_congestion_control").read_text().split()
+    if NAME in available:
+        raise CcCommandFailed(f"a congestion control named {NAME!r} that is not this BPF program is registered")
+    obj = object_path()
+    try:
+        run(["bpftool", "struct_ops", "register", str(obj)], timeout_s=BPFTOOL_TIMEOUT_S)
+    except TestbedCommandFailed as exc:
+        raise CcCommandFailed(f"cannot register {NAME}: {exc}") from exc
+    return _require_registration(), True
+
+
+def unload() -> bool:
+    """Unregister the control (its maps go with it); returns False when it was not registered."""
+    require_root()
+    ops = _struct_ops_map()
+    if ops is None:
+        return False
+    try:
+        run(["bpftool", "struct_ops", "unregister", "id", str(ops["id"])], timeout_s=BPFTOOL_TIMEOUT_S)
+    except TestbedCommandFailed as exc:
+        raise CcCommandFailed(f"cannot unregister {NAME}: {exc}") from exc
+    return True
+
+
+def settings() -> dict[Address, float]:
+    """Every destination's FM in the registered control's map."""
+    reg = _require_registration()
+    dumped = _bpftool_json("map", "dump", "id", str(reg.fm_map_id)) or []
+    result: dict[Address, float] = {}
+    for entry in dumped:
+        key = bytes(int(b, 16) for b in entry["key"])
+        value = int.from_bytes(bytes(int(b, 16) for b in entry["value"]), "little")
+        result[address_from_key(key)] = value / FM_UNIT
+    return result
+
+
+def set_fm(addr: Address, fractional_multiplier: float) -> None:
+    """Write ``addr``'s FM into the map (validated first: finite, 1 <= FM <= MAX_FM)."""
+    value = fm_value(fractional_multiplier)
+    require_root()
+    reg = _require_registration()
+    try:
+        run(["bpftool", "map", "update", "id", str(reg.fm_map_id),
+             "key", "hex", *(f"{b:02x}" for b in map_key(addr)),
+             "value", "hex", *(f"{b:02x}" for b in value)], timeout_s=BPFTOOL_TIMEOUT_S)
+    except TestbedCommandFailed as exc:
+        raise CcCommandFailed(f"cannot set FM for {addr}: {exc}") from exc
+
+
+def delete_fm(addr: Address) -> bool:
+    """Remove ``addr``'s entry; returns False when it had none."""
+    require_root()
+    if addr not in settings():
+        return False
+    reg = _require_registration()
+    try:
+        run(["bpftool", "map", "delete", "id", str(reg.fm_map_id),
+             "key", "hex", *(f"{b:02x}" for b in map_key(addr))], timeout_s=BPFTOOL_TIMEOUT_S)
+    except TestbedCommandFailed as exc:
+        raise CcCommandFailed(f"cannot delete the entry for {addr}: {exc}") from exc
+    return True
+
+
+def _ip(addr: Address) -> list[str]:
+    return ["ip", "-6" if addr.version == 6 else "-4"]
+
+
+def _prefix(addr: Address) -> str:
+    return f"{addr}/{addr.max_prefixlen}"
+
+
+def host_route(addr: Address) -> dict | None:
+    """This namespace's main-table route for exactly ``addr``/32 (/128), as ``ip -j`` reports it, or None."""
+    try:
+        out = run([*_ip(addr), "-j", "route", "show", "exact", _prefix(addr)])
+    except TestbedCommandFailed as exc:
+        raise CcCommandFailed(str(exc)) from exc
+    routes = json.loads(out or "[]")
+    return routes[0] if routes else None
+
+
+def route_is_ours(route: dict | None) -> bool:
+    """Whether ``route`` was added by :func:`apply_route` (its protocol is ROUTE_PROTO)."""
+    return route is not None and str(route.get("protocol")) == ROUTE_PROTO
+
+
+def apply_route(addr: Address) -> str:
+    """Route ``addr`` as now, plus ``congctl tame``, in this namespace; returns the route as ``ip`` prints it."""
+    require_root()
+    existing = host_route(addr)
+    if existing is not None and not route_is_ours(existing):
+        raise CcRouteConflict(
+            f"a route for {_prefix(addr)} that tame did not add exists ({existing.get('dev', '?')}); "
+            "remove it or add 'congctl tame' to it yourself"
+        )
+    try:
+        got = json.loads(run([*_ip(addr), "-j", "route", "get", str(addr)]) or "[]")
+    except TestbedCommandFailed as exc:
+        raise CcCommandFailed(f"no route to {addr}: {exc}") from exc
+    if not got or got[0].get("type", "unicast") != "unicast" or got[0].get("dev") == "lo":
+        raise CcRouteConflict(f"{addr} is not reached through a unicast route here (it may be this host's own address)")
+    hop = got[0]
+    argv = [*_ip(addr), "route", "replace", _prefix(addr)]
+    # When a route of ours is already there, `route get` answers with it: the next hop it was made from.
+    if hop.get("gateway"):
+        argv += ["via", hop["gateway"]]
+    argv += ["dev", hop["dev"], "proto", ROUTE_PROTO, "congctl", NAME]
+    try:
+        run(argv)
+    except TestbedCommandFailed as exc:
+        raise CcCommandFailed(f"cannot add the route for {addr}: {exc}") from exc
+    return describe_route(addr) or ""
+
+
+def clear_route(addr: Address) -> bool:
+    """Remove ``addr``'s route if :func:`apply_route` added it; returns whether one was removed."""
+    require_root()
+    existing = host_route(addr)
+    if not route_is_ours(existing):
+        return False
+    try:
+        run([*_ip(addr), "route", "del", _prefix(addr), "proto", ROUTE_PROTO])
+    except TestbedCommandFailed as exc:
+        raise CcCommandFailed(f"cannot remove the route for {addr}: {exc}") from exc
+    return True
+
+
+def describe_route(addr: Address) -> str | None:
+    """``ip route show exact`` for ``addr`` in plain text, or None when there is no such route."""
+    try:
+        out = run([*_ip(addr), "route", "show", "exact", _prefix(addr)]).strip()
+    except TestbedCommandFailed as exc:
+        raise CcCommandFailed(str(exc)) from exc
+    return out or None
+
+
+if __name__ == "__main__":  # `python -m probes.cc`: build for this kernel (the install step) and print the path
+    print(object_path())

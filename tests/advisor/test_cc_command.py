@@ -1,0 +1,70 @@
+"""`tame cc`: the FM it sets for each form, and bad input refused with exit status 2 before anything is touched."""
+
+from __future__ import annotations
+
+import pytest
+from numpy.testing import assert_allclose
+
+from advisor.cli import UsageError, main
+from advisor.commands.cc import setting_for
+from probes import cc
+
+
+def test_fractional_form_carries_the_remainder_at_fm_one_over_r_squared():
+    # n* 2.5: two standard streams and one carrying r = 0.5 at 1/sqrt(FM) of a stream, FM = 1/0.5^2 = 4.
+    s = setting_for(2.5)
+    assert (s.form, s.standard_streams, s.tame_streams) == ("fractional", 2, 1)
+    assert_allclose(s.fractional_multiplier, 4.0)
+    # n* 0.25 < 1: no standard stream, one tame stream at 1/0.25^2 = 16.
+    s = setting_for(0.25)
+    assert (s.standard_streams, s.tame_streams) == (0, 1)
+    assert_allclose(s.fractional_multiplier, 16.0)
+
+
+def test_aggregate_form_scales_each_of_n_streams_to_fm_n_over_nstar_squared():
+    # 8 streams at 1/sqrt(FM) each take 8/sqrt(FM) = n* = 2 standard streams' share: FM = (8/2)^2 = 16.
+    s = setting_for(2.0, streams=8)
+    assert (s.form, s.standard_streams, s.tame_streams) == ("aggregate", 0, 8)
+    assert_allclose(s.fractional_multiplier, 16.0)
+    # N = n*: FM 1, plain Reno.
+    assert_allclose(setting_for(3.0, streams=3).fractional_multiplier, 1.0)
+    assert_allclose(setting_for(1.5, streams=3).fractional_multiplier, 4.0)
+
+
+@pytest.mark.parametrize("n_star, streams", [
+    (float("nan"), None), (float("inf"), 4), (0.0, None), (-1.0, 2),
+    (3.0, None),          # whole n*: no fractional stream to set
+    (2.0, 1),             # 1 stream for n* 2 would need FM 1/4 < 1
+    (2.0, 0),
+])
+def test_setting_for_refuses_input_that_needs_fm_below_one_or_is_not_a_number(n_star, streams):
+    with pytest.raises(UsageError):
+        setting_for(n_star, streams)
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["apply", "10.0.0.2", "--tcp-equivalent", "nan"], "finite"),
+    (["apply", "10.0.0.2", "--tcp-equivalent", "abc"], "not a number"),
+    (["apply", "10.0.0.2", "--tcp-equivalent", "2", "--streams", "1"], "FM >= 1"),
+    (["apply", "host.example", "--tcp-equivalent", "1.5"], "not an IPv4 or IPv6 address"),
+    (["apply", "10.0.0.0/24", "--tcp-equivalent", "1.5"], "not an IPv4 or IPv6 address"),
+    (["clear", "not-an-address"], "not an IPv4 or IPv6 address"),
+])
+def test_bad_input_exits_2_with_a_clear_message(argv, says, capsys, monkeypatch):
+    monkeypatch.setattr(cc, "run", _no_system_calls)
+    assert main(["cc", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tame cc: ") and says in err
+
+
+@pytest.mark.parametrize("argv", [["load"], ["unload"], ["status"], ["apply", "10.0.0.2", "--tcp-equivalent", "1.5"],
+                                  ["clear", "10.0.0.2"]])
+def test_not_root_exits_2_saying_so(argv, capsys, monkeypatch):
+    monkeypatch.setattr(cc.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(cc, "run", _no_system_calls)
+    assert main(["cc", *argv]) == 2
+    assert "needs root" in capsys.readouterr().err
+
+
+def _no_system_calls(*args, **kwargs):
+    raise AssertionError(f"bad input must be refused before any system command runs: {args}")

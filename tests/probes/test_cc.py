@@ -1,0 +1,237 @@
+"""The tame congestion control on the real kernel: registration, per-destination settings, routes, a transfer.
+
+Registration is kernel-wide, so the root tests load and unload it themselves and fail if a `tame` is
+already registered (someone else's, which they must not unload). Routes and transfers run in a veth
+pair of namespaces of their own (tcc-<pid>-a, tcc-<pid>-b), removed whatever happens.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import pytest
+
+from probes import cc
+from probes.netns import process_start_ticks, stop_process
+
+netns = pytest.mark.netns
+A4, B4 = "10.77.0.1", "10.77.0.2"
+A6, B6 = "fd77::1", "fd77::2"
+PORT = 5399
+
+
+# -- pure: keys, values, addresses ----------------------------------------------------------
+
+def test_map_key_is_ipv6_or_ipv4_mapped_and_round_trips():
+    v4 = ipaddress.ip_address("10.77.0.2")
+    assert cc.map_key(v4) == bytes(10) + b"\xff\xff" + bytes([10, 77, 0, 2])
+    assert cc.address_from_key(cc.map_key(v4)) == v4
+    v6 = ipaddress.ip_address("fd77::2")
+    assert cc.map_key(v6) == v6.packed
+    assert cc.address_from_key(cc.map_key(v6)) == v6
+
+
+def test_canonical_address_maps_v4_mapped_to_v4_and_refuses_names():
+    assert cc.canonical_address(" ::ffff:10.0.0.1 ") == ipaddress.ip_address("10.0.0.1")
+    for bad in ("host.example", "10.0.0.1/32", "", "0.0.0.0", "ff02::1", "fe80::1%eth0"):
+        with pytest.raises(ValueError):
+            cc.canonical_address(bad)
+
+
+def test_fm_value_is_fm_times_1000_little_endian_and_refuses_fm_below_one_or_not_finite():
+    assert cc.fm_value(1) == (1000).to_bytes(4, "little")
+    assert cc.fm_value(4.0) == (4000).to_bytes(4, "little")
+    assert cc.fm_value(1.5) == (1500).to_bytes(4, "little")
+    for bad in (0.99, 0, -1, float("nan"), float("inf"), cc.MAX_FM * 2):
+        with pytest.raises(ValueError):
+            cc.fm_value(bad)
+
+
+# -- root: the real kernel ------------------------------------------------------------------
+
+def _count(kind: str) -> int:
+    return len(json.loads(subprocess.run(["bpftool", "-j", kind, "show"], capture_output=True, text=True,
+                                         check=True, timeout=20).stdout or "[]"))
+
+
+def _counts() -> tuple[int, int]:
+    return _count("prog"), _count("map")
+
+
+def _settle_counts(expected: tuple[int, int], timeout_s: float = 5.0) -> tuple[int, int]:
+    # Programs and maps are freed after an RCU grace period, not at unregister's return.
+    deadline = time.monotonic() + timeout_s
+    while (now := _counts()) != expected and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return now
+
+
+def _available() -> list[str]:
+    with open("/proc/sys/net/ipv4/tcp_available_congestion_control") as f:
+        return f.read().split()
+
+
+@pytest.fixture
+def loaded():
+    """tame registered for the test, unregistered after it; yields the (prog, map) counts from before."""
+    assert cc.registration() is None, "a tame congestion control is already registered: not ours to unload"
+    before = _counts()
+    cc.load()
+    try:
+        yield before
+    finally:
+        cc.unload()
+
+
+@dataclass(frozen=True)
+class Pair:
+    a: str
+    b: str
+
+
+def _ip(*args: str) -> str:
+    return subprocess.run(["ip", *args], capture_output=True, text=True, check=True, timeout=10).stdout
+
+
+@pytest.fixture
+def pair():
+    """Two namespaces joined by a veth pair: A 10.77.0.1 / fd77::1, B 10.77.0.2 / fd77::2."""
+    tag = f"tcc-{os.getpid()}"
+    p = Pair(f"{tag}-a", f"{tag}-b")
+    made = []
+    try:
+        for ns in (p.a, p.b):
+            _ip("netns", "add", ns)
+            made.append(ns)
+        _ip("link", "add", "tccva", "netns", p.a, "type", "veth", "peer", "name", "tccvb", "netns", p.b)
+        for ns, dev, v4, v6 in ((p.a, "tccva", A4, A6), (p.b, "tccvb", B4, B6)):
+            _ip("-n", ns, "addr", "add", f"{v4}/24", "dev", dev)
+            _ip("-n", ns, "addr", "add", f"{v6}/64", "dev", dev, "nodad")
+            _ip("-n", ns, "link", "set", dev, "up")
+            _ip("-n", ns, "link", "set", "lo", "up")
+        yield p
+    finally:
+        for ns in made:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=10)
+
+
+def _tame(ns: str, *args: str, timeout_s: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-m", "advisor", "cc", *args],
+                          capture_output=True, text=True, timeout=timeout_s)
+
+
+def _route(ns: str, addr: str) -> str:
+    family = "-6" if ":" in addr else "-4"
+    return _ip("-n", ns, family, "route", "show", "exact", str(ipaddress.ip_network(addr)))
+
+
+@netns
+def test_load_registers_and_unload_leaves_no_program_or_map():
+    assert cc.registration() is None, "a tame congestion control is already registered: not ours to unload"
+    before = _counts()
+    reg, new = cc.load()
+    try:
+        assert new
+        status = json.loads(subprocess.run([sys.executable, "-m", "advisor", "cc", "status", "--json"],
+                                           capture_output=True, text=True, timeout=30, check=True).stdout)
+        assert status["registered"] is True and status["struct_ops_id"] == reg.struct_ops_id
+        assert status["destinations"] == []
+        assert "tame" in _available()
+        # The struct_ops map, the FM map and the socket storage, and one program per callback (4).
+        assert _counts() == (before[0] + 4, before[1] + 3)
+        assert cc.load() == (reg, False)
+    finally:
+        assert cc.unload() is True
+    assert _settle_counts(before) == before
+    assert "tame" not in _available()
+    assert cc.registration() is None
+    assert cc.unload() is False
+
+
+@netns
+def test_apply_and_clear_change_the_map_entry_and_the_route(loaded, pair):
+    # Fractional form, n* 2.5: the remainder 0.5 takes 1/sqrt(FM) of a stream, so FM = 1/0.5^2 = 4.
+    done = _tame(pair.a, "apply", B4, "--tcp-equivalent", "2.5")
+    assert done.returncode == 0, done.stderr
+    assert cc.settings() == {ipaddress.ip_address(B4): 4.0}
+    assert "congctl tame" in _route(pair.a, B4) and "proto 250" in _route(pair.a, B4)
+
+    # Aggregate form, 8 streams taking n* 2: each at FM (8/2)^2 = 16; IPv6 keyed by its own address.
+    done = _tame(pair.a, "apply", B4, "--tcp-equivalent", "2", "--streams", "8", "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["fractional_multiplier"] == 16.0
+    done = _tame(pair.a, "apply", B6, "--tcp-equivalent", "0.25")  # FM 1/0.25^2 = 16 as well
+    assert done.returncode == 0, done.stderr
+    assert cc.settings() == {ipaddress.ip_address(B4): 16.0, ipaddress.ip_address(B6): 16.0}
+    assert "congctl tame" in _route(pair.a, B6)
+
+    status = json.loads(_tame(pair.a, "status", "--json").stdout)
+    assert {d["dest"]: d["fractional_multiplier"] for d in status["destinations"]} == {B4: 16.0, B6: 16.0}
+
+    for dest in (B4, B6):
+        done = _tame(pair.a, "clear", dest)
+        assert done.returncode == 0, done.stderr
+        assert _route(pair.a, dest) == ""
+    assert cc.settings() == {}
+    assert "10.77.0.0/24" in _ip("-n", pair.a, "route")  # the link's own route is untouched
+
+
+@netns
+def test_apply_refuses_a_route_it_did_not_add_and_a_local_address(loaded, pair):
+    _ip("-n", pair.a, "route", "add", f"{B4}/32", "dev", "tccva")
+    done = _tame(pair.a, "apply", B4, "--tcp-equivalent", "1.5")
+    assert done.returncode == 2 and "tame did not add" in done.stderr
+    assert "congctl" not in _route(pair.a, B4)
+    done = _tame(pair.a, "apply", A4, "--tcp-equivalent", "1.5")
+    assert done.returncode == 2 and "own address" in done.stderr
+    assert cc.settings() == {}  # no entry left behind by either refusal
+
+
+def _iperf3(pair: Pair, *client_args: str) -> dict:
+    server = subprocess.Popen(["ip", "netns", "exec", pair.b, "iperf3", "-s", "-1", "-p", str(PORT)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ticks = process_start_ticks(server.pid)
+    try:
+        for _ in range(50):  # until the server listens
+            if _listening(pair.b):
+                break
+            time.sleep(0.05)
+        done = subprocess.run(["ip", "netns", "exec", pair.a, "iperf3", "-c", B4, "-p", str(PORT), "-t", "1", "-J",
+                               *client_args], capture_output=True, text=True, timeout=20)
+        result = json.loads(done.stdout)
+        assert "error" not in result, result.get("error")
+        return result
+    finally:
+        stop_process(server.pid, ticks)
+        server.wait(timeout=5)
+
+
+def _listening(ns: str) -> bool:
+    out = subprocess.run(["ip", "netns", "exec", ns, "ss", "-ltnH", f"sport = :{PORT}"], capture_output=True,
+                         text=True, timeout=10).stdout
+    return bool(out.strip())
+
+
+@netns
+def test_a_real_transfer_runs_under_tame_chosen_per_socket_or_by_the_route(loaded, pair):
+    # Chosen per socket, FM 1 (no entry): plain Reno under another name.
+    got = _iperf3(pair, "-C", "tame")
+    assert got["end"]["sender_tcp_congestion"] == "tame"
+    assert got["end"]["sum_sent"]["bytes"] > 0
+
+    # Chosen by the route for an unmodified client; a client naming its own control keeps it, so the
+    # fractional form's standard streams can run beside the tame one towards the same address.
+    assert _tame(pair.a, "apply", B4, "--tcp-equivalent", "1.5").returncode == 0
+    try:
+        got = _iperf3(pair)
+        assert got["end"]["sender_tcp_congestion"] == "tame"
+        assert got["end"]["sum_sent"]["bytes"] > 0
+        assert _iperf3(pair, "-C", "cubic")["end"]["sender_tcp_congestion"] == "cubic"
+    finally:
+        _tame(pair.a, "clear", B4)
