@@ -18,11 +18,16 @@ from advisor.settings import Settings
 
 log = logging.getLogger("tame.server")
 _TIMED_OUT = b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+# The most bytes a request line and headers may take: no route needs more than a few hundred (a token,
+# a destination of at most 300 characters); httptools would buffer an endless request line whole.
+MAX_HEADER_BYTES = 64 * 1024
+_TOO_LARGE = b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
 
 
 class _HeaderDeadline:
     """Mixin for uvicorn's httptools and h11 protocols: closes a connection whose request headers are
-    not complete ``header_timeout_s`` after the connection opened or the request's first byte came.
+    not complete ``header_timeout_s`` after the connection opened or the request's first byte came,
+    or pass MAX_HEADER_BYTES before they are (431): the deadline bounds time, this bounds memory.
 
     Both protocols make a new ``self.cycle`` when a request's headers are complete; between the end
     of one response and that point the connection is waiting for headers, and the deadline runs.
@@ -34,15 +39,24 @@ class _HeaderDeadline:
         super().connection_made(transport)
         self._header_timer = None
         self._header_bytes = False
+        self._header_byte_count = 0
         self._arm_header_timer()
 
     def data_received(self, data: bytes) -> None:
         before = self.cycle
+        if (before is None or before.response_complete) and self._header_byte_count > MAX_HEADER_BYTES:
+            return  # refused already; the connection is closing
         super().data_received(data)
         if self.cycle is not before and not self.cycle.response_complete:
             self._cancel_header_timer()  # a request's headers are complete; it is being served
         if self.cycle is None or self.cycle.response_complete:
             self._header_bytes = True
+            self._header_byte_count += len(data)
+            if self._header_byte_count > MAX_HEADER_BYTES:
+                if not self.transport.is_closing():
+                    self.transport.write(_TOO_LARGE)
+                    self.transport.close()
+                return
             self._arm_header_timer()
 
     def connection_lost(self, exc) -> None:
@@ -58,6 +72,7 @@ class _HeaderDeadline:
             self._header_timer.cancel()
             self._header_timer = None
         self._header_bytes = False
+        self._header_byte_count = 0
 
     def _header_timeout(self) -> None:
         self._header_timer = None
