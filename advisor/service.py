@@ -26,7 +26,7 @@ from advisor.fitcodec import fit_from_stored, fit_to_record
 from advisor.limits import check_max_impact, check_probe_duration_s, check_probe_levels, check_streams, check_throughput_bps
 from advisor.settings import Settings
 from advisor.store import FitRow, Job, NewFit, Store
-from advisor.tame import advisable_limit, advise, point_from_probe, predicted_curve, representative_rtt_s
+from advisor.tame import advise, point_from_probe, representative_rtt_s, stored_curve
 from models.errors import FitError
 from models.parallel import ParallelFit, ProbePoint
 from models.registry import MIN_LEVELS, fit
@@ -109,10 +109,8 @@ class AdviceService:
     def stored_fit(self, fitted: ParallelFit, points: Sequence[ProbePoint], idle_rtt_s: float | None,
                    probed_at: float, observations_used: int = 0) -> NewFit:
         """What the store keeps of ``fitted``: its record and its curve, advisable up to the throughput peak."""
-        limit = advisable_limit(fitted, self.settings.n_max)
-        curve = [(p, p.streams <= limit + 1e-9) for p in predicted_curve(fitted, self.settings.n_max)]
         return NewFit(
-            record=fit_to_record(fitted), curve=curve,
+            record=fit_to_record(fitted), curve=stored_curve(fitted, self.settings.n_max),
             probes=[{"streams": float(p.streams), "throughput_bps": float(p.throughput_bps)} for p in points],
             observations_used=observations_used, idle_rtt_s=representative_rtt_s(points, idle_rtt_s),
             n_max=self.settings.n_max, probed_at=probed_at,

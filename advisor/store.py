@@ -158,6 +158,19 @@ def _start_ticks(pid: int) -> int | None:
         return -1
 
 
+def write_curve(tx: Tx, fit_id: int, curve: Sequence[tuple[CurvePoint, bool]],
+                halfway: Callable[[], None] | None = None) -> None:
+    """Store a fit's curve, (point, advisable) for n = 1 .. n_max, in its curve_points rows."""
+    for index, (point, advisable) in enumerate(curve):
+        if halfway is not None and index == len(curve) // 2:
+            halfway()
+        tx.execute(
+            "INSERT INTO curve_points (fit_id, streams, throughput_bps, impact, impact_bound, advisable) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            (fit_id, point.streams, point.throughput_bps, point.impact, point.impact_bound, 1 if advisable else 0),
+        )
+
+
 def process_owner() -> str:
     """host:pid:boot_id:start_ticks:nonce naming this process as the owner of the jobs it runs.
 
@@ -255,14 +268,7 @@ class Store:
              json.dumps(rec["fit"])),
         ).fetchone()[0]
         step("fit")
-        for index, (point, advisable) in enumerate(fit.curve):
-            if index == len(fit.curve) // 2:
-                step("curve")
-            tx.execute(
-                "INSERT INTO curve_points (fit_id, streams, throughput_bps, impact, impact_bound, advisable) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                (fit_id, point.streams, point.throughput_bps, point.impact, point.impact_bound, 1 if advisable else 0),
-            )
+        write_curve(tx, fit_id, fit.curve, halfway=lambda: step("curve"))
         return fit_id
 
     def current_fit(self, dest_key: str) -> FitRow | None:

@@ -26,10 +26,15 @@ MAX_FRACTIONAL_MULTIPLIER = 1000.0
 _GRID_PER_STREAM = 100
 
 
+# A predicted impact below this is rounding, not a prediction: the margin leaves it as it is.
+NO_IMPACT = 1e-9
+
+
 @dataclass(frozen=True)
 class ImpactMargin:
     """Room kept for the error of an impact prediction: a predicted impact i > 0 counts as
-    min(1, i (1 + relative) + absolute); a prediction of exactly 0 (no congestion seen) stays 0."""
+    min(1, i (1 + relative) + absolute); a prediction of 0 (no congestion seen) stays 0, and so does one
+    below NO_IMPACT, which is floating-point rounding (a knee's clean line reads 2.2e-16 at 1.52 streams)."""
 
     relative: float = 0.0
     absolute: float = 0.0
@@ -43,7 +48,7 @@ class ImpactMargin:
     def bound(self, impact):
         """The impact the budget is held against (fraction 0-1), for a scalar or an array."""
         i = np.asarray(impact, dtype=float)
-        result = np.where(i > 0, np.minimum(1.0, i * (1 + self.relative) + self.absolute), i)
+        result = np.where(i > NO_IMPACT, np.minimum(1.0, i * (1 + self.relative) + self.absolute), i)
         return result if result.ndim else float(result)
 
 
@@ -246,6 +251,13 @@ def predicted_curve(fitted: ParallelFit, n_max: int = DEFAULT_N_MAX,
     impact = np.asarray(held_impact(fitted, n))
     bound = np.asarray(margin.bound(impact))
     return [CurvePoint(int(k), float(t), float(i), float(b)) for k, t, i, b in zip(n, throughput, impact, bound)]
+
+
+def stored_curve(fitted: ParallelFit, n_max: int) -> list[tuple[CurvePoint, bool]]:
+    """The curve the store keeps of a fit, n = 1 .. n_max, each point with whether the advice may choose it
+    (up to :func:`advisable_limit`): what the schedulers' view reads, so it gives the advice's stream count."""
+    limit = advisable_limit(fitted, n_max)
+    return [(point, point.streams <= limit + 1e-9) for point in predicted_curve(fitted, n_max)]
 
 
 def point_from_probe(probe: ProbeResult) -> ProbePoint:

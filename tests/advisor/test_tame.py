@@ -152,3 +152,11 @@ def test_latent_losses_up_to_a_full_link_advise_the_streams_that_fill_it():
     advice = tame_parallel_tcp([probe(1, 10.64e6, 0.001), probe(10, 95.53e6, 0.001), probe(40, 95.62e6, 0.0065)], 0.1)
     assert advice.num_flows == 10 and advice.cross_traffic_impact == 0.0
     assert advice.model == "auto"
+
+
+def test_rounding_noise_is_no_impact_for_the_margin():
+    from advisor.tame import DEFAULT_MARGIN
+    # A knee's clean line reads 2.2e-16 at 1.52 streams (rounding): no margin's +0.02 on top of that.
+    assert DEFAULT_MARGIN.bound(2.2e-16) == 2.2e-16
+    assert DEFAULT_MARGIN.bound(0.0) == 0.0
+    assert DEFAULT_MARGIN.bound(0.1) == pytest.approx(0.1 * 1.15 + 0.02)

@@ -173,11 +173,8 @@ def test_migration_holds_curves_stored_before(tmp_path):
         store.close()
 
 
-@pytest.mark.xfail(strict=True, reason="migration 0004 holds old curves to their maximum over whole stream "
-                   "counts, the advice over the 0.01 search grid: a knee's impact between 9 and 10 streams is "
-                   "above both ends, so the migrated view gives up to 46 streams where GET /v1/advice gives 9")
 def test_migrated_knee_curve_gives_the_api_answer(tmp_path):
-    # Found by review: a knee stored by a7c1bba's code (1, 10 and 31 streams at 44.7, 100 and 100.6 Mbit/s)
+    # Found by review: a knee stored before fit records were kept (1, 10 and 31 streams at 44.7, 100 and 100.6 Mbit/s)
     # and read after today's migrations. Its own impact rises to 0.756 at 9 streams and past it towards
     # 10, then falls to 0 at 10 (the plateau's end); held at whole counts only, 10..41 keep 0.756
     # (bound 0.8898), so budgets 0.89-0.915 read 41-46 streams in the view and 9 from the API. And at 1.52
@@ -197,14 +194,15 @@ def test_migrated_knee_curve_gives_the_api_answer(tmp_path):
                          congested=shared)
         store_fit(service, fitted)
         with store.db.transaction(write=True) as tx:
-            # As a7c1bba stored it: the fit's own impact, no record.
+            # As it was stored before records: the fit's own impact, no record.
             for n in range(1, 65):
                 impact = float(fitted.impact(float(n)))
                 tx.execute("UPDATE curve_points SET impact = ?, impact_bound = ? WHERE streams = ?",
                            (impact, float(DEFAULT_MARGIN.bound(impact)), n))
             tx.execute("UPDATE fits SET record_json = NULL")
-            tx.execute("DELETE FROM schema_migrations WHERE version = 4")
-        store.db.migrate()
+            tx.execute("DELETE FROM schema_migrations WHERE version IN (4, 9)")
+        # 0004 holds it over whole counts in SQL; 0009 writes it again from the fit, over the search grid.
+        assert store.db.migrate() == [4, 9]
         service.invalidate()
         for budget in np.round(np.arange(0.0, 1.0001, 0.005), 3):
             assert scheduler_streams(store, float(budget)) == service.advice(DEST.key, float(budget))["num_flows"], budget
