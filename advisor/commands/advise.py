@@ -11,11 +11,12 @@ from advisor.cli import UsageError
 from advisor.commands.common import add_margin_option, fraction, fractional_margin_from_args, margin_from_args, positive_int, print_advice, print_json
 from advisor.commands.probe import EXIT_PROBE_FAILED, add_plan_options, measure, parse_levels
 from advisor.errors import InvalidRequest
-from advisor.limits import check_probe_levels
+from advisor.limits import check_probe_duration_s, check_probe_levels
 from advisor.plan_runner import level_chooser
 from advisor.tame import DEFAULT_MODEL, DEFAULT_N_MAX, advise_from_plan
 from models.errors import FitError
 from models.registry import MIN_LEVELS, MODELS
+from probes.plan import ProbePlan
 
 # How long `tame advise` waits for a server-side probe before giving up, seconds.
 SERVER_PROBE_WAIT_S = 900.0
@@ -36,11 +37,15 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    # The plan the service would take for this model (POST /v1/probes), whoever runs the probes.
     try:
-        # The levels the service would take for this model (POST /v1/probes), whoever runs the probes.
         check_probe_levels(list(parse_levels(args.levels)), MIN_LEVELS[args.model], args.model)
     except InvalidRequest as exc:
         raise UsageError(f"--levels {args.levels!r}: {exc}") from None
+    try:
+        check_probe_duration_s(float(args.duration))
+    except (ValueError, InvalidRequest) as exc:
+        raise UsageError(f"--duration {args.duration!r}: give seconds from 1 to 300 ({exc})") from None
     server = os.environ.get("TAME_URL")
     payload = _from_server(server, args) if server else _locally(args)
     if payload is None:
@@ -66,10 +71,23 @@ def _locally(args) -> dict | None:
     return {"dest": plan.dest, **advice.to_json()}
 
 
+def _plan_asked(args) -> dict:
+    """The probe plan options given on the command line, for the server (which has its own defaults)."""
+    default = ProbePlan()
+    asked = {}
+    if args.levels != ",".join(map(str, default.levels)):
+        asked["levels"] = list(parse_levels(args.levels))
+    if float(args.duration) != default.duration_s:
+        asked["duration_s"] = float(args.duration)
+    return asked
+
+
 def _from_server(url: str, args) -> dict | None:
     from api.client import TameClient, TameError  # the CLI is where the layers are wired together
 
-    with TameClient(url, token=os.environ.get("TAME_TOKEN"), timeout_s=30) as client:
+    # The write token reads too; a scheduler holding only the read token can still read advice.
+    token = os.environ.get("TAME_TOKEN") or os.environ.get("TAME_READ_TOKEN")
+    with TameClient(url, token=token, timeout_s=30) as client:
         try:
             return client.advice(args.dest, args.max_impact)
         except TameError as exc:
@@ -77,7 +95,7 @@ def _from_server(url: str, args) -> dict | None:
                 raise UsageError(f"{url}: {exc}") from exc
         print(f"tame advise: {url} has no advice for {args.dest}; requesting a probe", file=sys.stderr, flush=True)
         try:
-            job = client.request_probe(args.dest)
+            job = client.request_probe(args.dest, **_plan_asked(args))
             deadline = time.monotonic() + SERVER_PROBE_WAIT_S
             while time.monotonic() < deadline:
                 status = client.probe(job["id"])

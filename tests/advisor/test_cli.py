@@ -165,3 +165,9 @@ def test_a_url_as_destination_is_named_as_one():
     result = tame("advise", "http://127.0.0.1:5201/", "--max-impact", "0.1")
     assert result.returncode == 2
     assert "looks like a URL" in result.stderr and "brackets" not in result.stderr
+
+
+@pytest.mark.parametrize("duration", ["500", "0.5", "x", "nan"])
+def test_advise_takes_the_probe_duration_the_service_takes(duration):
+    result = tame("advise", "127.0.0.1:9", "--max-impact", "0.1", "--duration", duration)
+    assert result.returncode == 2 and "--duration" in result.stderr and "1 to 300" in result.stderr, result.stderr

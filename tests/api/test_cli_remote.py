@@ -10,8 +10,9 @@ from numpy.testing import assert_allclose
 from tests.api.conftest import A
 
 
-def tame(base, *args):
-    env = {**os.environ, "TAME_URL": base}
+def tame(base, *args, env_extra=None):
+    env = {k: v for k, v in os.environ.items() if k not in ("TAME_TOKEN", "TAME_READ_TOKEN")}
+    env.update(TAME_URL=base, **(env_extra or {}))
     return subprocess.run([sys.executable, "-m", "advisor", *args], env=env, capture_output=True, text=True,
                           timeout=180)
 
@@ -38,3 +39,16 @@ def test_advise_via_server_outside_the_allow_list_fails_clearly(service_factory)
     done = tame(base, "advise", "192.0.2.1", "--max-impact", "0.1")
     assert done.returncode == 2
     assert "TAME_ALLOWED_DESTINATIONS" in done.stderr and done.stdout == ""
+
+
+def test_advise_via_server_asks_for_the_plan_given_and_reads_with_the_read_token(service_factory):
+    base, client, app = service_factory(token="w", read_token="r")
+    done = tame(base, "advise", "127.0.0.1", "--max-impact", "0.5", "--levels", "1,4", "--duration", "2",
+                env_extra={"TAME_TOKEN": "w"})
+    assert done.returncode == 0, done.stderr
+    with app.state.service.store.db.transaction() as tx:
+        levels, duration = tx.execute("SELECT levels_json, duration_s FROM probe_jobs").fetchone()
+    assert json.loads(levels) == [1, 4] and duration == 2.0  # not silently the server's defaults
+    # A scheduler holding only the read token reads the advice the server now has.
+    read = tame(base, "advise", "127.0.0.1", "--max-impact", "0.5", "--json", env_extra={"TAME_READ_TOKEN": "r"})
+    assert read.returncode == 0, read.stderr
