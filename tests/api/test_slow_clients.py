@@ -8,6 +8,7 @@ import select
 import socket
 import threading
 import time
+from contextlib import contextmanager
 from urllib.parse import urlsplit
 
 import pytest
@@ -17,6 +18,23 @@ from api.server import MAX_HEADER_BYTES, header_deadline_protocol
 from tests.api.conftest import free_port, wait_for
 
 HEALTH = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+
+
+@contextmanager
+def bare_server(app, http, header_timeout_s):
+    """``app`` under uvicorn with the header-deadline protocol over ``http`` (httptools or h11): its base URL."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="off", log_level="warning",
+                                           http=header_deadline_protocol(http, header_timeout_s),
+                                           timeout_keep_alive=30))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: server.started, timeout_s=30, what="uvicorn start")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
 
 
 def connect(base):
@@ -116,14 +134,7 @@ def test_the_header_deadline_works_with_either_http_parser(http):
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
         await send({"type": "http.response.body", "body": b"ok"})
 
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="off", log_level="warning",
-                                           http=header_deadline_protocol(http, 1.0), timeout_keep_alive=30))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        wait_for(lambda: server.started, timeout_s=30, what="uvicorn start")
-        base = f"http://127.0.0.1:{port}"
+    with bare_server(app, http, header_timeout_s=1.0) as base:
         with connect(base) as silent, connect(base) as trickle, connect(base) as kept:
             trickle.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n")
             kept.sendall(HEALTH)
@@ -132,9 +143,6 @@ def test_the_header_deadline_works_with_either_http_parser(http):
             for sock in (silent, trickle, kept):
                 wait_closed(sock, within_s=10)
         assert status_of(base) == 200
-    finally:
-        server.should_exit = True
-        thread.join(10)
 
 
 @pytest.mark.parametrize("http", ["httptools", "h11"])
@@ -150,14 +158,7 @@ def test_an_endless_request_line_gets_431_at_the_header_byte_cap(http):
                     "headers": [(b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})
 
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="off", log_level="warning",
-                                           http=header_deadline_protocol(http, 30.0), timeout_keep_alive=30))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        wait_for(lambda: server.started, timeout_s=30, what="uvicorn start")
-        base = f"http://127.0.0.1:{port}"
+    with bare_server(app, http, header_timeout_s=30.0) as base:
         with connect(base) as sock:
             sock.sendall(b"GET /" + b"a" * 8192)
             sent, answer = 8197, b""
@@ -184,6 +185,3 @@ def test_an_endless_request_line_gets_431_at_the_header_byte_cap(http):
                 while received < 100_000:
                     received += len(sock.recv(65536))
         assert status_of(base) == 200
-    finally:
-        server.should_exit = True
-        thread.join(10)
