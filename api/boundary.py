@@ -18,6 +18,7 @@ import hmac
 import json
 from typing import Callable
 
+from advisor.limits import MAX_PROBE_STREAMS
 from api import schemas
 from probes.iperf_parse import RAW_MAX_CHARS
 
@@ -32,10 +33,10 @@ SMALL_BODY_BYTES = 16 * 1024
 # 1 KiB leaves room for indentation and some escaped characters.
 BATCH_ITEM_BYTES = 1024
 # One pushed probe: its scalar fields (under 1 KiB), stream_bps and stream_retransmits for up to
-# 128 streams (TAME_PROBE_LEVELS' ceiling) at under 32 bytes a number, and raw as JSON text, where
+# MAX_PROBE_STREAMS streams (what the schema takes; iperf3 opens no more) at under 32 bytes a number, and raw as JSON text, where
 # quotes, backslashes and newlines take two bytes a character (iperf3's JSON output escapes no worse).
 PROBE_RUN_FIELDS_BYTES = 4 * 1024
-PROBE_FIELDS_BYTES = 2 * 1024 + 2 * 128 * 32
+PROBE_FIELDS_BYTES = 2 * 1024 + 2 * MAX_PROBE_STREAMS * 32
 
 
 def _max_length(model, name: str) -> int:

@@ -152,7 +152,7 @@ class ObservationOut(BaseModel):
 
 class ProbeResultIn(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    streams: int = Field(ge=1, le=limits.MAX_STREAMS)
+    streams: int = Field(ge=1, le=limits.MAX_PROBE_STREAMS, description="streams of the probe (iperf3 opens at most 128)")
     throughput_bps: float = Field(ge=limits.MIN_THROUGHPUT_BPS, lt=limits.MAX_THROUGHPUT_BPS, allow_inf_nan=False)
     sender_bps: float | None = Field(default=None, ge=0, lt=limits.MAX_THROUGHPUT_BPS, allow_inf_nan=False)
     retransmits: int | None = Field(default=None, ge=0, le=2**53)
@@ -163,9 +163,9 @@ class ProbeResultIn(BaseModel):
     started_at: float = Field(default=0.0, ge=0, lt=1e11, allow_inf_nan=False)
     mss_bytes: int | None = Field(default=None, ge=1, le=65535)
     stream_bps: list[Annotated[float, Field(ge=0, lt=limits.MAX_THROUGHPUT_BPS, allow_inf_nan=False)]] = Field(
-        default_factory=list, max_length=limits.MAX_STREAMS, description="each stream's rate over the window, bits/s")
+        default_factory=list, max_length=limits.MAX_PROBE_STREAMS, description="each stream's rate over the window, bits/s")
     stream_retransmits: list[Annotated[int, Field(ge=0, le=2**53)]] = Field(
-        default_factory=list, max_length=limits.MAX_STREAMS,
+        default_factory=list, max_length=limits.MAX_PROBE_STREAMS,
         description="each stream's retransmitted segments over the window, in stream_bps's order")
     raw: str = Field(default="", max_length=RAW_MAX_CHARS)
 

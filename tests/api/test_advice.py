@@ -237,3 +237,12 @@ def test_auto_model_job_adds_the_adaptive_probe_and_stores_a_knee(service_factor
     advice = client.get("/v1/advice", params={"dest": "127.0.0.1", "max_impact": 0.0}).json()
     # Nothing is taken from anyone up to the last clean probe.
     assert advice["num_flows"] == 10 and advice["cross_traffic_impact"] == 0.0
+
+
+def test_a_pushed_probe_of_more_streams_than_iperf3_opens_is_refused(service_factory):
+    base, client, app = service_factory(start_worker=False)
+    probes = [{"streams": 1, "throughput_bps": rate(1)},
+              {"streams": 129, "throughput_bps": rate(129), "stream_bps": [rate(129) / 129] * 129}]
+    response = client.post("/v1/probe-runs", json={"dest": "127.0.0.1", "probes": probes})
+    assert response.status_code == 422 and "128" in response.json()["detail"], response.text
+    assert client.get("/v1/paths").json() == {"paths": []}
