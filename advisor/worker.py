@@ -23,7 +23,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from advisor.destinations import parse_destination
+from advisor.destinations import Destination, parse_destination
 from advisor.errors import AdvisorError
 from advisor.plan_runner import level_chooser, plan_for
 from advisor.retention import Pruner
@@ -45,8 +45,8 @@ BUSY_RETRY_WAITS_S = (2.0, 4.0, 8.0)
 
 
 def probe_target(address: str, port: int) -> str:
-    """HOST:PORT for the driver from an IP literal (IPv6 in brackets)."""
-    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+    """HOST:PORT for the driver from an IP literal (IPv6 in brackets), as the store spells destinations."""
+    return Destination(address, port).key
 
 
 class JobProgress:
