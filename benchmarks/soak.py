@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import json
 import os
 import random
@@ -44,16 +43,17 @@ import itertools
 
 import httpx
 
+from probes.lifetime import signal_on_parent_death
+
 ROOT = Path(__file__).resolve().parents[1]
 TAME = [sys.executable, "-m", "advisor"]
 TOKEN = "soak-write-token"
 KEEP_RUNS, KEEP_OBSERVATIONS, KEEP_FITS = 5, 200, 5
 SYNTHETIC_DESTS = [f"127.0.0.{i}" for i in range(2, 6)]  # pushed runs and observations; never probed
-_PR_SET_PDEATHSIG = 1
 
 
 def _die_with_parent():
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
+    signal_on_parent_death(signal.SIGTERM)
 
 
 def free_port() -> int:

@@ -39,9 +39,10 @@ import socket
 import sys
 import tempfile
 
+from probes.lifetime import signal_on_parent_death
+
 EXIT_BINDINGS_FAILED = 3
 EXIT_ORPHANED = 4
-_PR_SET_PDEATHSIG = 1
 
 
 def die_with_parent(parent_pid: int) -> bool:
@@ -50,10 +51,7 @@ def die_with_parent(parent_pid: int) -> bool:
     The request is checked against ``parent_pid`` after it is made, so a parent that died before
     it (this process then has another parent) is caught too.
     """
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    signal_on_parent_death(signal.SIGKILL)
     return os.getppid() == parent_pid
 
 

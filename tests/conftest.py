@@ -1,4 +1,3 @@
-import ctypes
 import glob
 import os
 import pwd
@@ -13,6 +12,8 @@ from contextlib import contextmanager
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
+
+from probes.lifetime import signal_on_parent_death
 
 
 def pytest_collection_modifyitems(config, items):
@@ -33,7 +34,6 @@ def pytest_collection_modifyitems(config, items):
 # the tests skip, except in CI (CI=true), where they fail.
 
 TEST_DATABASE_URL_ENV = "TAME_TEST_DATABASE_URL"
-_PR_SET_PDEATHSIG = 1
 
 
 def _unavailable(reason: str):
@@ -54,7 +54,7 @@ def _postgres_bindir() -> str | None:
 def _die_with_parent():
     # The postmaster quits (SIGQUIT: immediate shutdown, children included) if pytest dies without
     # its teardown, so no cluster outlives the session that started it.
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGQUIT))
+    signal_on_parent_death(signal.SIGQUIT)
 
 
 def _free_port() -> int:
