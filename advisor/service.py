@@ -202,11 +202,15 @@ class AdviceService:
         return (cached is not None and cached.generation == self._generation
                 and now - cached.loaded_at <= self.settings.cache_max_age_s)
 
+    def _refresh_lock(self, key: tuple[str, float]) -> threading.Lock:
+        """The lock held by whichever thread brings ``key``'s entry up to date."""
+        with self._lock:
+            return self._refreshing.setdefault(key, threading.Lock())
+
     def _refreshed(self, key: tuple[str, float], cached: AdviceEntry | None) -> AdviceEntry:
         """The entry for ``key`` brought up to date by one thread at a time (no stampede when it expires
         under load): while one reloads, the others get the previous entry, or wait for it if there is none."""
-        with self._lock:
-            refreshing = self._refreshing.setdefault(key, threading.Lock())
+        refreshing = self._refresh_lock(key)
         usable = cached is not None and cached.generation == self._generation
         if not refreshing.acquire(blocking=not usable):
             return cached
@@ -220,8 +224,7 @@ class AdviceService:
 
     def _refresh_in_background(self, key: tuple[str, float]) -> None:
         """Bring ``key``'s entry up to date in the background, unless a thread is doing so already."""
-        with self._lock:
-            refreshing = self._refreshing.setdefault(key, threading.Lock())
+        refreshing = self._refresh_lock(key)
         if not refreshing.acquire(blocking=False):
             return
 
