@@ -19,7 +19,9 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import json
+import math
 import os
+import struct
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +37,10 @@ FM_UNIT = 1000
 """The map holds round(FM x FM_UNIT) as a u32."""
 MAX_FM = 1_000_000.0
 """Largest FM the map can hold with headroom in the kernel's u64 threshold (cwnd x FM x 1000)."""
+SCALE_SLOW_START = 1
+"""Flag bit: slow start grows acked/FM per ack (TAME_SCALE_SLOW_START in the BPF source)."""
+SCALE_SLOW_START_BY_DEFAULT = False
+"""Whether `tame cc apply` scales slow start (docs/tame-cc.md: what the calibration measured)."""
 ROUTE_PROTO = "250"
 """Routing protocol number marking the routes ``apply`` adds, so ``clear`` never removes anyone else's."""
 
@@ -80,14 +86,32 @@ def address_from_key(key: bytes) -> Address:
     return addr.ipv4_mapped or addr
 
 
-def fm_value(fractional_multiplier: float) -> bytes:
-    """The map value for ``fractional_multiplier`` (finite, 1 <= FM <= MAX_FM): FM x 1000 as a little-endian u32."""
-    fm = float(fractional_multiplier)
-    if not (fm == fm and fm not in (float("inf"), float("-inf"))):
-        raise ValueError(f"fractional_multiplier must be finite, got {fractional_multiplier!r}")
-    if not 1.0 <= fm <= MAX_FM:
-        raise ValueError(f"fractional_multiplier must be between 1 and {MAX_FM:g}, got {fm:g}")
-    return round(fm * FM_UNIT).to_bytes(4, "little")
+@dataclass(frozen=True)
+class CcSetting:
+    """One destination's entry in the FM map: the fractional multiplier (1 <= FM <= MAX_FM, finite) and
+    whether slow start is scaled by 1/FM too (bit TAME_SCALE_SLOW_START of the BPF program's flags)."""
+
+    fractional_multiplier: float
+    scale_slow_start: bool = False
+
+    def __post_init__(self) -> None:
+        fm = float(self.fractional_multiplier)
+        if not math.isfinite(fm):
+            raise ValueError(f"fractional_multiplier must be finite, got {self.fractional_multiplier!r}")
+        if not 1.0 <= fm <= MAX_FM:
+            raise ValueError(f"fractional_multiplier must be between 1 and {MAX_FM:g}, got {fm:g}")
+        object.__setattr__(self, "fractional_multiplier", round(fm * FM_UNIT) / FM_UNIT)
+
+    def to_value(self) -> bytes:
+        """The map value (struct tame_setting): FM x 1000 and the flags, two little-endian u32s."""
+        flags = SCALE_SLOW_START if self.scale_slow_start else 0
+        return struct.pack("<II", round(self.fractional_multiplier * FM_UNIT), flags)
+
+    @classmethod
+    def from_value(cls, value: bytes) -> "CcSetting":
+        """Inverse of :meth:`to_value`."""
+        fm_milli, flags = struct.unpack("<II", value)
+        return cls(fm_milli / FM_UNIT, scale_slow_start=bool(flags & SCALE_SLOW_START))
 
 
 def require_root() -> None:
@@ -202,21 +226,20 @@ def unload() -> bool:
     return True
 
 
-def settings() -> dict[Address, float]:
-    """Every destination's FM in the registered control's map."""
+def settings() -> dict[Address, CcSetting]:
+    """Every destination's setting in the registered control's map."""
     reg = _require_registration()
     dumped = _bpftool_json("map", "dump", "id", str(reg.fm_map_id)) or []
-    result: dict[Address, float] = {}
+    result: dict[Address, CcSetting] = {}
     for entry in dumped:
         key = bytes(int(b, 16) for b in entry["key"])
-        value = int.from_bytes(bytes(int(b, 16) for b in entry["value"]), "little")
-        result[address_from_key(key)] = value / FM_UNIT
+        result[address_from_key(key)] = CcSetting.from_value(bytes(int(b, 16) for b in entry["value"]))
     return result
 
 
-def set_fm(addr: Address, fractional_multiplier: float) -> None:
-    """Write ``addr``'s FM into the map (validated first: finite, 1 <= FM <= MAX_FM)."""
-    value = fm_value(fractional_multiplier)
+def set_fm(addr: Address, setting: CcSetting) -> None:
+    """Write ``addr``'s setting into the map."""
+    value = setting.to_value()
     require_root()
     reg = _require_registration()
     try:

@@ -125,8 +125,9 @@ def _status(args) -> int:
     reg = cc.registration()
     entries = []
     if reg is not None:
-        for addr, fm in sorted(cc.settings().items(), key=lambda item: (item[0].version, item[0])):
-            entries.append({"dest": str(addr), "fractional_multiplier": fm, "route": cc.describe_route(addr)})
+        for addr, entry in sorted(cc.settings().items(), key=lambda item: (item[0].version, item[0])):
+            entries.append({"dest": str(addr), "fractional_multiplier": entry.fractional_multiplier,
+                            "scale_slow_start": entry.scale_slow_start, "route": cc.describe_route(addr)})
     if args.json:
         json.dump({"name": cc.NAME, "registered": reg is not None,
                    "struct_ops_id": reg.struct_ops_id if reg else None,
@@ -141,7 +142,8 @@ def _status(args) -> int:
           f"destinations without an entry get FM 1 (Reno)")
     for e in entries:
         route = e["route"] or "no route here (this namespace): only sockets choosing -C tame get it"
-        print(f"  {e['dest']}: FM {e['fractional_multiplier']:g}; route: {route}")
+        slow_start = ", slow start scaled" if e["scale_slow_start"] else ""
+        print(f"  {e['dest']}: FM {e['fractional_multiplier']:g}{slow_start}; route: {route}")
     return 0
 
 
@@ -153,7 +155,7 @@ def _apply(args) -> int:
         raise UsageError(f"--tcp-equivalent {args.tcp_equivalent!r} is not a number") from None
     setting = setting_for(n_star, args.streams)
     cc.require_root()
-    cc.set_fm(addr, setting.fractional_multiplier)
+    cc.set_fm(addr, cc.CcSetting(setting.fractional_multiplier, scale_slow_start=cc.SCALE_SLOW_START_BY_DEFAULT))
     try:
         route = cc.apply_route(addr)
     except CcError:

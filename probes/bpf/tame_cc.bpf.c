@@ -4,12 +4,13 @@
  * fractional stream), FM read per destination address from a pinned BPF hash map.
  *
  * Key: the destination as 16 bytes, IPv4 as its IPv4-mapped IPv6 form (::ffff:a.b.c.d), so an IPv4
- * destination reached from a dual-stack socket finds the same entry. Value: FM x 1000 (u32). A
- * destination without an entry gets FM 1: plain Reno. The map is read on every call, so `tame cc apply`
- * acts on connections already open.
+ * destination reached from a dual-stack socket finds the same entry. Value: struct tame_setting, FM x 1000
+ * and flags. A destination without an entry gets FM 1: plain Reno. The map is read on every call, so
+ * `tame cc apply` acts on connections already open.
  *
- * Slow start, the multiplicative decrease and undo are Reno's, unscaled: whether they must scale too is
- * a calibration question (issue 32, deliverable 4), not settled here.
+ * The multiplicative decrease and undo are Reno's, unscaled. Slow start is Reno's unless the setting
+ * carries TAME_SCALE_SLOW_START, which grows it by acked/FM instead of acked (docs/tame-cc.md says
+ * which the calibration keeps, and why).
  *
  * The Reno logic is written out rather than calling the kernel's tcp_reno_* kfuncs so that the
  * increase can be scaled, and so the program does not depend on which kfuncs a kernel exposes.
@@ -30,17 +31,25 @@ struct tame_key {
 	__u8 addr[16];
 };
 
+#define TAME_SCALE_SLOW_START 1U /* flags: slow start grows acked/FM segments per ack, not acked */
+
+struct tame_setting {
+	__u32 fm_milli; /* FM x FM_UNIT */
+	__u32 flags;    /* TAME_* bits */
+};
+
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 4096);
 	__type(key, struct tame_key);
-	__type(value, __u32);
+	__type(value, struct tame_setting);
 } tame_fm SEC(".maps");
 
-/* Per socket: the additive-increase credit in thousandths of a segment. u64 because the threshold,
- * cwnd x FM x 1000, passes 2^32 at cwnd 43,000 x FM 100. */
+/* Per socket: the additive-increase credit in thousandths of a segment (u64 because the threshold,
+ * cwnd x FM x 1000, passes 2^32 at cwnd 43,000 x FM 100), and the scaled slow start's. */
 struct tame_sk {
 	__u64 credit;
+	__u64 ss_credit;
 };
 
 struct {
@@ -55,10 +64,12 @@ static __always_inline struct tcp_sock *tcp_sk(const struct sock *sk)
 	return (struct tcp_sock *)sk;
 }
 
-static __always_inline __u32 fm_milli(const struct sock *sk)
+static const struct tame_setting reno = { .fm_milli = FM_UNIT, .flags = 0 };
+
+static __always_inline struct tame_setting setting_of(const struct sock *sk)
 {
 	struct tame_key key = {};
-	__u32 *fm;
+	struct tame_setting *found;
 
 	if (sk->__sk_common.skc_family == AF_INET) {
 		key.addr[10] = 0xff;
@@ -67,13 +78,13 @@ static __always_inline __u32 fm_milli(const struct sock *sk)
 	} else if (sk->__sk_common.skc_family == AF_INET6) {
 		__builtin_memcpy(key.addr, sk->__sk_common.skc_v6_daddr.in6_u.u6_addr8, 16);
 	} else {
-		return FM_UNIT;
+		return reno;
 	}
-	fm = bpf_map_lookup_elem(&tame_fm, &key);
+	found = bpf_map_lookup_elem(&tame_fm, &key);
 	/* FM < 1 would grow faster than Reno; the CLI refuses it, and this refuses it again. */
-	if (!fm || *fm < FM_UNIT)
-		return FM_UNIT;
-	return *fm;
+	if (!found || found->fm_milli < FM_UNIT)
+		return reno;
+	return *found;
 }
 
 static __always_inline bool tcp_in_slow_start(const struct tcp_sock *tp)
@@ -96,14 +107,17 @@ void BPF_PROG(tame_init, struct sock *sk)
 {
 	struct tame_sk *st = bpf_sk_storage_get(&tame_sk_stg, sk, NULL, BPF_SK_STORAGE_GET_F_CREATE);
 
-	if (st)
+	if (st) {
 		st->credit = 0;
+		st->ss_credit = 0;
+	}
 }
 
 SEC("struct_ops/tame_cong_avoid")
 void BPF_PROG(tame_cong_avoid, struct sock *sk, __u32 ack, __u32 acked)
 {
 	struct tcp_sock *tp = tcp_sk(sk);
+	struct tame_setting setting;
 	struct tame_sk *st;
 	__u64 threshold, grow;
 	__u32 cwnd;
@@ -111,7 +125,29 @@ void BPF_PROG(tame_cong_avoid, struct sock *sk, __u32 ack, __u32 acked)
 	if (!tcp_is_cwnd_limited(sk))
 		return;
 
+	setting = setting_of(sk);
+	st = bpf_sk_storage_get(&tame_sk_stg, sk, NULL, BPF_SK_STORAGE_GET_F_CREATE);
+	if (!st)
+		return;
 	cwnd = tp->snd_cwnd;
+	if (cwnd < tp->snd_ssthresh && (setting.flags & TAME_SCALE_SLOW_START)) {
+		/* Scaled slow start: one segment per FM segments acked, up to ssthresh; what is left of
+		 * `acked` at ssthresh goes on to congestion avoidance as in Reno. */
+		__u32 room = tp->snd_ssthresh - cwnd;
+
+		st->ss_credit += (__u64)acked * FM_UNIT;
+		grow = st->ss_credit / setting.fm_milli;
+		if (grow < room) {
+			st->ss_credit -= grow * setting.fm_milli;
+			tp->snd_cwnd = cwnd + (__u32)grow < tp->snd_cwnd_clamp ? cwnd + (__u32)grow : tp->snd_cwnd_clamp;
+			return;
+		}
+		st->ss_credit = 0;
+		acked = 0;
+		cwnd = tp->snd_ssthresh;
+		tp->snd_cwnd = cwnd < tp->snd_cwnd_clamp ? cwnd : tp->snd_cwnd_clamp;
+		return;
+	}
 	if (cwnd < tp->snd_ssthresh) {
 		/* Reno's slow start (tcp_slow_start): grow by what was acked, up to ssthresh. */
 		__u32 next = cwnd + acked;
@@ -126,12 +162,9 @@ void BPF_PROG(tame_cong_avoid, struct sock *sk, __u32 ack, __u32 acked)
 		cwnd = tp->snd_cwnd;
 	}
 
-	st = bpf_sk_storage_get(&tame_sk_stg, sk, NULL, BPF_SK_STORAGE_GET_F_CREATE);
-	if (!st)
-		return;
 	/* Congestion avoidance (tcp_cong_avoid_ai with w = cwnd x FM): one segment per cwnd x FM
 	 * segments acked, i.e. 1/FM segment a round trip. */
-	threshold = (__u64)cwnd * fm_milli(sk);
+	threshold = (__u64)cwnd * setting.fm_milli;
 	if (!threshold)
 		return;
 	st->credit += (__u64)acked * FM_UNIT;
@@ -153,8 +186,10 @@ __u32 BPF_PROG(tame_ssthresh, struct sock *sk)
 	__u32 half = tp->snd_cwnd >> 1;
 
 	/* Credit earned at the old window is not spent at the halved one. */
-	if (st)
+	if (st) {
 		st->credit = 0;
+		st->ss_credit = 0;
+	}
 	return half > 2 ? half : 2;
 }
 

@@ -44,13 +44,15 @@ def test_canonical_address_maps_v4_mapped_to_v4_and_refuses_names():
             cc.canonical_address(bad)
 
 
-def test_fm_value_is_fm_times_1000_little_endian_and_refuses_fm_below_one_or_not_finite():
-    assert cc.fm_value(1) == (1000).to_bytes(4, "little")
-    assert cc.fm_value(4.0) == (4000).to_bytes(4, "little")
-    assert cc.fm_value(1.5) == (1500).to_bytes(4, "little")
+def test_setting_value_is_fm_times_1000_and_flags_little_endian_and_refuses_fm_below_one_or_not_finite():
+    assert cc.CcSetting(1).to_value() == (1000).to_bytes(4, "little") + bytes(4)
+    assert cc.CcSetting(4.0).to_value() == (4000).to_bytes(4, "little") + bytes(4)
+    assert cc.CcSetting(1.5, scale_slow_start=True).to_value() == (1500).to_bytes(4, "little") + (1).to_bytes(4, "little")
+    for setting in (cc.CcSetting(1.5), cc.CcSetting(400.0, scale_slow_start=True)):
+        assert cc.CcSetting.from_value(setting.to_value()) == setting
     for bad in (0.99, 0, -1, float("nan"), float("inf"), cc.MAX_FM * 2):
         with pytest.raises(ValueError):
-            cc.fm_value(bad)
+            cc.CcSetting(bad)
 
 
 # -- root: the real kernel ------------------------------------------------------------------
@@ -159,7 +161,7 @@ def test_apply_and_clear_change_the_map_entry_and_the_route(loaded, pair):
     # Fractional form, n* 2.5: the remainder 0.5 takes 1/sqrt(FM) of a stream, so FM = 1/0.5^2 = 4.
     done = _tame(pair.a, "apply", B4, "--tcp-equivalent", "2.5")
     assert done.returncode == 0, done.stderr
-    assert cc.settings() == {ipaddress.ip_address(B4): 4.0}
+    assert cc.settings() == {ipaddress.ip_address(B4): cc.CcSetting(4.0)}
     assert "congctl tame" in _route(pair.a, B4) and "proto 250" in _route(pair.a, B4)
 
     # Aggregate form, 8 streams taking n* 2: each at FM (8/2)^2 = 16; IPv6 keyed by its own address.
@@ -168,7 +170,7 @@ def test_apply_and_clear_change_the_map_entry_and_the_route(loaded, pair):
     assert json.loads(done.stdout)["fractional_multiplier"] == 16.0
     done = _tame(pair.a, "apply", B6, "--tcp-equivalent", "0.25")  # FM 1/0.25^2 = 16 as well
     assert done.returncode == 0, done.stderr
-    assert cc.settings() == {ipaddress.ip_address(B4): 16.0, ipaddress.ip_address(B6): 16.0}
+    assert cc.settings() == {ipaddress.ip_address(B4): cc.CcSetting(16.0), ipaddress.ip_address(B6): cc.CcSetting(16.0)}
     assert "congctl tame" in _route(pair.a, B6)
 
     status = json.loads(_tame(pair.a, "status", "--json").stdout)

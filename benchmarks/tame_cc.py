@@ -1,0 +1,456 @@
+"""The tame congestion control on a real kernel: what share of a standard stream a tame stream takes.
+
+    sudo .venv/bin/python -m benchmarks.tame_cc share       # FM -> share, RTT 10-100 ms (about 20 min)
+    sudo .venv/bin/python -m benchmarks.tame_cc hacker      # Hacker et al. 2004 Table III on the test bed (5 min)
+    sudo .venv/bin/python -m benchmarks.tame_cc aggregate   # N streams scaled to n* against n* standard (10 min)
+    sudo .venv/bin/python -m benchmarks.tame_cc cycles      # 100 load/unload cycles, a transfer across an unload
+
+Every run is on a namespace test bed (probes/testbed.py): a drop-tail bottleneck (tbf with a byte limit of
+one bandwidth-delay product), the NFQUEUE delay line, and ``--cross`` long-running cubic flows (Linux's
+default) from their own namespace. Our streams run from the sender namespace to iperf3 servers in the
+receiver namespace, one server per group of streams that share a congestion control, so a run can mix
+``-C cubic`` standard streams with ``-C tame`` ones.
+
+A stream's *share* is its goodput over the mean goodput of the standard (cubic) streams on the path in the
+same window, ours and the cross flows together: (tame bits/s / tame streams) / ((standard + cross) bits/s /
+(standard streams + cross flows)). The advisor assumes share = FM^-1/2 (shared-loss AIMD, Fu & Indulska
+eq. 1); ``share`` fits share = FM^-k to what the kernel does and prints k.
+
+Each subcommand writes its table, with the command on top, to benchmarks/results/tame-cc-<name>.md and its
+raw runs to the .json beside it. Needs root; loads the tame control if it is not registered and unloads what
+it loaded; removes its test beds on exit, Ctrl-C and SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import ExitStack, contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from statistics import median
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from benchmarks.testbed_accuracy import CLIENT_SETUP_S, CROSS_WARMUP_S, cross_bytes_acked, cross_rate
+from probes import cc, pathcheck, testbed
+from probes.iperf_parse import parse_iperf_json
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+BASE_PORT = 5201
+STANDARD = "cubic"
+"""The standard streams' control: the cross flows' and Linux's default."""
+CLIENT_SLACK_S = 30.0
+
+
+class Terminated(Exception):
+    """SIGTERM arrived; unwinds like Ctrl-C so every finally block tears down."""
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated()
+
+
+@dataclass(frozen=True)
+class Group:
+    """Streams of ours that share one congestion control (one iperf3 client and server)."""
+
+    streams: int
+    congestion_control: str
+
+
+@dataclass
+class Run:
+    """One measured window: each group's goodput (bits/s) and the cross flows'."""
+
+    rtt_s: float
+    rate_bps: float
+    cross_flows: int
+    groups: list[dict]
+    setting: dict | None
+    seconds: float
+    group_bps: list[float] = field(default_factory=list)
+    group_retransmits: list[int | None] = field(default_factory=list)
+    cross_bps: float = 0.0
+    label: str = ""
+
+    def standard_rate(self) -> float:
+        """Mean goodput of one standard stream on the path (ours and the cross flows), bits/s."""
+        streams = self.cross_flows + sum(g["streams"] for g in self.groups if g["congestion_control"] == STANDARD)
+        total = self.cross_bps + sum(bps for g, bps in zip(self.groups, self.group_bps)
+                                     if g["congestion_control"] == STANDARD)
+        return total / streams if streams else math.nan
+
+    def tame_bps(self) -> float:
+        return sum(bps for g, bps in zip(self.groups, self.group_bps) if g["congestion_control"] == cc.NAME)
+
+    def tame_streams(self) -> int:
+        return sum(g["streams"] for g in self.groups if g["congestion_control"] == cc.NAME)
+
+    def share(self) -> float:
+        """One tame stream's goodput over one standard stream's (fraction)."""
+        return self.tame_bps() / self.tame_streams() / self.standard_rate()
+
+    def ours_bps(self) -> float:
+        return sum(self.group_bps)
+
+
+def path_spec(rate_bps: float, rtt_s: float, cross_flows: int, name: str) -> testbed.TestbedSpec:
+    """A drop-tail path with one bandwidth-delay product of queue (at least 20 full frames)."""
+    queue = max(int(rate_bps * rtt_s / 8), 20 * testbed.FRAME_BYTES)
+    return testbed.TestbedSpec(rate_bps=rate_bps, rtt_s=rtt_s, queue_bytes=queue, cross_flows=cross_flows,
+                               congestion_control=STANDARD, name=name)
+
+
+@contextmanager
+def bed(spec: testbed.TestbedSpec, servers: int) -> Iterator[testbed.Testbed]:
+    """The test bed up with ``servers`` iperf3 servers on BASE_PORT.., its cross flows warmed up; down after."""
+    state_dir = Path(tempfile.mkdtemp(prefix="tame-cc-bench-"))
+    tb = testbed.up(spec, state_dir=state_dir)
+    try:
+        with ExitStack() as stack:
+            for i in range(servers):
+                stack.enter_context(pathcheck.iperf3_server(tb, BASE_PORT + i))
+            time.sleep(CROSS_WARMUP_S)
+            yield tb
+    finally:
+        testbed.down(spec.name, state_dir=state_dir)
+
+
+def _client(tb: testbed.Testbed, port: int, group: Group, seconds: float, omit_s: float) -> subprocess.Popen:
+    argv = tb.exec_in(tb.sender_ns, ["iperf3", "-c", tb.receiver_addr, "-p", str(port), "-J",
+                                     "-P", str(group.streams), "-t", f"{seconds:g}", "-O", f"{omit_s:g}",
+                                     "-C", group.congestion_control])
+    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def measure(tb: testbed.Testbed, groups: Sequence[Group], seconds: float, omit_s: float,
+            setting: cc.CcSetting | None, label: str = "") -> Run:
+    """Run every group at once for ``omit_s`` + ``seconds``; goodput over the last ``seconds``.
+
+    ``setting`` is written for the receiver's address first (the tame groups read it), or the entry removed.
+    """
+    addr = cc.canonical_address(tb.receiver_addr)
+    if setting is None:
+        if cc.registration() is not None and addr in cc.settings():
+            cc.delete_fm(addr)
+    else:
+        cc.set_fm(addr, setting)
+    spec = tb.spec
+    run = Run(rtt_s=spec.rtt_s, rate_bps=spec.rate_bps, cross_flows=spec.cross_flows,
+              groups=[asdict(g) for g in groups], setting=None if setting is None else asdict(setting),
+              seconds=seconds, label=label)
+    start = time.monotonic()
+    procs = [_client(tb, BASE_PORT + i, g, seconds, omit_s) for i, g in enumerate(groups)]
+    try:
+        if spec.cross_flows:
+            time.sleep(max(0.0, start + CLIENT_SETUP_S + omit_s - time.monotonic()))
+            first = cross_bytes_acked(tb)
+            time.sleep(max(0.0, first[0] + seconds - 1.0 - time.monotonic()))
+            run.cross_bps = cross_rate(first, cross_bytes_acked(tb))
+        for proc, group in zip(procs, groups):
+            out, err = proc.communicate(timeout=seconds + omit_s + CLIENT_SLACK_S)
+            if not out.strip():
+                raise RuntimeError(f"iperf3 -C {group.congestion_control} -P {group.streams} failed: {err.strip()[-300:]}")
+            result = parse_iperf_json(out, f"{tb.receiver_addr}")
+            run.group_bps.append(result.throughput_bps)
+            run.group_retransmits.append(result.retransmits)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    return run
+
+
+def fit_share_exponent(fms: Sequence[float], shares: Sequence[float]) -> float:
+    """k of share = FM^-k, least squares on log share against log FM through the origin (FM 1 = share 1)."""
+    x = np.log(np.asarray(fms, dtype=float))
+    y = np.log(np.asarray(shares, dtype=float))
+    return float(-(x @ y) / (x @ x))
+
+
+@contextmanager
+def tame_loaded() -> Iterator[None]:
+    """The control registered for the block; unloaded after only if this registered it."""
+    _, new = cc.load()
+    try:
+        yield
+    finally:
+        if new:
+            cc.unload()
+
+
+# --- share: FM -> share ------------------------------------------------------------------------
+
+
+def share_runs(args) -> list[Run]:
+    runs = []
+    variants = {"reno": [False], "scaled": [True], "both": [False, True]}[args.slow_start]
+    for rtt_ms in args.rtts:
+        spec = path_spec(args.rate, rtt_ms / 1000, args.cross, "tccshare")
+        with bed(spec, servers=2) as tb:
+            for repeat in range(args.repeats):
+                for scaled in variants:
+                    for fm in args.fms:
+                        setting = cc.CcSetting(fm, scale_slow_start=scaled)
+                        r = measure(tb, [Group(1, STANDARD), Group(args.tame_streams, cc.NAME)],
+                                    args.seconds, args.omit, setting, label=f"repeat {repeat + 1}")
+                        runs.append(r)
+                        print(f"RTT {rtt_ms:g} ms FM {fm:g}{' ss-scaled' if scaled else ''}: tame "
+                              f"{r.tame_bps() / r.tame_streams() / 1e6:.2f} Mbit/s a stream, standard "
+                              f"{r.standard_rate() / 1e6:.2f}, share {r.share():.3f} (FM^-1/2 {fm ** -0.5:.3f})",
+                              file=sys.stderr, flush=True)
+    return runs
+
+
+def share_report(runs: list[Run], command: str) -> list[str]:
+    lines = [f"# tame stream share against FM (`{command}`)", "",
+             "share = (tame goodput / tame streams) / (mean goodput of one cubic stream on the path, ours and the "
+             "cross flows). Median over repeats; the advisor assumes FM^-1/2.", ""]
+    rtts = sorted({r.rtt_s for r in runs})
+    variants = sorted({bool(r.setting["scale_slow_start"]) for r in runs})
+    fms = sorted({r.setting["fractional_multiplier"] for r in runs})
+    head = "| FM | FM^-1/2 | 1/FM | " + " | ".join(
+        f"RTT {rtt * 1000:g} ms{' (slow start scaled)' if v else ''}" for v in variants for rtt in rtts) + " |"
+    lines += [head, "|" + "---|" * (3 + len(rtts) * len(variants))]
+    cells: dict[tuple, list[float]] = {}
+    for r in runs:
+        cells.setdefault((r.setting["fractional_multiplier"], bool(r.setting["scale_slow_start"]), r.rtt_s), []).append(r.share())
+    for fm in fms:
+        row = [f"{fm:g}", f"{fm ** -0.5:.3f}", f"{1 / fm:.3f}"]
+        for v in variants:
+            for rtt in rtts:
+                got = cells.get((fm, v, rtt))
+                row.append("" if not got else f"{median(got):.3f}" + (f" ({min(got):.2f}-{max(got):.2f})" if len(got) > 1 else ""))
+        lines.append("| " + " | ".join(row) + " |")
+    lines += ["", "Fitted share = FM^-k (least squares on logs, every run):", ""]
+    for v in variants:
+        for rtt in rtts + [None]:
+            sel = [r for r in runs if bool(r.setting["scale_slow_start"]) == v and (rtt is None or r.rtt_s == rtt)
+                   and r.setting["fractional_multiplier"] > 1]
+            if sel:
+                k = fit_share_exponent([r.setting["fractional_multiplier"] for r in sel], [r.share() for r in sel])
+                where = "all RTTs" if rtt is None else f"RTT {rtt * 1000:g} ms"
+                lines.append(f"- {'slow start scaled' if v else 'Reno slow start'}, {where}: k = {k:.3f} ({len(sel)} runs)")
+    return lines
+
+
+# --- hacker: Table III --------------------------------------------------------------------------
+
+HACKER_TABLE_III = {  # Hacker et al. 2004, Table III: Mbit/s against 5 cross TCP streams, FM 10
+    "Baseline 1": 15.65, "Combined 5": 20.27, "Combined 9": 29.84, "Parallel 5": 45.96, "Parallel 9": 61.33}
+HACKER_FM = 10.0
+
+
+def hacker_methods() -> dict[str, list[Group]]:
+    return {"Baseline 1": [Group(1, STANDARD)],
+            "Combined 5": [Group(1, STANDARD), Group(4, cc.NAME)],
+            "Combined 9": [Group(1, STANDARD), Group(8, cc.NAME)],
+            "Parallel 5": [Group(5, STANDARD)],
+            "Parallel 9": [Group(9, STANDARD)]}
+
+
+def hacker_runs(args) -> list[Run]:
+    runs = []
+    spec = path_spec(args.rate, args.rtts[0] / 1000, 5, "tcchacker")
+    with bed(spec, servers=2) as tb:
+        idle = measure(tb, [], args.seconds, args.omit, None, label="no transfer")
+        runs.append(idle)
+        print(f"no transfer: cross {idle.cross_bps / 1e6:.2f} Mbit/s", file=sys.stderr, flush=True)
+        for repeat in range(args.repeats):
+            for name, groups in hacker_methods().items():
+                r = measure(tb, groups, args.seconds, args.omit, cc.CcSetting(HACKER_FM), label=name)
+                runs.append(r)
+                print(f"{name}: ours {r.ours_bps() / 1e6:.2f} Mbit/s, cross {r.cross_bps / 1e6:.2f}",
+                      file=sys.stderr, flush=True)
+    return runs
+
+
+def hacker_report(runs: list[Run], command: str) -> list[str]:
+    idle = median([r.cross_bps for r in runs if r.label == "no transfer"])
+    spec = runs[0]
+    lines = [f"# Hacker et al. 2004 Table III on the test bed (`{command}`)", "",
+             f"{spec.rate_bps / 1e6:g} Mbit/s, RTT {spec.rtt_s * 1000:g} ms, one-BDP drop-tail queue, 5 cubic cross "
+             f"flows ({idle / 1e6:.2f} Mbit/s with no transfer); Combined N = 1 cubic + N-1 tame streams at FM "
+             f"{HACKER_FM:g}; Parallel N = N cubic streams. Medians over repeats. Hacker's path: ~43 ms, 100 Mbit/s, "
+             "5 cross flows, FM 10.", "",
+             "| method | Hacker Mbit/s | Hacker / baseline | ours Mbit/s | ours / baseline | cross taken (ours) |",
+             "|---|---|---|---|---|---|"]
+    ours = {name: median([r.ours_bps() for r in runs if r.label == name]) for name in HACKER_TABLE_III
+            if any(r.label == name for r in runs)}
+    cross = {name: median([r.cross_bps for r in runs if r.label == name]) for name in ours}
+    base_h, base_o = HACKER_TABLE_III["Baseline 1"], ours.get("Baseline 1")
+    for name, h in HACKER_TABLE_III.items():
+        if name not in ours:
+            continue
+        lines.append(f"| {name} | {h:.2f} | {h / base_h:.2f} | {ours[name] / 1e6:.2f} | {ours[name] / base_o:.2f} | "
+                     f"{1 - cross[name] / idle:.3f} |")
+    return lines
+
+
+# --- aggregate: N streams scaled to n* ----------------------------------------------------------
+
+
+def aggregate_runs(args) -> list[Run]:
+    from advisor.commands.cc import setting_for  # the FM `tame cc apply --streams N` writes
+
+    runs = []
+    spec = path_spec(args.rate, args.rtts[0] / 1000, args.cross, "tccaggr")
+    n_star = args.n_star
+    if n_star != int(n_star):
+        raise SystemExit("--n-star must be whole here: the reference is n* standard streams, measured")
+    with bed(spec, servers=1) as tb:
+        for repeat in range(args.repeats):
+            ref = measure(tb, [Group(int(n_star), STANDARD)], args.seconds, args.omit, None, label="reference")
+            runs.append(ref)
+            print(f"{int(n_star)} cubic: {ref.ours_bps() / 1e6:.2f} Mbit/s", file=sys.stderr, flush=True)
+            for n in args.streams:
+                setting = cc.CcSetting(setting_for(n_star, n).fractional_multiplier,
+                                       scale_slow_start=cc.SCALE_SLOW_START_BY_DEFAULT)
+                r = measure(tb, [Group(n, cc.NAME)], args.seconds, args.omit, setting, label=f"N={n}")
+                runs.append(r)
+                print(f"{n} tame at FM {setting.fractional_multiplier:g}: {r.ours_bps() / 1e6:.2f} Mbit/s "
+                      f"({r.ours_bps() / ref.ours_bps():.2f} of {int(n_star)} cubic)", file=sys.stderr, flush=True)
+    return runs
+
+
+def aggregate_report(runs: list[Run], command: str, n_star: float) -> list[str]:
+    refs = [r.ours_bps() for r in runs if r.label == "reference"]
+    ref = median(refs)
+    spec = runs[0]
+    lines = [f"# Aggregate form: N tame streams scaled to n* = {n_star:g} (`{command}`)", "",
+             f"{spec.rate_bps / 1e6:g} Mbit/s, RTT {spec.rtt_s * 1000:g} ms, one-BDP drop-tail queue, "
+             f"{spec.cross_flows} cubic cross flows. Reference: {n_star:g} cubic streams, "
+             f"{ref / 1e6:.2f} Mbit/s (median of {len(refs)}). Goal: within ±10 %.", "",
+             "| N | FM | Mbit/s (median) | / reference | within ±10 % |", "|---|---|---|---|---|"]
+    for label in sorted({r.label for r in runs if r.label != "reference"}, key=lambda s: int(s[2:])):
+        sel = [r for r in runs if r.label == label]
+        got = median([r.ours_bps() for r in sel])
+        ratio = got / ref
+        lines.append(f"| {label[2:]} | {sel[0].setting['fractional_multiplier']:g} | {got / 1e6:.2f} | {ratio:.2f} | "
+                     f"{'yes' if abs(ratio - 1) <= 0.10 else 'no'} |")
+    return lines
+
+
+# --- cycles: load/unload ------------------------------------------------------------------------
+
+
+def _bpftool_count(kind: str) -> int:
+    out = subprocess.run(["bpftool", "-j", kind, "show"], capture_output=True, text=True, check=True, timeout=20).stdout
+    return len(json.loads(out or "[]"))
+
+
+def _dmesg_lines() -> list[str]:
+    return subprocess.run(["dmesg"], capture_output=True, text=True, check=True, timeout=20).stdout.splitlines()
+
+
+def cycles(args) -> list[str]:
+    if cc.registration() is not None:
+        raise SystemExit("tame is registered already (not by this benchmark): unload it first")
+    before = (_bpftool_count("prog"), _bpftool_count("map"))
+    dmesg_before = len(_dmesg_lines())
+    started = time.monotonic()
+    for i in range(args.cycles):
+        cc.load()
+        cc.unload()
+    cycle_s = (time.monotonic() - started) / max(args.cycles, 1)
+    deadline = time.monotonic() + 10
+    while (after := (_bpftool_count("prog"), _bpftool_count("map"))) != before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    # A transfer under tame while the control is unregistered under it.
+    spec = path_spec(args.rate, args.rtts[0] / 1000, 0, "tcccycle")
+    with bed(spec, servers=1) as tb:
+        cc.load()
+        cc.set_fm(cc.canonical_address(tb.receiver_addr), cc.CcSetting(4.0))
+        seconds = 10
+        proc = _client(tb, BASE_PORT, Group(1, cc.NAME), seconds, 0)
+        time.sleep(CLIENT_SETUP_S + seconds / 2)
+        unloaded_at = time.monotonic()
+        cc.unload()
+        out, err = proc.communicate(timeout=seconds + CLIENT_SLACK_S)
+    report = json.loads(out)
+    intervals = report.get("intervals", [])
+    after_unload = [i["sum"]["bits_per_second"] for i in intervals if i["sum"]["start"] >= seconds / 2 + 1]
+    while (after2 := (_bpftool_count("prog"), _bpftool_count("map"))) != before and time.monotonic() < deadline + 10:
+        time.sleep(0.2)
+    new_dmesg = _dmesg_lines()[dmesg_before:]
+    return [f"# tame load/unload cycles (`{args.command}`)", "",
+            f"- cycles: {args.cycles}, {cycle_s:.2f} s each (load + unload)",
+            f"- bpftool prog/map counts: before {before}, after the cycles {after}, after the transfer {after2}",
+            f"- dmesg lines added: {len(new_dmesg)}" + ("".join(f"\n  - `{l}`" for l in new_dmesg[:20])),
+            f"- a tame transfer running across the unload: {'error: ' + report['error'] if 'error' in report else 'completed'}; "
+            f"{len(after_unload)} one-second intervals after the unload, min {min(after_unload, default=0) / 1e6:.2f} "
+            f"Mbit/s, mean {np.mean(after_unload) / 1e6 if after_unload else 0:.2f} Mbit/s; "
+            f"sender's control as iperf3 reports it: {report.get('end', {}).get('sender_tcp_congestion')}"]
+
+
+# --- main ---------------------------------------------------------------------------------------
+
+
+def _floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",")]
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",")]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.tame_cc", description=__doc__.split("\n\n")[0])
+    parser.add_argument("what", choices=("share", "hacker", "aggregate", "cycles"))
+    parser.add_argument("--rate", type=float, default=50e6, help="bottleneck bits/s (default 50e6)")
+    parser.add_argument("--rtts", type=_floats, default=None, help="RTTs in ms, comma-separated")
+    parser.add_argument("--fms", type=_floats, default=[1.5, 4, 10, 30, 100])
+    parser.add_argument("--cross", type=int, default=5, help="cubic cross flows (default 5)")
+    parser.add_argument("--tame-streams", type=int, default=4, help="share: tame streams beside one cubic (default 4)")
+    parser.add_argument("--slow-start", choices=("reno", "scaled", "both"), default="reno")
+    parser.add_argument("--n-star", type=float, default=2.0, help="aggregate: n* (whole; default 2)")
+    parser.add_argument("--streams", type=_ints, default=[2, 4, 8, 16, 32], help="aggregate: N values")
+    parser.add_argument("--seconds", type=float, default=40.0, help="measured seconds per run (default 40)")
+    parser.add_argument("--omit", type=float, default=10.0, help="warm-up seconds not measured (default 10)")
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--cycles", type=int, default=100)
+    parser.add_argument("--output", type=Path, default=None)
+    args = parser.parse_args(argv)
+    args.rtts = args.rtts or ([10.0, 40.0, 100.0] if args.what == "share" else [40.0])
+    args.command = "python -m benchmarks.tame_cc " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+    if os.geteuid() != 0:
+        parser.error("needs root (network namespaces, BPF)")
+    if min(args.fms) < 1 or args.seconds < 2 or args.repeats < 1 or args.omit < 0:
+        parser.error("FM >= 1, --seconds >= 2, --repeats >= 1, --omit >= 0")
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    output = args.output or RESULTS / f"tame-cc-{args.what}.md"
+    if args.what == "cycles":
+        lines = cycles(args)
+        runs: list[Run] = []
+    else:
+        with tame_loaded():
+            runs = {"share": share_runs, "hacker": hacker_runs, "aggregate": aggregate_runs}[args.what](args)
+        if args.what == "share":
+            lines = share_report(runs, args.command)
+        elif args.what == "hacker":
+            lines = hacker_report(runs, args.command)
+        else:
+            lines = aggregate_report(runs, args.command, args.n_star)
+    text = "\n".join(lines) + "\n"
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(text)
+    if runs:
+        output.with_suffix(".json").write_text(json.dumps([asdict(r) for r in runs], indent=1) + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
