@@ -20,6 +20,8 @@ MAX_STREAMS = 1024
 # single host's link, so that squares of n/throughput (Lu eq. 6) stay well inside floating point.
 MIN_THROUGHPUT_BPS = 1.0
 MAX_THROUGHPUT_BPS = 1e15
+# A path's round-trip time as a user may give it, seconds (an RTT of 10 s is no path a transfer runs on).
+MAX_RTT_S = 10.0
 # A probe plan: how many levels, and seconds per level.
 MAX_PROBE_LEVELS = 8
 MIN_PROBE_DURATION_S = 1.0
@@ -52,6 +54,14 @@ def check_throughput_bps(value: Any, name: str = "throughput_bps") -> float:
             or not MIN_THROUGHPUT_BPS <= value < MAX_THROUGHPUT_BPS:
         raise InvalidRequest(f"{name} must be a number of bits/s from {MIN_THROUGHPUT_BPS:g} up to "
                              f"{MAX_THROUGHPUT_BPS:g} (e.g. 88e6 for 88 Mbit/s), got {value!r}")
+    return float(value)
+
+
+def check_rtt_s(value: Any) -> float:
+    """A round-trip time in seconds, above 0 up to MAX_RTT_S."""
+    if not _is_number(value) or not math.isfinite(value) or not 0.0 < value <= MAX_RTT_S:
+        raise InvalidRequest(f"the RTT must be a number of seconds above 0 and at most {MAX_RTT_S:g} "
+                             f"(e.g. 0.04 for 40 ms), got {value!r}")
     return float(value)
 
 

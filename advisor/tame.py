@@ -12,7 +12,7 @@ from scipy.optimize import brentq
 from advisor.advice import Advice, CurvePoint
 from advisor.limits import MAX_STREAMS
 from models.buffer import per_stream_buffer_bytes
-from models.fu_indulska import multiplier_for_share
+from models.tame_share import law_for
 from models.parallel import UNCONGESTED, ParallelFit, ProbePoint
 from models.registry import MODELS, fit
 from probes.result import PlanResult, ProbeResult
@@ -149,14 +149,19 @@ def opened_parallelism(n_star_whole: float, n_star_fractional: float) -> float:
     return float(min(n_star_whole, max(n_star_fractional, MIN_FRACTION)))
 
 
-def fractional_multiplier_for(tcp_equivalent_streams: float) -> float | None:
-    """FM of one fractional stream carrying n*'s remainder r (r = n* when n* < 1): 1/r^2, or None."""
+def fractional_multiplier_for(tcp_equivalent_streams: float, rtt_s: float | None = None,
+                              standard_control: str | None = None) -> float | None:
+    """FM of one tame stream carrying n*'s remainder r (r = n* when n* < 1), or None when r < MIN_FRACTION
+    or it would need FM > MAX_FRACTIONAL_MULTIPLIER.
+
+    The FM comes from the share law measured for tame beside ``standard_control`` streams at ``rtt_s``
+    (models.tame_share: s1 x FM^-k; the FM^-1/2 theory for a control not measured)."""
     whole = math.floor(tcp_equivalent_streams)
     remainder = tcp_equivalent_streams - whole if whole >= 1 else tcp_equivalent_streams
     if remainder < MIN_FRACTION:
         return None
-    multiplier = float(multiplier_for_share(remainder))
-    return multiplier if multiplier <= MAX_FRACTIONAL_MULTIPLIER else None
+    multiplier = law_for(standard_control).multiplier_for(remainder, rtt_s)
+    return round(multiplier, 3) if multiplier <= MAX_FRACTIONAL_MULTIPLIER else None
 
 
 def advise(
@@ -167,6 +172,7 @@ def advise(
     probes: Sequence[ProbePoint] = (),
     margin: ImpactMargin = DEFAULT_MARGIN,
     fractional_margin: ImpactMargin = DEFAULT_FRACTIONAL_MARGIN,
+    standard_control: str | None = None,
 ) -> Advice:
     """Advice from a fitted curve: n*, the streams to open, their throughput (bits/s) and impact.
 
@@ -205,7 +211,7 @@ def advise(
         buffer_bytes = per_stream_buffer_bytes(capacity, rtt_s, num_flows)
     return Advice(
         num_flows=num_flows,
-        fractional_multiplier=fractional_multiplier_for(n_star),
+        fractional_multiplier=fractional_multiplier_for(n_star, rtt_s, standard_control),
         tcp_equivalent_streams=round(n_star, 4),
         max_nondisruptive_throughput_bps=throughput,
         cross_traffic_impact=impact,
@@ -235,12 +241,14 @@ def tame_parallel_tcp(
     idle_rtt_s: float | None = None,
     margin: ImpactMargin = DEFAULT_MARGIN,
     fractional_margin: ImpactMargin = DEFAULT_FRACTIONAL_MARGIN,
+    standard_control: str | None = None,
 ) -> Advice:
-    """TameParallelTCP(dest, max_impact) from probe results: fit `model`, then advise."""
+    """TameParallelTCP(dest, max_impact) from probe results: fit `model`, then advise (``standard_control``:
+    the probes' congestion control, which the fractional stream's FM is calibrated against)."""
     validate_request(max_impact, n_max, model)
     fitted = fit(model, probes)
     return advise(fitted, max_impact, n_max, representative_rtt_s(probes, idle_rtt_s), probes, margin,
-                  fractional_margin)
+                  fractional_margin, standard_control)
 
 
 def predicted_curve(fitted: ParallelFit, n_max: int = DEFAULT_N_MAX,

@@ -114,6 +114,11 @@ class CcSetting:
         return cls(fm_milli / FM_UNIT, scale_slow_start=bool(flags & SCALE_SLOW_START))
 
 
+def host_default_control() -> str:
+    """The congestion control sockets get here when they do not choose one (net.ipv4.tcp_congestion_control)."""
+    return Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
+
+
 def require_root() -> None:
     """Raise CcNotRoot unless running as root (registration, maps and routes all need it)."""
     if os.geteuid() != 0:

@@ -9,8 +9,10 @@ import sys
 from dataclasses import dataclass
 
 from advisor.cli import UsageError
+from advisor.errors import InvalidRequest
+from advisor.limits import check_rtt_s
 from advisor.tame import MIN_FRACTION, fractional_multiplier_for
-from models.fu_indulska import multiplier_for_share
+from models.tame_share import law_for
 from probes import cc
 from probes.errors import CcError, CcNotRoot, CcRouteConflict
 
@@ -25,25 +27,24 @@ class Setting:
     form: str  # "fractional" or "aggregate"
 
 
-def setting_for(tcp_equivalent: float, streams: int | None = None) -> Setting:
+def setting_for(tcp_equivalent: float, streams: int | None = None, rtt_s: float | None = None,
+                standard_control: str | None = None) -> Setting:
     """The FM that makes the transfer take ``tcp_equivalent`` (n*) standard streams' share.
 
-    Without ``streams`` (the fractional form, as the advice opens it): floor(n*) standard streams plus
-    one tame stream carrying the remainder r, FM = 1/r^2 (advisor.tame.fractional_multiplier_for).
+    One tame stream at FM takes share(FM) = s1(RTT) x FM^-k of a ``standard_control`` stream, the law
+    measured on this kernel (models.tame_share; FM^-1/2 theory for a control not measured).
 
-    With ``streams`` = N (the aggregate form, for tools that open N streams of one control): each of
-    the N streams runs tame at FM = (N/n*)^2. Why: by Fu & Indulska eq. (1) (the AIMD square-root
-    law, Mathis et al.) at a loss rate shared by all flows, a stream's rate goes as sqrt(a) for
-    additive increase a segments a round trip; tame's a = 1/FM, so one stream takes 1/sqrt(FM) of a
-    standard stream (models.fu_indulska.fractional_stream_share). N such streams take N/sqrt(FM),
-    and N/sqrt(FM) = n* gives FM = (N/n*)^2 (models.fu_indulska.multiplier_for_share(n*/N)).
-    Whether a real kernel agrees is issue 32's calibration, not assumed settled here.
+    Without ``streams`` (the fractional form, as the advice opens it): floor(n*) standard streams plus
+    one tame stream carrying the remainder r at the FM whose share is r (advisor.tame.fractional_multiplier_for).
+
+    With ``streams`` = N (the aggregate form, for tools that open N streams of one control): each of the N
+    streams runs tame at the FM whose share is n*/N, so that together they take n* streams' share.
     """
     n_star = float(tcp_equivalent)
     if not math.isfinite(n_star) or n_star <= 0:
         raise UsageError(f"--tcp-equivalent {tcp_equivalent!r}: give n*, a finite number of streams > 0")
     if streams is None:
-        fm = fractional_multiplier_for(n_star)
+        fm = fractional_multiplier_for(n_star, rtt_s, standard_control)
         if fm is None:
             raise UsageError(
                 f"--tcp-equivalent {n_star:g} has no fractional remainder of at least {MIN_FRACTION:g}: open "
@@ -57,7 +58,7 @@ def setting_for(tcp_equivalent: float, streams: int | None = None) -> Setting:
             f"--streams {streams} is fewer than --tcp-equivalent {n_star:g}: tame only slows streams down "
             f"(FM >= 1), so {streams} stream(s) cannot take what {n_star:g} standard streams would; "
             f"open at least {math.ceil(n_star)}")
-    fm = float(multiplier_for_share(n_star / streams))
+    fm = round(law_for(standard_control).multiplier_for(n_star / streams, rtt_s), 3)
     if fm > cc.MAX_FM:
         raise UsageError(f"--streams {streams} for --tcp-equivalent {n_star:g} needs FM {fm:g}, "
                          f"above the largest the control holds ({cc.MAX_FM:g})")
@@ -86,6 +87,12 @@ def register(subparsers) -> None:
                        help="n*: how many standard TCP streams' share the transfer may take")
     apply.add_argument("--streams", type=int, metavar="N",
                        help="the transfer opens N streams: scale each so together they take n*'s share")
+    apply.add_argument("--rtt", metavar="SECONDS",
+                       help="the path's round-trip time (default: FM for a 40 ms path); the share a tame stream "
+                       "takes falls with the RTT beside cubic")
+    apply.add_argument("--standard-control", metavar="NAME",
+                       help="the congestion control of the standard streams n* counts, the one the advice was "
+                       "probed with (default: this host's, net.ipv4.tcp_congestion_control)")
     apply.add_argument("--json", action="store_true", help="print JSON")
     clear = actions.add_parser("clear", help="remove a destination's FM and the route apply added")
     clear.add_argument("dest", metavar="DEST", help="destination IPv4 or IPv6 address")
@@ -153,7 +160,15 @@ def _apply(args) -> int:
         n_star = float(args.tcp_equivalent)
     except ValueError:
         raise UsageError(f"--tcp-equivalent {args.tcp_equivalent!r} is not a number") from None
-    setting = setting_for(n_star, args.streams)
+    rtt_s = None
+    if args.rtt is not None:
+        try:
+            rtt_s = check_rtt_s(float(args.rtt))
+        except ValueError:
+            raise UsageError(f"--rtt {args.rtt!r} is not a number of seconds") from None
+        except InvalidRequest as exc:
+            raise UsageError(f"--rtt: {exc}") from None
+    setting = setting_for(n_star, args.streams, rtt_s, args.standard_control or cc.host_default_control())
     cc.require_root()
     cc.set_fm(addr, cc.CcSetting(setting.fractional_multiplier, scale_slow_start=cc.SCALE_SLOW_START_BY_DEFAULT))
     try:

@@ -7,12 +7,14 @@ from numpy.testing import assert_allclose
 
 from advisor.cli import UsageError, main
 from advisor.commands.cc import setting_for
+from models.tame_share import law_for
 from probes import cc
 
 
-def test_fractional_form_carries_the_remainder_at_fm_one_over_r_squared():
-    # n* 2.5: two standard streams and one carrying r = 0.5 at 1/sqrt(FM) of a stream, FM = 1/0.5^2 = 4.
-    s = setting_for(2.5)
+def test_fractional_form_carries_the_remainder_at_fm_one_over_r_squared_for_an_unmeasured_control():
+    # n* 2.5 beside a control without a measured law: two standard streams and one carrying r = 0.5 at
+    # 1/sqrt(FM) of a stream (shared-loss theory), FM = 1/0.5^2 = 4.
+    s = setting_for(2.5, standard_control="bbr")
     assert (s.form, s.standard_streams, s.tame_streams) == ("fractional", 2, 1)
     assert_allclose(s.fractional_multiplier, 4.0)
     # n* 0.25 < 1: no standard stream, one tame stream at 1/0.25^2 = 16.
@@ -21,7 +23,7 @@ def test_fractional_form_carries_the_remainder_at_fm_one_over_r_squared():
     assert_allclose(s.fractional_multiplier, 16.0)
 
 
-def test_aggregate_form_scales_each_of_n_streams_to_fm_n_over_nstar_squared():
+def test_aggregate_form_scales_each_of_n_streams_to_fm_n_over_nstar_squared_for_an_unmeasured_control():
     # 8 streams at 1/sqrt(FM) each take 8/sqrt(FM) = n* = 2 standard streams' share: FM = (8/2)^2 = 16.
     s = setting_for(2.0, streams=8)
     assert (s.form, s.standard_streams, s.tame_streams) == ("aggregate", 0, 8)
@@ -29,6 +31,17 @@ def test_aggregate_form_scales_each_of_n_streams_to_fm_n_over_nstar_squared():
     # N = n*: FM 1, plain Reno.
     assert_allclose(setting_for(3.0, streams=3).fractional_multiplier, 1.0)
     assert_allclose(setting_for(1.5, streams=3).fractional_multiplier, 4.0)
+
+
+@pytest.mark.parametrize("rtt_s", [0.01, 0.04])
+def test_beside_cubic_the_fm_is_the_measured_laws_for_the_share_each_form_needs(rtt_s):
+    law = law_for("cubic")
+    s = setting_for(2.4, rtt_s=rtt_s, standard_control="cubic")
+    assert_allclose(law.share(s.fractional_multiplier, rtt_s), 0.4, rtol=1e-3)
+    s = setting_for(2.0, streams=8, rtt_s=rtt_s, standard_control="cubic")
+    assert_allclose(8 * law.share(s.fractional_multiplier, rtt_s), 2.0, rtol=1e-3)
+    # Steeper than FM^-1/2: a smaller FM gives the same share.
+    assert s.fractional_multiplier < setting_for(2.0, streams=8).fractional_multiplier
 
 
 @pytest.mark.parametrize("n_star, streams", [
@@ -48,6 +61,9 @@ def test_setting_for_refuses_input_that_needs_fm_below_one_or_is_not_a_number(n_
     (["apply", "10.0.0.2", "--tcp-equivalent", "2", "--streams", "1"], "FM >= 1"),
     (["apply", "host.example", "--tcp-equivalent", "1.5"], "not an IPv4 or IPv6 address"),
     (["apply", "10.0.0.0/24", "--tcp-equivalent", "1.5"], "not an IPv4 or IPv6 address"),
+    (["apply", "10.0.0.2", "--tcp-equivalent", "1.5", "--rtt", "nan"], "RTT must be"),
+    (["apply", "10.0.0.2", "--tcp-equivalent", "1.5", "--rtt", "0"], "RTT must be"),
+    (["apply", "10.0.0.2", "--tcp-equivalent", "1.5", "--rtt", "40ms"], "not a number of seconds"),
     (["clear", "not-an-address"], "not an IPv4 or IPv6 address"),
 ])
 def test_bad_input_exits_2_with_a_clear_message(argv, says, capsys, monkeypatch):

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from probes import cc
+from models.tame_share import law_for
+from probes import cc, testbed
 from probes.netns import process_start_ticks, stop_process
 
 netns = pytest.mark.netns
@@ -158,17 +159,19 @@ def test_load_registers_and_unload_leaves_no_program_or_map():
 
 @netns
 def test_apply_and_clear_change_the_map_entry_and_the_route(loaded, pair):
-    # Fractional form, n* 2.5: the remainder 0.5 takes 1/sqrt(FM) of a stream, so FM = 1/0.5^2 = 4.
-    done = _tame(pair.a, "apply", B4, "--tcp-equivalent", "2.5")
+    # Fractional form, n* 2.5 beside cubic on a 100 ms path: the remainder 0.5 at the FM the measured law gives.
+    done = _tame(pair.a, "apply", B4, "--tcp-equivalent", "2.5", "--standard-control", "cubic", "--rtt", "0.1")
     assert done.returncode == 0, done.stderr
-    assert cc.settings() == {ipaddress.ip_address(B4): cc.CcSetting(4.0)}
+    expected = round(law_for("cubic").multiplier_for(0.5, 0.1), 3)
+    assert cc.settings() == {ipaddress.ip_address(B4): cc.CcSetting(expected)}
     assert "congctl tame" in _route(pair.a, B4) and "proto 250" in _route(pair.a, B4)
 
-    # Aggregate form, 8 streams taking n* 2: each at FM (8/2)^2 = 16; IPv6 keyed by its own address.
-    done = _tame(pair.a, "apply", B4, "--tcp-equivalent", "2", "--streams", "8", "--json")
+    # Aggregate form, 8 streams taking n* 2 of a control not measured (theory, FM^-1/2): each at FM (8/2)^2 = 16;
+    # IPv6 keyed by its own address.
+    done = _tame(pair.a, "apply", B4, "--tcp-equivalent", "2", "--streams", "8", "--standard-control", "bbr", "--json")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["fractional_multiplier"] == 16.0
-    done = _tame(pair.a, "apply", B6, "--tcp-equivalent", "0.25")  # FM 1/0.25^2 = 16 as well
+    done = _tame(pair.a, "apply", B6, "--tcp-equivalent", "0.25", "--standard-control", "bbr")  # FM 1/0.25^2 = 16
     assert done.returncode == 0, done.stderr
     assert cc.settings() == {ipaddress.ip_address(B4): cc.CcSetting(16.0), ipaddress.ip_address(B6): cc.CcSetting(16.0)}
     assert "congctl tame" in _route(pair.a, B6)
@@ -237,3 +240,28 @@ def test_a_real_transfer_runs_under_tame_chosen_per_socket_or_by_the_route(loade
         assert _iperf3(pair, "-C", "cubic")["end"]["sender_tcp_congestion"] == "cubic"
     finally:
         _tame(pair.a, "clear", B4)
+
+
+LOSSY = testbed.TestbedSpec(rate_bps=100e6, rtt_s=0.020, queue_bytes=250_000, loss_rate=0.005)
+
+
+def _goodput(tb_path, seconds: int = 10) -> float:
+    done = subprocess.run(tb_path.testbed.exec_in(tb_path.testbed.sender_ns, [
+        "iperf3", "-c", tb_path.server_addr, "-p", str(tb_path.server_port), "-J", "-C", cc.NAME,
+        "-t", str(seconds), "-O", "2"]), capture_output=True, text=True, timeout=seconds + 30)
+    result = json.loads(done.stdout)
+    assert "error" not in result, result.get("error")
+    assert result["end"]["sender_tcp_congestion"] == cc.NAME
+    return result["end"]["sum_received"]["bits_per_second"]
+
+
+@netns
+@pytest.mark.parametrize("testbed_path", [LOSSY], indirect=True)
+def test_fm_slows_a_stream_where_random_loss_limits_it(loaded, testbed_path):
+    # 0.5 % random loss, far below the 100 Mbit/s bottleneck: each stream sees the loss rate alone, the
+    # case where AIMD's rate goes as sqrt(additive increase). FM 16 grows 1/16 segment a round trip, so it
+    # should move about 1/4 of what FM 1 (no entry: Reno) moves; the bounds leave room for ~25 losses' noise.
+    reno = _goodput(testbed_path)
+    cc.set_fm(cc.canonical_address(testbed_path.server_addr), cc.CcSetting(16.0))
+    slowed = _goodput(testbed_path)
+    assert 0.08 < slowed / reno < 0.55, (reno, slowed)

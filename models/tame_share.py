@@ -1,0 +1,80 @@
+"""How much of a standard stream one stream under the tame congestion control takes: the FM -> share law.
+
+A tame stream grows 1/FM segments a round trip (Hacker et al. 2004's fractional stream). Theory gives its
+share of a standard stream's goodput as FM^-1/2 when every flow sees the same random loss rate (the AIMD
+square-root law; Fu & Indulska eq. 1) and FM^-1 when losses hit every flow at once (synchronised drop-tail
+overflows). A real kernel behind a drop-tail queue sits between the two, and a Reno-based tame stream at
+FM 1 is not a CUBIC stream's equal once the RTT is long. So the law is measured, per standard control:
+
+    share(FM, RTT) = s1(RTT) x FM^-k
+
+s1 is a tame stream at FM 1 (Reno) against one standard stream, k one exponent for all RTTs; both fitted by
+``python -m benchmarks.tame_cc share`` (drop-tail bfifo-like queue of one BDP, 5 cross flows of the standard
+control, FM 1-30; reports in benchmarks/results/tame-cc-share*.md). s1 is interpolated in log RTT between the
+measured RTTs and held at the end values outside them. Above FM ~30 a tame stream's window sits near its
+floor of 2 segments on those paths and its share stops falling, so FMs past MAX_CALIBRATED_FM promise less
+than they deliver.
+
+Controls without a measurement (e.g. BBR) get the shared-loss theory, FM^-1/2, and say so (``measured``).
+Pure functions, no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+MAX_CALIBRATED_FM = 30.0
+"""Largest FM the measured laws were fitted over."""
+
+
+@dataclass(frozen=True)
+class ShareLaw:
+    """share = s1(RTT) x FM^-k. ``base_share``: (RTT seconds, s1) points in increasing RTT."""
+
+    exponent: float
+    base_share: tuple[tuple[float, float], ...]
+    measured: bool
+    source: str
+
+    def base(self, rtt_s: float | None) -> float:
+        """s1 at ``rtt_s`` (fraction): interpolated in log RTT, held at the ends; the middle point when RTT is unknown."""
+        points = self.base_share
+        if rtt_s is None or not math.isfinite(rtt_s) or rtt_s <= 0:
+            return points[len(points) // 2][1]
+        if rtt_s <= points[0][0]:
+            return points[0][1]
+        for (r0, s0), (r1, s1) in zip(points, points[1:]):
+            if rtt_s <= r1:
+                t = math.log(rtt_s / r0) / math.log(r1 / r0)
+                return s0 + t * (s1 - s0)
+        return points[-1][1]
+
+    def share(self, fractional_multiplier: float, rtt_s: float | None) -> float:
+        """One tame stream's goodput over one standard stream's at ``fractional_multiplier`` (>= 1)."""
+        if not fractional_multiplier >= 1:
+            raise ValueError(f"fractional_multiplier must be >= 1, got {fractional_multiplier!r}")
+        return self.base(rtt_s) * fractional_multiplier ** -self.exponent
+
+    def multiplier_for(self, share: float, rtt_s: float | None) -> float:
+        """FM that makes one tame stream take ``share`` (fraction > 0) of a standard stream; 1 when even FM 1
+        takes less than ``share`` (s1 < share: the tame stream falls short, it never takes more)."""
+        if not share > 0 or not math.isfinite(share):
+            raise ValueError(f"share must be a finite fraction > 0, got {share!r}")
+        return max(1.0, (self.base(rtt_s) / share) ** (1.0 / self.exponent))
+
+
+SHARED_LOSS_THEORY = ShareLaw(exponent=0.5, base_share=((1.0, 1.0),), measured=False,
+                              source="shared-loss AIMD theory, FM^-1/2 (Fu & Indulska eq. 1); not measured")
+
+LAWS: dict[str, ShareLaw] = {
+    "cubic": ShareLaw(exponent=0.585, base_share=((0.010, 0.995), (0.040, 0.929), (0.100, 0.515)), measured=True,
+                      source="benchmarks/results/tame-cc-share.md"),
+    "reno": ShareLaw(exponent=0.497, base_share=((0.040, 0.857), (0.100, 0.808)), measured=True,
+                     source="benchmarks/results/tame-cc-share-reno.md"),
+}
+
+
+def law_for(standard_control: str | None) -> ShareLaw:
+    """The law for tame streams beside standard streams of ``standard_control``; theory when unmeasured."""
+    return LAWS.get(standard_control or "", SHARED_LOSS_THEORY)

@@ -1,0 +1,59 @@
+"""The FM -> share law of the tame congestion control (models.tame_share)."""
+
+import math
+from pathlib import Path
+
+import pytest
+from numpy.testing import assert_allclose
+
+from models.tame_share import LAWS, SHARED_LOSS_THEORY, ShareLaw, law_for
+
+LAW = ShareLaw(exponent=0.6, base_share=((0.010, 1.0), (0.100, 0.5)), measured=True, source="test")
+
+
+def test_base_share_is_interpolated_in_log_rtt_and_held_outside_the_measured_range():
+    assert LAW.base(0.010) == 1.0 and LAW.base(0.100) == 0.5
+    assert_allclose(LAW.base(math.sqrt(0.010 * 0.100)), 0.75)  # halfway in log RTT
+    assert LAW.base(0.001) == 1.0 and LAW.base(1.0) == 0.5
+    assert LAW.base(None) == 0.5  # unknown RTT: the middle measured point (here the second of two)
+
+
+@pytest.mark.parametrize("fm", [1.0, 1.5, 4.0, 10.0, 30.0, 100.0])
+@pytest.mark.parametrize("rtt_s", [0.005, 0.02, 0.1])
+def test_multiplier_for_inverts_share(fm, rtt_s):
+    assert_allclose(LAW.multiplier_for(LAW.share(fm, rtt_s), rtt_s), fm)
+
+
+def test_a_share_above_what_fm_one_takes_gets_fm_one():
+    assert LAW.multiplier_for(0.9, 0.100) == 1.0  # s1 = 0.5 at 100 ms: tame falls short, never over
+
+
+def test_theory_for_unmeasured_controls_is_one_over_r_squared():
+    assert law_for("bbr") is SHARED_LOSS_THEORY and law_for(None) is SHARED_LOSS_THEORY
+    assert not SHARED_LOSS_THEORY.measured
+    assert_allclose(SHARED_LOSS_THEORY.multiplier_for(0.5, 0.04), 4.0)
+    assert_allclose(SHARED_LOSS_THEORY.share(9.0, None), 1 / 3)
+
+
+def test_measured_laws_come_from_the_results_file_they_name():
+    root = Path(__file__).resolve().parents[2]
+    for name, law in LAWS.items():
+        assert law.measured and law.source.startswith("benchmarks/results/"), name
+        report = (root / law.source).read_text()
+        assert f"k = {law.exponent:.3f}" in report, name  # the fitted exponent as the benchmark printed it
+        # about shared-loss AIMD (1/2) up to synchronised AIMD (1)
+        assert 0.45 <= law.exponent <= 1.0, name
+        rtts = [r for r, _ in law.base_share]
+        assert rtts == sorted(rtts) and all(0 < s <= 1.5 for _, s in law.base_share), name
+
+
+@pytest.mark.parametrize("bad", [0.0, -0.1, float("nan"), float("inf")])
+def test_bad_shares_and_multipliers_are_refused(bad):
+    with pytest.raises(ValueError):
+        LAW.multiplier_for(bad, 0.04)
+
+
+@pytest.mark.parametrize("fm", [0.5, float("nan")])
+def test_fm_below_one_is_refused(fm):
+    with pytest.raises(ValueError):
+        LAW.share(fm, 0.04)
