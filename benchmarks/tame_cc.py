@@ -44,6 +44,7 @@ import numpy as np
 from benchmarks.testbed_accuracy import CLIENT_SETUP_S, CROSS_WARMUP_S, cross_bytes_acked, cross_rate
 from probes import cc, pathcheck, testbed
 from probes.iperf_parse import parse_iperf_json
+from probes.plan import ProbePlan
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -85,10 +86,10 @@ class Run:
     label: str = ""
 
     def standard_rate(self) -> float:
-        """Mean goodput of one standard stream on the path (ours and the cross flows), bits/s."""
-        streams = self.cross_flows + sum(g["streams"] for g in self.groups if g["congestion_control"] == STANDARD)
+        """Mean goodput of one standard stream on the path (ours not under tame, and the cross flows), bits/s."""
+        streams = self.cross_flows + sum(g["streams"] for g in self.groups if g["congestion_control"] != cc.NAME)
         total = self.cross_bps + sum(bps for g, bps in zip(self.groups, self.group_bps)
-                                     if g["congestion_control"] == STANDARD)
+                                     if g["congestion_control"] != cc.NAME)
         return total / streams if streams else math.nan
 
     def tame_bps(self) -> float:
@@ -105,11 +106,13 @@ class Run:
         return sum(self.group_bps)
 
 
-def path_spec(rate_bps: float, rtt_s: float, cross_flows: int, name: str) -> testbed.TestbedSpec:
-    """A drop-tail path with one bandwidth-delay product of queue (at least 20 full frames)."""
+def path_spec(rate_bps: float, rtt_s: float, cross_flows: int, name: str,
+              standard: str = STANDARD) -> testbed.TestbedSpec:
+    """A drop-tail path with one bandwidth-delay product of queue (at least 20 full frames); the cross
+    flows run ``standard``."""
     queue = max(int(rate_bps * rtt_s / 8), 20 * testbed.FRAME_BYTES)
     return testbed.TestbedSpec(rate_bps=rate_bps, rtt_s=rtt_s, queue_bytes=queue, cross_flows=cross_flows,
-                               congestion_control=STANDARD, name=name)
+                               congestion_control=standard, name=name)
 
 
 @contextmanager
@@ -173,11 +176,14 @@ def measure(tb: testbed.Testbed, groups: Sequence[Group], seconds: float, omit_s
     return run
 
 
-def fit_share_exponent(fms: Sequence[float], shares: Sequence[float]) -> float:
-    """k of share = FM^-k, least squares on log share against log FM through the origin (FM 1 = share 1)."""
+def fit_share(fms: Sequence[float], shares: Sequence[float], groups: Sequence[object]) -> tuple[float, dict]:
+    """share = s1[group] x FM^-k: one exponent k for every run, one base share s1 per group (e.g. per RTT),
+    least squares on log share. Returns (k, {group: s1})."""
+    keys = sorted(set(groups))
     x = np.log(np.asarray(fms, dtype=float))
-    y = np.log(np.asarray(shares, dtype=float))
-    return float(-(x @ y) / (x @ x))
+    design = np.column_stack([-x] + [np.array([g == key for g in groups], dtype=float) for key in keys])
+    coef, *_ = np.linalg.lstsq(design, np.log(np.asarray(shares, dtype=float)), rcond=None)
+    return float(coef[0]), {key: float(np.exp(c)) for key, c in zip(keys, coef[1:])}
 
 
 @contextmanager
@@ -198,13 +204,13 @@ def share_runs(args) -> list[Run]:
     runs = []
     variants = {"reno": [False], "scaled": [True], "both": [False, True]}[args.slow_start]
     for rtt_ms in args.rtts:
-        spec = path_spec(args.rate, rtt_ms / 1000, args.cross, "tccshare")
+        spec = path_spec(args.rate, rtt_ms / 1000, args.cross, "tccshare", args.standard)
         with bed(spec, servers=2) as tb:
             for repeat in range(args.repeats):
                 for scaled in variants:
                     for fm in args.fms:
                         setting = cc.CcSetting(fm, scale_slow_start=scaled)
-                        r = measure(tb, [Group(1, STANDARD), Group(args.tame_streams, cc.NAME)],
+                        r = measure(tb, [Group(1, args.standard), Group(args.tame_streams, cc.NAME)],
                                     args.seconds, args.omit, setting, label=f"repeat {repeat + 1}")
                         runs.append(r)
                         print(f"RTT {rtt_ms:g} ms FM {fm:g}{' ss-scaled' if scaled else ''}: tame "
@@ -215,9 +221,13 @@ def share_runs(args) -> list[Run]:
 
 
 def share_report(runs: list[Run], command: str) -> list[str]:
+    standard = runs[0].groups[0]["congestion_control"]
+    first = runs[0]
     lines = [f"# tame stream share against FM (`{command}`)", "",
-             "share = (tame goodput / tame streams) / (mean goodput of one cubic stream on the path, ours and the "
-             "cross flows). Median over repeats; the advisor assumes FM^-1/2.", ""]
+             f"{first.rate_bps / 1e6:g} Mbit/s, one-BDP drop-tail queue, {first.cross_flows} {standard} cross flows; "
+             f"ours: 1 {standard} stream + {first.tame_streams()} tame streams at FM, {first.seconds:g} s measured "
+             f"after the warm-up. share = (tame goodput / tame streams) / (mean goodput of one {standard} stream on "
+             "the path, ours and the cross flows). Median over repeats (range when more than one).", ""]
     rtts = sorted({r.rtt_s for r in runs})
     variants = sorted({bool(r.setting["scale_slow_start"]) for r in runs})
     fms = sorted({r.setting["fractional_multiplier"] for r in runs})
@@ -234,19 +244,25 @@ def share_report(runs: list[Run], command: str) -> list[str]:
                 got = cells.get((fm, v, rtt))
                 row.append("" if not got else f"{median(got):.3f}" + (f" ({min(got):.2f}-{max(got):.2f})" if len(got) > 1 else ""))
         lines.append("| " + " | ".join(row) + " |")
-    lines += ["", "Fitted share = FM^-k (least squares on logs, every run):", ""]
+    lines += ["", f"Fitted share = s1(RTT) x FM^-k (least squares on logs, FM {SHARE_FIT_FMS[0]:g}-{SHARE_FIT_FMS[1]:g}; "
+              "s1 is a tame stream at FM 1, i.e. Reno, against one standard stream):", ""]
     for v in variants:
-        for rtt in rtts + [None]:
-            sel = [r for r in runs if bool(r.setting["scale_slow_start"]) == v and (rtt is None or r.rtt_s == rtt)
-                   and r.setting["fractional_multiplier"] > 1]
-            if sel:
-                k = fit_share_exponent([r.setting["fractional_multiplier"] for r in sel], [r.share() for r in sel])
-                where = "all RTTs" if rtt is None else f"RTT {rtt * 1000:g} ms"
-                lines.append(f"- {'slow start scaled' if v else 'Reno slow start'}, {where}: k = {k:.3f} ({len(sel)} runs)")
+        sel = [r for r in runs if bool(r.setting["scale_slow_start"]) == v
+               and SHARE_FIT_FMS[0] <= r.setting["fractional_multiplier"] <= SHARE_FIT_FMS[1]]
+        if not sel:
+            continue
+        k, base = fit_share([r.setting["fractional_multiplier"] for r in sel], [r.share() for r in sel],
+                            [r.rtt_s for r in sel])
+        each = ", ".join(f"s1({rtt * 1000:g} ms) = {s1:.3f}" for rtt, s1 in base.items())
+        lines.append(f"- {'slow start scaled' if v else 'Reno slow start'}: k = {k:.3f}; {each} ({len(sel)} runs)")
     return lines
 
 
 # --- hacker: Table III --------------------------------------------------------------------------
+
+SHARE_FIT_FMS = (1.0, 30.0)
+"""FM range the share law is fitted over: above ~30 a tame stream's window sits at its floor of 2 segments
+on these paths, so its share stops falling with FM (see the table's FM 100 row)."""
 
 HACKER_TABLE_III = {  # Hacker et al. 2004, Table III: Mbit/s against 5 cross TCP streams, FM 10
     "Baseline 1": 15.65, "Combined 5": 20.27, "Combined 9": 29.84, "Parallel 5": 45.96, "Parallel 9": 61.33}
@@ -316,7 +332,7 @@ def aggregate_runs(args) -> list[Run]:
             runs.append(ref)
             print(f"{int(n_star)} cubic: {ref.ours_bps() / 1e6:.2f} Mbit/s", file=sys.stderr, flush=True)
             for n in args.streams:
-                setting = cc.CcSetting(setting_for(n_star, n).fractional_multiplier,
+                setting = cc.CcSetting(setting_for(n_star, n, spec.rtt_s, STANDARD).fractional_multiplier,
                                        scale_slow_start=cc.SCALE_SLOW_START_BY_DEFAULT)
                 r = measure(tb, [Group(n, cc.NAME)], args.seconds, args.omit, setting, label=f"N={n}")
                 runs.append(r)
@@ -340,6 +356,102 @@ def aggregate_report(runs: list[Run], command: str, n_star: float) -> list[str]:
         ratio = got / ref
         lines.append(f"| {label[2:]} | {sel[0].setting['fractional_multiplier']:g} | {got / 1e6:.2f} | {ratio:.2f} | "
                      f"{'yes' if abs(ratio - 1) <= 0.10 else 'no'} |")
+    return lines
+
+
+# --- plan: following the advice as opened keeps the budget -------------------------------------
+
+PLAN_PATHS = (  # (key, rate bits/s, RTT s, cubic cross flows): drop-tail, one-BDP queue
+    ("50M-40ms-5x", 50e6, 0.040, 5),
+    ("30M-60ms-3x", 30e6, 0.060, 3),
+    ("100M-20ms-8x", 100e6, 0.020, 8),
+)
+PLAN_BUDGETS = (0.05, 0.1, 0.15, 0.2, 0.3)
+PLAN_TOLERANCE = 0.05
+
+
+def plan_runs(args) -> tuple[list[Run], list[dict]]:
+    """Per path: probe with cubic (the service's plan), advise at each budget, open the advice as `tame
+    transfer` does (floor(n*) cubic + one tame stream at its FM, or the tame stream alone below one), and
+    measure the cross traffic's loss against no transfer; floor(n*) and ceil(n*) whole cubic streams beside it."""
+    from advisor.tame import DEFAULT_MODEL, DEFAULT_N_MAX, point_from_probe, tame_parallel_tcp
+    from benchmarks.testbed_accuracy import probe_plan
+    from models.registry import model_probes
+
+    runs, cases = [], []
+    wanted = set(args.paths.split(",")) if args.paths else {p[0] for p in PLAN_PATHS}
+    for key, rate, rtt_s, cross in PLAN_PATHS:
+        if key not in wanted:
+            continue
+        spec = path_spec(rate, rtt_s, cross, "tccplan")
+        with bed(spec, servers=2) as tb:
+            plan = probe_plan(tb, args, [DEFAULT_MODEL])
+            points = model_probes(DEFAULT_MODEL, {p.streams: point_from_probe(p) for p in plan.probes}, DEFAULT_N_MAX)
+            idle = [measure(tb, [], args.seconds, args.omit, None, label=f"{key} idle")]
+            runs += idle
+            measured: dict[tuple, Run] = {}
+
+            def once(groups: tuple[Group, ...], setting: cc.CcSetting | None, label: str) -> Run:
+                k = (groups, None if setting is None else setting.fractional_multiplier)
+                if k not in measured:
+                    measured[k] = measure(tb, list(groups), args.seconds, args.omit, setting, label=f"{key} {label}")
+                    runs.append(measured[k])
+                return measured[k]
+
+            for budget in args.budgets:
+                advice = tame_parallel_tcp(points, budget, DEFAULT_N_MAX, DEFAULT_MODEL, plan.idle_rtt_s,
+                                           standard_control=STANDARD)
+                standard, fm = advice.opened_streams()
+                groups = tuple(g for g in (Group(standard, STANDARD) if standard else None,
+                                            Group(1, cc.NAME) if fm else None) if g)
+                setting = cc.CcSetting(fm, scale_slow_start=cc.SCALE_SLOW_START_BY_DEFAULT) if fm else None
+                opened = once(groups, setting, f"advice {budget:g}")
+                n_star = advice.tcp_equivalent_streams
+                whole = {}
+                for name, n in (("floor", math.floor(n_star)), ("ceil", math.ceil(n_star))):
+                    whole[name] = once((Group(n, STANDARD),), None, f"{n} cubic") if n >= 1 else None
+                cases.append({"path": key, "budget": budget, "n_star": n_star, "standard_streams": standard,
+                              "fractional_multiplier": fm, "predicted_impact": advice.cross_traffic_impact,
+                              "opened_label": opened.label,
+                              "floor_label": whole["floor"].label if whole["floor"] else None,
+                              "ceil_label": whole["ceil"].label if whole["ceil"] else None})
+                print(f"{key} budget {budget:g}: n* {n_star:.2f} -> {standard} cubic + "
+                      f"{'tame FM %.3g' % fm if fm else 'no tame'}: cross {opened.cross_bps / 1e6:.2f} Mbit/s "
+                      f"(idle {idle[0].cross_bps / 1e6:.2f})", file=sys.stderr, flush=True)
+            runs.append(measure(tb, [], args.seconds, args.omit, None, label=f"{key} idle"))
+    return runs, cases
+
+
+def plan_report(runs: list[Run], cases: list[dict], command: str) -> list[str]:
+    by_label = {}
+    for r in runs:
+        by_label.setdefault(r.label, []).append(r)
+
+    def impact(label: str | None, path: str) -> float | None:
+        if label is None:
+            return None
+        idle = median([r.cross_bps for r in by_label[f"{path} idle"]])
+        return 1 - by_label[label][0].cross_bps / idle
+
+    lines = [f"# Following the advice as opened: the cross traffic's loss against the budget (`{command}`)", "",
+             "Per path: the service's probe plan under cubic, the advice at each budget opened as `tame transfer` "
+             "opens it (floor(n*) cubic streams + one tame stream at FM, or the tame stream alone), and the "
+             "cross flows' measured loss of goodput against no transfer (median of an idle window before and "
+             f"after). A case holds when that loss is at most the budget + {PLAN_TOLERANCE:g}.", "",
+             "| path | budget | n* | opened | loss (opened) | holds | floor(n*) cubic: loss | ceil(n*) cubic: loss |",
+             "|---|---|---|---|---|---|---|---|"]
+    held = 0
+    for c in cases:
+        got = impact(c["opened_label"], c["path"])
+        ok = got <= c["budget"] + PLAN_TOLERANCE
+        held += ok
+        opened = f"{c['standard_streams']} + tame FM {c['fractional_multiplier']:.3g}" if c["fractional_multiplier"] \
+            else f"{c['standard_streams']} cubic"
+        floor, ceil = impact(c["floor_label"], c["path"]), impact(c["ceil_label"], c["path"])
+        lines.append(f"| {c['path']} | {c['budget']:g} | {c['n_star']:.2f} | {opened} | {got:.3f} | "
+                     f"{'yes' if ok else 'no'} | {'' if floor is None else f'{floor:.3f}'} | "
+                     f"{'' if ceil is None else f'{ceil:.3f}'} |")
+    lines += ["", f"Held: {held} of {len(cases)} cases."]
     return lines
 
 
@@ -398,6 +510,16 @@ def cycles(args) -> list[str]:
 # --- main ---------------------------------------------------------------------------------------
 
 
+def _report(args, runs: list[Run], cases: list[dict] | None) -> list[str]:
+    if args.what == "share":
+        return share_report(runs, args.command)
+    if args.what == "hacker":
+        return hacker_report(runs, args.command)
+    if args.what == "aggregate":
+        return aggregate_report(runs, args.command, args.n_star)
+    return plan_report(runs, cases or [], args.command)
+
+
 def _floats(text: str) -> list[float]:
     return [float(x) for x in text.split(",")]
 
@@ -408,11 +530,13 @@ def _ints(text: str) -> list[int]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.tame_cc", description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=("share", "hacker", "aggregate", "cycles"))
+    parser.add_argument("what", choices=("share", "hacker", "aggregate", "plan", "cycles"))
     parser.add_argument("--rate", type=float, default=50e6, help="bottleneck bits/s (default 50e6)")
     parser.add_argument("--rtts", type=_floats, default=None, help="RTTs in ms, comma-separated")
     parser.add_argument("--fms", type=_floats, default=[1.5, 4, 10, 30, 100])
-    parser.add_argument("--cross", type=int, default=5, help="cubic cross flows (default 5)")
+    parser.add_argument("--cross", type=int, default=5, help="cross flows (default 5)")
+    parser.add_argument("--standard", choices=("cubic", "reno"), default=STANDARD,
+                        help="share: the standard streams' and cross flows' control (default cubic)")
     parser.add_argument("--tame-streams", type=int, default=4, help="share: tame streams beside one cubic (default 4)")
     parser.add_argument("--slow-start", choices=("reno", "scaled", "both"), default="reno")
     parser.add_argument("--n-star", type=float, default=2.0, help="aggregate: n* (whole; default 2)")
@@ -421,11 +545,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--omit", type=float, default=10.0, help="warm-up seconds not measured (default 10)")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--cycles", type=int, default=100)
+    parser.add_argument("--paths", default=None, help="plan: comma-separated path keys (default all)")
+    parser.add_argument("--budgets", type=_floats, default=list(PLAN_BUDGETS), help="plan: impact budgets")
     parser.add_argument("--output", type=Path, default=None)
+    parser.add_argument("--report-only", action="store_true",
+                        help="share/hacker/aggregate/plan: rewrite the report from --output's .json, measuring nothing")
     args = parser.parse_args(argv)
     args.rtts = args.rtts or ([10.0, 40.0, 100.0] if args.what == "share" else [40.0])
     args.command = "python -m benchmarks.tame_cc " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
-    if os.geteuid() != 0:
+    if os.geteuid() != 0 and not args.report_only:
         parser.error("needs root (network namespaces, BPF)")
     if min(args.fms) < 1 or args.seconds < 2 or args.repeats < 1 or args.omit < 0:
         parser.error("FM >= 1, --seconds >= 2, --repeats >= 1, --omit >= 0")
@@ -434,20 +562,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.what == "cycles":
         lines = cycles(args)
         runs: list[Run] = []
+    elif args.report_only:
+        record = json.loads(output.with_suffix(".json").read_text())
+        runs, cases = [Run(**r) for r in record["runs"]], record.get("cases")
+        head = output.read_text().splitlines()[0]
+        args.command = head[head.index("`") + 1:head.rindex("`")]  # the command that measured it
+        lines = _report(args, runs, cases)
+        runs = []  # the .json stays as measured
+    elif args.what == "plan":
+        default = ProbePlan()  # the service's probe plan
+        args.probe_seconds, args.probe_max_seconds, args.probe_omit = (
+            default.duration_s, default.max_duration_s, default.omit_s)
+        with tame_loaded():
+            runs, cases = plan_runs(args)
+        lines = _report(args, runs, cases)
     else:
         with tame_loaded():
             runs = {"share": share_runs, "hacker": hacker_runs, "aggregate": aggregate_runs}[args.what](args)
-        if args.what == "share":
-            lines = share_report(runs, args.command)
-        elif args.what == "hacker":
-            lines = hacker_report(runs, args.command)
-        else:
-            lines = aggregate_report(runs, args.command, args.n_star)
+        cases = None
+        lines = _report(args, runs, cases)
     text = "\n".join(lines) + "\n"
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(text)
     if runs:
-        output.with_suffix(".json").write_text(json.dumps([asdict(r) for r in runs], indent=1) + "\n")
+        record = {"runs": [asdict(r) for r in runs], "cases": cases}
+        output.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")
     print(text)
     return 0
 
