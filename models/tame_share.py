@@ -10,8 +10,10 @@ FM 1 is not a CUBIC stream's equal once the RTT is long. So the law is measured,
 
 s1 is a tame stream at FM 1 (Reno) against one standard stream, k one exponent for all RTTs; both fitted by
 ``python -m benchmarks.tame_cc share`` (drop-tail bfifo-like queue of one BDP, 5 cross flows of the standard
-control, FM 1-30; reports in benchmarks/results/tame-cc-share*.md). s1 is interpolated in log RTT between the
-measured RTTs and held at the end values outside them. Above FM ~30 a tame stream's window sits near its
+control, FM 1-30; reports in benchmarks/results/tame-cc-share*.md). The RTT is the one the advice carries: the
+idle RTT a probe measures on that path with its cross traffic running (``python -m benchmarks.tame_cc rtt``,
+benchmarks/results/tame-cc-rtt*.md: a standing queue puts it near twice the delay the bed adds), not the bed's
+delay. s1 is interpolated in log RTT between the measured RTTs and held at the end values outside them. Above FM ~30 a tame stream's window sits near its
 floor of 2 segments on those paths and its share stops falling, so FMs past MAX_CALIBRATED_FM promise less
 than they deliver.
 
@@ -68,9 +70,11 @@ SHARED_LOSS_THEORY = ShareLaw(exponent=0.5, base_share=((1.0, 1.0),), measured=F
                               source="shared-loss AIMD theory, FM^-1/2 (Fu & Indulska eq. 1); not measured")
 
 LAWS: dict[str, ShareLaw] = {
-    "cubic": ShareLaw(exponent=0.585, base_share=((0.010, 0.995), (0.040, 0.929), (0.100, 0.515)), measured=True,
+    # s1 at 10, 40 and 100 ms of added delay, keyed by the RTT the service measured there (tame-cc-rtt.md).
+    "cubic": ShareLaw(exponent=0.585, base_share=((0.0182, 0.995), (0.0727, 0.929), (0.1802, 0.515)), measured=True,
                       source="benchmarks/results/tame-cc-share.md"),
-    "reno": ShareLaw(exponent=0.497, base_share=((0.040, 0.857), (0.100, 0.808)), measured=True,
+    # s1 at 40 and 100 ms of added delay, keyed by the RTT the service measured there (tame-cc-rtt-reno.md).
+    "reno": ShareLaw(exponent=0.497, base_share=((0.0646, 0.857), (0.1653, 0.808)), measured=True,
                      source="benchmarks/results/tame-cc-share-reno.md"),
 }
 

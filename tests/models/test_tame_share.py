@@ -41,6 +41,10 @@ def test_measured_laws_come_from_the_results_file_they_name():
         assert law.measured and law.source.startswith("benchmarks/results/"), name
         report = (root / law.source).read_text()
         assert f"k = {law.exponent:.3f}" in report, name  # the fitted exponent as the benchmark printed it
+        # s1 is keyed by the RTT the service measured on those paths (benchmarks.tame_cc rtt), as printed
+        rtt_reports = " ".join(p.read_text() for p in (root / "benchmarks/results").glob("tame-cc-rtt*.md"))
+        for rtt_s, _ in law.base_share:
+            assert f"| {rtt_s * 1000:.1f} ms |" in rtt_reports, (name, rtt_s)
         # about shared-loss AIMD (1/2) up to synchronised AIMD (1)
         assert 0.45 <= law.exponent <= 1.0, name
         rtts = [r for r, _ in law.base_share]
