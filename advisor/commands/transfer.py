@@ -126,7 +126,7 @@ def register(subparsers) -> None:
 class Opened:
     """What the transfer opens: the iperf3 clients, and the tame stream's FM (None without one)."""
 
-    form: str  # "fractional" or "aggregate"
+    form: str  # "fractional", "standard" (the advice has no fractional stream) or "aggregate"
     standard_streams: int
     tame_streams: int
     fractional_multiplier: float | None
@@ -162,7 +162,7 @@ def plan_opening(advice: Advice, dest: Destination, rtt_s: float | None, standar
     if standard > MAX_PROBE_STREAMS:
         raise UsageError(f"the advice opens {standard} standard streams; iperf3 opens at most {MAX_PROBE_STREAMS}")
     if fm is None:
-        return Opened("fractional", standard, 0, None, float(standard),
+        return Opened("standard", standard, 0, None, float(standard),
                       (ClientSpec(dest.port, standard, standard_control, total_bytes),))
     if fractional_port == dest.port:
         raise UsageError(f"--fractional-port {fractional_port} is DEST's own port: the tame stream needs a second "
