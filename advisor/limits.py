@@ -10,6 +10,7 @@ import math
 from typing import Any
 
 from advisor.errors import InvalidRequest
+from probes.cc import MAX_FM as MAX_TAME_FM  # noqa: F401  (an observed tame stream's FM is held to what the map holds)
 from probes.iperf import MAX_STREAMS as MAX_PROBE_STREAMS
 
 # A destination as typed (HOST[:PORT]); DNS names are at most 253 characters.
@@ -20,6 +21,8 @@ MAX_STREAMS = 1024
 # single host's link, so that squares of n/throughput (Lu eq. 6) stay well inside floating point.
 MIN_THROUGHPUT_BPS = 1.0
 MAX_THROUGHPUT_BPS = 1e15
+# How long a reported transfer may have run, seconds (30 days).
+MAX_OBSERVATION_DURATION_S = 30 * 86400.0
 # A path's round-trip time as a user may give it, seconds (an RTT of 10 s is no path a transfer runs on).
 MAX_RTT_S = 10.0
 # A probe plan: how many levels, and seconds per level.

@@ -23,7 +23,9 @@ from advisor.destinations import Destination, parse_destination
 from advisor.errors import (AdvisorError, BatchTooLarge, DestinationNotAllowed, InvalidRequest, QueueFull,
                             UnknownDestination)
 from advisor.fitcodec import fit_from_stored, fit_to_record
-from advisor.limits import check_max_impact, check_probe_duration_s, check_probe_levels, check_streams, check_throughput_bps
+from advisor.limits import check_max_impact, check_probe_duration_s, check_probe_levels
+from advisor.observations import Observation
+from advisor.opening import how_to_open
 from advisor.settings import Settings
 from advisor.store import FitRow, Job, NewFit, Store
 from advisor.tame import advise, point_from_probe, representative_rtt_s, stored_curve
@@ -257,9 +259,11 @@ class AdviceService:
         row = self._load(dest)
         fitted = fit_from_stored(row.model, row.params, row.regime, row.probe_streams, row.warnings, row.record)
         probes = [ProbePoint(streams=p["streams"], throughput_bps=p["throughput_bps"]) for p in row.probes]
-        payload = advise(fitted, budget, row.n_max, row.idle_rtt_s, probes).to_json()
+        advice = advise(fitted, budget, row.n_max, row.idle_rtt_s, probes)
+        payload = advice.to_json()
         payload.update(dest=dest.key, fitted_at=row.fitted_at, probed_at=row.probed_at,
-                       observations_used=row.observations_used)
+                       observations_used=row.observations_used,
+                       open=how_to_open(advice, dest.key, row.idle_rtt_s))
         entry = AdviceEntry(payload, row.probed_at, now, generation, row.id)
         with self._lock:
             if len(self._cache) >= _CACHE_LIMIT:
@@ -358,11 +362,14 @@ class AdviceService:
 
     # -- observations ---------------------------------------------------------------------
 
-    def observe(self, dest_text: str, streams: Any, throughput_bps: Any) -> dict[str, Any]:
-        """Store a finished transfer's throughput and refit on the newest probes plus the observations since."""
+    def observe(self, dest_text: str, streams: Any, throughput_bps: Any, **detail: Any) -> dict[str, Any]:
+        """Store a finished transfer (``detail``: the other fields of :meth:`Observation.checked`) and, when all
+        its streams were standard, refit on the newest probes plus the standard observations since.
+
+        A transfer with a tame stream is stored with its detail and does not refit (advisor/observations.py).
+        Returns {"dest", "accepted", "refit", "id", "feeds_fit"}."""
         dest = parse_destination(dest_text)
-        streams = check_streams(streams)
-        throughput_bps = check_throughput_bps(throughput_bps)
+        observation = Observation.checked(streams, throughput_bps, **detail)
         # An observation becomes advice schedulers read: only for destinations this service may probe.
         self.check_allowed(dest)
         run_at, idle_rtt_s, run_points = self.store.latest_run_points(dest.key)
@@ -380,6 +387,7 @@ class AdviceService:
                 log.info("observation for %s stored without a refit: %s", dest.key, exc)
                 return None
 
-        fit_id = self.store.add_observation(dest, streams, float(throughput_bps), refit)
+        observation_id, fit_id = self.store.add_observation(dest, observation, refit)
         self.invalidate()
-        return {"dest": dest.key, "accepted": True, "refit": fit_id is not None}
+        return {"dest": dest.key, "accepted": True, "refit": fit_id is not None, "id": observation_id,
+                "feeds_fit": observation.feeds_fit}

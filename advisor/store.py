@@ -20,6 +20,7 @@ from advisor.advice import CurvePoint
 from advisor.db import Database, Tx
 from advisor.destinations import Destination
 from advisor.errors import QueueFull, StoreError, UnknownProbe
+from advisor.observations import RECORD_COLUMNS as OBSERVATION_COLUMNS, Observation
 from probes.result import ProbeResult
 
 Clock = Callable[[], float]
@@ -358,34 +359,52 @@ class Store:
 
     # -- observations ---------------------------------------------------------------------
 
-    def add_observation(self, dest: Destination, streams: int, throughput_bps: float,
+    def add_observation(self, dest: Destination, observation: Observation,
                         refit: Callable[[list[dict[str, float]]], NewFit | None],
-                        limit: int = REFIT_OBSERVATIONS) -> int | None:
+                        limit: int = REFIT_OBSERVATIONS) -> tuple[int, int | None]:
         """Store an observation and, in the same transaction, the refit ``refit(observations)`` returns.
 
-        ``refit`` gets the observations newer than the newest probe run (at most ``limit``,
-        newest first) and returns the new fit or None. Returns the new fit's id or None.
+        ``refit`` gets the observations newer than the newest probe run that feed the fit (all streams
+        standard: :attr:`Observation.feeds_fit`; at most ``limit``, newest first) and returns the new fit or
+        None. An observation that does not feed the fit is stored without calling it. Returns (the
+        observation's id, the new fit's id or None).
         """
+        record = observation.to_record()
         with self.db.transaction(write=True) as tx:
             destination_id = self._destination_id(tx, dest)
             now = self.clock()
-            tx.execute(
-                "INSERT INTO observations (destination_id, streams, throughput_bps, observed_at) VALUES (?, ?, ?, ?)",
-                (destination_id, streams, throughput_bps, now),
-            )
+            observation_id = tx.execute(
+                f"INSERT INTO observations (destination_id, observed_at, {', '.join(record)}) "
+                f"VALUES (?, ?, {', '.join('?' for _ in record)}) RETURNING id",
+                (destination_id, now, *record.values()),
+            ).fetchone()[0]
+            if not observation.feeds_fit:
+                return observation_id, None
             run = tx.execute(
                 "SELECT max(finished_at) FROM probe_runs WHERE destination_id = ?", (destination_id,)
             ).fetchone()
             since = run[0] if run and run[0] is not None else 0.0
             rows = tx.execute(
                 "SELECT streams, throughput_bps FROM observations WHERE destination_id = ? AND observed_at >= ? "
-                "ORDER BY id DESC LIMIT ?",
+                "AND tame_streams = 0 ORDER BY id DESC LIMIT ?",
                 (destination_id, since, limit),
             ).fetchall()
             fit = refit([{"streams": r[0], "throughput_bps": r[1]} for r in rows])
             if fit is None:
-                return None
-            return self._insert_fit(tx, destination_id, None, fit)
+                return observation_id, None
+            return observation_id, self._insert_fit(tx, destination_id, None, fit)
+
+    def observation(self, observation_id: int) -> tuple[str, float, Observation] | None:
+        """(destination key, observed_at, observation) of a stored observation, or None."""
+        with self.db.transaction() as tx:
+            row = tx.execute(
+                f"SELECT d.dest, o.observed_at, {', '.join('o.' + c for c in OBSERVATION_COLUMNS)} "
+                "FROM observations o JOIN destinations d ON d.id = o.destination_id WHERE o.id = ?",
+                (observation_id,),
+            ).fetchone()
+        if row is None:
+            return None
+        return row[0], row[1], Observation.from_record(dict(zip(OBSERVATION_COLUMNS, row[2:])))
 
     # -- probe jobs -----------------------------------------------------------------------
 

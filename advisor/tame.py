@@ -209,10 +209,12 @@ def advise(
     if rtt_s is not None and rtt_s > 0:
         capacity = capacity if capacity is not None else max(float(fitted.throughput_bps(fitted.max_probed_streams)), throughput)
         buffer_bytes = per_stream_buffer_bytes(capacity, rtt_s, num_flows)
+    # The FM is the one for n* as published (4 decimals), so `tame cc apply --tcp-equivalent N*` sets it too.
+    n_star = round(n_star, 4)
     return Advice(
         num_flows=num_flows,
         fractional_multiplier=fractional_multiplier_for(n_star, rtt_s, standard_control),
-        tcp_equivalent_streams=round(n_star, 4),
+        tcp_equivalent_streams=n_star,
         max_nondisruptive_throughput_bps=throughput,
         cross_traffic_impact=impact,
         max_impact=float(max_impact),

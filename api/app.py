@@ -178,7 +178,7 @@ def create_app(settings: Settings, store: Store, driver: ProbeDriver | None = No
     @app.post("/v1/observations", status_code=202, response_model=schemas.ObservationOut,
               responses={**_BODY_ERRORS, **_responses(403)})
     def post_observation(body: schemas.ObservationIn) -> Response:
-        return _json(service.observe(body.dest, body.streams, body.throughput_bps), 202)
+        return _json(service.observe(body.dest, body.streams, body.throughput_bps, **body.detail()), 202)
 
     @app.post("/v1/probe-runs", status_code=201, response_model=schemas.ProbeRunOut,
               responses={**_BODY_ERRORS, **_responses(403)})

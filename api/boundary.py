@@ -27,8 +27,11 @@ OPEN_PATHS = frozenset({"/healthz"})
 
 # A body on any route not in body_caps (none of them reads one) is refused past this.
 OTHER_BODY_BYTES = 16 * 1024
-# POST /v1/probes and /v1/observations: a dest of at most 300 characters and a few numbers.
+# POST /v1/probes: a dest of at most 300 characters and a few numbers.
 SMALL_BODY_BYTES = 16 * 1024
+# POST /v1/observations: that, and up to MAX_STREAMS entries in each per-stream list: a number in under 32
+# bytes, a congestion control's name (15 characters) quoted in under 24.
+OBSERVATION_STREAM_BYTES = 32 + 32 + 24
 # One batch item is a dest of at most 300 characters and a budget: under 400 bytes as compact JSON;
 # 1 KiB leaves room for indentation and some escaped characters.
 BATCH_ITEM_BYTES = 1024
@@ -44,6 +47,7 @@ def _max_length(model, name: str) -> int:
     return next(m.max_length for m in model.model_fields[name].metadata if getattr(m, "max_length", None))
 
 
+OBSERVATION_BODY_BYTES = SMALL_BODY_BYTES + _max_length(schemas.ObservationIn, "stream_bps") * OBSERVATION_STREAM_BYTES
 PROBE_RAW_BYTES = 2 * RAW_MAX_CHARS
 PROBE_RUN_BYTES = (PROBE_RUN_FIELDS_BYTES
                    + _max_length(schemas.ProbeRunIn, "probes") * (PROBE_FIELDS_BYTES + PROBE_RAW_BYTES))
@@ -54,7 +58,7 @@ def body_caps(max_batch: int) -> dict[str, int]:
     return {
         "/v1/advice:batch": max_batch * BATCH_ITEM_BYTES,
         "/v1/probes": SMALL_BODY_BYTES,
-        "/v1/observations": SMALL_BODY_BYTES,
+        "/v1/observations": OBSERVATION_BODY_BYTES,
         "/v1/probe-runs": PROBE_RUN_BYTES,
     }
 

@@ -67,9 +67,10 @@ class TameClient:
     def curve(self, dest: str) -> dict[str, Any]:
         return self._call("GET", f"/v1/paths/{httpx.URL(path=dest).raw_path.decode()}/curve")
 
-    def observe(self, dest: str, streams: int, throughput_bps: float) -> dict[str, Any]:
+    def observe(self, dest: str, streams: int, throughput_bps: float, **detail: Any) -> dict[str, Any]:
+        """POST /v1/observations; ``detail``: its optional fields (stream_bps, fractional_multiplier, ...)."""
         return self._call("POST", "/v1/observations",
-                          json={"dest": dest, "streams": streams, "throughput_bps": throughput_bps})
+                          json={"dest": dest, "streams": streams, "throughput_bps": throughput_bps, **detail})
 
     def push_probe_run(self, payload: dict[str, Any]) -> dict[str, Any]:
         return self._call("POST", "/v1/probe-runs", json=payload)

@@ -7,10 +7,30 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from advisor import limits
+from advisor.observations import CONTROL_NAME
 
 from probes.iperf_parse import RAW_MAX_CHARS
 
 Dest = Field(min_length=1, max_length=limits.MAX_DEST_LENGTH, description="HOST or HOST:PORT (default port 5201), IPv6 as [ADDR]:PORT")
+
+
+class OpenOut(BaseModel):
+    """advisor.opening.how_to_open: the sockets the advice opens and, for a fractional stream, its setting."""
+
+    form: Literal["fractional", "standard"] = Field(
+        description="fractional: standard_streams plus one tame stream; standard: standard_streams alone")
+    standard_streams: int
+    tame_streams: int
+    congestion_control: str | None = Field(description="\"tame\" for the fractional stream; null without one")
+    standard_control: str | None = Field(description="the control the FM is calibrated against; null: theory here, "
+                                                     "the sending host's default for the command")
+    fractional_multiplier: float | None
+    tcp_equivalent_streams: float
+    rtt_s: float | None = Field(description="the fit's RTT the FM is computed for, seconds")
+    address: str | None = Field(description="the address the setting is kept for; null for a host name")
+    command: str | None = Field(description="run as root on the sending host to set the FM (tame cc apply); "
+                                            "null when no tame stream is needed")
+    note: str | None
 
 
 class AdviceOut(BaseModel):
@@ -42,6 +62,7 @@ class AdviceOut(BaseModel):
     age_s: float
     stale: bool = Field(description="true when the probes are older than the TTL; a re-probe has been queued")
     observations_used: int
+    open: OpenOut = Field(description="how to open the advice: its streams, and the tame stream's setting")
 
 
 class AdviceQuery(BaseModel):
@@ -138,16 +159,39 @@ class CurveOut(BaseModel):
 
 
 class ObservationIn(BaseModel):
+    """A finished transfer. Only one whose streams were all standard refits the curve; one with a stream
+    under the tame congestion control is stored with its detail but does not (advisor/observations.py)."""
+
     model_config = ConfigDict(extra="forbid")
     dest: str = Dest
     streams: int = Field(ge=1, le=limits.MAX_STREAMS)
     throughput_bps: float = Field(ge=limits.MIN_THROUGHPUT_BPS, lt=limits.MAX_THROUGHPUT_BPS, allow_inf_nan=False, description="achieved throughput, bits/s")
+    stream_bps: list[Annotated[float, Field(ge=0, lt=limits.MAX_THROUGHPUT_BPS, allow_inf_nan=False)]] = Field(
+        default_factory=list, max_length=limits.MAX_STREAMS, description="each stream's rate, bits/s")
+    stream_retransmits: list[Annotated[int, Field(ge=0, le=2**53)]] = Field(
+        default_factory=list, max_length=limits.MAX_STREAMS,
+        description="each stream's retransmitted segments, in stream_bps's order")
+    stream_congestion_controls: list[Annotated[str, Field(pattern=CONTROL_NAME.pattern, max_length=15)]] = Field(
+        default_factory=list, max_length=limits.MAX_STREAMS,
+        description="each stream's congestion control (e.g. \"cubic\", \"tame\"), in the same order")
+    fractional_multiplier: float | None = Field(
+        default=None, ge=1, le=limits.MAX_TAME_FM, allow_inf_nan=False,
+        description="the FM the tame streams ran at; given exactly when some stream ran \"tame\"")
+    tcp_equivalent_streams: float | None = Field(default=None, gt=0, le=limits.MAX_STREAMS, allow_inf_nan=False,
+                                                 description="n*: the standard streams' share the transfer opened")
+    duration_s: float | None = Field(default=None, gt=0, le=limits.MAX_OBSERVATION_DURATION_S, allow_inf_nan=False)
+
+    def detail(self) -> dict:
+        """The fields beyond dest, streams and throughput_bps, as AdviceService.observe takes them."""
+        return self.model_dump(exclude={"dest", "streams", "throughput_bps"})
 
 
 class ObservationOut(BaseModel):
     dest: str
     accepted: bool
     refit: bool
+    id: int = Field(description="the stored observation's id")
+    feeds_fit: bool = Field(description="false for a transfer with a tame stream: stored, not used to refit")
 
 
 class ProbeResultIn(BaseModel):

@@ -23,8 +23,10 @@ import math
 import os
 import struct
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 from probes.delayline import cache_dir
 from probes.errors import CcCommandFailed, CcNotLoaded, CcNotRoot, CcRouteConflict, CcUnavailable
@@ -119,6 +121,11 @@ def host_default_control() -> str:
     return Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
 
 
+def available_controls() -> list[str]:
+    """The congestion controls a socket here may choose (net.ipv4.tcp_available_congestion_control)."""
+    return Path("/proc/sys/net/ipv4/tcp_available_congestion_control").read_text().split()
+
+
 def require_root() -> None:
     """Raise CcNotRoot unless running as root (registration, maps and routes all need it)."""
     if os.geteuid() != 0:
@@ -207,8 +214,7 @@ def load() -> tuple[Registration, bool]:
     reg = registration()
     if reg is not None:
         return reg, False
-    available = Path("/proc/sys/net/ipv4/tcp_available_congestion_control").read_text().split()
-    if NAME in available:
+    if NAME in available_controls():
         raise CcCommandFailed(f"a congestion control named {NAME!r} that is not this BPF program is registered")
     obj = object_path()
     try:
@@ -267,6 +273,21 @@ def delete_fm(addr: Address) -> bool:
     except TestbedCommandFailed as exc:
         raise CcCommandFailed(f"cannot delete the entry for {addr}: {exc}") from exc
     return True
+
+
+@contextmanager
+def temporary_setting(addr: Address, setting: CcSetting) -> Iterator[CcSetting | None]:
+    """``addr``'s entry set to ``setting`` for the block, then put back as it was (removed if it had none);
+    yields the entry it had. Another process changing the same entry meanwhile is not detected."""
+    previous = settings().get(addr)
+    set_fm(addr, setting)
+    try:
+        yield previous
+    finally:
+        if previous is not None:
+            set_fm(addr, previous)
+        else:
+            delete_fm(addr)
 
 
 def _ip(addr: Address) -> list[str]:

@@ -25,6 +25,10 @@ class ZeroThroughput(ProbeError):
     """The probe finished but moved no data."""
 
 
+class TransferFailed(ProbeError):
+    """An iperf3 client of a transfer failed, or ran under another congestion control than it asked for."""
+
+
 class SimulatorError(ProbeError):
     """The network simulator failed or produced output that cannot be read."""
 

@@ -13,7 +13,8 @@ from advisor.commands.probe import EXIT_PROBE_FAILED, add_plan_options, measure,
 from advisor.errors import InvalidRequest
 from advisor.limits import check_probe_duration_s, check_probe_levels
 from advisor.plan_runner import level_chooser
-from advisor.tame import DEFAULT_MODEL, DEFAULT_N_MAX, advise_from_plan
+from advisor.opening import how_to_open
+from advisor.tame import DEFAULT_MODEL, DEFAULT_N_MAX, advise_from_plan, point_from_probe, representative_rtt_s
 from models.errors import FitError
 from models.registry import MIN_LEVELS, MODELS
 from probes.plan import ProbePlan
@@ -54,7 +55,8 @@ def run(args) -> int:
         print_json(payload)
     else:
         print(f"{payload['dest']}")
-        print_advice(Advice(**{k: v for k, v in payload.items() if k in Advice.__dataclass_fields__}))
+        print_advice(Advice(**{k: v for k, v in payload.items() if k in Advice.__dataclass_fields__}),
+                     payload.get("open"))
     return 0
 
 
@@ -68,7 +70,8 @@ def _locally(args) -> dict | None:
     except FitError as exc:
         print(f"tame advise: the probes of {plan.dest} cannot be fitted: {exc}", file=sys.stderr)
         return None
-    return {"dest": plan.dest, **advice.to_json()}
+    rtt_s = representative_rtt_s([point_from_probe(p) for p in plan.probes], plan.idle_rtt_s)
+    return {"dest": plan.dest, **advice.to_json(), "open": how_to_open(advice, plan.dest, rtt_s)}
 
 
 def _plan_asked(args) -> dict:

@@ -12,6 +12,7 @@ from typing import Any
 from advisor.advice import Advice
 from advisor.cli import UsageError
 from advisor.errors import InvalidRequest
+from advisor.opening import opening_text
 from advisor.limits import MAX_STREAMS, check_streams, check_throughput_bps
 from advisor.tame import DEFAULT_FRACTIONAL_MARGIN, DEFAULT_MARGIN, DEFAULT_MODEL, DEFAULT_N_MAX, NO_MARGIN, ImpactMargin
 from models.parallel import ProbePoint
@@ -135,7 +136,8 @@ def opened_text(advice: Advice) -> str:
             f"stream{'' if advice.num_flows == 1 else 's'} if your tool cannot open a fractional stream")
 
 
-def print_advice(advice: Advice) -> None:
+def print_advice(advice: Advice, opening: dict[str, Any] | None = None) -> None:
+    """The advice in a few lines; ``opening`` (advisor.opening.how_to_open) adds how to open it."""
     lines = [
         f"streams:                    {opened_text(advice)}",
         f"predicted throughput:       {format_bps(advice.max_nondisruptive_throughput_bps)} "
@@ -147,5 +149,7 @@ def print_advice(advice: Advice) -> None:
         lines.append(f"per-stream socket buffer:   {advice.per_stream_buffer_bytes} bytes")
     lines.append(f"model:                      {advice.model} ({advice.regime}) "
                  + " ".join(f"{k}={v:.4g}" for k, v in advice.params.items()))
+    if opening is not None:
+        lines.append(f"how to open:                {opening_text(opening)}")
     lines += [f"warning: {w}" for w in advice.warnings]
     print("\n".join(lines))

@@ -6,6 +6,7 @@ from advisor.cli import UsageError
 from advisor.commands.common import (
     add_probe_options, fraction, fractional_margin_from_args, margin_from_args, print_advice, print_json, probes_from_args,
 )
+from advisor.opening import how_to_open
 from advisor.tame import tame_parallel_tcp
 from models.errors import FitError
 
@@ -25,8 +26,9 @@ def run(args) -> int:
                                     fractional_margin=fractional_margin_from_args(args))
     except FitError as exc:
         raise UsageError(str(exc)) from exc
+    opening = how_to_open(advice, None)  # typed-in numbers: no destination, no RTT
     if args.json:
-        print_json(advice.to_json())
+        print_json({**advice.to_json(), "open": opening})
     else:
-        print_advice(advice)
+        print_advice(advice, opening)
     return 0

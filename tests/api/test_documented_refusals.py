@@ -9,6 +9,8 @@ operation's documented responses (status, content type, headers, body).
 import pytest
 import schemathesis
 
+from api.boundary import OBSERVATION_BODY_BYTES
+
 from tests.api.test_fuzz import CHECKS
 
 
@@ -34,7 +36,7 @@ CASES = [
     case("batch-too-large", "POST", "/v1/advice:batch", 413,
          body=[{"dest": "127.0.0.1", "max_impact": 0.1}] * 3, settings={"max_batch": 2}),
     case("observation-body-over-cap", "POST", "/v1/observations", 413,
-         body={"dest": "127.0.0.1", "streams": 1, "throughput_bps": 1e6, "pad": "x" * 20_000}),
+         body={"dest": "127.0.0.1", "streams": 1, "throughput_bps": 1e6, "pad": "x" * (OBSERVATION_BODY_BYTES + 1)}),
     case("probe-run-not-allowed", "POST", "/v1/probe-runs", 403,
          body={"dest": "evil.test", "probes": [{"streams": 1, "throughput_bps": 1e6},
                                                {"streams": 10, "throughput_bps": 5e6}]}),

@@ -1,0 +1,344 @@
+"""`tame transfer DEST`: open the advice for DEST as advised, run the transfer (iperf3 stands in for the data),
+and report what it got as an observation.
+
+The advice comes from the local store, or from the server at TAME_URL (TAME_TOKEN to write the observation
+there). Fractional form (no --streams): floor(n*) standard streams to DEST's port plus, when the advice has a
+fractional stream, one stream under the tame congestion control to --fractional-port, at the FM the measured
+share law gives (advisor.opening.how_to_open), set for DEST's address for the transfer and put back after.
+Aggregate form (--streams N): N tame streams, each at the FM that makes them together take n*'s share.
+The observation keeps each stream's rate, retransmissions and control; one with a tame stream does not refit
+the curve (advisor/observations.py says why).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import signal
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from advisor.advice import Advice
+from advisor.cli import UsageError
+from advisor.commands.cc import setting_for
+from advisor.commands.common import format_bps, print_json
+from advisor.destinations import Destination, parse_destination
+from advisor.errors import AdvisorError, InvalidRequest
+from advisor.limits import MAX_PROBE_STREAMS
+from advisor.observations import Observation
+from advisor.opening import how_to_open
+from probes import cc
+from probes.errors import CcError, ProbeError
+from probes.transfer import ClientSpec, TransferResult, run_transfer
+
+DEFAULT_FRACTIONAL_PORT = 5202
+# iperf3 runs a test for at most a day (its MAX_TIME); a transfer of bytes may not have more than a PiB to move.
+MAX_DURATION_S = 86400.0
+MAX_BYTES = 2**50
+# The wall-clock budget beyond --duration (connecting, the end of the test), and of a --bytes transfer.
+DEADLINE_SLACK_S = 30.0
+DEFAULT_BYTES_TIMEOUT_S = 3600.0
+EXIT_TRANSFER_FAILED = 1
+
+
+def _budget(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number; give a fraction such as 0.1 for 10 %") from None
+    if not (math.isfinite(value) and 0.0 < value <= 1.0):
+        raise argparse.ArgumentTypeError(f"{text} is outside (0, 1]; give a fraction above 0, such as 0.1 for 10 %")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not (math.isfinite(value) and 1.0 <= value <= MAX_DURATION_S):
+        raise argparse.ArgumentTypeError(f"{text} is outside 1..{MAX_DURATION_S:g} seconds")
+    return value
+
+
+def _byte_count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of bytes (e.g. 1000000000)") from None
+    if not 1 <= value <= MAX_BYTES:
+        raise argparse.ArgumentTypeError(f"{value} is outside 1..{MAX_BYTES} bytes")
+    return value
+
+
+def _stream_count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 1 <= value <= MAX_PROBE_STREAMS:
+        raise argparse.ArgumentTypeError(f"{value} is outside 1..{MAX_PROBE_STREAMS} (iperf3 opens at most "
+                                         f"{MAX_PROBE_STREAMS} streams)")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is outside 1..65535")
+    return value
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "transfer", help="open the advice for DEST and run a transfer with iperf3, then report it (root for tame)",
+        description="Gets the advice for DEST (local store, or TAME_URL), opens it (standard streams plus a tame "
+        "stream at the advice's fractional multiplier, or --streams N tame streams) with iperf3 standing in for "
+        "the data, and stores what it got as an observation. DEST runs 'iperf3 -s' on its port and, for the "
+        "fractional form, on --fractional-port too. Tame streams need root and 'tame cc load'.")
+    parser.add_argument("dest", metavar="DEST[:PORT]",
+                        help="the destination's IPv4 or IPv6 address ([ADDR]:PORT for IPv6 with a port), port 5201 "
+                        "if none: the tame setting is kept per address")
+    parser.add_argument("--max-impact", type=_budget, required=True,
+                        help="largest tolerated throughput loss of competing flows, fraction above 0, at most 1")
+    size = parser.add_mutually_exclusive_group(required=True)
+    size.add_argument("--duration", type=_seconds, metavar="SECONDS", help="run the transfer this long")
+    size.add_argument("--bytes", type=_byte_count, metavar="N",
+                      help="move N bytes (the fractional form splits them in proportion to each part's share of n*)")
+    parser.add_argument("--streams", type=_stream_count, metavar="N",
+                        help="aggregate form: open N streams, all tame, scaled to take n*'s share together "
+                        "(N at least ceil(n*))")
+    parser.add_argument("--fractional-port", type=_port, default=DEFAULT_FRACTIONAL_PORT, metavar="PORT",
+                        help=f"DEST's second iperf3 server, for the tame stream (default {DEFAULT_FRACTIONAL_PORT})")
+    parser.add_argument("--timeout", type=_seconds, metavar="SECONDS",
+                        help=f"stop the transfer after this long (default: --duration + {DEADLINE_SLACK_S:g} s, "
+                        f"or {DEFAULT_BYTES_TIMEOUT_S:g} s for --bytes)")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.set_defaults(handler=run)
+
+
+@dataclass(frozen=True)
+class Opened:
+    """What the transfer opens: the iperf3 clients, and the tame stream's FM (None without one)."""
+
+    form: str  # "fractional", "standard" (the advice has no fractional stream) or "aggregate"
+    standard_streams: int
+    tame_streams: int
+    fractional_multiplier: float | None
+    tcp_equivalent_streams: float
+    clients: tuple[ClientSpec, ...]
+
+    @property
+    def congestion_control(self) -> str:
+        """The tame control when a stream runs it, else the standard streams'."""
+        return cc.NAME if self.tame_streams else self.clients[0].congestion_control
+
+    def to_json(self) -> dict[str, Any]:
+        return {"standard_streams": self.standard_streams, "fractional_multiplier": self.fractional_multiplier,
+                "congestion_control": self.congestion_control, "streams": self.standard_streams + self.tame_streams}
+
+
+def plan_opening(advice: Advice, dest: Destination, rtt_s: float | None, standard_control: str,
+                 streams: int | None, fractional_port: int, total_bytes: int | None) -> Opened:
+    """The clients that open ``advice`` (UsageError when ``streams`` cannot carry it)."""
+    n_star = float(advice.tcp_equivalent_streams)
+    if streams is not None:
+        if not n_star > 0:
+            raise UsageError(f"the advice for {dest.key} is n* {n_star:g}: no share to scale {streams} streams to; "
+                             "leave out --streams to open what the advice says")
+        if streams < math.ceil(n_star - 1e-9):
+            raise UsageError(f"--streams {streams} is fewer than the advice's n* {n_star:g}: tame only slows streams "
+                             f"down, so open at least {math.ceil(n_star)}")
+        setting = setting_for(n_star, streams, rtt_s, standard_control)
+        client = ClientSpec(dest.port, streams, cc.NAME, total_bytes)
+        return Opened("aggregate", 0, streams, setting.fractional_multiplier, n_star, (client,))
+    opening = how_to_open(advice, dest.key, rtt_s, standard_control)
+    standard, fm = opening["standard_streams"], opening["fractional_multiplier"]
+    if standard > MAX_PROBE_STREAMS:
+        raise UsageError(f"the advice opens {standard} standard streams; iperf3 opens at most {MAX_PROBE_STREAMS}")
+    if fm is None:
+        return Opened("standard", standard, 0, None, float(standard),
+                      (ClientSpec(dest.port, standard, standard_control, total_bytes),))
+    if fractional_port == dest.port:
+        raise UsageError(f"--fractional-port {fractional_port} is DEST's own port: the tame stream needs a second "
+                         "iperf3 server (iperf3 -s -p PORT) on DEST")
+    remainder = n_star - standard
+    tame_bytes = standard_bytes = None
+    if total_bytes is not None:  # each part carries its share of n*, so both should finish together
+        tame_bytes = max(1, round(total_bytes * remainder / n_star)) if standard else total_bytes
+        standard_bytes = max(1, total_bytes - tame_bytes)
+    clients = (ClientSpec(dest.port, standard, standard_control, standard_bytes),) if standard else ()
+    clients += (ClientSpec(fractional_port, 1, cc.NAME, tame_bytes),)
+    return Opened("fractional", standard, 1, fm, n_star, clients)
+
+
+def run(args) -> int:
+    dest = _destination(args.dest)
+    address = cc.canonical_address(dest.host)
+    server = os.environ.get("TAME_URL")
+    with _Reporter(server, dest) as reporter:
+        payload = reporter.advice(args.max_impact)
+        advice = Advice(**{k: v for k, v in payload.items() if k in Advice.__dataclass_fields__})
+        rtt_s = (payload.get("open") or {}).get("rtt_s")
+        # The advice's probed control when the service knows it, else this host's: what its standard streams run.
+        standard_control = payload.get("congestion_control") or cc.host_default_control()
+        opened = plan_opening(advice, dest, rtt_s, standard_control, args.streams, args.fractional_port, args.bytes)
+        _check_can_open(opened, standard_control)
+        deadline_s = args.timeout or (args.duration + DEADLINE_SLACK_S if args.duration else DEFAULT_BYTES_TIMEOUT_S)
+        try:
+            result = _transfer(address, opened, args.duration, deadline_s)
+        except (ProbeError, CcError) as exc:
+            print(f"tame transfer: {exc}", file=sys.stderr)
+            return EXIT_TRANSFER_FAILED
+        observation = Observation.checked(
+            result.streams, result.throughput_bps, stream_bps=result.stream_bps,
+            stream_retransmits=result.stream_retransmits, stream_congestion_controls=result.stream_congestion_controls,
+            fractional_multiplier=opened.fractional_multiplier, tcp_equivalent_streams=opened.tcp_equivalent_streams,
+            duration_s=result.duration_s)
+        stored, error = reporter.observe(observation)
+    out = {"dest": dest.key, "advice": payload, "opened": opened.to_json(), "throughput_bps": result.throughput_bps,
+           "duration_s": result.duration_s, "observation_id": stored["id"] if stored else None}
+    if args.json:
+        print_json(out)
+    else:
+        _print(out, opened, result, stored)
+    if error is not None:
+        print(f"tame transfer: the transfer ran but its observation was not stored: {error}", file=sys.stderr)
+        return EXIT_TRANSFER_FAILED
+    return 0
+
+
+def _destination(text: str) -> Destination:
+    try:
+        dest = parse_destination(text)
+    except InvalidRequest as exc:
+        raise UsageError(f"DEST {text!r}: {exc}") from None
+    try:
+        cc.canonical_address(dest.host)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return dest
+
+
+def _check_can_open(opened: Opened, standard_control: str) -> None:
+    """Refuse before anything runs: tame streams need root and the control registered; every control must exist."""
+    if opened.tame_streams:
+        hint = f"tame streams need root and the {cc.NAME} control loaded: run 'tame cc load' as root, then this as root"
+        if os.geteuid() != 0:
+            raise UsageError(f"not running as root; {hint}")
+        try:
+            registered = cc.registration() is not None
+        except CcError as exc:
+            raise UsageError(f"cannot tell whether {cc.NAME} is loaded ({exc}); {hint}") from exc
+        if not registered:
+            raise UsageError(f"the {cc.NAME} congestion control is not loaded; {hint}")
+    if opened.standard_streams and standard_control not in cc.available_controls():
+        raise UsageError(f"the standard streams' congestion control {standard_control!r} is not available here "
+                         f"(net.ipv4.tcp_available_congestion_control: {' '.join(cc.available_controls())}); "
+                         f"load its module (modprobe tcp_{standard_control})")
+
+
+def _transfer(address, opened: Opened, duration_s: float | None, deadline_s: float) -> TransferResult:
+    """Run the clients; the tame FM is set for ``address`` for the transfer and put back after, whatever happens."""
+    # A plain kill (SIGTERM) unwinds like Ctrl-C, so the FM entry is put back and the clients are reaped.
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        if opened.fractional_multiplier is None:
+            return run_transfer(str(address), opened.clients, duration_s, deadline_s)
+        setting = cc.CcSetting(opened.fractional_multiplier, scale_slow_start=cc.SCALE_SLOW_START_BY_DEFAULT)
+        with cc.temporary_setting(address, setting):
+            return run_transfer(str(address), opened.clients, duration_s, deadline_s)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _terminate(signum, frame):
+    raise KeyboardInterrupt
+
+
+class _Reporter:
+    """Where the advice comes from and the observation goes: the local store, or the server at ``url``."""
+
+    def __init__(self, url: str | None, dest: Destination):
+        self.url = url
+        self.dest = dest
+        self._store = self._service = self._client = None
+
+    def __enter__(self) -> "_Reporter":
+        if self.url:
+            from api.client import TameClient  # the CLI is where the layers are wired together
+
+            token = os.environ.get("TAME_TOKEN") or os.environ.get("TAME_READ_TOKEN")
+            self._client = TameClient(self.url, token=token, timeout_s=30)
+        else:
+            from advisor.commands.runtime import load_settings, open_store
+            from advisor.service import AdviceService
+
+            settings = load_settings()
+            self._store = open_store(settings)
+            self._service = AdviceService(self._store, settings)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._client is not None:
+            self._client.close()
+        if self._store is not None:
+            self._store.close()
+
+    def advice(self, max_impact: float) -> dict[str, Any]:
+        if self._client is not None:
+            from api.client import TameError
+
+            try:
+                return self._client.advice(self.dest.key, max_impact)
+            except TameError as exc:
+                raise UsageError(f"{self.url}: {exc}" + (
+                    f"; probe it first (tame advise {self.dest.key} --max-impact {max_impact:g})"
+                    if exc.status == 404 else "")) from exc
+        try:
+            payload = self._service.advice(self.dest.key, max_impact)
+            # Refused now, not after the transfer ran: the observation becomes advice, as for the service's probes.
+            self._service.check_allowed(self.dest)
+        except AdvisorError as exc:
+            raise UsageError(str(exc)) from exc
+        return payload
+
+    def observe(self, observation: Observation) -> tuple[dict[str, Any] | None, str | None]:
+        """(the service's answer, None), or (None, why it was not stored)."""
+        detail = observation.to_json()
+        streams, throughput_bps = detail.pop("streams"), detail.pop("throughput_bps")
+        if self._client is not None:
+            from api.client import TameError
+
+            try:
+                return self._client.observe(self.dest.key, streams, throughput_bps, **detail), None
+            except TameError as exc:
+                return None, f"{self.url}: {exc}"
+        try:
+            return self._service.observe(self.dest.key, streams, throughput_bps, **detail), None
+        except AdvisorError as exc:
+            return None, str(exc)
+
+
+def _print(out: dict[str, Any], opened: Opened, result: TransferResult, stored: dict[str, Any] | None) -> None:
+    advice = out["advice"]
+    if opened.form == "aggregate":
+        what = f"{opened.tame_streams} {cc.NAME} streams at FM {opened.fractional_multiplier:g}"
+    elif opened.tame_streams:
+        what = (f"{opened.standard_streams} standard ({opened.clients[0].congestion_control}) + 1 {cc.NAME} stream "
+                f"at FM {opened.fractional_multiplier:g}" if opened.standard_streams
+                else f"1 {cc.NAME} stream at FM {opened.fractional_multiplier:g}")
+    else:
+        what = f"{opened.standard_streams} standard stream{'' if opened.standard_streams == 1 else 's'} " \
+               f"({opened.clients[0].congestion_control})"
+    print(f"{out['dest']}: {what} for n* {advice['tcp_equivalent_streams']:.2f} (budget {advice['max_impact']:.1%})")
+    parts = ", ".join(f"{r.congestion_control} {format_bps(r.throughput_bps)}" for r in result.results)
+    print(f"throughput: {format_bps(out['throughput_bps'])} over {out['duration_s']:.1f} s ({parts})")
+    if stored is not None:
+        use = "used to refit" if stored.get("feeds_fit") else f"kept, not used to refit (it had a {cc.NAME} stream)"
+        print(f"observation {stored['id']} stored: {use}")

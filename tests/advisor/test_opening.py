@@ -1,0 +1,70 @@
+"""advisor.opening.how_to_open: the one place that says how to open an advice, and its command line."""
+
+import shlex
+
+import pytest
+
+from advisor.advice import Advice
+from advisor.commands.cc import setting_for
+from advisor.opening import ADDRESS_PLACEHOLDER, how_to_open, opening_text
+from advisor.tame import fractional_multiplier_for
+from models.tame_share import LAWS
+
+
+def advice(n_star: float, num_flows: int, fm: float | None) -> Advice:
+    return Advice(num_flows=num_flows, fractional_multiplier=fm, tcp_equivalent_streams=n_star,
+                  max_nondisruptive_throughput_bps=1e8, cross_traffic_impact=0.05, max_impact=0.1,
+                  per_stream_buffer_bytes=None, model="lu", params={}, regime="congested")
+
+
+def test_a_fractional_n_star_opens_whole_standard_streams_and_one_tame_stream_at_the_theory_fm():
+    # "bbr" is not a measured control, so the FM^-1/2 theory holds: the remainder 0.5 needs FM 1/0.5^2 = 4.
+    assert "bbr" not in LAWS
+    got = how_to_open(advice(2.5, 2, 4.0), "10.0.0.2:5201", rtt_s=0.04, standard_control="bbr")
+    assert got == {"form": "fractional", "standard_streams": 2, "tame_streams": 1, "congestion_control": "tame",
+                   "standard_control": "bbr", "fractional_multiplier": 4.0, "tcp_equivalent_streams": 2.5,
+                   "rtt_s": 0.04, "address": "10.0.0.2",
+                   "command": "tame cc apply 10.0.0.2 --tcp-equivalent 2.5 --rtt 0.04 --standard-control bbr",
+                   "note": None}
+
+
+@pytest.mark.parametrize("control", sorted(LAWS) + [None])
+@pytest.mark.parametrize("n_star, rtt_s", [(2.3747, 0.04), (0.4668, 0.0123456789), (7.31, None)])
+def test_the_fm_is_the_one_its_command_sets(control, n_star, rtt_s):
+    got = how_to_open(advice(n_star, int(n_star) or 1, 1.5), "10.0.0.2", rtt_s=rtt_s, standard_control=control)
+    argv = shlex.split(got["command"])
+    assert argv[:4] == ["tame", "cc", "apply", "10.0.0.2"]
+    options = dict(zip(argv[4::2], argv[5::2]))
+    # What `tame cc apply` computes from the command's own arguments (it parses them with float()).
+    rtt = float(options["--rtt"]) if "--rtt" in options else None
+    applied = setting_for(float(options["--tcp-equivalent"]), None, rtt, options.get("--standard-control"))
+    assert applied.fractional_multiplier == got["fractional_multiplier"]
+    assert applied.standard_streams == got["standard_streams"]
+    assert got["fractional_multiplier"] == fractional_multiplier_for(n_star, rtt_s, control)
+
+
+def test_a_whole_n_star_opens_plain_streams_and_no_command():
+    got = how_to_open(advice(3.0, 3, None), "10.0.0.2", rtt_s=0.04)
+    assert got["form"] == "standard" and got["standard_streams"] == 3 and got["tame_streams"] == 0
+    assert got["command"] is None and got["congestion_control"] is None and got["fractional_multiplier"] is None
+    assert opening_text(got) == "3 standard streams; no tame stream needed"
+
+
+def test_below_one_stream_the_tame_stream_is_the_whole_transfer():
+    got = how_to_open(advice(0.25, 1, 16.0), "[fd00::2]:5201", standard_control="bbr")  # FM 1/0.25^2
+    assert (got["standard_streams"], got["tame_streams"], got["fractional_multiplier"]) == (0, 1, 16.0)
+    assert got["address"] == "fd00::2" and got["command"].startswith("tame cc apply fd00::2 ")
+    assert opening_text(got).startswith("1 tame stream alone at FM 16")
+
+
+def test_a_host_name_gets_a_placeholder_and_a_note_saying_to_resolve_it():
+    got = how_to_open(advice(2.5, 2, 4.0), "dtn1.example.org:5201")
+    assert got["address"] is None
+    assert shlex.split(got["command"])[3] == ADDRESS_PLACEHOLDER
+    assert "resolve dtn1.example.org" in got["note"]
+
+
+def test_an_rtt_the_command_would_refuse_is_left_out():
+    for bad in (0.0, -1.0, float("nan"), 11.0):
+        got = how_to_open(advice(2.5, 2, 4.0), "10.0.0.2", rtt_s=bad)
+        assert got["rtt_s"] is None and "--rtt" not in got["command"]

@@ -1,0 +1,143 @@
+"""`tame transfer`: bad and hostile input is refused with exit status 2 and a message saying what to give,
+before any process runs or anything is stored. (The real transfer: tests/probes/test_transfer.py, root.)"""
+
+import math
+import time
+
+import pytest
+
+from advisor.allowlist import AllowList
+from advisor.cli import main
+from advisor.commands import transfer
+from advisor.destinations import parse_destination
+from advisor.service import AdviceService
+from advisor.settings import Settings
+from advisor.store import Store
+from probes import cc
+from probes.result import ProbeResult
+from probes import transfer as probe_transfer
+
+# Lu's model exactly, BW(n) = n / sqrt(A n^2 + B): at budget 0.1 the service advises n* 2.3747.
+A, B = 2e-18, 4e-16
+DEST = "10.201.2.1"
+
+
+def rate(n):
+    return n / math.sqrt(A * n * n + B)
+
+
+def _no_processes(*args, **kwargs):
+    raise AssertionError(f"refused input must not reach a system command: {args}")
+
+
+@pytest.fixture
+def store_url(tmp_path, monkeypatch):
+    """A store holding a fit for DEST:5201, and the environment pointing the CLI at it; no process may run."""
+    url = f"sqlite:///{tmp_path / 'tame.sqlite3'}"
+    store = Store.open(url)
+    settings = Settings(database_url=url, allowed=AllowList.parse("10.201.0.0/16"))
+    dest = parse_destination(DEST)
+    results = [ProbeResult(dest=dest.key, streams=n, duration_s=10.0, omit_s=0.0, throughput_bps=rate(n),
+                           sender_bps=rate(n)) for n in (1, 4, 10)]
+    assert AdviceService(store, settings).ingest_run(dest, 0.04, results, time.time(), source="push")[1] is None
+    store.close()
+    monkeypatch.delenv("TAME_URL", raising=False)
+    monkeypatch.setenv("TAME_DATABASE_URL", url)
+    monkeypatch.setenv("TAME_ALLOWED_DESTINATIONS", "10.201.0.0/16")
+    monkeypatch.setattr(cc, "run", _no_processes)
+    monkeypatch.setattr(probe_transfer.subprocess, "Popen", _no_processes)
+    return url
+
+
+def _rows(url: str) -> dict[str, int]:
+    store = Store.open(url)
+    try:
+        with store.db.transaction() as tx:
+            return {table: tx.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+                    for table in ("observations", "fits", "probe_jobs", "probe_runs")}
+    finally:
+        store.close()
+
+
+def _transfer(*argv: str) -> int:
+    try:
+        return main(["transfer", *argv])
+    except SystemExit as exc:  # argparse's refusals
+        return exc.code
+
+
+SIZE = ["--duration", "3"]
+
+
+@pytest.mark.parametrize("argv, says", [
+    ([DEST, "--max-impact", "0", *SIZE], "outside (0, 1]"),
+    ([DEST, "--max-impact", "1.5", *SIZE], "outside (0, 1]"),
+    ([DEST, "--max-impact", "-0.1", *SIZE], "outside (0, 1]"),
+    ([DEST, "--max-impact", "nan", *SIZE], "outside (0, 1]"),
+    ([DEST, "--max-impact", "inf", *SIZE], "outside (0, 1]"),
+    ([DEST, "--max-impact", "10%", *SIZE], "not a number"),
+    ([DEST, "--max-impact", "0.1"], "one of the arguments --duration --bytes is required"),
+    ([DEST, "--max-impact", "0.1", "--duration", "3", "--bytes", "1000"], "not allowed with"),
+    ([DEST, "--max-impact", "0.1", "--duration", "-3"], "outside 1..86400"),
+    ([DEST, "--max-impact", "0.1", "--duration", "0"], "outside 1..86400"),
+    ([DEST, "--max-impact", "0.1", "--duration", "nan"], "outside 1..86400"),
+    ([DEST, "--max-impact", "0.1", "--duration", "1e9"], "outside 1..86400"),
+    ([DEST, "--max-impact", "0.1", "--bytes", "-5"], "outside 1.."),
+    ([DEST, "--max-impact", "0.1", "--bytes", "0"], "outside 1.."),
+    ([DEST, "--max-impact", "0.1", "--bytes", "1.5"], "not a whole number of bytes"),
+    ([DEST, "--max-impact", "0.1", "--bytes", str(2**60)], "outside 1.."),
+    ([DEST, "--max-impact", "0.1", *SIZE, "--streams", "0"], "outside 1..128"),
+    ([DEST, "--max-impact", "0.1", *SIZE, "--streams", "129"], "outside 1..128"),
+    ([DEST, "--max-impact", "0.1", *SIZE, "--streams", "two"], "not a whole number"),
+    ([DEST, "--max-impact", "0.1", *SIZE, "--fractional-port", "0"], "outside 1..65535"),
+    ([DEST, "--max-impact", "0.1", *SIZE, "--fractional-port", "70000"], "outside 1..65535"),
+    ([DEST, "--max-impact", "0.1", *SIZE, "--timeout", "-1"], "outside 1..86400"),
+    # n* 2.3747: fewer than 3 streams cannot carry it (tame only slows streams down).
+    ([DEST, "--max-impact", "0.1", *SIZE, "--streams", "2"], "open at least 3"),
+    # The tame stream needs a second server port.
+    ([DEST, "--max-impact", "0.1", *SIZE, "--fractional-port", "5201"], "is DEST's own port"),
+    (["host.example", "--max-impact", "0.1", *SIZE], "not an IPv4 or IPv6 address"),
+    (["10.201.2.0/24", "--max-impact", "0.1", *SIZE], "DEST"),
+    (["10.201.2.1; rm -rf /", "--max-impact", "0.1", *SIZE], "DEST"),
+    (["[fd00::1", "--max-impact", "0.1", *SIZE], "DEST"),
+    (["a" * 5000, "--max-impact", "0.1", *SIZE], "too long"),
+    (["10.201.2.1 10.201.2.2", "--max-impact", "0.1", *SIZE], "DEST"),
+    (["fe80::1%eth0", "--max-impact", "0.1", *SIZE], "not supported"),
+    (["0.0.0.0", "--max-impact", "0.1", *SIZE], "not a unicast address"),
+    # No advice for this destination yet.
+    (["10.201.2.9", "--max-impact", "0.1", *SIZE], "no advice for 10.201.2.9:5201"),
+    # Outside the allow-list: refused before the transfer, not after it.
+    (["10.99.0.1", "--max-impact", "0.1", *SIZE], "no advice"),
+])
+def test_bad_input_exits_2_saying_what_to_give_and_stores_nothing(store_url, argv, says, capsys):
+    before = _rows(store_url)
+    assert _transfer(*argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tame transfer: ") and says in err, err
+    assert "Traceback" not in err
+    assert _rows(store_url) == before
+
+
+def test_tame_streams_without_root_exit_2_saying_to_load_tame_as_root(store_url, monkeypatch, capsys):
+    monkeypatch.setattr(transfer.os, "geteuid", lambda: 1000)
+    before = _rows(store_url)
+    for extra in ([], ["--streams", "4"]):
+        assert _transfer(DEST, "--max-impact", "0.1", *SIZE, *extra) == 2
+        err = capsys.readouterr().err
+        assert "not running as root" in err and "'tame cc load' as root" in err
+    assert _rows(store_url) == before
+
+
+def test_the_fractional_form_splits_bytes_by_each_part_s_share_of_n_star():
+    from advisor.advice import Advice
+
+    advice = Advice(num_flows=2, fractional_multiplier=4.0, tcp_equivalent_streams=2.5,
+                    max_nondisruptive_throughput_bps=1e8, cross_traffic_impact=0.05, max_impact=0.1,
+                    per_stream_buffer_bytes=None, model="lu", params={}, regime="congested")
+    opened = transfer.plan_opening(advice, parse_destination(DEST), 0.04, "bbr", None, 5202, 1_000_000)
+    # 2 of n* 2.5 go to the standard streams, 0.5 to the tame one: 800 000 and 200 000 bytes; FM 1/0.5^2.
+    assert [(c.port, c.streams, c.congestion_control, c.bytes) for c in opened.clients] == [
+        (5201, 2, "bbr", 800_000), (5202, 1, "tame", 200_000)]
+    assert opened.fractional_multiplier == 4.0
+    assert opened.to_json() == {"standard_streams": 2, "fractional_multiplier": 4.0, "congestion_control": "tame",
+                                "streams": 3}

@@ -1,0 +1,156 @@
+"""`tame transfer` on the real kernel: a short transfer through a test bed, in both forms, with tame loaded.
+
+Root and kernel-wide: the tame registration and its FM map are shared by every process, so run this under
+the lock the project's tame users share (flock /tmp/tame-cc.lock pytest ...). A registration that is there
+already is used and left as it is; otherwise the test registers tame and unregisters it after.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from advisor.allowlist import AllowList
+from advisor.commands.cc import setting_for
+from advisor.destinations import parse_destination
+from advisor.service import AdviceService
+from advisor.settings import Settings
+from advisor.store import Store
+from probes import cc, pathcheck, testbed
+from probes.result import ProbeResult
+
+netns = pytest.mark.netns
+PATH = testbed.TestbedSpec(rate_bps=50e6, rtt_s=0.020, queue_bytes=125_000)
+FRACTIONAL_PORT = 5202
+SEEDED_RTT_S = 0.04
+# Probes that follow Lu's model exactly, BW(n) = n / sqrt(A n^2 + B): at budget 0.1 the advice is n* 2.3747
+# (2 standard streams and a fractional one), at 0.2 seven whole streams (worked out with the service's fit).
+A, B = 2e-18, 4e-16
+FRACTIONAL_BUDGET, WHOLE_BUDGET = 0.1, 0.2
+TRANSFER_S = 3
+
+
+def rate(n: int) -> float:
+    return n / (A * n * n + B) ** 0.5
+
+
+@pytest.fixture
+def tame_loaded():
+    """tame registered for the test: one there already is used (not ours to unload), else ours for the test."""
+    reg, new = cc.load()
+    try:
+        yield reg
+    finally:
+        if new:
+            cc.unload()
+
+
+@pytest.fixture
+def seeded(tmp_path, testbed_path):
+    """A store with a fit for the bed's receiver (pushed probe results, as POST /v1/probe-runs stores them)."""
+    url = f"sqlite:///{tmp_path / 'tame.sqlite3'}"
+    settings = Settings(database_url=url, allowed=AllowList.parse("10.201.0.0/16"))
+    store = Store.open(url)
+    dest = parse_destination(testbed_path.server_addr)
+    results = [ProbeResult(dest=dest.key, streams=n, duration_s=10.0, omit_s=0.0, throughput_bps=rate(n),
+                           sender_bps=rate(n)) for n in (1, 4, 10)]
+    _, error = AdviceService(store, settings).ingest_run(dest, SEEDED_RTT_S, results, time.time(), source="push")
+    assert error is None
+    try:
+        yield store, settings, dest
+    finally:
+        store.close()
+
+
+def _env(url: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TAME_")}
+    return {**env, "TAME_DATABASE_URL": url, "TAME_ALLOWED_DESTINATIONS": "10.201.0.0/16"}
+
+
+def _transfer(tb_path, url: str, *args: str) -> tuple[dict, list[float]]:
+    """Run `tame transfer --json` in the sender namespace; returns its JSON and the FMs the map held for the
+    receiver while it ran (sampled)."""
+    addr = ipaddress.ip_address(tb_path.server_addr)
+    proc = subprocess.Popen(tb_path.in_sender([sys.executable, "-m", "advisor", "transfer", tb_path.server_addr,
+                                               "--duration", str(TRANSFER_S), "--json", *args]),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(url))
+    seen = []
+    try:
+        deadline = time.monotonic() + TRANSFER_S + 60
+        while proc.poll() is None and time.monotonic() < deadline:
+            entry = cc.settings().get(addr)
+            if entry is not None:
+                seen.append(entry.fractional_multiplier)
+            time.sleep(0.2)
+        out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    return json.loads(out), seen
+
+
+def _standard_control(tb_path) -> str:
+    return subprocess.run(tb_path.in_sender(["cat", "/proc/sys/net/ipv4/tcp_congestion_control"]),
+                          capture_output=True, text=True, check=True, timeout=10).stdout.strip()
+
+
+@netns
+@pytest.mark.parametrize("testbed_path", [PATH], indirect=True)
+def test_a_real_transfer_opens_the_advice_in_both_forms_and_stores_what_it_got(tame_loaded, testbed_path, seeded):
+    store, settings, dest = seeded
+    addr = ipaddress.ip_address(testbed_path.server_addr)
+    before = cc.settings().get(addr)
+    control = _standard_control(testbed_path)
+    fits_used = store.current_fit(dest.key).observations_used
+
+    with pathcheck.iperf3_server(testbed_path.testbed, FRACTIONAL_PORT):
+        # Fractional form: 2 standard streams (the sender's own control) + 1 tame stream on the second port.
+        got, seen = _transfer(testbed_path, settings.database_url, "--max-impact", str(FRACTIONAL_BUDGET))
+        assert set(got) == {"dest", "advice", "opened", "throughput_bps", "duration_s", "observation_id"}
+        assert set(got["opened"]) == {"standard_streams", "fractional_multiplier", "congestion_control", "streams"}
+        n_star = got["advice"]["tcp_equivalent_streams"]
+        assert n_star == pytest.approx(2.3747, abs=1e-3)
+        # The FM is the calibrated law's for the sender's control at the fit's RTT, as `tame cc apply` sets it.
+        expected_fm = setting_for(n_star, None, SEEDED_RTT_S, control).fractional_multiplier
+        assert got["opened"] == {"standard_streams": 2, "fractional_multiplier": expected_fm,
+                                 "congestion_control": cc.NAME, "streams": 3}
+        assert got["advice"]["open"]["command"].startswith(f"tame cc apply {addr} --tcp-equivalent ")
+        assert expected_fm in seen  # the entry held the FM during the transfer
+        assert cc.settings().get(addr) == before  # and was put back after
+        assert got["throughput_bps"] > 0 and got["duration_s"] >= TRANSFER_S - 0.5
+        _, _, observed = store.observation(got["observation_id"])
+        # iperf3 reported each client's control: the standard ones ran the sender's, the fractional one tame.
+        assert observed.stream_congestion_controls == (control, control, cc.NAME)
+        assert observed.fractional_multiplier == expected_fm and observed.tame_streams == 1
+        assert len(observed.stream_bps) == 3 and len(observed.stream_retransmits) == 3
+        assert observed.throughput_bps == pytest.approx(got["throughput_bps"])
+        assert store.current_fit(dest.key).observations_used == fits_used  # stored, not used to refit
+
+        # Aggregate form: 4 tame streams, each at the FM that makes 4 of them take n*'s share.
+        got, seen = _transfer(testbed_path, settings.database_url, "--max-impact", str(FRACTIONAL_BUDGET),
+                              "--streams", "4")
+        expected_fm = setting_for(n_star, 4, SEEDED_RTT_S, control).fractional_multiplier
+        assert got["opened"] == {"standard_streams": 0, "fractional_multiplier": expected_fm,
+                                 "congestion_control": cc.NAME, "streams": 4}
+        assert expected_fm in seen
+        assert cc.settings().get(addr) == before
+        _, _, observed = store.observation(got["observation_id"])
+        assert observed.stream_congestion_controls == (cc.NAME,) * 4 and observed.tame_streams == 4
+
+        # A whole n*: standard streams alone, no tame entry at all; this observation feeds the refit.
+        got, seen = _transfer(testbed_path, settings.database_url, "--max-impact", str(WHOLE_BUDGET))
+        assert got["opened"] == {"standard_streams": 7, "fractional_multiplier": None,
+                                 "congestion_control": control, "streams": 7}
+        assert seen == ([before.fractional_multiplier] * len(seen) if before else [])
+        _, _, observed = store.observation(got["observation_id"])
+        assert observed.stream_congestion_controls == (control,) * 7 and observed.tame_streams == 0
+        assert store.current_fit(dest.key).observations_used == fits_used + 1
+    assert cc.settings().get(addr) == before
