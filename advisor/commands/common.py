@@ -135,6 +135,18 @@ def opened_text(advice: Advice) -> str:
             f"stream{'' if advice.num_flows == 1 else 's'} if your tool cannot open a fractional stream")
 
 
+def alternative_text(alternative: dict[str, Any]) -> str:
+    """One line for an entry of Advice.alternatives (advisor/alternatives.py)."""
+    name, kind = alternative["congestion_control"], alternative["kind"]
+    if kind == "measured":
+        verdict = "meets the budget" if alternative["meets_budget"] else "does not meet it either"
+        return (f"{name} (measured here) {verdict}: n* {alternative['tcp_equivalent_streams']:.2f}, "
+                f"{streams_text(alternative['num_flows'])}, {format_bps(alternative['max_nondisruptive_throughput_bps'])}")
+    if kind == "tame":
+        return f"{alternative['note']}: {alternative['command']}"
+    return f"{name} not measured here; probe it: {alternative['command']}"
+
+
 def print_advice(advice: Advice) -> None:
     lines = [
         f"streams:                    {opened_text(advice)}",
@@ -145,7 +157,10 @@ def print_advice(advice: Advice) -> None:
     ]
     if advice.per_stream_buffer_bytes is not None:
         lines.append(f"per-stream socket buffer:   {advice.per_stream_buffer_bytes} bytes")
+    if advice.congestion_control:
+        lines.append(f"congestion control:         {advice.congestion_control}")
     lines.append(f"model:                      {advice.model} ({advice.regime}) "
                  + " ".join(f"{k}={v:.4g}" for k, v in advice.params.items()))
     lines += [f"warning: {w}" for w in advice.warnings]
+    lines += [f"instead: {alternative_text(a)}" for a in advice.alternatives]
     print("\n".join(lines))
