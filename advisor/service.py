@@ -162,10 +162,7 @@ class AdviceService:
     def _current(self, dest_key: str, control: str) -> FitRow | None:
         """The newest fit under ``control``; for the default control, fits that did not record theirs (stored
         before controls were) answer until one under it is stored."""
-        row = self.store.current_fit(dest_key, control)
-        if row is None and control == self.settings.congestion_control:
-            row = self.store.current_fit(dest_key, None)
-        return row
+        return self.store.current_fit(dest_key, control, or_unrecorded=control == self.settings.congestion_control)
 
     def _load(self, dest: Destination, control: str) -> FitRow:
         row = self._current(dest.key, control)

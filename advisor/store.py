@@ -281,11 +281,16 @@ class Store:
         write_curve(tx, fit_id, fit.curve, halfway=lambda: step("curve"))
         return fit_id
 
-    def current_fit(self, dest_key: str, control: str | None = None) -> FitRow | None:
-        """The destination's newest fit under ``control`` (None: the fits that did not record one)."""
+    def current_fit(self, dest_key: str, control: str | None = None, or_unrecorded: bool = False) -> FitRow | None:
+        """The destination's newest fit under ``control`` (None: the fits that did not record one); with
+        ``or_unrecorded``, the newest that did not record one when there is none under ``control``."""
         where, params = same_control("congestion_control", control)
+        if or_unrecorded and control is not None:
+            where = f"({where} OR congestion_control IS NULL)"
         with self.db.transaction() as tx:
-            row = tx.execute(f"SELECT {_FIT_COLUMNS} FROM current_fits WHERE dest = ? AND {where}",
+            # One current fit per control: a recorded one comes before the unrecorded one.
+            row = tx.execute(f"SELECT {_FIT_COLUMNS} FROM current_fits WHERE dest = ? AND {where} "
+                             "ORDER BY CASE WHEN congestion_control IS NULL THEN 1 ELSE 0 END LIMIT 1",
                              (dest_key, *params)).fetchone()
         return _fit(row) if row else None
 

@@ -47,7 +47,8 @@ def run_cycle(service, cycle):
         job, _ = service.request_probe(dest)
         claimed = service.store.claim_job(owner, lambda j: 600.0, 10)
         assert claimed.id == job.id
-        service.ingest_run(parse_destination(dest), 0.001, probe_results(dest, cycle), service.clock(), source="probe", job_id=job.id)
+        service.ingest_run(parse_destination(dest), 0.001, probe_results(dest, cycle), service.clock(), source="probe",
+                           job_id=job.id, congestion_control=job.congestion_control)
         for i in range(OBSERVATIONS_PER_RUN):
             n = 2 + (i + cycle) % 7
             service.observe(dest, n, rate(n) * (1 + (i % 5) / 200))
