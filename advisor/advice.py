@@ -30,6 +30,8 @@ class Advice:
     stream's wider margin (:func:`advisor.tame.advise`). ``fractional_multiplier`` is the FM of one extra
     fractional stream carrying that remainder (None when it is negligible or would need FM > 1000); below
     one TCP-equivalent stream (n* < 1) that fractional stream is the whole transfer (:meth:`opened_streams`).
+    ``congestion_control`` is the control the streams are counted in (the probes'); ``alternatives`` what
+    would meet a budget it cannot (:func:`advisor.alternatives.alternatives`).
     """
 
     num_flows: int
@@ -44,6 +46,8 @@ class Advice:
     regime: str
     warnings: list[str] = field(default_factory=list)
     probes: list[dict[str, float]] = field(default_factory=list)
+    congestion_control: str | None = None
+    alternatives: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

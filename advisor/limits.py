@@ -7,10 +7,11 @@ saying what to give instead; the CLI turns that into a usage error, the API into
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Sequence
 
 from advisor.errors import InvalidRequest
 from probes.cc import MAX_FM as MAX_TAME_FM  # noqa: F401  (an observed tame stream's FM is held to what the map holds)
+from probes.controls import MAX_CONTROL_NAME, is_control_name
 from probes.iperf import MAX_STREAMS as MAX_PROBE_STREAMS
 
 # A destination as typed (HOST[:PORT]); DNS names are at most 253 characters.
@@ -91,3 +92,25 @@ def check_probe_duration_s(value: Any) -> float:
                              f"seconds, got {value!r}")
     return float(value)
 
+
+
+def check_congestion_control(value: Any, name: str = "congestion_control") -> str:
+    """A TCP congestion control's name as the kernel spells it: a lowercase letter, then lowercase letters,
+    digits or underscores, at most MAX_CONTROL_NAME characters in all (e.g. "cubic", "bbr", "reno")."""
+    if not is_control_name(value):
+        shown = value if not isinstance(value, str) or len(value) <= 40 else value[:40] + "…"
+        raise InvalidRequest(f"{name} must name a TCP congestion control as the kernel does (lowercase letters, "
+                             f"digits and underscores, starting with a letter, at most {MAX_CONTROL_NAME} "
+                             f"characters), e.g. cubic, bbr or reno; got {shown!r}")
+    return value
+
+
+def check_available_control(value: str, available: Sequence[str], name: str = "congestion_control") -> str:
+    """A control this kernel offers (``available``: net.ipv4.tcp_available_congestion_control), for a probe
+    run here."""
+    control = check_congestion_control(value, name)
+    if control not in available:
+        raise InvalidRequest(f"{name} {control!r} is not available in this kernel; choose one of "
+                             f"{', '.join(available)} (net.ipv4.tcp_available_congestion_control), or load "
+                             f"its module first (modprobe tcp_{control})")
+    return control

@@ -11,17 +11,14 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 from advisor.errors import InvalidRequest
 from advisor.limits import (MAX_TAME_FM, MAX_OBSERVATION_DURATION_S, MAX_STREAMS, MAX_THROUGHPUT_BPS,
-                            check_streams, check_throughput_bps)
+                            check_congestion_control, check_streams, check_throughput_bps)
 from probes.cc import NAME as TAME
-
-# A Linux congestion control's name: at most 15 characters (TCP_CA_NAME_MAX 16, with its NUL).
-CONTROL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,15}")
+from probes.controls import is_control_name
 MAX_RETRANSMITS = 2**53
 
 
@@ -39,12 +36,14 @@ def _optional_range(value: Any, name: str, low: float, high: float, what: str) -
 
 @dataclass(frozen=True)
 class Observation:
-    """One finished transfer: its streams and throughput (bits/s), and optionally each stream's rate (bits/s),
+    """One finished transfer: its streams and throughput (bits/s), the congestion control its standard streams
+    ran (the curve it belongs to; None: the service's default), and optionally each stream's rate (bits/s),
     retransmitted segments and congestion control (same order), the tame fractional multiplier its tame
     streams ran at, the TCP-equivalent streams it opened (n*) and how long it ran (seconds)."""
 
     streams: int
     throughput_bps: float
+    congestion_control: str | None = None
     stream_bps: tuple[float, ...] = ()
     stream_retransmits: tuple[int, ...] = ()
     stream_congestion_controls: tuple[str, ...] = ()
@@ -53,13 +52,15 @@ class Observation:
     duration_s: float | None = None
 
     @classmethod
-    def checked(cls, streams: Any, throughput_bps: Any, stream_bps: Sequence[Any] = (),
+    def checked(cls, streams: Any, throughput_bps: Any, congestion_control: Any = None, stream_bps: Sequence[Any] = (),
                 stream_retransmits: Sequence[Any] = (), stream_congestion_controls: Sequence[Any] = (),
                 fractional_multiplier: Any = None, tcp_equivalent_streams: Any = None,
                 duration_s: Any = None) -> "Observation":
         """The observation from values as a client gave them; InvalidRequest says what to fix."""
         streams = check_streams(streams)
         throughput_bps = check_throughput_bps(throughput_bps)
+        if congestion_control is not None:
+            congestion_control = check_congestion_control(congestion_control)
         for name, values in (("stream_bps", stream_bps), ("stream_retransmits", stream_retransmits),
                              ("stream_congestion_controls", stream_congestion_controls)):
             if not isinstance(values, (list, tuple)):
@@ -75,9 +76,10 @@ class Observation:
             raise InvalidRequest("stream_retransmits must hold each stream's retransmitted segments, whole numbers >= 0")
         if stream_retransmits and not stream_bps:
             raise InvalidRequest("stream_retransmits needs stream_bps, in the same order")
-        if not all(isinstance(v, str) and CONTROL_NAME.fullmatch(v) for v in stream_congestion_controls):
-            raise InvalidRequest("stream_congestion_controls must hold each stream's congestion control name "
-                                 "(1-15 letters, digits, '_', '-' or '.'), e.g. \"cubic\" or \"tame\"")
+        if not all(is_control_name(v) for v in stream_congestion_controls):
+            raise InvalidRequest("stream_congestion_controls must hold each stream's congestion control name as the "
+                                 "kernel spells it (lowercase letters, digits and '_', at most 15), e.g. \"cubic\" "
+                                 "or \"tame\"")
         fm = _optional_range(fractional_multiplier, "fractional_multiplier", 1.0 - 1e-12,
                              MAX_TAME_FM, f"a number from 1 to {MAX_TAME_FM:g}")
         tame = TAME in stream_congestion_controls
@@ -87,7 +89,7 @@ class Observation:
         if tame and fm is None:
             raise InvalidRequest(f"some streams ran {TAME!r}: give the fractional_multiplier they ran at")
         return cls(
-            streams=streams, throughput_bps=throughput_bps,
+            streams=streams, throughput_bps=throughput_bps, congestion_control=congestion_control,
             stream_bps=tuple(float(v) for v in stream_bps), stream_retransmits=tuple(int(v) for v in stream_retransmits),
             stream_congestion_controls=tuple(stream_congestion_controls), fractional_multiplier=fm,
             tcp_equivalent_streams=_optional_range(tcp_equivalent_streams, "tcp_equivalent_streams", 0.0, MAX_STREAMS,
@@ -112,7 +114,7 @@ class Observation:
             return json.dumps(list(values)) if values else None
 
         return {"streams": self.streams, "throughput_bps": self.throughput_bps,
-                "stream_bps": array(self.stream_bps), "stream_retransmits": array(self.stream_retransmits),
+                "congestion_control": self.congestion_control, "stream_bps": array(self.stream_bps), "stream_retransmits": array(self.stream_retransmits),
                 "stream_congestion_controls": array(self.stream_congestion_controls),
                 "tame_streams": self.tame_streams, "fractional_multiplier": self.fractional_multiplier,
                 "tcp_equivalent_streams": self.tcp_equivalent_streams, "duration_s": self.duration_s}
@@ -124,6 +126,7 @@ class Observation:
             return tuple(json.loads(text)) if text else ()
 
         return cls(streams=record["streams"], throughput_bps=record["throughput_bps"],
+                   congestion_control=record["congestion_control"],
                    stream_bps=array(record["stream_bps"]), stream_retransmits=array(record["stream_retransmits"]),
                    stream_congestion_controls=array(record["stream_congestion_controls"]),
                    fractional_multiplier=record["fractional_multiplier"],
@@ -131,7 +134,8 @@ class Observation:
 
     def to_json(self) -> dict[str, Any]:
         """The fields as POST /v1/observations takes them (without dest)."""
-        return {"streams": self.streams, "throughput_bps": self.throughput_bps, "stream_bps": list(self.stream_bps),
+        return {"streams": self.streams, "throughput_bps": self.throughput_bps,
+                "congestion_control": self.congestion_control, "stream_bps": list(self.stream_bps),
                 "stream_retransmits": list(self.stream_retransmits),
                 "stream_congestion_controls": list(self.stream_congestion_controls),
                 "fractional_multiplier": self.fractional_multiplier,

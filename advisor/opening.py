@@ -33,8 +33,7 @@ def _command_rtt_s(rtt_s: float | None) -> float | None:
         return None
 
 
-def how_to_open(advice: Advice, dest: str | None, rtt_s: float | None = None,
-                standard_control: str | None = None) -> dict[str, Any]:
+def how_to_open(advice: Advice, dest: str | None, rtt_s: float | None = None) -> dict[str, Any]:
     """The ``open`` object of an advice for ``dest`` (HOST[:PORT]; None when the advice is for no destination,
     as `tame fit`'s).
 
@@ -44,13 +43,14 @@ def how_to_open(advice: Advice, dest: str | None, rtt_s: float | None = None,
     run as root on the sending host) sets for the destination's address. Otherwise ``form`` is "standard":
     ``standard_streams`` plain streams, and the tame fields and ``command`` are null.
 
-    The FM is the share law's for tame beside ``standard_control`` streams at ``rtt_s`` (models.tame_share;
-    the FM^-1/2 theory when the control is None or not measured). When the control is known the command
-    names it and sets exactly this FM; when it is not (``standard_control`` None), the command leaves it out
+    The FM is the share law's for tame beside streams of the advice's congestion control (the probes') at
+    ``rtt_s`` (models.tame_share; the FM^-1/2 theory when the control is None or not measured). When the
+    control is known the command names it and sets exactly this FM; when it is not, the command leaves it out
     and `tame cc apply` calibrates against the sending host's default control, the one that host's standard
     streams run, so the FM it sets may differ from the theory's here.
     """
     rtt = _command_rtt_s(rtt_s)
+    standard_control = advice.congestion_control
     standard, advised_fm = advice.opened_streams()
     n_star = float(advice.tcp_equivalent_streams)
     fm = fractional_multiplier_for(n_star, rtt, standard_control) if advised_fm is not None else None

@@ -1,10 +1,10 @@
 """Retention: what the advice store keeps, and pruning the rest in short batches.
 
-Kept, per destination: the newest ``keep_fits`` fits with their curves (the current fit, the
-newest, is always among them); the newest ``keep_runs`` probe runs with their results, and of
-those only runs finished within ``run_max_age_s`` (0: no age limit); always the run any kept fit
-rests on (fits.probe_run_id) and the newest run with results (the base an observation refits
-on, :meth:`advisor.store.Store.latest_run_points`); the newest ``keep_observations`` observations
+Kept, per destination: the newest ``keep_fits`` fits with their curves, and always the current
+fit under each congestion control (current_fits); the newest ``keep_runs`` probe runs with their
+results, and of those only runs finished within ``run_max_age_s`` (0: no age limit); always the run
+any kept fit rests on (fits.probe_run_id) and the newest run with results under each control (the
+base an observation refits on, :meth:`advisor.store.Store.latest_run_points`); the newest ``keep_observations`` observations
 (never fewer than the refit window, :data:`advisor.store.REFIT_OBSERVATIONS`, so the
 observations the current fit used stay); queued and running probe jobs, and the newest
 ``keep_runs`` finished ones, within the same age. Destinations are never deleted. The SQL views
@@ -73,10 +73,12 @@ def _beyond_newest(tx: Tx, table: str, keep: int, limit: int) -> list[int]:
     """Ids of ``table``'s rows (fits or observations) past the ``keep`` newest of their destination, oldest first."""
     assert table in ("fits", "observations")
     # The (keep+1)-th newest id of each destination: that id and older ones are beyond the count kept.
+    # A destination's current fit under any control stays, however many newer fits other controls have.
+    current = " AND t.id NOT IN (SELECT cf.id FROM current_fits cf)" if table == "fits" else ""
     rows = tx.execute(
         f"WITH cut AS (SELECT d.id AS did, (SELECT t2.id FROM {table} t2 WHERE t2.destination_id = d.id "
         "ORDER BY t2.id DESC LIMIT 1 OFFSET ?) AS cutoff FROM destinations d) "
-        f"SELECT t.id FROM {table} t JOIN cut ON t.destination_id = cut.did WHERE t.id <= cut.cutoff "
+        f"SELECT t.id FROM {table} t JOIN cut ON t.destination_id = cut.did WHERE t.id <= cut.cutoff{current} "
         "ORDER BY t.id LIMIT ?", (keep, limit)).fetchall()
     return [r[0] for r in rows]
 
@@ -93,7 +95,11 @@ def _prunable_runs(tx: Tx, keep: int, older_than: float | None, limit: int) -> l
         "(SELECT 1 FROM probe_results p WHERE p.probe_run_id = r4.id)) AS base FROM destinations d) "
         "SELECT r.id FROM probe_runs r JOIN cut ON r.destination_id = cut.did "
         "WHERE (r.id <= cut.cutoff OR r.finished_at < ?) AND r.id <> cut.newest AND r.id <> coalesce(cut.base, -1) "
-        "AND NOT EXISTS (SELECT 1 FROM fits f WHERE f.probe_run_id = r.id) ORDER BY r.id LIMIT ?",
+        "AND NOT EXISTS (SELECT 1 FROM fits f WHERE f.probe_run_id = r.id) "
+        # The newest run with results under each control (NULL, not recorded, is one group).
+        "AND r.id NOT IN (SELECT max(r5.id) FROM probe_runs r5 WHERE EXISTS "
+        "(SELECT 1 FROM probe_results p5 WHERE p5.probe_run_id = r5.id) "
+        "GROUP BY r5.destination_id, r5.congestion_control) ORDER BY r.id LIMIT ?",
         (keep, -1.0 if older_than is None else older_than, limit)).fetchall()
     return [r[0] for r in rows]
 

@@ -1,13 +1,14 @@
 """The advice service: answers advice, curve and path queries from the store, queues probes, takes observations.
 
 Everything the HTTP API and the CLI do goes through here; it knows nothing of HTTP.
-Advice is cached in memory per (dest, max_impact) and the cache is dropped on every write
+Advice is cached in memory per (dest, max_impact, congestion control) and the cache is dropped on every write
 this process makes (and entries expire after ``settings.cache_max_age_s`` for writes made by
 other processes sharing the database).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -17,21 +18,24 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from advisor.advice import curve_to_json
+from advisor.advice import Advice, curve_to_json
+from advisor.alternatives import alternatives, budget_met
 from advisor.allowlist import Resolver, system_resolver
 from advisor.destinations import Destination, parse_destination
 from advisor.errors import (AdvisorError, BatchTooLarge, DestinationNotAllowed, InvalidRequest, QueueFull,
                             UnknownDestination)
 from advisor.fitcodec import fit_from_stored, fit_to_record
-from advisor.limits import check_max_impact, check_probe_duration_s, check_probe_levels
+from advisor.limits import (check_available_control, check_congestion_control, check_max_impact, check_probe_duration_s,
+                            check_probe_levels)
 from advisor.observations import Observation
 from advisor.opening import how_to_open
 from advisor.settings import Settings
 from advisor.store import FitRow, Job, NewFit, Store
-from advisor.tame import advise, point_from_probe, representative_rtt_s, stored_curve
+from advisor.tame import advise, plan_control, point_from_probe, representative_rtt_s, stored_curve
 from models.errors import FitError
 from models.parallel import ParallelFit, ProbePoint
 from models.registry import MIN_LEVELS, fit
+from probes.controls import available_controls
 from probes.result import ProbeResult
 
 log = logging.getLogger(__name__)
@@ -46,7 +50,7 @@ _SERVE_EXPIRED_S = 5.0
 
 @dataclass(eq=False)
 class AdviceEntry:
-    """The advice for one (destination, budget) as cached: Advice.to_json() plus dest, fitted_at, probed_at
+    """The advice for one (destination, budget, control) as cached: Advice.to_json() plus dest, fitted_at, probed_at
     and observations_used. It owns the one serialisation every reader gets, with age_s and stale added."""
 
     payload: dict[str, Any]
@@ -70,16 +74,19 @@ class AdviceEntry:
 
 class AdviceService:
     def __init__(self, store: Store, settings: Settings, clock: Callable[[], float] = time.time,
-                 resolver: Resolver = system_resolver):
+                 resolver: Resolver = system_resolver,
+                 controls: Callable[[], Sequence[str]] = available_controls):
         self.store = store
         self.settings = settings
         self.clock = clock
         self.resolver = resolver
-        self._cache: dict[tuple[str, float], AdviceEntry] = {}
+        # The congestion controls a probe run here may use (read when a probe is asked for: modules load).
+        self.controls = controls
+        self._cache: dict[tuple[str, float, str], AdviceEntry] = {}
         self._generation = 0
-        self._refresh_requested: dict[str, float] = {}
+        self._refresh_requested: dict[tuple[str, str], float] = {}
         # One thread at a time brings an expired entry up to date; the others serve the previous one.
-        self._refreshing: dict[tuple[str, float], threading.Lock] = {}
+        self._refreshing: dict[tuple[str, float, str], threading.Lock] = {}
         self._refresher: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
         self._listeners: list[Callable[[], None]] = []
@@ -97,8 +104,12 @@ class AdviceService:
 
     # -- fits -----------------------------------------------------------------------------
 
+    def control(self, name: Any = None) -> str:
+        """The congestion control a request names (checked), or the service's default when it names none."""
+        return self.settings.congestion_control if name is None else check_congestion_control(name)
+
     def build_fit(self, points: Sequence[ProbePoint], idle_rtt_s: float | None, probed_at: float,
-                  observations_used: int = 0) -> NewFit:
+                  observations_used: int = 0, congestion_control: str | None = None) -> NewFit:
         """Fit the configured model and compute its curve; raises FitError if the probes cannot be fitted."""
         empty = sorted({p.streams for p in points if not p.throughput_bps > 0})
         if empty:
@@ -106,62 +117,82 @@ class AdviceService:
         fitted = fit(self.settings.model, points)
         if not all(math.isfinite(v) for v in fitted.params.values()):
             raise FitError(f"the {fitted.model} fit of these probes has non-finite parameters {dict(fitted.params)}")
-        return self.stored_fit(fitted, points, idle_rtt_s, probed_at, observations_used)
+        return self.stored_fit(fitted, points, idle_rtt_s, probed_at, observations_used, congestion_control)
 
     def stored_fit(self, fitted: ParallelFit, points: Sequence[ProbePoint], idle_rtt_s: float | None,
-                   probed_at: float, observations_used: int = 0) -> NewFit:
-        """What the store keeps of ``fitted``: its record and its curve, advisable up to the throughput peak."""
+                   probed_at: float, observations_used: int = 0, congestion_control: str | None = None) -> NewFit:
+        """What the store keeps of ``fitted`` (probed under ``congestion_control``): its record and its curve,
+        advisable up to the throughput peak."""
         return NewFit(
             record=fit_to_record(fitted), curve=stored_curve(fitted, self.settings.n_max),
             probes=[{"streams": float(p.streams), "throughput_bps": float(p.throughput_bps)} for p in points],
             observations_used=observations_used, idle_rtt_s=representative_rtt_s(points, idle_rtt_s),
-            n_max=self.settings.n_max, probed_at=probed_at,
+            n_max=self.settings.n_max, probed_at=probed_at, congestion_control=congestion_control,
         )
 
     def ingest_run(self, dest: Destination, idle_rtt_s: float | None, results: Sequence[ProbeResult],
                    started_at: float, source: str, job_id: str | None = None,
-                   address: str | None = None) -> tuple[int, str | None]:
+                   address: str | None = None, congestion_control: str | None = None) -> tuple[int, str | None]:
         """Fit and store a finished probe run (and close its job) in one transaction: (run id, fit error).
 
-        ``address``: the IP address the probes went to, when this service resolved it."""
+        ``address``: the IP address the probes went to, when this service resolved it. The run and its fit
+        are stored under the control the probes report they used, else ``congestion_control`` (the one
+        asked for; None: not known). A run whose probes report another control than the one asked for is
+        kept under the one they used, and its job fails saying so."""
+        try:
+            used = plan_control(results, congestion_control)
+        except ValueError as exc:
+            raise InvalidRequest(f"probes: {exc}") from exc
         points = [point_from_probe(r) for r in results]
         error = None
         new_fit = None
         try:
-            new_fit = self.build_fit(points, idle_rtt_s, probed_at=self.clock())
+            new_fit = self.build_fit(points, idle_rtt_s, probed_at=self.clock(), congestion_control=used)
         except FitError as exc:
             error = f"the probes could not be fitted: {exc}"
+        if error is None and congestion_control is not None and used != congestion_control:
+            error = (f"the probes were asked to run under {congestion_control} but used {used} (is {congestion_control} "
+                     f"allowed for this process? net.ipv4.tcp_allowed_congestion_control); kept as {used}'s advice")
         run_id = self.store.record_run(dest, source=source, idle_rtt_s=idle_rtt_s, results=results,
                                        started_at=started_at, fit=new_fit, job_id=job_id, job_error=error,
-                                       address=address)
+                                       address=address, congestion_control=used)
         self.invalidate()
         return run_id, error
 
     # -- advice ---------------------------------------------------------------------------
 
-    def _load(self, dest: Destination) -> FitRow:
-        row = self.store.current_fit(dest.key)
+    def _current(self, dest_key: str, control: str) -> FitRow | None:
+        """The newest fit under ``control``; for the default control, fits that did not record theirs (stored
+        before controls were) answer until one under it is stored."""
+        return self.store.current_fit(dest_key, control, or_unrecorded=control == self.settings.congestion_control)
+
+    def _load(self, dest: Destination, control: str) -> FitRow:
+        row = self._current(dest.key, control)
         if row is None:
+            probed = sorted({r.congestion_control for r in self.store.current_fits(dest.key) if r.congestion_control})
+            under = f" (it has been probed under {', '.join(probed)})" if probed else ""
             raise UnknownDestination(
-                f"no advice for {dest.key} yet: request a probe with POST /v1/probes {{\"dest\": \"{dest.key}\"}} "
-                f"(or `tame agent`), then ask again when GET /v1/probes/ID says done"
+                f"no advice for {dest.key} under {control} yet{under}: request a probe with POST /v1/probes "
+                f"{{\"dest\": \"{dest.key}\", \"congestion_control\": \"{control}\"}} (or `tame agent "
+                f"--congestion-control {control}`), then ask again when GET /v1/probes/ID says done"
             )
         return row
 
-    def _stale(self, dest_key: str, probed_at: float, now: float) -> bool:
+    def _stale(self, dest_key: str, control: str, probed_at: float, now: float) -> bool:
         if now - probed_at <= self.settings.ttl_s:
             return False
-        last = self._refresh_requested.get(dest_key)
+        last = self._refresh_requested.get((dest_key, control))
         if last is None or now - last >= _REFRESH_RETRY_S:
-            self._refresh_requested[dest_key] = now
+            self._refresh_requested[(dest_key, control)] = now
             try:
-                self.request_probe(dest_key)
+                self.request_probe(dest_key, congestion_control=control)
             except (DestinationNotAllowed, InvalidRequest, QueueFull) as exc:
                 # The stale advice is still the best answer; the re-probe is asked for again later.
-                log.info("stale advice for %s not re-probed: %s", dest_key, exc)
+                log.info("stale advice for %s under %s not re-probed: %s", dest_key, control, exc)
         return True
 
-    def cached_entry(self, dest_text: str, max_impact: float) -> tuple[AdviceEntry, float, bool] | None:
+    def cached_entry(self, dest_text: str, max_impact: float,
+                     control: str | None = None) -> tuple[AdviceEntry, float, bool] | None:
         """(entry, age_s, stale) from memory alone, or None when the store is needed (a miss, an entry that
         could not be refreshed for a while, or a re-probe to queue). Never blocks: the API answers warm
         requests with it on the event loop. An expired entry is still served while one background thread
@@ -169,7 +200,7 @@ class AdviceService:
         if isinstance(max_impact, bool) or not isinstance(max_impact, float) or not 0.0 <= max_impact <= 1.0:
             return None
         now = self.clock()
-        key = (dest_text, max_impact)
+        key = (dest_text, max_impact, control or self.settings.congestion_control)
         cached = self._cache.get(key)
         if cached is None or cached.generation != self._generation:
             return None
@@ -180,36 +211,38 @@ class AdviceService:
             self._refresh_in_background(key)
         stale = now - cached.probed_at > self.settings.ttl_s
         if stale:
-            last = self._refresh_requested.get(cached.payload["dest"])
+            last = self._refresh_requested.get((cached.payload["dest"], key[2]))
             if last is None or now - last >= _REFRESH_RETRY_S:
                 return None
         return cached, max(0.0, now - cached.probed_at), stale
 
-    def advice_entry(self, dest_text: str, max_impact: Any) -> tuple[AdviceEntry, float, bool]:
-        """(entry, age_s, stale) for a budget, from the cache or the store; a stale one has its re-probe queued."""
+    def advice_entry(self, dest_text: str, max_impact: Any, control: Any = None) -> tuple[AdviceEntry, float, bool]:
+        """(entry, age_s, stale) for a budget under a congestion control (None: the default), from the cache or
+        the store; a stale one has its re-probe queued."""
         budget = check_max_impact(max_impact)
+        cc = self.control(control)
         now = self.clock()
-        key = (dest_text, budget)
+        key = (dest_text, budget, cc)
         cached = self._cache.get(key)
         if not self._fresh(cached, now):
             cached = self._refreshed(key, cached)
-        return cached, max(0.0, now - cached.probed_at), self._stale(cached.payload["dest"], cached.probed_at, now)
+        return cached, max(0.0, now - cached.probed_at), self._stale(cached.payload["dest"], cc, cached.probed_at, now)
 
-    def advice(self, dest_text: str, max_impact: Any) -> dict[str, Any]:
+    def advice(self, dest_text: str, max_impact: Any, control: Any = None) -> dict[str, Any]:
         """Advice.to_json() plus dest, fitted_at, probed_at, observations_used, age_s and stale."""
-        entry, age_s, stale = self.advice_entry(dest_text, max_impact)
+        entry, age_s, stale = self.advice_entry(dest_text, max_impact, control)
         return entry.document(age_s, stale)
 
     def _fresh(self, cached: AdviceEntry | None, now: float) -> bool:
         return (cached is not None and cached.generation == self._generation
                 and now - cached.loaded_at <= self.settings.cache_max_age_s)
 
-    def _refresh_lock(self, key: tuple[str, float]) -> threading.Lock:
+    def _refresh_lock(self, key: tuple[str, float, str]) -> threading.Lock:
         """The lock held by whichever thread brings ``key``'s entry up to date."""
         with self._lock:
             return self._refreshing.setdefault(key, threading.Lock())
 
-    def _refreshed(self, key: tuple[str, float], cached: AdviceEntry | None) -> AdviceEntry:
+    def _refreshed(self, key: tuple[str, float, str], cached: AdviceEntry | None) -> AdviceEntry:
         """The entry for ``key`` brought up to date by one thread at a time (no stampede when it expires
         under load): while one reloads, the others get the previous entry, or wait for it if there is none."""
         refreshing = self._refresh_lock(key)
@@ -224,7 +257,7 @@ class AdviceService:
         finally:
             refreshing.release()
 
-    def _refresh_in_background(self, key: tuple[str, float]) -> None:
+    def _refresh_in_background(self, key: tuple[str, float, str]) -> None:
         """Bring ``key``'s entry up to date in the background, unless a thread is doing so already."""
         refreshing = self._refresh_lock(key)
         if not refreshing.acquire(blocking=False):
@@ -245,8 +278,8 @@ class AdviceService:
                 self._refresher = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tame-advice-refresh")
         self._refresher.submit(refresh)
 
-    def _load_entry(self, key: tuple[str, float], previous: AdviceEntry | None) -> AdviceEntry:
-        dest_text, budget = key
+    def _load_entry(self, key: tuple[str, float, str], previous: AdviceEntry | None) -> AdviceEntry:
+        dest_text, budget, control = key
         dest = parse_destination(dest_text)
         generation = self._generation
         now = self.clock()
@@ -256,10 +289,22 @@ class AdviceService:
             # object, which the API's serialisation is memoised on.
             previous.loaded_at = now
             return previous
-        row = self._load(dest)
-        fitted = fit_from_stored(row.model, row.params, row.regime, row.probe_streams, row.warnings, row.record)
-        probes = [ProbePoint(streams=p["streams"], throughput_bps=p["throughput_bps"]) for p in row.probes]
-        advice = advise(fitted, budget, row.n_max, row.idle_rtt_s, probes)
+        row = self._load(dest, control)
+        advice = self._advise_row(row, budget, control)
+        if row.congestion_control is None:
+            advice = dataclasses.replace(advice, warnings=[*advice.warnings, (
+                f"the probes behind this advice did not record their congestion control (stored before it was "
+                f"kept); they are taken to be this service's default, {control}: probe again to be sure")])
+        if not budget_met(advice):
+            measured = {r.congestion_control: (self._advise_row(r, budget, r.congestion_control), r.probed_at)
+                        for r in self.store.current_fits(dest.key)
+                        if r.congestion_control is not None and r.congestion_control != control}
+            try:
+                offered = self.controls()
+            except OSError:
+                offered = None
+            advice = dataclasses.replace(advice, alternatives=alternatives(dest.key, budget, control, advice,
+                                                                           measured, offered))
         payload = advice.to_json()
         payload.update(dest=dest.key, fitted_at=row.fitted_at, probed_at=row.probed_at,
                        observations_used=row.observations_used,
@@ -273,29 +318,38 @@ class AdviceService:
                 self._cache[key] = entry
         return entry
 
-    def batch(self, items: Sequence[tuple[str, Any]]) -> list[dict[str, Any]]:
-        """One entry per (dest, max_impact): {"dest", "max_impact", "advice"} or {"dest", "max_impact", "error"}."""
+    def _advise_row(self, row: FitRow, budget: float, control: str) -> Advice:
+        """The advice a stored fit gives for ``budget``, its fractional stream calibrated against the fit's control."""
+        fitted = fit_from_stored(row.model, row.params, row.regime, row.probe_streams, row.warnings, row.record)
+        probes = [ProbePoint(streams=p["streams"], throughput_bps=p["throughput_bps"]) for p in row.probes]
+        return advise(fitted, budget, row.n_max, row.idle_rtt_s, probes,
+                      standard_control=row.congestion_control or control)
+
+    def batch(self, items: Sequence[tuple[str, Any, Any]]) -> list[dict[str, Any]]:
+        """One entry per (dest, max_impact, cc): {"dest", "max_impact", "cc", "advice"} or {..., "error"}."""
         if len(items) > self.settings.max_batch:
             raise BatchTooLarge(f"batch has {len(items)} items; at most {self.settings.max_batch} are allowed per request")
         out = []
-        for dest_text, budget in items:
+        for dest_text, budget, control in items:
             try:
-                out.append({"dest": dest_text, "max_impact": budget, "advice": self.advice(dest_text, budget),
-                            "error": None})
+                out.append({"dest": dest_text, "max_impact": budget, "cc": control,
+                            "advice": self.advice(dest_text, budget, control), "error": None})
             except (InvalidRequest, UnknownDestination) as exc:
-                out.append({"dest": dest_text, "max_impact": budget, "advice": None,
+                out.append({"dest": dest_text, "max_impact": budget, "cc": control, "advice": None,
                             "error": {"kind": type(exc).__name__, "message": str(exc)}})
         return out
 
-    def curve(self, dest_text: str) -> dict[str, Any]:
+    def curve(self, dest_text: str, control: Any = None) -> dict[str, Any]:
         dest = parse_destination(dest_text)
-        row = self._load(dest)
+        cc = self.control(control)
+        row = self._load(dest, cc)
         points = self.store.curve(row.id)
         payload = curve_to_json(row.model, row.params, [p for p, _ in points])
         for entry, (_, advisable) in zip(payload["curve"], points):
             entry["advisable"] = advisable
         now = self.clock()
-        payload.update(dest=dest.key, regime=row.regime, warnings=row.warnings, probes=row.probes,
+        payload.update(dest=dest.key, congestion_control=row.congestion_control or cc, regime=row.regime,
+                       warnings=row.warnings, probes=row.probes,
                        fitted_at=row.fitted_at, probed_at=row.probed_at,
                        stale=now - row.probed_at > self.settings.ttl_s)
         return payload
@@ -303,7 +357,7 @@ class AdviceService:
     def paths(self) -> list[dict[str, Any]]:
         now = self.clock()
         return [
-            {"dest": row.dest, "model": row.model, "regime": row.regime, "params": row.params,
+            {"dest": row.dest, "congestion_control": row.congestion_control, "model": row.model, "regime": row.regime, "params": row.params,
              "fitted_at": row.fitted_at, "probed_at": row.probed_at, "age_s": max(0.0, now - row.probed_at),
              "stale": now - row.probed_at > self.settings.ttl_s, "observations_used": row.observations_used}
             for row in self.store.current_fits()
@@ -326,10 +380,18 @@ class AdviceService:
         return self.settings.allowed.checked_address(dest, self.resolver)
 
     def request_probe(self, dest_text: str, levels: Sequence[int] | None = None,
-                      duration_s: float | None = None, client: str | None = None) -> tuple[Job, bool]:
-        """Queue a probe (or return the destination's active one): (job, created). ``client`` (the API's
+                      duration_s: float | None = None, client: str | None = None,
+                      congestion_control: Any = None) -> tuple[Job, bool]:
+        """Queue a probe under a congestion control (None: the default; one this kernel offers, as the probe
+        runs here), or return the destination's active one under it: (job, created). ``client`` (the API's
         remote address) is held to settings.max_queued_probes_per_client queued jobs."""
         dest = parse_destination(dest_text)
+        control = self.control(congestion_control)
+        try:
+            offered = self.controls()
+        except OSError as exc:
+            raise InvalidRequest(f"cannot tell which congestion controls this kernel offers: {exc}") from exc
+        check_available_control(control, offered)
         levels = check_probe_levels(self.settings.default_levels if levels is None else levels,
                                     MIN_LEVELS[self.settings.model], self.settings.model)
         duration = check_probe_duration_s(self.settings.default_duration_s if duration_s is None else duration_s)
@@ -338,7 +400,8 @@ class AdviceService:
         retry_after_s = max(1.0, len(self.settings.default_levels) * (self.settings.omit_s + float(duration)))
         job, created = self.store.enqueue_job(dest, levels, float(duration), max_queued=self.settings.max_queued_probes,
                                               retry_after_s=retry_after_s, client=client,
-                                              max_queued_per_client=self.settings.max_queued_probes_per_client)
+                                              max_queued_per_client=self.settings.max_queued_probes_per_client,
+                                              congestion_control=control)
         if created:
             for listener in self._listeners:
                 listener()
@@ -347,32 +410,41 @@ class AdviceService:
     def probe_status(self, job_id: str) -> dict[str, Any]:
         job = self.store.job(job_id)
         payload: dict[str, Any] = {
-            "id": job.id, "dest": job.dest, "status": job.status, "progress": job.progress,
+            "id": job.id, "dest": job.dest, "congestion_control": job.congestion_control, "status": job.status,
+            "progress": job.progress,
             "progress_detail": job.progress_detail if job.status == "running" else None,
             "levels": job.levels, "duration_s": job.duration_s, "requested_at": job.requested_at,
             "started_at": job.started_at, "finished_at": job.finished_at, "attempts": job.attempts,
             "error": job.error, "result": None,
         }
         if job.status == "done":
-            row = self.store.current_fit(job.dest)
+            row = self._current(job.dest, job.congestion_control or self.settings.congestion_control)
             if row is not None:
-                payload["result"] = {"model": row.model, "params": row.params, "regime": row.regime,
+                payload["result"] = {"congestion_control": row.congestion_control, "model": row.model, "params": row.params, "regime": row.regime,
                                      "warnings": row.warnings, "probes": row.probes, "fitted_at": row.fitted_at}
         return payload
 
     # -- observations ---------------------------------------------------------------------
 
     def observe(self, dest_text: str, streams: Any, throughput_bps: Any, **detail: Any) -> dict[str, Any]:
-        """Store a finished transfer (``detail``: the other fields of :meth:`Observation.checked`) and, when all
-        its streams were standard, refit on the newest probes plus the standard observations since.
+        """Store a finished transfer under its standard streams' congestion control (None: the default;
+        ``detail``: the other fields of :meth:`Observation.checked`) and, when all its streams were standard,
+        refit on the newest probes under that control plus its standard observations since.
 
         A transfer with a tame stream is stored with its detail and does not refit (advisor/observations.py).
-        Returns {"dest", "accepted", "refit", "id", "feeds_fit"}."""
+        Returns {"dest", "congestion_control", "accepted", "refit", "id", "feeds_fit"}."""
         dest = parse_destination(dest_text)
         observation = Observation.checked(streams, throughput_bps, **detail)
+        control = self.control(observation.congestion_control)
+        observation = dataclasses.replace(observation, congestion_control=control)
         # An observation becomes advice schedulers read: only for destinations this service may probe.
         self.check_allowed(dest)
-        run_at, idle_rtt_s, run_points = self.store.latest_run_points(dest.key)
+        run_control: str | None = control
+        run_at, idle_rtt_s, run_points = self.store.latest_run_points(dest.key, control)
+        if not run_points and control == self.settings.congestion_control:
+            # As the advice does: runs that did not record their control count as the default's.
+            run_control = None
+            run_at, idle_rtt_s, run_points = self.store.latest_run_points(dest.key, None)
         base = [ProbePoint(streams=p["streams"], throughput_bps=p["throughput_bps"], rtt_s=p["rtt_mean_s"],
                            retransmits=p["retransmits"], duration_s=p["duration_s"], mss_bytes=p["mss_bytes"],
                            stream_bps=p["stream_bps"], stream_retransmits=p["stream_retransmits"])
@@ -382,12 +454,12 @@ class AdviceService:
             points = base + [ProbePoint(streams=o["streams"], throughput_bps=o["throughput_bps"]) for o in observations]
             try:
                 return self.build_fit(points, idle_rtt_s, probed_at=run_at if run_at is not None else self.clock(),
-                                      observations_used=len(observations))
+                                      observations_used=len(observations), congestion_control=control)
             except FitError as exc:
                 log.info("observation for %s stored without a refit: %s", dest.key, exc)
                 return None
 
-        observation_id, fit_id = self.store.add_observation(dest, observation, refit)
+        observation_id, fit_id = self.store.add_observation(dest, observation, refit, run_control=run_control)
         self.invalidate()
-        return {"dest": dest.key, "accepted": True, "refit": fit_id is not None, "id": observation_id,
-                "feeds_fit": observation.feeds_fit}
+        return {"dest": dest.key, "congestion_control": control, "accepted": True, "refit": fit_id is not None,
+                "id": observation_id, "feeds_fit": observation.feeds_fit}

@@ -13,6 +13,7 @@ from advisor.retention import Retention
 from advisor.store import REFIT_OBSERVATIONS
 from advisor.tame import DEFAULT_MODEL, DEFAULT_N_MAX
 from models.registry import MODELS
+from probes.controls import host_default_control, is_control_name
 from probes.plan import ProbePlan
 
 DEFAULT_LEVELS = ProbePlan.levels
@@ -61,6 +62,8 @@ class Settings:
     backlog: int = 2048
     # What history the store keeps and how often the rest is pruned (advisor/retention.py).
     retention: Retention = field(default_factory=Retention)
+    # The congestion control probes and advice use when a request names none: this host's default.
+    congestion_control: str = field(default_factory=host_default_control)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
@@ -68,7 +71,9 @@ class Settings:
         TAME_MAX_CONCURRENT_PROBES, TAME_MODEL, TAME_PROBE_LEVELS (e.g. "1,10"), TAME_PROBE_DURATION_S,
         TAME_PROBE_MAX_DURATION_S, TAME_MAX_BATCH, TAME_MAX_QUEUED_PROBES,
         TAME_MAX_QUEUED_PROBES_PER_CLIENT (queued jobs one remote address may have), TAME_KEEPALIVE_TIMEOUT_S,
-        TAME_HEADER_TIMEOUT_S, TAME_BODY_TIMEOUT_S, TAME_MAX_CONNECTIONS, TAME_BACKLOG.
+        TAME_HEADER_TIMEOUT_S, TAME_BODY_TIMEOUT_S, TAME_MAX_CONNECTIONS, TAME_BACKLOG, TAME_CONGESTION_CONTROL
+        (the control probes and advice use when a request names none; default this host's,
+        net.ipv4.tcp_congestion_control).
         Retention (advisor/retention.py), per destination: TAME_KEEP_FITS (newest fits kept with their
         curves, default 20), TAME_KEEP_RUNS (newest probe runs and finished probe jobs kept, default 20),
         TAME_RUN_MAX_AGE_S (runs and finished jobs older than this go even within TAME_KEEP_RUNS;
@@ -113,7 +118,12 @@ class Settings:
             raise ConfigError("TAME_READ_TOKEN is set but TAME_TOKEN is empty, which would leave writes "
                               "(POST /v1/probes, /v1/probe-runs, /v1/observations) open to anyone: set TAME_TOKEN "
                               "to a write token too, or unset TAME_READ_TOKEN")
+        control = env.get("TAME_CONGESTION_CONTROL") or host_default_control()
+        if not is_control_name(control):
+            raise ConfigError(f"TAME_CONGESTION_CONTROL={control!r}: give a congestion control's name as the kernel "
+                              "spells it, e.g. cubic or bbr")
         return cls(
+            congestion_control=control,
             database_url=url,
             token=token,
             read_token=read_token,

@@ -53,6 +53,7 @@ class FitRow:
     fitted_at: float
     probed_at: float
     record: dict[str, Any] | None = None  # the fit's own record (NULL for fits stored before)
+    congestion_control: str | None = None  # the probes' control (NULL: not recorded, stored before)
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,7 @@ class Job:
     probe_run_id: int | None
     progress_detail: dict[str, Any] | None = None
     address: str | None = None
+    congestion_control: str | None = None  # the control to probe under (NULL: jobs queued before it was kept)
 
 
 @dataclass(frozen=True)
@@ -86,23 +88,31 @@ class NewFit:
     idle_rtt_s: float | None
     n_max: int
     probed_at: float
+    congestion_control: str | None = None
 
 
 _JOB_COLUMNS = ("id, dest, status, levels_json, duration_s, requested_at, started_at, finished_at, "
-                "progress, attempts, error, probe_run_id, progress_detail, address")
+                "progress, attempts, error, probe_run_id, progress_detail, address, congestion_control")
 _FIT_COLUMNS = ("id, dest, model, params_json, regime, warnings_json, probe_streams_json, probes_json, "
-                "observations_used, idle_rtt_s, n_max, fitted_at, probed_at, record_json")
+                "observations_used, idle_rtt_s, n_max, fitted_at, probed_at, record_json, congestion_control")
 
 
 def _job(row) -> Job:
     return Job(row[0], row[1], row[2], json.loads(row[3]), row[4], row[5], row[6], row[7], row[8], row[9],
-               row[10], row[11], json.loads(row[12]) if row[12] else None, row[13])
+               row[10], row[11], json.loads(row[12]) if row[12] else None, row[13], row[14])
 
 
 def _fit(row) -> FitRow:
     return FitRow(row[0], row[1], row[2], json.loads(row[3]), row[4], json.loads(row[5]), json.loads(row[6]),
                   json.loads(row[7]), row[8], row[9], row[10], row[11], row[12],
-                  json.loads(row[13]) if row[13] else None)
+                  json.loads(row[13]) if row[13] else None, row[14])
+
+
+def same_control(column: str, control: str | None) -> tuple[str, tuple]:
+    """SQL (and its parameters) for ``column`` holding ``control``; None matches NULL (not recorded)."""
+    if control is None:
+        return f"{column} IS NULL", ()
+    return f"{column} = ?", (control,)
 
 
 def _json_list(values: Sequence[float]) -> str | None:
@@ -262,31 +272,43 @@ class Store:
         fit_id = tx.execute(
             "INSERT INTO fits (destination_id, probe_run_id, model, params_json, regime, warnings_json, "
             "probe_streams_json, probes_json, observations_used, idle_rtt_s, n_max, fitted_at, probed_at, "
-            "record_json) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+            "record_json, congestion_control) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
             (destination_id, probe_run_id, rec["model"], json.dumps(rec["params"]), rec["regime"],
              json.dumps(rec["warnings"]), json.dumps(rec["probe_streams"]), json.dumps(fit.probes),
              fit.observations_used, fit.idle_rtt_s, fit.n_max, self.clock(), fit.probed_at,
-             json.dumps(rec["fit"])),
+             json.dumps(rec["fit"]), fit.congestion_control),
         ).fetchone()[0]
         step("fit")
         write_curve(tx, fit_id, fit.curve, halfway=lambda: step("curve"))
         return fit_id
 
-    def current_fit(self, dest_key: str) -> FitRow | None:
+    def current_fit(self, dest_key: str, control: str | None = None, or_unrecorded: bool = False) -> FitRow | None:
+        """The destination's newest fit under ``control`` (None: the fits that did not record one); with
+        ``or_unrecorded``, the newest that did not record one when there is none under ``control``."""
+        where, params = same_control("congestion_control", control)
+        if or_unrecorded and control is not None:
+            where = f"({where} OR congestion_control IS NULL)"
         with self.db.transaction() as tx:
-            row = tx.execute(f"SELECT {_FIT_COLUMNS} FROM current_fits WHERE dest = ?", (dest_key,)).fetchone()
+            # One current fit per control: a recorded one comes before the unrecorded one.
+            row = tx.execute(f"SELECT {_FIT_COLUMNS} FROM current_fits WHERE dest = ? AND {where} "
+                             "ORDER BY CASE WHEN congestion_control IS NULL THEN 1 ELSE 0 END LIMIT 1",
+                             (dest_key, *params)).fetchone()
         return _fit(row) if row else None
 
     def current_fit_id(self, dest_key: str) -> int | None:
-        """The id of the destination's newest fit (a cheap check that nothing was written since)."""
+        """The id of the destination's newest fit under any control (a cheap check that nothing was written
+        since: the advice under one control names what the others' fits would do)."""
         with self.db.transaction() as tx:
             row = tx.execute("SELECT max(f.id) FROM fits f JOIN destinations d ON d.id = f.destination_id "
                              "WHERE d.dest = ?", (dest_key,)).fetchone()
         return row[0] if row else None
 
-    def current_fits(self) -> list[FitRow]:
+    def current_fits(self, dest_key: str | None = None) -> list[FitRow]:
+        """The newest fit of each (destination, control), of one destination when ``dest_key`` is given."""
+        where, params = ("WHERE dest = ?", (dest_key,)) if dest_key is not None else ("", ())
         with self.db.transaction() as tx:
-            rows = tx.execute(f"SELECT {_FIT_COLUMNS} FROM current_fits ORDER BY dest").fetchall()
+            rows = tx.execute(f"SELECT {_FIT_COLUMNS} FROM current_fits {where} "
+                              "ORDER BY dest, coalesce(congestion_control, ''), id", params).fetchall()
         return [_fit(row) for row in rows]
 
     def curve(self, fit_id: int) -> list[tuple[CurvePoint, bool]]:
@@ -300,19 +322,21 @@ class Store:
 
     def record_run(self, dest: Destination, *, source: str, idle_rtt_s: float | None,
                    results: Sequence[ProbeResult], started_at: float, fit: NewFit | None,
-                   job_id: str | None = None, job_error: str | None = None, address: str | None = None) -> int:
+                   job_id: str | None = None, job_error: str | None = None, address: str | None = None,
+                   congestion_control: str | None = None) -> int:
         """Store a finished probe run, its results and fit, and close its job, in one transaction.
 
-        ``address`` is the IP address the probes went to, when the service resolved it itself."""
+        ``address`` is the IP address the probes went to, when the service resolved it itself;
+        ``congestion_control`` the control the probes' streams used (None: not known)."""
         step = self._step
         with self.db.transaction(write=True) as tx:
             step("begin")
             destination_id = self._destination_id(tx, dest)
             step("destination")
             run_id = tx.execute(
-                "INSERT INTO probe_runs (destination_id, job_id, source, idle_rtt_s, started_at, finished_at, address) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id",
-                (destination_id, job_id, source, idle_rtt_s, started_at, self.clock(), address),
+                "INSERT INTO probe_runs (destination_id, job_id, source, idle_rtt_s, started_at, finished_at, address, "
+                "congestion_control) VALUES (?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+                (destination_id, job_id, source, idle_rtt_s, started_at, self.clock(), address, congestion_control),
             ).fetchone()[0]
             for r in results:
                 tx.execute(
@@ -335,16 +359,17 @@ class Store:
             step("job")
         return run_id
 
-    def latest_run_points(self, dest_key: str) -> tuple[float | None, float | None, list[dict[str, Any]]]:
+    def latest_run_points(self, dest_key: str, control: str | None = None) -> tuple[float | None, float | None, list[dict[str, Any]]]:
         """(run finished_at, idle RTT, [{streams, throughput_bps, rtt_mean_s, retransmits, duration_s, mss_bytes,
-        stream_bps, stream_retransmits}]) of the newest run, or (None, None, []); the per-stream lists are
-        tuples, empty where the run did not store them."""
+        stream_bps, stream_retransmits}]) of the newest run under ``control`` (None: runs that did not record
+        one), or (None, None, []); the per-stream lists are tuples, empty where the run did not store them."""
+        where, params = same_control("r.congestion_control", control)
         with self.db.transaction() as tx:
             run = tx.execute(
                 "SELECT r.id, r.finished_at, r.idle_rtt_s FROM probe_runs r JOIN destinations d ON d.id = r.destination_id "
-                "WHERE d.dest = ? AND EXISTS (SELECT 1 FROM probe_results p WHERE p.probe_run_id = r.id) "
+                f"WHERE d.dest = ? AND {where} AND EXISTS (SELECT 1 FROM probe_results p WHERE p.probe_run_id = r.id) "
                 "ORDER BY r.id DESC LIMIT 1",
-                (dest_key,),
+                (dest_key, *params),
             ).fetchone()
             if not run:
                 return None, None, []
@@ -361,15 +386,18 @@ class Store:
 
     def add_observation(self, dest: Destination, observation: Observation,
                         refit: Callable[[list[dict[str, float]]], NewFit | None],
-                        limit: int = REFIT_OBSERVATIONS) -> tuple[int, int | None]:
+                        limit: int = REFIT_OBSERVATIONS, *, run_control: str | None = None) -> tuple[int, int | None]:
         """Store an observation and, in the same transaction, the refit ``refit(observations)`` returns.
 
-        ``refit`` gets the observations newer than the newest probe run that feed the fit (all streams
-        standard: :attr:`Observation.feeds_fit`; at most ``limit``, newest first) and returns the new fit or
-        None. An observation that does not feed the fit is stored without calling it. Returns (the
-        observation's id, the new fit's id or None).
+        ``refit`` gets the observations under the observation's congestion control that feed the fit (all
+        streams standard: :attr:`Observation.feeds_fit`), newer than the newest probe run under ``run_control``
+        (the run the refit rests on: that control's, or None for one that did not record its control), at most
+        ``limit``, newest first, and returns the new fit or None. An observation that does not feed the fit is
+        stored without calling it. Returns (the observation's id, the new fit's id or None).
         """
         record = observation.to_record()
+        run_where, run_params = same_control("congestion_control", run_control)
+        obs_where, obs_params = same_control("congestion_control", observation.congestion_control)
         with self.db.transaction(write=True) as tx:
             destination_id = self._destination_id(tx, dest)
             now = self.clock()
@@ -381,13 +409,14 @@ class Store:
             if not observation.feeds_fit:
                 return observation_id, None
             run = tx.execute(
-                "SELECT max(finished_at) FROM probe_runs WHERE destination_id = ?", (destination_id,)
+                f"SELECT max(finished_at) FROM probe_runs WHERE destination_id = ? AND {run_where}",
+                (destination_id, *run_params),
             ).fetchone()
             since = run[0] if run and run[0] is not None else 0.0
             rows = tx.execute(
-                "SELECT streams, throughput_bps FROM observations WHERE destination_id = ? AND observed_at >= ? "
-                "AND tame_streams = 0 ORDER BY id DESC LIMIT ?",
-                (destination_id, since, limit),
+                f"SELECT streams, throughput_bps FROM observations WHERE destination_id = ? AND {obs_where} "
+                "AND observed_at >= ? AND tame_streams = 0 ORDER BY id DESC LIMIT ?",
+                (destination_id, *obs_params, since, limit),
             ).fetchall()
             fit = refit([{"streams": r[0], "throughput_bps": r[1]} for r in rows])
             if fit is None:
@@ -410,17 +439,21 @@ class Store:
 
     def enqueue_job(self, dest: Destination, levels: Sequence[int], duration_s: float,
                     max_queued: int | None = None, retry_after_s: float = 60.0, client: str | None = None,
-                    max_queued_per_client: int | None = None) -> tuple[Job, bool]:
-        """A new queued job, or the destination's active one: (job, created).
+                    max_queued_per_client: int | None = None, *,
+                    congestion_control: str | None = None) -> tuple[Job, bool]:
+        """A new queued job probing under ``congestion_control``, or the destination's active one under that
+        control: (job, created).
 
         Raises QueueFull (with ``retry_after_s``) when ``max_queued`` jobs are queued already, or
         ``max_queued_per_client`` of them were asked for by ``client``."""
         job_id = uuid.uuid4().hex
+        job_where, job_params = same_control("congestion_control", congestion_control)
         try:
             with self.db.transaction(write=True) as tx:
                 active = tx.execute(
-                    f"SELECT {_JOB_COLUMNS} FROM probe_jobs WHERE dest = ? AND status IN ('queued', 'running')",
-                    (dest.key,),
+                    f"SELECT {_JOB_COLUMNS} FROM probe_jobs WHERE dest = ? AND {job_where} "
+                    "AND status IN ('queued', 'running')",
+                    (dest.key, *job_params),
                 ).fetchone()
                 if active:
                     return _job(active), False
@@ -439,21 +472,24 @@ class Store:
                         raise QueueFull(f"you have {mine} probes waiting, at most {max_queued_per_client} per client; "
                                         f"ask again in {retry_after_s:.0f} s", retry_after_s)
                 tx.execute(
-                    "INSERT INTO probe_jobs (id, dest, status, levels_json, duration_s, requested_at, client) "
-                    "VALUES (?, ?, 'queued', ?, ?, ?, ?)",
-                    (job_id, dest.key, json.dumps(list(levels)), duration_s, self.clock(), client),
+                    "INSERT INTO probe_jobs (id, dest, status, levels_json, duration_s, requested_at, client, "
+                    "congestion_control) VALUES (?, ?, 'queued', ?, ?, ?, ?, ?)",
+                    (job_id, dest.key, json.dumps(list(levels)), duration_s, self.clock(), client, congestion_control),
                 )
         except StoreError as exc:
             # Another process enqueued the same destination between our check and insert.
             if not self.db.is_unique_violation(exc):
                 raise
-            return self.active_job(dest.key), False
+            return self.active_job(dest.key, congestion_control), False
         return self.job(job_id), True
 
-    def active_job(self, dest_key: str) -> Job | None:
+    def active_job(self, dest_key: str, control: str | None = None) -> Job | None:
+        """The destination's queued or running job under ``control`` (None: a job queued before controls were kept)."""
+        where, params = same_control("congestion_control", control)
         with self.db.transaction() as tx:
             row = tx.execute(
-                f"SELECT {_JOB_COLUMNS} FROM probe_jobs WHERE dest = ? AND status IN ('queued', 'running')", (dest_key,)
+                f"SELECT {_JOB_COLUMNS} FROM probe_jobs WHERE dest = ? AND {where} AND status IN ('queued', 'running')",
+                (dest_key, *params),
             ).fetchone()
         return _job(row) if row else None
 

@@ -224,6 +224,7 @@ def advise(
         regime=fitted.regime,
         warnings=warnings,
         probes=[{"streams": p.streams, "throughput_bps": p.throughput_bps} for p in probes],
+        congestion_control=standard_control,
     )
 
 
@@ -286,10 +287,23 @@ def point_from_probe(probe: ProbeResult) -> ProbePoint:
     )
 
 
+def plan_control(probes: Sequence[ProbeResult], asked: str | None = None) -> str | None:
+    """The congestion control a run's probes used, as the driver reported it (``asked`` when none reported one).
+
+    Raises ValueError when the probes report different controls: such a run measured no one control."""
+    reported = {p.congestion_control for p in probes if p.congestion_control}
+    if len(reported) > 1:
+        raise ValueError(f"the probes report different congestion controls ({', '.join(sorted(reported))}); "
+                         "probe again under one")
+    return reported.pop() if reported else asked
+
+
 def advise_from_plan(
     plan: PlanResult, max_impact: float, n_max: int = DEFAULT_N_MAX, model: str = DEFAULT_MODEL,
     margin: ImpactMargin = DEFAULT_MARGIN, fractional_margin: ImpactMargin = DEFAULT_FRACTIONAL_MARGIN,
+    standard_control: str | None = None,
 ) -> Advice:
-    """TameParallelTCP(dest, max_impact) from a finished probe plan."""
+    """TameParallelTCP(dest, max_impact) from a finished probe plan, under the control its probes report
+    (``standard_control`` when they report none)."""
     return tame_parallel_tcp([point_from_probe(p) for p in plan.probes], max_impact, n_max, model, plan.idle_rtt_s,
-                             margin, fractional_margin)
+                             margin, fractional_margin, plan_control(plan.probes, standard_control))

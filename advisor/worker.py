@@ -218,7 +218,8 @@ class ProbeWorker:
 
             plan = self._run_plan(job, probe_target(address, dest.port), report)
             _, error = self.service.ingest_run(dest, plan.idle_rtt_s, plan.probes, started_wall,
-                                               source="probe", job_id=job.id, address=address)
+                                               source="probe", job_id=job.id, address=address,
+                                               congestion_control=self._control(job))
         except (ProbeError, AdvisorError) as exc:
             error = f"{type(exc).__name__}: {exc}"
             if self._stop.is_set():
@@ -236,8 +237,12 @@ class ProbeWorker:
             if self.on_probe is not None and probed:
                 self.on_probe(job.dest, time.monotonic() - started, error)
 
+    def _control(self, job: Job) -> str:
+        """The control a job probes under: its own, or the default for a job queued before controls were kept."""
+        return job.congestion_control or self.settings.congestion_control
+
     def _run_plan(self, job: Job, target: str, report: Callable[[PlanEvent], None]) -> PlanResult:
-        plan = plan_for(self.settings, job.levels, job.duration_s)
+        plan = plan_for(self.settings, job.levels, job.duration_s, self._control(job))
         chooser = level_chooser(self.settings.model, self.settings.n_max)
         waits = list(self.busy_retry_waits_s) if job.attempts > 1 else []
         while True:

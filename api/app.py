@@ -146,22 +146,25 @@ def create_app(settings: Settings, store: Store, driver: ProbeDriver | None = No
              openapi_extra={"parameters": ADVICE_PARAMETERS})
     async def get_advice(request: Request) -> Response:
         # The fast path answered what was cached; this parses the same query with the same function.
-        dest, budget = advice_query(request.scope["query_string"])
-        entry, age_s, stale = await run_in_threadpool(service.advice_entry, dest, budget)
+        dest, budget, control = advice_query(request.scope["query_string"])
+        entry, age_s, stale = await run_in_threadpool(service.advice_entry, dest, budget, control)
         metrics.advice_served.labels("true" if stale else "false").inc()
         return Response(entry.json_bytes(age_s, stale), media_type="application/json")
 
     @app.post("/v1/advice:batch", response_model=schemas.BatchOut, responses=_BODY_ERRORS)
-    def post_batch(items: list[schemas.AdviceQuery]) -> Response:
-        results = service.batch([(item.dest, item.max_impact) for item in items])
+    def post_batch(items: list[schemas.AdviceQuery], cc: schemas.Control | None = None) -> Response:
+        # ?cc= is the control of the items that name none (each item's "cc" wins).
+        results = service.batch([(item.dest, item.max_impact, item.cc or cc) for item in items])
         return _json({"results": results})
 
     @app.post("/v1/probes", status_code=202, response_model=schemas.ProbeAccepted,
               responses={**_BODY_ERRORS, **_responses(403, 429)})
     def post_probe(body: schemas.ProbeRequest, request: Request) -> Response:
         client = request.client.host if request.client else None
-        job, created = service.request_probe(body.dest, body.levels, body.duration_s, client=client)
-        return _json({"id": job.id, "dest": job.dest, "status": job.status, "created": created}, 202)
+        job, created = service.request_probe(body.dest, body.levels, body.duration_s, client=client,
+                                             congestion_control=body.congestion_control)
+        return _json({"id": job.id, "dest": job.dest, "congestion_control": job.congestion_control,
+                      "status": job.status, "created": created}, 202)
 
     @app.get("/v1/probes/{probe_id}", response_model=schemas.ProbeStatus, responses=_ERRORS)
     def get_probe(probe_id: str) -> Response:
@@ -172,8 +175,8 @@ def create_app(settings: Settings, store: Store, driver: ProbeDriver | None = No
         return _json({"paths": service.paths()})
 
     @app.get("/v1/paths/{dest}/curve", response_model=schemas.CurveOut, responses=_ERRORS)
-    def get_curve(dest: str) -> Response:
-        return _json(service.curve(dest))
+    def get_curve(dest: str, cc: schemas.Control | None = None) -> Response:
+        return _json(service.curve(dest, cc))
 
     @app.post("/v1/observations", status_code=202, response_model=schemas.ObservationOut,
               responses={**_BODY_ERRORS, **_responses(403)})
@@ -187,8 +190,10 @@ def create_app(settings: Settings, store: Store, driver: ProbeDriver | None = No
         # A pushed run becomes advice schedulers read, as an observation does: only where probes are allowed.
         service.check_allowed(dest)
         results = [ProbeResult(dest=dest.key, **p.result_fields()) for p in body.probes]
-        run_id, error = service.ingest_run(dest, body.idle_rtt_s, results, body.started_at or clock(), source="push")
-        return _json({"dest": dest.key, "probe_run_id": run_id, "fitted": error is None, "error": error}, 201)
+        run_id, error = service.ingest_run(dest, body.idle_rtt_s, results, body.started_at or clock(), source="push",
+                                           congestion_control=body.congestion_control)
+        return _json({"dest": dest.key, "probe_run_id": run_id, "congestion_control": body.congestion_control,
+                      "fitted": error is None, "error": error}, 201)
 
     @app.get("/healthz", response_model=schemas.Health, responses=_responses(503))
     def healthz() -> Response:

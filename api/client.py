@@ -43,15 +43,21 @@ class TameClient:
             raise TameError(response.status_code, str(detail))
         return response.json()
 
-    def advice(self, dest: str, max_impact: float) -> dict[str, Any]:
-        return self._call("GET", "/v1/advice", params={"dest": dest, "max_impact": max_impact})
+    def advice(self, dest: str, max_impact: float, cc: str | None = None) -> dict[str, Any]:
+        params: dict[str, Any] = {"dest": dest, "max_impact": max_impact}
+        if cc is not None:
+            params["cc"] = cc
+        return self._call("GET", "/v1/advice", params=params)
 
     def batch(self, queries: Sequence[tuple[str, float]]) -> list[dict[str, Any]]:
         body = [{"dest": d, "max_impact": m} for d, m in queries]
         return self._call("POST", "/v1/advice:batch", json=body)["results"]
 
-    def request_probe(self, dest: str, levels: Sequence[int] | None = None, duration_s: float | None = None) -> dict:
+    def request_probe(self, dest: str, levels: Sequence[int] | None = None, duration_s: float | None = None,
+                      congestion_control: str | None = None) -> dict:
         body: dict[str, Any] = {"dest": dest}
+        if congestion_control is not None:
+            body["congestion_control"] = congestion_control
         if levels is not None:
             body["levels"] = list(levels)
         if duration_s is not None:
@@ -68,9 +74,11 @@ class TameClient:
         return self._call("GET", f"/v1/paths/{httpx.URL(path=dest).raw_path.decode()}/curve")
 
     def observe(self, dest: str, streams: int, throughput_bps: float, **detail: Any) -> dict[str, Any]:
-        """POST /v1/observations; ``detail``: its optional fields (stream_bps, fractional_multiplier, ...)."""
-        return self._call("POST", "/v1/observations",
-                          json={"dest": dest, "streams": streams, "throughput_bps": throughput_bps, **detail})
+        """POST /v1/observations; ``detail``: its optional fields (congestion_control, stream_bps,
+        fractional_multiplier, ...; None values are left out)."""
+        body = {"dest": dest, "streams": streams, "throughput_bps": throughput_bps,
+                **{k: v for k, v in detail.items() if v is not None}}
+        return self._call("POST", "/v1/observations", json=body)
 
     def push_probe_run(self, payload: dict[str, Any]) -> dict[str, Any]:
         return self._call("POST", "/v1/probe-runs", json=payload)

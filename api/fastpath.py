@@ -14,7 +14,7 @@ import time
 from urllib.parse import unquote_plus
 
 from advisor.errors import InvalidRequest
-from advisor.limits import MAX_DEST_LENGTH, check_max_impact
+from advisor.limits import MAX_DEST_LENGTH, check_congestion_control, check_max_impact
 from advisor.service import AdviceService
 from api.metrics import Metrics
 
@@ -27,17 +27,21 @@ ADVICE_PARAMETERS = [
      "schema": {"type": "string", "minLength": 1, "maxLength": MAX_DEST_LENGTH}},
     {"name": "max_impact", "in": "query", "required": True, "description": "impact budget, fraction 0-1",
      "schema": {"type": "number", "minimum": 0, "maximum": 1}},
+    {"name": "cc", "in": "query", "required": False,
+     "description": "TCP congestion control the streams will use, e.g. cubic, bbr, reno (default: the service's, "
+                    "its host's default); advice is kept per destination and control",
+     "schema": {"type": "string", "pattern": "^[a-z][a-z0-9_]{0,14}$"}},
 ]
 
 
-def advice_query(query_string: bytes) -> tuple[str, float]:
-    """(dest, max_impact) from GET /v1/advice's query string; InvalidRequest says what is wrong.
+def advice_query(query_string: bytes) -> tuple[str, float, str | None]:
+    """(dest, max_impact, cc or None) from GET /v1/advice's query string; InvalidRequest says what is wrong.
 
     The first value of each parameter counts; other parameters are ignored."""
     values: dict[str, str] = {}
     for part in query_string.decode("latin-1").split("&"):
         name, _, value = part.partition("=")
-        if name in ("dest", "max_impact") and name not in values:
+        if name in ("dest", "max_impact", "cc") and name not in values:
             values[name] = unquote_plus(value) if ("%" in value or "+" in value) else value
     dest, budget_text = values.get("dest"), values.get("max_impact")
     if not dest:
@@ -46,7 +50,8 @@ def advice_query(query_string: bytes) -> tuple[str, float]:
         raise InvalidRequest(f"dest: at most {MAX_DEST_LENGTH} characters")
     if budget_text is None or not _NUMBER.fullmatch(budget_text):
         raise InvalidRequest("max_impact: give the impact budget as a fraction 0-1, e.g. &max_impact=0.1")
-    return dest, check_max_impact(float(budget_text))
+    control = values.get("cc")
+    return dest, check_max_impact(float(budget_text)), None if control is None else check_congestion_control(control, "cc")
 
 
 class AdviceFastPath:
@@ -59,10 +64,10 @@ class AdviceFastPath:
 
     def _answer(self, scope) -> bytes | None:
         try:
-            dest, budget = advice_query(scope["query_string"])
+            dest, budget, control = advice_query(scope["query_string"])
         except InvalidRequest:
             return None
-        hit = self.service.cached_entry(dest, budget)
+        hit = self.service.cached_entry(dest, budget, control)
         if hit is None:
             return None
         entry, age_s, stale = hit

@@ -4,12 +4,25 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from advisor import limits
-from advisor.observations import CONTROL_NAME
-
+from advisor.errors import InvalidRequest
 from probes.iperf_parse import RAW_MAX_CHARS
+
+
+def _control(value: str) -> str:
+    # The one check of a control's name (advisor.limits), its message as the 422's detail.
+    try:
+        return limits.check_congestion_control(value)
+    except InvalidRequest as exc:
+        raise ValueError(str(exc)) from None
+
+
+# max_length here only bounds what is parsed; check_congestion_control says what a name may be.
+Control = Annotated[str, Field(max_length=64, description="TCP congestion control, e.g. cubic, bbr or reno "
+                                                           "(default: the service's, its host's default)"),
+                    AfterValidator(_control)]
 
 Dest = Field(min_length=1, max_length=limits.MAX_DEST_LENGTH, description="HOST or HOST:PORT (default port 5201), IPv6 as [ADDR]:PORT")
 
@@ -63,12 +76,19 @@ class AdviceOut(BaseModel):
     stale: bool = Field(description="true when the probes are older than the TTL; a re-probe has been queued")
     observations_used: int
     open: OpenOut = Field(description="how to open the advice: its streams, and the tame stream's setting")
+    congestion_control: str = Field(description="the congestion control the streams are counted in: the probes' "
+                                                "(advice is kept per destination and control)")
+    alternatives: list[dict] = Field(description="when even one stream of this control exceeds the budget: other "
+                                                 "controls measured on this destination and whether they meet it, "
+                                                 "the tame control at n*, and the probes that would tell for "
+                                                 "controls not measured; empty when the budget is met")
 
 
 class AdviceQuery(BaseModel):
     model_config = ConfigDict(extra="forbid")
     dest: str = Dest
     max_impact: float = Field(ge=0.0, le=1.0, allow_inf_nan=False, description="impact budget, fraction 0-1")
+    cc: Control | None = None
 
 
 class BatchItemError(BaseModel):
@@ -79,6 +99,7 @@ class BatchItemError(BaseModel):
 class BatchItem(BaseModel):
     dest: str
     max_impact: float
+    cc: str | None = None
     advice: AdviceOut | None = None
     error: BatchItemError | None = None
 
@@ -94,11 +115,13 @@ class ProbeRequest(BaseModel):
                                      description="stream counts to probe (default: the service's, e.g. [1, 10])")
     duration_s: float | None = Field(default=None, ge=limits.MIN_PROBE_DURATION_S, le=limits.MAX_PROBE_DURATION_S, allow_inf_nan=False,
                                      description="seconds per level")
+    congestion_control: Control | None = None
 
 
 class ProbeAccepted(BaseModel):
     id: str
     dest: str
+    congestion_control: str | None
     status: Literal["queued", "running", "done", "failed"]
     created: bool = Field(description="false when the destination already had a probe queued or running")
 
@@ -106,6 +129,7 @@ class ProbeAccepted(BaseModel):
 class ProbeStatus(BaseModel):
     id: str
     dest: str
+    congestion_control: str | None
     status: Literal["queued", "running", "done", "failed"]
     progress: float
     # While running: {"phase", "level", "index", "of", "attempt", "elapsed_s", "expected_s"}.
@@ -122,6 +146,7 @@ class ProbeStatus(BaseModel):
 
 class PathOut(BaseModel):
     dest: str
+    congestion_control: str | None = Field(description="null for fits stored before controls were recorded")
     model: str
     regime: str
     params: dict[str, float]
@@ -147,6 +172,7 @@ class CurvePointOut(BaseModel):
 
 class CurveOut(BaseModel):
     dest: str
+    congestion_control: str
     model: str
     params: dict[str, float]
     regime: str
@@ -166,12 +192,14 @@ class ObservationIn(BaseModel):
     dest: str = Dest
     streams: int = Field(ge=1, le=limits.MAX_STREAMS)
     throughput_bps: float = Field(ge=limits.MIN_THROUGHPUT_BPS, lt=limits.MAX_THROUGHPUT_BPS, allow_inf_nan=False, description="achieved throughput, bits/s")
+    congestion_control: Control | None = Field(
+        default=None, description="the control the transfer's standard streams ran (default: the service's)")
     stream_bps: list[Annotated[float, Field(ge=0, lt=limits.MAX_THROUGHPUT_BPS, allow_inf_nan=False)]] = Field(
         default_factory=list, max_length=limits.MAX_STREAMS, description="each stream's rate, bits/s")
     stream_retransmits: list[Annotated[int, Field(ge=0, le=2**53)]] = Field(
         default_factory=list, max_length=limits.MAX_STREAMS,
         description="each stream's retransmitted segments, in stream_bps's order")
-    stream_congestion_controls: list[Annotated[str, Field(pattern=CONTROL_NAME.pattern, max_length=15)]] = Field(
+    stream_congestion_controls: list[Control] = Field(
         default_factory=list, max_length=limits.MAX_STREAMS,
         description="each stream's congestion control (e.g. \"cubic\", \"tame\"), in the same order")
     fractional_multiplier: float | None = Field(
@@ -188,6 +216,7 @@ class ObservationIn(BaseModel):
 
 class ObservationOut(BaseModel):
     dest: str
+    congestion_control: str
     accepted: bool
     refit: bool
     id: int = Field(description="the stored observation's id")
@@ -235,12 +264,15 @@ class ProbeRunIn(BaseModel):
     dest: str = Dest
     idle_rtt_s: float | None = Field(default=None, gt=0, lt=1e4, allow_inf_nan=False)
     started_at: float = Field(default=0.0, ge=0, lt=1e11, allow_inf_nan=False)
+    congestion_control: Control | None = Field(default=None, description="the control the probes' streams used; "
+                                               "without it the run is kept as not recorded")
     probes: list[ProbeResultIn] = Field(min_length=1, max_length=limits.MAX_PROBES_PER_RUN)
 
 
 class ProbeRunOut(BaseModel):
     dest: str
     probe_run_id: int
+    congestion_control: str | None = Field(description="the control the run is kept under (null: not recorded)")
     fitted: bool
     error: str | None
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from probes.controls import available_controls
 from probes.delayline import cache_dir
 from probes.errors import CcCommandFailed, CcNotLoaded, CcNotRoot, CcRouteConflict, CcUnavailable
 from probes.netns import TestbedCommandFailed, run
@@ -114,16 +115,6 @@ class CcSetting:
         """Inverse of :meth:`to_value`."""
         fm_milli, flags = struct.unpack("<II", value)
         return cls(fm_milli / FM_UNIT, scale_slow_start=bool(flags & SCALE_SLOW_START))
-
-
-def host_default_control() -> str:
-    """The congestion control sockets get here when they do not choose one (net.ipv4.tcp_congestion_control)."""
-    return Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
-
-
-def available_controls() -> list[str]:
-    """The congestion controls a socket here may choose (net.ipv4.tcp_available_congestion_control)."""
-    return Path("/proc/sys/net/ipv4/tcp_available_congestion_control").read_text().split()
 
 
 def require_root() -> None:

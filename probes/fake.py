@@ -25,7 +25,9 @@ class FakeDriver:
     ``ramp_s`` seconds (after warm-up), a stand-in for slow start and recovery, then stays flat;
     ``noise`` adds seeded relative Gaussian noise. ``rtt_s`` is reported as the idle RTT and
     every stream's RTT. The streams share the rate equally, except that on attempt k
-    ``idle_streams_by_attempt[k]`` of them (at most all but one) carry nothing. ``fail_with`` makes
+    ``idle_streams_by_attempt[k]`` of them (at most all but one) carry nothing. A probe reports the
+    ``congestion_control`` it was asked for, else the driver's ``congestion_control``; names in
+    ``unavailable_controls`` fail as the kernel refuses them. ``fail_with`` makes
     every call raise. ``calls`` records ``(method, dest, streams, duration_s, omit_s)`` in order.
     """
 
@@ -38,16 +40,19 @@ class FakeDriver:
     retransmits_per_stream: int = 0
     mss_bytes: int = 1448
     congestion_control: str = "cubic"
+    unavailable_controls: tuple[str, ...] = ()
     fail_with: ProbeError | None = None
     delay_s: float = 0.0
     idle_streams_by_attempt: Mapping[int, int] = field(default_factory=dict)
     calls: list[tuple] = field(default_factory=list)
 
     def run(self, dest: str, streams: int, duration_s: float, omit_s: float, deadline_s: float,
-            attempt: int = 0) -> ProbeResult:
+            attempt: int = 0, congestion_control: str | None = None) -> ProbeResult:
         self.calls.append(("run", dest, streams, duration_s, omit_s))
         if self.fail_with is not None:
             raise self.fail_with
+        if congestion_control in self.unavailable_controls:
+            raise ProbeError(f"unable to set TCP_CONGESTION: {congestion_control!r} is not available here")
         if self.delay_s:
             time.sleep(self.delay_s)
         final = float(self.throughput_bps(streams))
@@ -76,7 +81,7 @@ class FakeDriver:
             rtt_max_s=self.rtt_s,
             stream_rtts=tuple(StreamRtt(self.rtt_s, self.rtt_s, self.rtt_s) for _ in range(streams)),
             mss_bytes=self.mss_bytes,
-            congestion_control=self.congestion_control,
+            congestion_control=congestion_control or self.congestion_control,
             interval_bps=tuple(float(x) for x in series),
             stream_bps=(mean / running,) * running + (0.0,) * idle,
             stream_retransmits=(self.retransmits_per_stream,) * streams,

@@ -22,10 +22,10 @@ from pathlib import Path
 
 from probes.destination import Destination, parse_destination
 from probes.errors import ProbeDeadlineExceeded, ProbeError, ServerBusy
+from probes.controls import is_control_name
 from probes.iperf_parse import parse_iperf_json
 from probes.result import ProbeResult
 
-CONGESTION_CONTROLS = ("reno", "cubic", "bbr")
 MAX_STREAMS = 128  # libiperf 3.12 refuses more parallel streams than this
 
 _PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
@@ -36,9 +36,11 @@ class IperfDriver:
 
     ``deadline_s`` in :meth:`run` and :meth:`idle_rtt` is a wall-clock budget in seconds from
     the call; nothing started by the call outlives it. iperf3 takes whole seconds, so
-    ``duration_s`` and ``omit_s`` are rounded up. ``congestion_control`` (one of
-    :data:`CONGESTION_CONTROLS`) is set on the sender through libiperf; None keeps the kernel's
-    default. ``dest`` is ``HOST[:PORT]`` (:func:`probes.destination.parse_destination`).
+    ``duration_s`` and ``omit_s`` are rounded up. ``congestion_control`` (any control the kernel
+    offers, by name: :data:`probes.controls.CONTROL_NAME`) is set on the sender through libiperf
+    (``iperf3 -C``), for every probe or per :meth:`run`; None keeps the kernel's default. The result
+    records the control iperf3 reports its streams used. ``dest`` is ``HOST[:PORT]``
+    (:func:`probes.destination.parse_destination`).
     """
 
     def __init__(
@@ -49,11 +51,7 @@ class IperfDriver:
         idle_rate_bps: int = 1_000_000,
         idle_duration_s: int = 2,
     ) -> None:
-        if congestion_control is not None and congestion_control not in CONGESTION_CONTROLS:
-            raise ValueError(
-                f"congestion_control must be one of {', '.join(CONGESTION_CONTROLS)} or None, "
-                f"got {congestion_control!r}"
-            )
+        _check_control(congestion_control)
         if idle_rate_bps <= 0 or idle_duration_s < 1:
             raise ValueError("idle_rate_bps must be > 0 and idle_duration_s >= 1")
         self.congestion_control = congestion_control
@@ -82,8 +80,11 @@ class IperfDriver:
         omit_s: float,
         deadline_s: float,
         attempt: int = 0,
+        congestion_control: str | None = None,
     ) -> ProbeResult:
-        """Run one probe of ``streams`` parallel TCP streams to ``dest`` (``attempt``: a re-run is another time anyway)."""
+        """Run one probe of ``streams`` parallel TCP streams to ``dest`` (``attempt``: a re-run is another time
+        anyway) under ``congestion_control`` (None: the driver's, else the kernel's default)."""
+        _check_control(congestion_control)
         if not isinstance(streams, int) or not 1 <= streams <= MAX_STREAMS:
             raise ValueError(f"streams must be an integer from 1 to {MAX_STREAMS}, got {streams!r}")
         if not (math.isfinite(duration_s) and duration_s > 0):
@@ -92,8 +93,9 @@ class IperfDriver:
             raise ValueError(f"omit_s must be >= 0, got {omit_s!r}")
         target = parse_destination(dest)
         extra = ["--streams", str(streams), "--duration", str(math.ceil(duration_s)), "--omit", str(math.ceil(omit_s))]
-        if self.congestion_control:
-            extra += ["--congestion-control", self.congestion_control]
+        control = congestion_control or self.congestion_control
+        if control:
+            extra += ["--congestion-control", control]
         return _parse(self._run_worker(target, extra, deadline_s), target)
 
     def idle_rtt(self, dest: str, deadline_s: float) -> float | None:
@@ -167,6 +169,12 @@ class IperfDriver:
             reason = detail[-1] if detail else f"exit status {proc.returncode}"
             raise ProbeError(f"iperf3 probe to {target} failed in its worker: {reason}")
         return out.decode("utf-8", errors="replace")
+
+
+def _check_control(name: str | None) -> None:
+    if name is not None and not is_control_name(name):
+        raise ValueError(f"congestion_control must be a kernel congestion control's name (lowercase letters, "
+                         f"digits, underscore, at most 15 characters) or None, got {name!r}")
 
 
 # How long a server that libiperf read "busy" from is watched for what it sends to a new connection.

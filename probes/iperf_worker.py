@@ -55,6 +55,14 @@ def die_with_parent(parent_pid: int) -> bool:
     return os.getppid() == parent_pid
 
 
+def _control_name(text: str) -> str:
+    from probes.controls import is_control_name
+
+    if not is_control_name(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a congestion control's name")
+    return text
+
+
 def _parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m probes.iperf_worker")
     parser.add_argument("--host", required=True)
@@ -62,7 +70,8 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--streams", type=int, required=True)
     parser.add_argument("--duration", type=int, required=True, help="measured seconds after --omit")
     parser.add_argument("--omit", type=int, default=0, help="warm-up seconds left out of the result")
-    parser.add_argument("--congestion-control", default=None)
+    parser.add_argument("--congestion-control", default=None, type=_control_name,
+                        help="the sender's congestion control, any the kernel offers (iperf3 -C)")
     parser.add_argument("--connect-timeout-ms", type=int, default=None)
     parser.add_argument("--bandwidth-bps", type=int, default=0, help="pace each stream (0: unlimited)")
     parser.add_argument("--blksize", type=int, default=0, help="bytes per write (0: libiperf's default)")

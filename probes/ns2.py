@@ -381,7 +381,9 @@ class Ns2Driver:
     ns_binary: str = "ns"
 
     def run(self, dest: str, streams: int, duration_s: float, omit_s: float, deadline_s: float,
-            attempt: int = 0) -> ProbeResult:
+            attempt: int = 0, congestion_control: str | None = None) -> ProbeResult:
+        if congestion_control not in (None, "reno"):
+            raise SimulatorError(f"the ns-2 scenarios simulate reno streams only, not {congestion_control!r}")
         if streams < 1:
             raise ValueError(f"streams must be >= 1, got {streams!r}")
         if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 0:

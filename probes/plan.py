@@ -55,6 +55,8 @@ class ProbePlan:
     # while the long transfers of the ground truth carry on every stream; a later attempt mostly
     # finds every stream running. Figures: docs/accuracy.md (DropTail lock-out on s1 and s7).
     idle_retries: int = 1
+    # The congestion control the probes' streams run under (None: the driver's, else the kernel's default).
+    congestion_control: str | None = None
 
     def __post_init__(self) -> None:
         all_levels = self.levels + self.extra_levels
@@ -193,7 +195,10 @@ def _probed_level(
         duration_s = plan.duration_s
         while True:
             deadline_s = plan.omit_s + duration_s + plan.deadline_slack_s
-            result = judge(driver.run(dest, streams, duration_s, plan.omit_s, deadline_s, attempt=attempt), plan)
+            # Asked for only when set, so drivers (and test doubles) that take no control still run plans.
+            control = {} if plan.congestion_control is None else {"congestion_control": plan.congestion_control}
+            result = judge(driver.run(dest, streams, duration_s, plan.omit_s, deadline_s, attempt=attempt, **control),
+                           plan)
             if result.settled or duration_s >= plan.max_duration_s:
                 return result
             duration_s = min(max(2 * duration_s, math.ceil(cycles_needed_s(result, plan))), plan.max_duration_s)

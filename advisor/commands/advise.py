@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
 
 from advisor.advice import Advice
+from advisor.alternatives import alternatives
 from advisor.cli import UsageError
 from advisor.commands.common import add_margin_option, fraction, fractional_margin_from_args, margin_from_args, positive_int, print_advice, print_json
-from advisor.commands.probe import EXIT_PROBE_FAILED, add_plan_options, measure, parse_levels
+from advisor.commands.probe import EXIT_PROBE_FAILED, add_plan_options, control_from_args, measure, parse_levels
 from advisor.errors import InvalidRequest
 from advisor.limits import check_probe_duration_s, check_probe_levels
 from advisor.plan_runner import level_chooser
@@ -17,6 +19,7 @@ from advisor.opening import how_to_open
 from advisor.tame import DEFAULT_MODEL, DEFAULT_N_MAX, advise_from_plan, point_from_probe, representative_rtt_s
 from models.errors import FitError
 from models.registry import MIN_LEVELS, MODELS
+from probes.controls import available_controls
 from probes.plan import ProbePlan
 
 # How long `tame advise` waits for a server-side probe before giving up, seconds.
@@ -48,6 +51,8 @@ def run(args) -> int:
     except (ValueError, InvalidRequest) as exc:
         raise UsageError(f"--duration {args.duration!r}: give seconds from 1 to 300 ({exc})") from None
     server = os.environ.get("TAME_URL")
+    # The server probes under a control its own kernel offers and says so; a local probe needs it here.
+    control_from_args(args, local=not server)
     payload = _from_server(server, args) if server else _locally(args)
     if payload is None:
         return EXIT_PROBE_FAILED
@@ -66,10 +71,14 @@ def _locally(args) -> dict | None:
         return None
     try:
         advice = advise_from_plan(plan, args.max_impact, args.n_max, args.model, margin_from_args(args),
-                                  fractional_margin_from_args(args))
-    except FitError as exc:
+                                  fractional_margin_from_args(args), control_from_args(args, local=True))
+    except (FitError, ValueError) as exc:
         print(f"tame advise: the probes of {plan.dest} cannot be fitted: {exc}", file=sys.stderr)
         return None
+    # Probed here and now, under one control: nothing else is measured, so the others are probes to run.
+    advice = dataclasses.replace(advice, alternatives=alternatives(plan.dest, args.max_impact,
+                                                                   advice.congestion_control, advice, {},
+                                                                   available_controls()))
     rtt_s = representative_rtt_s([point_from_probe(p) for p in plan.probes], plan.idle_rtt_s)
     return {"dest": plan.dest, **advice.to_json(), "open": how_to_open(advice, plan.dest, rtt_s)}
 
@@ -92,20 +101,20 @@ def _from_server(url: str, args) -> dict | None:
     token = os.environ.get("TAME_TOKEN") or os.environ.get("TAME_READ_TOKEN")
     with TameClient(url, token=token, timeout_s=30) as client:
         try:
-            return client.advice(args.dest, args.max_impact)
+            return client.advice(args.dest, args.max_impact, args.congestion_control)
         except TameError as exc:
             if exc.status != 404:
                 raise UsageError(f"{url}: {exc}") from exc
         print(f"tame advise: {url} has no advice for {args.dest}; requesting a probe", file=sys.stderr, flush=True)
         try:
-            job = client.request_probe(args.dest, **_plan_asked(args))
+            job = client.request_probe(args.dest, **_plan_asked(args), congestion_control=args.congestion_control)
             deadline = time.monotonic() + SERVER_PROBE_WAIT_S
             while time.monotonic() < deadline:
                 status = client.probe(job["id"])
                 print(f"tame advise: probe {status['status']} ({status.get('progress') or 0:.0%})",
                       file=sys.stderr, flush=True)
                 if status["status"] == "done":
-                    return client.advice(args.dest, args.max_impact)
+                    return client.advice(args.dest, args.max_impact, args.congestion_control)
                 if status["status"] == "failed":
                     print(f"tame advise: the server's probe failed: {status.get('error')}", file=sys.stderr)
                     return None

@@ -13,10 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from advisor.cli import UsageError
+from advisor.commands.probe import add_control_option, control_from_args
 from advisor.commands.runtime import default_driver, load_settings, open_store, setup_logging
 from advisor.destinations import parse_destination
 from advisor.errors import AdvisorError
 from advisor.plan_runner import level_chooser, plan_for
+from advisor.tame import plan_control
 from probes.plan import run_plan
 from advisor.service import AdviceService
 from advisor.worker import ProbeWorker, probe_target
@@ -34,6 +36,7 @@ def register(subparsers) -> None:
                         help="with --push: where runs the service did not take (unreachable, 5xx, 408, 429) wait to "
                              "be sent again, first thing each round; runs it refused (other 4xx) are set aside in "
                              "DIR/rejected (default: $XDG_STATE_HOME/tame/spool, else ~/.local/state/tame/spool)")
+    add_control_option(parser, "the probes run under, and the advice is kept for; one this kernel offers")
     parser.set_defaults(handler=run)
 
 
@@ -56,7 +59,7 @@ def read_destinations(path: Path) -> list[str]:
 
 def run(args) -> int:
     setup_logging()
-    settings = load_settings()
+    settings = dataclasses.replace(load_settings(), congestion_control=control_from_args(args, local=True))
     driver = default_driver()
     if driver is None:
         raise UsageError("no probe driver is available on this machine, so the agent cannot probe")
@@ -81,8 +84,16 @@ def run(args) -> int:
         store.close()
 
 
+def fresh_destinations(paths: list[dict[str, Any]], control: str) -> set[str]:
+    """Destinations whose advice under ``control`` is fresh (GET /v1/paths rows). A destination with no fit
+    under ``control`` counts its fit that recorded no control, as the service's advice does for its default."""
+    recorded = {p["dest"] for p in paths if p["congestion_control"] == control}
+    return {p["dest"] for p in paths if not p["stale"] and (
+        p["congestion_control"] == control or (p["congestion_control"] is None and p["dest"] not in recorded))}
+
+
 def _enqueue_due(service: AdviceService, dests: list[str]) -> None:
-    fresh = {p["dest"] for p in service.paths() if not p["stale"]}
+    fresh = fresh_destinations(service.paths(), service.settings.congestion_control)
     for dest in dests:
         if dest in fresh:
             continue
@@ -179,7 +190,7 @@ def _run_push(args, settings, driver) -> int:
             # What could not be delivered before goes first: it is older, and it may make a probe unnecessary.
             _deliver_spooled(client, spool)
             try:
-                fresh = {p["dest"] for p in client.paths() if not p["stale"]}
+                fresh = fresh_destinations(client.paths(), settings.congestion_control)
             except TameError as exc:
                 print(f"tame agent: {exc}", file=sys.stderr, flush=True)
                 fresh = set()
@@ -193,11 +204,12 @@ def _run_push(args, settings, driver) -> int:
                     started = time.time()
                     plan = run_plan(driver, target, plan_for(settings, settings.default_levels, settings.default_duration_s),
                                     next_level=level_chooser(settings.model, settings.n_max))
-                except (AdvisorError, ProbeError) as exc:
+                    control = plan_control(plan.probes, settings.congestion_control)
+                except (AdvisorError, ProbeError, ValueError) as exc:
                     print(f"tame agent: {dest}: {exc}", file=sys.stderr, flush=True)
                     continue
                 _push(client, {
-                    "dest": dest, "idle_rtt_s": plan.idle_rtt_s, "started_at": started,
+                    "dest": dest, "idle_rtt_s": plan.idle_rtt_s, "started_at": started, "congestion_control": control,
                     "probes": [{k: v for k, v in dataclasses.asdict(p).items()
                                 if k not in ("dest", "stream_rtts", "interval_bps", "interval_side", "settled",
                                              "window_throughput_bps", "congestion_control", "rtt_min_s", "rtt_max_s")}

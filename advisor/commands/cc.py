@@ -10,10 +10,11 @@ from dataclasses import dataclass
 
 from advisor.cli import UsageError
 from advisor.errors import InvalidRequest
-from advisor.limits import check_rtt_s
+from advisor.limits import check_congestion_control, check_rtt_s
 from advisor.tame import MIN_FRACTION, fractional_multiplier_for
 from models.tame_share import law_for
 from probes import cc
+from probes.controls import host_default_control
 from probes.errors import CcError, CcNotRoot, CcRouteConflict
 
 
@@ -168,7 +169,12 @@ def _apply(args) -> int:
             raise UsageError(f"--rtt {args.rtt!r} is not a number of seconds") from None
         except InvalidRequest as exc:
             raise UsageError(f"--rtt: {exc}") from None
-    setting = setting_for(n_star, args.streams, rtt_s, args.standard_control or cc.host_default_control())
+    try:
+        control = check_congestion_control(args.standard_control, "--standard-control") \
+            if args.standard_control is not None else host_default_control()
+    except InvalidRequest as exc:
+        raise UsageError(str(exc)) from None
+    setting = setting_for(n_star, args.streams, rtt_s, control)
     cc.require_root()
     cc.set_fm(addr, cc.CcSetting(setting.fractional_multiplier, scale_slow_start=cc.SCALE_SLOW_START_BY_DEFAULT))
     try:

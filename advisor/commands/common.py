@@ -136,6 +136,18 @@ def opened_text(advice: Advice) -> str:
             f"stream{'' if advice.num_flows == 1 else 's'} if your tool cannot open a fractional stream")
 
 
+def alternative_text(alternative: dict[str, Any]) -> str:
+    """One line for an entry of Advice.alternatives (advisor/alternatives.py)."""
+    name, kind = alternative["congestion_control"], alternative["kind"]
+    if kind == "measured":
+        verdict = "meets the budget" if alternative["meets_budget"] else "does not meet it either"
+        return (f"{name} (measured here) {verdict}: n* {alternative['tcp_equivalent_streams']:.2f}, "
+                f"{streams_text(alternative['num_flows'])}, {format_bps(alternative['max_nondisruptive_throughput_bps'])}")
+    if kind == "tame":
+        return alternative["note"]
+    return f"{name} not measured here; probe it: {alternative['command']}"
+
+
 def print_advice(advice: Advice, opening: dict[str, Any] | None = None) -> None:
     """The advice in a few lines; ``opening`` (advisor.opening.how_to_open) adds how to open it."""
     lines = [
@@ -147,9 +159,12 @@ def print_advice(advice: Advice, opening: dict[str, Any] | None = None) -> None:
     ]
     if advice.per_stream_buffer_bytes is not None:
         lines.append(f"per-stream socket buffer:   {advice.per_stream_buffer_bytes} bytes")
+    if advice.congestion_control:
+        lines.append(f"congestion control:         {advice.congestion_control}")
     lines.append(f"model:                      {advice.model} ({advice.regime}) "
                  + " ".join(f"{k}={v:.4g}" for k, v in advice.params.items()))
     if opening is not None:
         lines.append(f"how to open:                {opening_text(opening)}")
     lines += [f"warning: {w}" for w in advice.warnings]
+    lines += [f"instead: {alternative_text(a)}" for a in advice.alternatives]
     print("\n".join(lines))

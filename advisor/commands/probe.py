@@ -10,12 +10,15 @@ import sys
 
 from advisor.cli import UsageError
 from advisor.commands.common import positive_int
+from advisor.errors import InvalidRequest
+from advisor.limits import check_available_control, check_congestion_control
 from advisor.plan_runner import level_chooser
 from advisor.tame import DEFAULT_N_MAX
 from models.registry import ADAPTIVE_LEVEL, MODELS
 from probes.destination import parse_destination
 from probes.errors import ProbeError
-from probes.iperf import CONGESTION_CONTROLS, MAX_STREAMS, IperfDriver
+from probes.controls import available_controls, host_default_control
+from probes.iperf import MAX_STREAMS, IperfDriver
 from probes.plan import NextLevel, PlanEvent, ProbePlan, idle_streams, run_plan
 from probes.result import PlanResult, ProbeResult
 
@@ -53,8 +56,26 @@ def add_plan_options(parser) -> None:
     parser.add_argument("--max-duration", default=f"{plan.max_duration_s:g}", metavar="S",
                         help=f"longest a probe is extended to while its rate has not settled (default {plan.max_duration_s:g})")
     parser.add_argument("--repeats", default="1", metavar="K", help="probe every level K times (default 1)")
-    parser.add_argument("--congestion-control", choices=CONGESTION_CONTROLS, default=None,
-                        help="sender congestion control (default: the kernel's)")
+    add_control_option(parser, "the probes' streams run under; one this kernel offers "
+                               "(net.ipv4.tcp_available_congestion_control)")
+
+
+def add_control_option(parser, what: str) -> None:
+    """--congestion-control NAME, the same on every command that takes it."""
+    parser.add_argument("--congestion-control", metavar="NAME", default=None,
+                        help=f"TCP congestion control {what} (default: this host's, net.ipv4.tcp_congestion_control)")
+
+
+def control_from_args(args, local: bool) -> str:
+    """The --congestion-control given (checked; with ``local``, one this kernel offers), else this host's default."""
+    if args.congestion_control is None:
+        return host_default_control()
+    try:
+        if local:
+            return check_available_control(args.congestion_control, available_controls(), "--congestion-control")
+        return check_congestion_control(args.congestion_control, "--congestion-control")
+    except InvalidRequest as exc:
+        raise UsageError(str(exc)) from None
 
 
 def parse_levels(text: str) -> tuple[int, ...]:
@@ -108,10 +129,10 @@ def measure(args, command: str, next_level: NextLevel | None = None) -> PlanResu
         dest = str(parse_destination(args.dest))
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
-    plan = plan_from_args(args)
+    plan = dataclasses.replace(plan_from_args(args), congestion_control=control_from_args(args, local=True))
     if next_level is not None:
         plan = dataclasses.replace(plan, adaptive_probes=1)
-    driver = IperfDriver(congestion_control=args.congestion_control)
+    driver = IperfDriver()
     try:
         return run_plan(driver, dest, plan, progress=lambda event: _print_progress(event, command),
                         next_level=next_level)
@@ -137,8 +158,10 @@ def to_json(result: PlanResult) -> dict:
     rate and retransmitted segments over it;
     idle_streams: how many carried next to nothing, :func:`probes.plan.idle_streams`; interval_bps: the
     per-interval rate the settle rule read, measured at interval_side, "receiver" or "sender")."""
+    used = {p.congestion_control for p in result.probes if p.congestion_control}
     return {
         "dest": result.dest,
+        "congestion_control": used.pop() if len(used) == 1 else None,
         "idle_rtt_s": result.idle_rtt_s,
         "probes": [
             {
@@ -210,7 +233,8 @@ def _print_progress(event: PlanEvent, command: str) -> None:
 
 def _print_table(result: PlanResult) -> None:
     rtt = "unknown" if result.idle_rtt_s is None else f"{result.idle_rtt_s * 1e3:.3f} ms"
-    print(f"{result.dest}  idle RTT {rtt}")
+    controls = ", ".join(sorted({p.congestion_control for p in result.probes if p.congestion_control})) or "unknown"
+    print(f"{result.dest}  idle RTT {rtt}  congestion control {controls}")
     print(f"{'streams':>7}  {'Mbit/s':>10}  {'± Mbit/s':>9}  {'retrans':>8}  {'RTT ms':>8}  {'seconds':>7}  settled")
     for p in result.probes:
         stderr = "-" if p.throughput_stderr_bps is None else f"{p.throughput_stderr_bps / 1e6:.1f}"

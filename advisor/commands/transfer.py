@@ -13,6 +13,7 @@ the curve (advisor/observations.py says why).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import signal
@@ -30,6 +31,7 @@ from advisor.limits import MAX_PROBE_STREAMS
 from advisor.observations import Observation
 from advisor.opening import how_to_open
 from probes import cc
+from probes.controls import available_controls, host_default_control
 from probes.errors import CcError, ProbeError
 from probes.transfer import ClientSpec, TransferResult, run_transfer
 
@@ -157,7 +159,7 @@ def plan_opening(advice: Advice, dest: Destination, rtt_s: float | None, standar
         setting = setting_for(n_star, streams, rtt_s, standard_control)
         client = ClientSpec(dest.port, streams, cc.NAME, total_bytes)
         return Opened("aggregate", 0, streams, setting.fractional_multiplier, n_star, (client,))
-    opening = how_to_open(advice, dest.key, rtt_s, standard_control)
+    opening = how_to_open(dataclasses.replace(advice, congestion_control=standard_control), dest.key, rtt_s)
     standard, fm = opening["standard_streams"], opening["fractional_multiplier"]
     if standard > MAX_PROBE_STREAMS:
         raise UsageError(f"the advice opens {standard} standard streams; iperf3 opens at most {MAX_PROBE_STREAMS}")
@@ -186,7 +188,7 @@ def run(args) -> int:
         advice = Advice(**{k: v for k, v in payload.items() if k in Advice.__dataclass_fields__})
         rtt_s = (payload.get("open") or {}).get("rtt_s")
         # The advice's probed control when the service knows it, else this host's: what its standard streams run.
-        standard_control = payload.get("congestion_control") or cc.host_default_control()
+        standard_control = payload.get("congestion_control") or host_default_control()
         opened = plan_opening(advice, dest, rtt_s, standard_control, args.streams, args.fractional_port, args.bytes)
         _check_can_open(opened, standard_control)
         deadline_s = args.timeout or (args.duration + DEADLINE_SLACK_S if args.duration else DEFAULT_BYTES_TIMEOUT_S)
@@ -196,7 +198,7 @@ def run(args) -> int:
             print(f"tame transfer: {exc}", file=sys.stderr)
             return EXIT_TRANSFER_FAILED
         observation = Observation.checked(
-            result.streams, result.throughput_bps, stream_bps=result.stream_bps,
+            result.streams, result.throughput_bps, congestion_control=standard_control, stream_bps=result.stream_bps,
             stream_retransmits=result.stream_retransmits, stream_congestion_controls=result.stream_congestion_controls,
             fractional_multiplier=opened.fractional_multiplier, tcp_equivalent_streams=opened.tcp_equivalent_streams,
             duration_s=result.duration_s)
@@ -237,9 +239,9 @@ def _check_can_open(opened: Opened, standard_control: str) -> None:
             raise UsageError(f"cannot tell whether {cc.NAME} is loaded ({exc}); {hint}") from exc
         if not registered:
             raise UsageError(f"the {cc.NAME} congestion control is not loaded; {hint}")
-    if opened.standard_streams and standard_control not in cc.available_controls():
+    if opened.standard_streams and standard_control not in available_controls():
         raise UsageError(f"the standard streams' congestion control {standard_control!r} is not available here "
-                         f"(net.ipv4.tcp_available_congestion_control: {' '.join(cc.available_controls())}); "
+                         f"(net.ipv4.tcp_available_congestion_control: {' '.join(available_controls())}); "
                          f"load its module (modprobe tcp_{standard_control})")
 
 

@@ -44,7 +44,7 @@ from benchmarks.testbed_accuracy import CROSS_WARMUP_S, PORT, Terminated, _on_si
 from models.auto import RANDOM_DROP_DISPERSION
 from models.evidence import MIN_EXPECTED_LOSSES_PER_STREAM, loss_dispersion, loss_rate
 from probes import pathcheck, testbed
-from probes.iperf import CONGESTION_CONTROLS
+from probes.controls import available_controls
 from probes.testbed import FRAME_BYTES
 
 STREAMS = 10  # the level `auto` reads the index at (the lowest probe of several streams in its plan)
@@ -147,8 +147,9 @@ def main() -> int:
         parser.error(f"unknown bed in --beds {args.beds!r}; known: {', '.join(b.key for b in BEDS)}")
     if args.runs < 1 or args.seconds <= 0 or args.omit < 0:
         parser.error("--runs must be >= 1, --seconds > 0 and --omit >= 0")
-    if any(b.spec.congestion_control not in CONGESTION_CONTROLS for b in beds):
-        parser.error("a bed asks for a congestion control the probe driver does not offer")
+    if any(b.spec.congestion_control not in available_controls() for b in beds):
+        parser.error("a bed asks for a congestion control this kernel does not offer "
+                     "(net.ipv4.tcp_available_congestion_control)")
     if os.geteuid() != 0:
         parser.error("needs root (network namespaces)")
     signal.signal(signal.SIGTERM, _on_sigterm)

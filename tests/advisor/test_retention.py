@@ -47,7 +47,8 @@ def run_cycle(service, cycle):
         job, _ = service.request_probe(dest)
         claimed = service.store.claim_job(owner, lambda j: 600.0, 10)
         assert claimed.id == job.id
-        service.ingest_run(parse_destination(dest), 0.001, probe_results(dest, cycle), service.clock(), source="probe", job_id=job.id)
+        service.ingest_run(parse_destination(dest), 0.001, probe_results(dest, cycle), service.clock(), source="probe",
+                           job_id=job.id, congestion_control=job.congestion_control)
         for i in range(OBSERVATIONS_PER_RUN):
             n = 2 + (i + cycle) % 7
             service.observe(dest, n, rate(n) * (1 + (i % 5) / 200))
@@ -75,12 +76,13 @@ def advice(service):
 def check_bounded_and_unchanged(service):
     store = service.store
     before_view, before_advice = current_view(store), advice(service)
-    before_fits = {dest: store.current_fit(dest) for dest in DESTS}
+    control = service.settings.congestion_control
+    before_fits = {dest: store.current_fit(dest, control) for dest in DESTS}
     prune(store, RETENTION)
     service.invalidate()
     assert current_view(store) == before_view
     assert advice(service) == before_advice
-    assert {dest: store.current_fit(dest) for dest in DESTS} == before_fits
+    assert {dest: store.current_fit(dest, control) for dest in DESTS} == before_fits
     n = len(DESTS)
     c = counts(store)
     assert c["fits"] <= n * RETENTION.keep_fits, c
@@ -91,7 +93,7 @@ def check_bounded_and_unchanged(service):
     assert c["observations"] <= n * RETENTION.keep_observations, c
     assert c["probe_jobs"] <= n * RETENTION.keep_runs, c
     # The next observation refits on the newest run and the observations since, as it would have unpruned.
-    run_at, _, points = store.latest_run_points(DESTS[0])
+    run_at, _, points = store.latest_run_points(DESTS[0], service.settings.congestion_control)
     assert [p["streams"] for p in points] == [1, 10]
     with store.db.transaction() as tx:
         (since,) = tx.execute("SELECT count(*) FROM observations o JOIN destinations d ON d.id = o.destination_id "
@@ -161,7 +163,7 @@ def test_old_runs_go_but_the_newest_and_what_fits_rest_on_stay(tmp_path):
             run_cycle(service, cycle)
         store.clock.now += 10 * 86400  # everything is ten days old
         dest = DESTS[0]
-        current = store.current_fit(dest)
+        current = store.current_fit(dest, service.settings.congestion_control)
         prune(store, replace(RETENTION, run_max_age_s=86400, keep_runs=100, keep_fits=1000))
         with store.db.transaction() as tx:
             runs = tx.execute("SELECT r.id FROM probe_runs r JOIN destinations d ON d.id = r.destination_id "
@@ -177,7 +179,7 @@ def test_old_runs_go_but_the_newest_and_what_fits_rest_on_stay(tmp_path):
             runs = tx.execute("SELECT r.id FROM probe_runs r JOIN destinations d ON d.id = r.destination_id "
                               "WHERE d.dest = ?", (dest,)).fetchall()
         assert len(runs) == 1  # the newest, which the next refit rests on
-        assert store.current_fit(dest) == current
+        assert store.current_fit(dest, service.settings.congestion_control) == current
     finally:
         store.close()
 

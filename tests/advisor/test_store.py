@@ -97,7 +97,7 @@ def test_a_knee_stored_before_the_plateau_is_read_without_one():
 def test_migrations_are_versioned_and_idempotent(tmp_path):
     db = Database(f"sqlite:///{tmp_path}/s.sqlite3")
     known = migrations()
-    assert db.migrate() == list(range(1, len(known) + 1))
+    assert db.migrate() == list(range(1, len(known) + 1))  # numbered 1..N without gaps, applied in order
     assert db.migrate() == []
     with db.transaction() as tx:
         assert tx.execute("PRAGMA journal_mode").fetchone()[0] == "wal"

@@ -208,3 +208,32 @@ def test_migrated_knee_curve_gives_the_api_answer(tmp_path):
             assert scheduler_streams(store, float(budget)) == service.advice(DEST.key, float(budget))["num_flows"], budget
     finally:
         store.close()
+
+
+def test_view_gives_the_api_answer_per_congestion_control(tmp_path):
+    # Two controls' fits of one destination, stored in turn: each control's rows in the view give its own advice.
+    store = Store.open(f"sqlite:///{tmp_path / 'advice.sqlite3'}")
+    service = AdviceService(store, Settings(model=AUTO, congestion_control="bbr"), resolver=lambda host: ["127.0.0.1"])
+    query = ("SELECT coalesce(max(streams), 1) FROM current_advice WHERE dest = ? AND congestion_control = ? "
+             "AND impact_bound <= ?")
+
+    @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(fits=st.tuples(FORMS["knee"], FORMS["fair_share"]), budgets=st.lists(st.floats(0.01, 1.0), min_size=5, max_size=5))
+    def check(fits, budgets):
+        for control, fitted in zip(("bbr", "cubic"), fits):
+            rebuilt = fit_from_stored(**fit_to_record(fitted))
+            points = [ProbePoint(streams=n, throughput_bps=float(fitted.throughput_bps(n))) for n in fitted.probe_streams]
+            store.record_run(DEST, source="test", idle_rtt_s=0.04, results=[], started_at=service.clock(),
+                             fit=service.stored_fit(rebuilt, points, 0.04, service.clock(), congestion_control=control),
+                             congestion_control=control)
+        service.invalidate()
+        for budget in budgets:
+            for control in ("bbr", "cubic"):
+                with store.db.transaction() as tx:
+                    view = tx.execute(query, (DEST.key, control, budget)).fetchone()[0]
+                assert view == service.advice(DEST.key, budget, control)["num_flows"], (control, budget)
+
+    try:
+        check()
+    finally:
+        store.close()

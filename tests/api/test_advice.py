@@ -19,8 +19,11 @@ def test_probe_then_advice_matches_the_offline_fit(service_factory):
     response = client.get("/v1/advice", params={"dest": "127.0.0.1", "max_impact": 0.5})
     assert response.status_code == 200, response.text
     advice = response.json()
+    # Probed under the service's default control (this host's), which the fractional stream is calibrated against.
+    control = app.state.settings.congestion_control
     expected = tame_parallel_tcp([ProbePoint(1, rate(1), rtt_s=0.01), ProbePoint(10, rate(10), rtt_s=0.01)], 0.5,
-                                 idle_rtt_s=0.01, model="lu").to_json()
+                                 idle_rtt_s=0.01, model="lu", standard_control=control).to_json()
+    assert advice["congestion_control"] == control
     for field, value in expected.items():
         if isinstance(value, float):
             assert_allclose(advice[field], value, rtol=1e-9, err_msg=field)
@@ -116,7 +119,7 @@ def test_stale_advice_is_flagged_and_a_reprobe_is_queued(service_factory, clock)
     clock.advance(601)
     advice = client.get("/v1/advice", params={"dest": "127.0.0.1", "max_impact": 0.1}).json()
     assert advice["stale"] is True and advice["num_flows"] >= 1
-    job = app.state.service.store.active_job("127.0.0.1:5201")
+    job = app.state.service.store.active_job("127.0.0.1:5201", app.state.settings.congestion_control)
     assert job is not None and job.status == "queued"
     # A second stale read does not queue a second probe of the same destination.
     client.get("/v1/advice", params={"dest": "127.0.0.1", "max_impact": 0.2})
@@ -220,8 +223,8 @@ def test_auto_model_job_adds_the_adaptive_probe_and_stores_a_knee(service_factor
         return 2e6 * min(n, 20)
 
     class Lossy(FakeDriver):
-        def run(self, dest, streams, duration_s, omit_s, deadline_s, attempt=0):
-            result = super().run(dest, streams, duration_s, omit_s, deadline_s, attempt)
+        def run(self, dest, streams, duration_s, omit_s, deadline_s, attempt=0, congestion_control=None):
+            result = super().run(dest, streams, duration_s, omit_s, deadline_s, attempt, congestion_control)
             # Past 20 streams: 1 % of segments lost, which puts 1.25 Mbit/s streams at their Mathis rate
             # (8000 / (0.05 sqrt(0.02 / 3)) = 1.96 Mbit/s; fraction 0.64 > 0.5).
             segments = result.throughput_bps * result.duration_s / 8000

@@ -16,8 +16,8 @@ def test_migrations_are_versioned_and_idempotent(pg_url):
     db = Database(pg_url)
     try:
         known = migrations()
-        assert known[1][0] == "initial" and sorted(known) == list(range(1, len(known) + 1))
-        assert db.migrate() == sorted(known)
+        assert known[1][0] == "initial"
+        assert db.migrate() == list(range(1, len(known) + 1))
         assert db.migrate() == []
         with db.transaction() as tx:
             assert tx.execute("SELECT version, name FROM schema_migrations ORDER BY version").fetchall() == [
