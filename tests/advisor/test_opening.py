@@ -11,16 +11,16 @@ from advisor.tame import fractional_multiplier_for
 from models.tame_share import LAWS
 
 
-def advice(n_star: float, num_flows: int, fm: float | None) -> Advice:
+def advice(n_star: float, num_flows: int, fm: float | None, control: str | None = None) -> Advice:
     return Advice(num_flows=num_flows, fractional_multiplier=fm, tcp_equivalent_streams=n_star,
                   max_nondisruptive_throughput_bps=1e8, cross_traffic_impact=0.05, max_impact=0.1,
-                  per_stream_buffer_bytes=None, model="lu", params={}, regime="congested")
+                  per_stream_buffer_bytes=None, model="lu", params={}, regime="congested", congestion_control=control)
 
 
 def test_a_fractional_n_star_opens_whole_standard_streams_and_one_tame_stream_at_the_theory_fm():
     # "bbr" is not a measured control, so the FM^-1/2 theory holds: the remainder 0.5 needs FM 1/0.5^2 = 4.
     assert "bbr" not in LAWS
-    got = how_to_open(advice(2.5, 2, 4.0), "10.0.0.2:5201", rtt_s=0.04, standard_control="bbr")
+    got = how_to_open(advice(2.5, 2, 4.0, "bbr"), "10.0.0.2:5201", rtt_s=0.04)
     assert got == {"form": "fractional", "standard_streams": 2, "tame_streams": 1, "congestion_control": "tame",
                    "standard_control": "bbr", "fractional_multiplier": 4.0, "tcp_equivalent_streams": 2.5,
                    "rtt_s": 0.04, "address": "10.0.0.2",
@@ -31,7 +31,7 @@ def test_a_fractional_n_star_opens_whole_standard_streams_and_one_tame_stream_at
 @pytest.mark.parametrize("control", sorted(LAWS) + [None])
 @pytest.mark.parametrize("n_star, rtt_s", [(2.3747, 0.04), (0.4668, 0.0123456789), (7.31, None)])
 def test_the_fm_is_the_one_its_command_sets(control, n_star, rtt_s):
-    got = how_to_open(advice(n_star, int(n_star) or 1, 1.5), "10.0.0.2", rtt_s=rtt_s, standard_control=control)
+    got = how_to_open(advice(n_star, int(n_star) or 1, 1.5, control), "10.0.0.2", rtt_s=rtt_s)
     argv = shlex.split(got["command"])
     assert argv[:4] == ["tame", "cc", "apply", "10.0.0.2"]
     options = dict(zip(argv[4::2], argv[5::2]))
@@ -51,7 +51,7 @@ def test_a_whole_n_star_opens_plain_streams_and_no_command():
 
 
 def test_below_one_stream_the_tame_stream_is_the_whole_transfer():
-    got = how_to_open(advice(0.25, 1, 16.0), "[fd00::2]:5201", standard_control="bbr")  # FM 1/0.25^2
+    got = how_to_open(advice(0.25, 1, 16.0, "bbr"), "[fd00::2]:5201")  # FM 1/0.25^2
     assert (got["standard_streams"], got["tame_streams"], got["fractional_multiplier"]) == (0, 1, 16.0)
     assert got["address"] == "fd00::2" and got["command"].startswith("tame cc apply fd00::2 ")
     assert opening_text(got).startswith("1 tame stream alone at FM 16")

@@ -143,7 +143,7 @@ def test_an_observation_refits_only_its_own_control(service_factory):
     answer = client.post("/v1/observations", json={"dest": DEST, "streams": 5, "throughput_bps": rate(B / 100, 5),
                                                    "congestion_control": "cubic"})
     assert answer.status_code == 202 and answer.json() == {"dest": DEST, "congestion_control": "cubic",
-                                                          "accepted": True, "refit": True}
+                                                          "accepted": True, "refit": True, "id": 1, "feeds_fit": True}
     cubic = client.get("/v1/advice", params={"dest": DEST, "max_impact": 0.3, "cc": "cubic"}).json()
     bbr = client.get("/v1/advice", params={"dest": DEST, "max_impact": 0.3}).json()
     assert cubic["observations_used"] == 1 and bbr["observations_used"] == 0
