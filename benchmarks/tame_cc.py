@@ -509,7 +509,6 @@ def cycles(args) -> list[str]:
         seconds = 10
         proc = _client(tb, BASE_PORT, Group(1, cc.NAME), seconds, 0)
         time.sleep(CLIENT_SETUP_S + seconds / 2)
-        unloaded_at = time.monotonic()
         cc.unload()
         out, err = proc.communicate(timeout=seconds + CLIENT_SLACK_S)
     report = json.loads(out)

@@ -54,14 +54,21 @@ def fraction(text: str) -> float:
     return value
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if not 1 <= value <= MAX_STREAMS:
-        raise argparse.ArgumentTypeError(f"{value} is outside 1..{MAX_STREAMS}")
-    return value
+def whole_number(low: int, high: int, what: str = "a whole number", why: str = ""):
+    """An argparse type: a whole number in low..high (``what`` names it, ``why`` explains the bound)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is outside {low}..{high}{why}")
+        return value
+    return parse
+
+
+positive_int = whole_number(1, MAX_STREAMS)
+port_number = whole_number(1, 65535, "a port number")
 
 
 def add_probe_options(parser: argparse.ArgumentParser, required: bool = True) -> None:

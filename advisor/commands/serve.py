@@ -6,21 +6,10 @@ The CLI is the composition root, so this command imports the api package (lazily
 
 from __future__ import annotations
 
-import argparse
 
 from advisor.cli import UsageError
+from advisor.commands.common import port_number
 from advisor.commands.runtime import default_driver, load_settings, open_store, setup_logging
-
-
-def port_number(text: str) -> int:
-    """A TCP port, 1-65535 (argparse type)."""
-    try:
-        port = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number: give 1-65535") from None
-    if not 1 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"{port} is not a TCP port: give 1-65535")
-    return port
 
 
 def register(subparsers) -> None:

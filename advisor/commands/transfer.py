@@ -24,7 +24,7 @@ from typing import Any
 from advisor.advice import Advice
 from advisor.cli import UsageError
 from advisor.commands.cc import setting_for
-from advisor.commands.common import format_bps, print_json
+from advisor.commands.common import format_bps, port_number, print_json, whole_number
 from advisor.destinations import Destination, parse_destination
 from advisor.errors import AdvisorError, InvalidRequest
 from advisor.limits import MAX_PROBE_STREAMS
@@ -65,35 +65,8 @@ def _seconds(text: str) -> float:
     return value
 
 
-def _byte_count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of bytes (e.g. 1000000000)") from None
-    if not 1 <= value <= MAX_BYTES:
-        raise argparse.ArgumentTypeError(f"{value} is outside 1..{MAX_BYTES} bytes")
-    return value
-
-
-def _stream_count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if not 1 <= value <= MAX_PROBE_STREAMS:
-        raise argparse.ArgumentTypeError(f"{value} is outside 1..{MAX_PROBE_STREAMS} (iperf3 opens at most "
-                                         f"{MAX_PROBE_STREAMS} streams)")
-    return value
-
-
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
-    if not 1 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"{value} is outside 1..65535")
-    return value
+_byte_count = whole_number(1, MAX_BYTES, "a whole number of bytes (e.g. 1000000000)")
+_stream_count = whole_number(1, MAX_PROBE_STREAMS, why=f" (iperf3 opens at most {MAX_PROBE_STREAMS} streams)")
 
 
 def register(subparsers) -> None:
@@ -115,7 +88,7 @@ def register(subparsers) -> None:
     parser.add_argument("--streams", type=_stream_count, metavar="N",
                         help="aggregate form: open N streams, all tame, scaled to take n*'s share together "
                         "(N at least ceil(n*))")
-    parser.add_argument("--fractional-port", type=_port, default=DEFAULT_FRACTIONAL_PORT, metavar="PORT",
+    parser.add_argument("--fractional-port", type=port_number, default=DEFAULT_FRACTIONAL_PORT, metavar="PORT",
                         help=f"DEST's second iperf3 server, for the tame stream (default {DEFAULT_FRACTIONAL_PORT})")
     parser.add_argument("--timeout", type=_seconds, metavar="SECONDS",
                         help=f"stop the transfer after this long (default: --duration + {DEADLINE_SLACK_S:g} s, "
