@@ -60,7 +60,9 @@ def seeded(tmp_path, testbed_path):
     dest = parse_destination(testbed_path.server_addr)
     results = [ProbeResult(dest=dest.key, streams=n, duration_s=10.0, omit_s=0.0, throughput_bps=rate(n),
                            sender_bps=rate(n)) for n in (1, 4, 10)]
-    _, error = AdviceService(store, settings).ingest_run(dest, SEEDED_RTT_S, results, time.time(), source="push")
+    # Probed under the control the sender's standard streams run, as a probe from there would record it.
+    _, error = AdviceService(store, settings).ingest_run(dest, SEEDED_RTT_S, results, time.time(), source="push",
+                                                         congestion_control=_standard_control(testbed_path))
     assert error is None
     try:
         yield store, settings, dest
@@ -109,7 +111,7 @@ def test_a_real_transfer_opens_the_advice_in_both_forms_and_stores_what_it_got(t
     addr = ipaddress.ip_address(testbed_path.server_addr)
     before = cc.settings().get(addr)
     control = _standard_control(testbed_path)
-    fits_used = store.current_fit(dest.key).observations_used
+    fits_used = store.current_fit(dest.key, control).observations_used
 
     with pathcheck.iperf3_server(testbed_path.testbed, FRACTIONAL_PORT):
         # Fractional form: 2 standard streams (the sender's own control) + 1 tame stream on the second port.
@@ -132,7 +134,7 @@ def test_a_real_transfer_opens_the_advice_in_both_forms_and_stores_what_it_got(t
         assert observed.fractional_multiplier == expected_fm and observed.tame_streams == 1
         assert len(observed.stream_bps) == 3 and len(observed.stream_retransmits) == 3
         assert observed.throughput_bps == pytest.approx(got["throughput_bps"])
-        assert store.current_fit(dest.key).observations_used == fits_used  # stored, not used to refit
+        assert store.current_fit(dest.key, control).observations_used == fits_used  # stored, not used to refit
 
         # Aggregate form: 4 tame streams, each at the FM that makes 4 of them take n*'s share.
         got, seen = _transfer(testbed_path, settings.database_url, "--max-impact", str(FRACTIONAL_BUDGET),
@@ -152,5 +154,5 @@ def test_a_real_transfer_opens_the_advice_in_both_forms_and_stores_what_it_got(t
         assert seen == ([before.fractional_multiplier] * len(seen) if before else [])
         _, _, observed = store.observation(got["observation_id"])
         assert observed.stream_congestion_controls == (control,) * 7 and observed.tame_streams == 0
-        assert store.current_fit(dest.key).observations_used == fits_used + 1
+        assert store.current_fit(dest.key, control).observations_used == fits_used + 1
     assert cc.settings().get(addr) == before
