@@ -55,8 +55,8 @@ class Advice:
     def opened_streams(self) -> tuple[int, float | None]:
         """What the transfer opens to carry n*: (standard streams, FM of one more fractional stream or None).
 
-        n* = 2.4 opens 2 standard streams and one of FM 1/0.4^2; n* = 0.45 opens the fractional stream
-        alone (FM 1/0.45^2), since one standard stream is already more than n*.
+        n* = 2.4 opens 2 standard streams and one fractional stream carrying 0.4; n* = 0.45 opens the
+        fractional stream alone, since one standard stream is already more than n* (its FM: advisor.tame).
         """
         if self.fractional_multiplier is None:
             return self.num_flows, None

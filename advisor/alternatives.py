@@ -22,9 +22,7 @@ from typing import Any, Iterable, Mapping
 from advisor.advice import Advice
 from advisor.tame import MIN_FRACTION
 from models.tame_share import LAWS, law_for
-
-TAME_CONTROL = "tame"
-"""The fractional stream's congestion control (probes/cc.py's NAME; named here so advice needs no BPF module)."""
+from probes.cc import NAME as TAME
 
 
 def budget_met(advice: Advice) -> bool:
@@ -60,7 +58,7 @@ def alternatives(dest: str, max_impact: float, control: str, advice: Advice,
     if n_star >= MIN_FRACTION and advice.fractional_multiplier is not None:
         law = law_for(control)
         out.append({
-            "congestion_control": TAME_CONTROL, "kind": "tame", "meets_budget": True,
+            "congestion_control": TAME, "kind": "tame", "meets_budget": True,
             "tcp_equivalent_streams": n_star, "fractional_multiplier": advice.fractional_multiplier,
             "beside": control, "share_law": "measured" if law.measured else "theory",
             # How to set it up is the advice's own `open` (advisor.opening), one place for that command.

@@ -11,6 +11,7 @@ from typing import Any, Sequence
 
 from advisor.errors import InvalidRequest
 from probes.cc import MAX_FM as MAX_TAME_FM  # noqa: F401  (an observed tame stream's FM is held to what the map holds)
+from probes.cc import NAME as TAME
 from probes.controls import MAX_CONTROL_NAME, is_control_name
 from probes.iperf import MAX_STREAMS as MAX_PROBE_STREAMS
 
@@ -61,6 +62,14 @@ def check_throughput_bps(value: Any, name: str = "throughput_bps") -> float:
     return float(value)
 
 
+def usable_rtt_s(value: Any) -> float | None:
+    """``value`` when it is an RTT check_rtt_s accepts, else None (unknown): what the FM is computed at."""
+    try:
+        return check_rtt_s(value)
+    except InvalidRequest:
+        return None
+
+
 def check_rtt_s(value: Any) -> float:
     """A round-trip time in seconds, above 0 up to MAX_RTT_S."""
     if not _is_number(value) or not math.isfinite(value) or not 0.0 < value <= MAX_RTT_S:
@@ -95,13 +104,18 @@ def check_probe_duration_s(value: Any) -> float:
 
 
 def check_congestion_control(value: Any, name: str = "congestion_control") -> str:
-    """A TCP congestion control's name as the kernel spells it: a lowercase letter, then lowercase letters,
-    digits or underscores, at most MAX_CONTROL_NAME characters in all (e.g. "cubic", "bbr", "reno")."""
+    """A standard streams' TCP congestion control, named as the kernel does: a lowercase letter, then lowercase
+    letters, digits or underscores, at most MAX_CONTROL_NAME characters in all (e.g. "cubic", "bbr", "reno");
+    not the tame control, which only ever carries a fraction of a standard stream."""
     if not is_control_name(value):
         shown = value if not isinstance(value, str) or len(value) <= 40 else value[:40] + "…"
         raise InvalidRequest(f"{name} must name a TCP congestion control as the kernel does (lowercase letters, "
                              f"digits and underscores, starting with a letter, at most {MAX_CONTROL_NAME} "
                              f"characters), e.g. cubic, bbr or reno; got {shown!r}")
+    if value == TAME:
+        # Advice counts standard streams; a tame stream is a fraction of one of them, never the unit.
+        raise InvalidRequest(f"{name} {TAME!r} is the fractional stream's control, not a standard one: name the "
+                             "control the standard streams run (e.g. cubic, bbr or reno)")
     return value
 
 

@@ -80,6 +80,14 @@ class Observation:
             raise InvalidRequest("stream_congestion_controls must hold each stream's congestion control name as the "
                                  "kernel spells it (lowercase letters, digits and '_', at most 15), e.g. \"cubic\" "
                                  "or \"tame\"")
+        standard = {c for c in stream_congestion_controls if c != TAME}
+        if len(standard) > 1 or (congestion_control is not None and standard - {congestion_control}):
+            raise InvalidRequest(f"stream_congestion_controls names {', '.join(sorted(standard))} beside tame: a "
+                                 f"transfer's standard streams run one control"
+                                 + (f", the congestion_control {congestion_control!r}" if congestion_control else "")
+                                 + "; report transfers of different controls as separate observations")
+        if congestion_control is None and standard:
+            congestion_control = standard.pop()  # what its standard streams ran, as iperf3 reported it
         fm = _optional_range(fractional_multiplier, "fractional_multiplier", 1.0 - 1e-12,
                              MAX_TAME_FM, f"a number from 1 to {MAX_TAME_FM:g}")
         tame = TAME in stream_congestion_controls

@@ -12,25 +12,13 @@ from typing import Any
 
 from advisor.advice import Advice
 from advisor.destinations import parse_destination
-from advisor.errors import InvalidRequest
-from advisor.limits import check_rtt_s
-from advisor.tame import fractional_multiplier_for
+from advisor.limits import usable_rtt_s
+from advisor.tame import MIN_FRACTION, fractional_multiplier_for
 from probes import cc
 
 # Stands in for the address in the command line when the destination is a host name: the tame control's
 # setting is kept per address, and which address a name should mean is the user's to say.
 ADDRESS_PLACEHOLDER = "ADDRESS"
-
-
-def _command_rtt_s(rtt_s: float | None) -> float | None:
-    """The RTT for the FM and the command line, or None for one `tame cc apply --rtt` would refuse. The command
-    spells it with repr(), which reads back as the same float, so the FM here is the one the command sets."""
-    if rtt_s is None:
-        return None
-    try:
-        return check_rtt_s(rtt_s)
-    except InvalidRequest:
-        return None
 
 
 def how_to_open(advice: Advice, dest: str | None, rtt_s: float | None = None) -> dict[str, Any]:
@@ -40,8 +28,10 @@ def how_to_open(advice: Advice, dest: str | None, rtt_s: float | None = None) ->
     ``form`` is "fractional" when the advice opens a fractional stream: ``standard_streams`` (floor(n*), 0
     below one stream) of the standard control plus one stream (``tame_streams`` 1) under the tame congestion
     control (``congestion_control`` "tame") at ``fractional_multiplier``, which ``command`` (`tame cc apply`,
-    run as root on the sending host) sets for the destination's address. Otherwise ``form`` is "standard":
-    ``standard_streams`` plain streams, and the tame fields and ``command`` are null.
+    run as root on the sending host) sets for the destination's address. When n* is below one stream and
+    no fractional stream is offered (below advisor.tame.MIN_FRACTION), ``form`` is "none": nothing opened
+    keeps the budget, and ``note`` says so. Otherwise ``form`` is "standard": ``standard_streams`` plain
+    streams, and the tame fields and ``command`` are null.
 
     The FM is the share law's for tame beside streams of the advice's congestion control (the probes') at
     ``rtt_s`` (models.tame_share; the FM^-1/2 theory when the control is None or not measured). When the
@@ -49,7 +39,7 @@ def how_to_open(advice: Advice, dest: str | None, rtt_s: float | None = None) ->
     and `tame cc apply` calibrates against the sending host's default control, the one that host's standard
     streams run, so the FM it sets may differ from the theory's here.
     """
-    rtt = _command_rtt_s(rtt_s)
+    rtt = usable_rtt_s(rtt_s)  # as advisor.tame.fractional_multiplier_for reads it, so the FMs agree
     standard_control = advice.congestion_control
     standard, advised_fm = advice.opened_streams()
     n_star = float(advice.tcp_equivalent_streams)
@@ -65,6 +55,10 @@ def how_to_open(advice: Advice, dest: str | None, rtt_s: float | None = None) ->
         "tcp_equivalent_streams": n_star, "rtt_s": rtt, "address": address, "command": None, "note": None,
     }
     if fm is None:
+        if n_star < 1:  # below one stream, and no tame stream can be made small enough
+            opening.update(form="none", standard_streams=0, note=(
+                f"n* {n_star:g} is below the smallest fractional stream ({MIN_FRACTION:g}): even one tame stream is "
+                "predicted to cost competing flows more than the budget; raise the budget, or see alternatives"))
         return opening
     argv = ["tame", "cc", "apply", address or ADDRESS_PLACEHOLDER, "--tcp-equivalent", repr(n_star)]
     if rtt is not None:
@@ -81,6 +75,8 @@ def how_to_open(advice: Advice, dest: str | None, rtt_s: float | None = None) ->
 
 def opening_text(opening: dict[str, Any]) -> str:
     """One line for people: what to run and open, from :func:`how_to_open`'s object."""
+    if opening["form"] == "none":
+        return f"nothing: {opening['note']}"
     if opening["form"] != "fractional":
         n = opening["standard_streams"]
         return f"{n} standard stream{'' if n == 1 else 's'}; no tame stream needed"

@@ -57,7 +57,7 @@ class AdviceEntry:
     probed_at: float
     loaded_at: float
     generation: int
-    fit_id: int
+    newest_fit_id: int | None  # the destination's newest fit under any control when loaded (alternatives read them all)
     _json_prefix: bytes | None = None
 
     def document(self, age_s: float, stale: bool) -> dict[str, Any]:
@@ -284,11 +284,12 @@ class AdviceService:
         generation = self._generation
         now = self.clock()
         if previous is not None and previous.generation == generation \
-                and self.store.current_fit_id(dest.key) == previous.fit_id:
+                and self.store.current_fit_id(dest.key) == previous.newest_fit_id:
             # Nothing was written since (not even by another process): keep the advice, and the entry
             # object, which the API's serialisation is memoised on.
             previous.loaded_at = now
             return previous
+        newest_fit_id = self.store.current_fit_id(dest.key)  # read first: a fit written after it reloads
         row = self._load(dest, control)
         advice = self._advise_row(row, budget, control)
         if row.congestion_control is None:
@@ -309,7 +310,7 @@ class AdviceService:
         payload.update(dest=dest.key, fitted_at=row.fitted_at, probed_at=row.probed_at,
                        observations_used=row.observations_used,
                        open=how_to_open(advice, dest.key, row.idle_rtt_s))
-        entry = AdviceEntry(payload, row.probed_at, now, generation, row.id)
+        entry = AdviceEntry(payload, row.probed_at, now, generation, newest_fit_id)
         with self._lock:
             if len(self._cache) >= _CACHE_LIMIT:
                 self._cache.clear()
@@ -451,6 +452,10 @@ class AdviceService:
                 for p in run_points]
 
         def refit(observations: list[dict[str, float]]) -> NewFit | None:
+            if not base:
+                # No probe run under this control: transfers alone do not make a curve (nor a "measured" control).
+                log.info("observation for %s under %s stored without a refit: no probe run under it", dest.key, control)
+                return None
             points = base + [ProbePoint(streams=o["streams"], throughput_bps=o["throughput_bps"]) for o in observations]
             try:
                 return self.build_fit(points, idle_rtt_s, probed_at=run_at if run_at is not None else self.clock(),

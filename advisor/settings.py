@@ -8,12 +8,13 @@ from pathlib import Path
 from typing import Mapping
 
 from advisor.allowlist import DEFAULT_ALLOWED, AllowList
-from advisor.errors import ConfigError
+from advisor.errors import ConfigError, InvalidRequest
+from advisor.limits import check_congestion_control
 from advisor.retention import Retention
 from advisor.store import REFIT_OBSERVATIONS
 from advisor.tame import DEFAULT_MODEL, DEFAULT_N_MAX
 from models.registry import MODELS
-from probes.controls import host_default_control, is_control_name
+from probes.controls import host_default_control
 from probes.plan import ProbePlan
 
 DEFAULT_LEVELS = ProbePlan.levels
@@ -119,9 +120,10 @@ class Settings:
                               "(POST /v1/probes, /v1/probe-runs, /v1/observations) open to anyone: set TAME_TOKEN "
                               "to a write token too, or unset TAME_READ_TOKEN")
         control = env.get("TAME_CONGESTION_CONTROL") or host_default_control()
-        if not is_control_name(control):
-            raise ConfigError(f"TAME_CONGESTION_CONTROL={control!r}: give a congestion control's name as the kernel "
-                              "spells it, e.g. cubic or bbr")
+        try:
+            check_congestion_control(control, "TAME_CONGESTION_CONTROL")
+        except InvalidRequest as exc:
+            raise ConfigError(str(exc)) from None
         return cls(
             congestion_control=control,
             database_url=url,

@@ -398,6 +398,10 @@ class Store:
         record = observation.to_record()
         run_where, run_params = same_control("congestion_control", run_control)
         obs_where, obs_params = same_control("congestion_control", observation.congestion_control)
+        if run_control is None and observation.congestion_control is not None:
+            # The refit rests on a run that did not record its control (taken as this one's, the default):
+            # the observations stored beside it did not record theirs either, and count too.
+            obs_where = f"({obs_where} OR congestion_control IS NULL)"
         with self.db.transaction(write=True) as tx:
             destination_id = self._destination_id(tx, dest)
             now = self.clock()

@@ -10,9 +10,9 @@ import numpy as np
 from scipy.optimize import brentq
 
 from advisor.advice import Advice, CurvePoint
-from advisor.limits import MAX_STREAMS
+from advisor.limits import MAX_STREAMS, usable_rtt_s
 from models.buffer import per_stream_buffer_bytes
-from models.tame_share import law_for
+from models.tame_share import MAX_CALIBRATED_FM, law_for
 from models.parallel import UNCONGESTED, ParallelFit, ProbePoint
 from models.registry import MODELS, fit
 from probes.result import PlanResult, ProbeResult
@@ -160,8 +160,19 @@ def fractional_multiplier_for(tcp_equivalent_streams: float, rtt_s: float | None
     remainder = tcp_equivalent_streams - whole if whole >= 1 else tcp_equivalent_streams
     if remainder < MIN_FRACTION:
         return None
-    multiplier = law_for(standard_control).multiplier_for(remainder, rtt_s)
+    # An RTT no path has (above MAX_RTT_S) is taken as unknown, as `tame cc apply --rtt` would refuse it.
+    multiplier = law_for(standard_control).multiplier_for(remainder, usable_rtt_s(rtt_s))
     return round(multiplier, 3) if multiplier <= MAX_FRACTIONAL_MULTIPLIER else None
+
+
+def calibration_warning(fractional_multiplier: float | None, standard_control: str | None) -> str | None:
+    """A warning when a tame FM lies past the range its share law was measured over (models.tame_share), or None."""
+    law = law_for(standard_control)
+    if fractional_multiplier is None or not law.measured or fractional_multiplier <= MAX_CALIBRATED_FM:
+        return None
+    return (f"the tame stream's FM {fractional_multiplier:g} is past the FM {MAX_CALIBRATED_FM:g} its share beside "
+            f"{standard_control} was measured to; there its window sits near its floor, so it may take more than "
+            "the share asked of it")
 
 
 def advise(
@@ -211,9 +222,13 @@ def advise(
         buffer_bytes = per_stream_buffer_bytes(capacity, rtt_s, num_flows)
     # The FM is the one for n* as published (4 decimals), so `tame cc apply --tcp-equivalent N*` sets it too.
     n_star = round(n_star, 4)
+    fractional_multiplier = fractional_multiplier_for(n_star, rtt_s, standard_control)
+    beyond = calibration_warning(fractional_multiplier, standard_control)
+    if beyond:
+        warnings.append(beyond)
     return Advice(
         num_flows=num_flows,
-        fractional_multiplier=fractional_multiplier_for(n_star, rtt_s, standard_control),
+        fractional_multiplier=fractional_multiplier,
         tcp_equivalent_streams=n_star,
         max_nondisruptive_throughput_bps=throughput,
         cross_traffic_impact=impact,

@@ -8,6 +8,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 
 from advisor import limits
 from advisor.errors import InvalidRequest
+from probes.controls import CONTROL_NAME, MAX_CONTROL_NAME
 from probes.iperf_parse import RAW_MAX_CHARS
 
 
@@ -30,8 +31,9 @@ Dest = Field(min_length=1, max_length=limits.MAX_DEST_LENGTH, description="HOST 
 class OpenOut(BaseModel):
     """advisor.opening.how_to_open: the sockets the advice opens and, for a fractional stream, its setting."""
 
-    form: Literal["fractional", "standard"] = Field(
-        description="fractional: standard_streams plus one tame stream; standard: standard_streams alone")
+    form: Literal["fractional", "standard", "none"] = Field(
+        description="fractional: standard_streams plus one tame stream; standard: standard_streams alone; none: "
+                    "n* is below the smallest fractional stream, nothing opened keeps the budget (see note)")
     standard_streams: int
     tame_streams: int
     congestion_control: str | None = Field(description="\"tame\" for the fractional stream; null without one")
@@ -199,7 +201,8 @@ class ObservationIn(BaseModel):
     stream_retransmits: list[Annotated[int, Field(ge=0, le=2**53)]] = Field(
         default_factory=list, max_length=limits.MAX_STREAMS,
         description="each stream's retransmitted segments, in stream_bps's order")
-    stream_congestion_controls: list[Control] = Field(
+    stream_congestion_controls: list[Annotated[str, Field(max_length=MAX_CONTROL_NAME,
+                                                          pattern=f"^{CONTROL_NAME.pattern}$")]] = Field(
         default_factory=list, max_length=limits.MAX_STREAMS,
         description="each stream's congestion control (e.g. \"cubic\", \"tame\"), in the same order")
     fractional_multiplier: float | None = Field(

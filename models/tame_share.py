@@ -40,7 +40,8 @@ class ShareLaw:
     source: str
 
     def base(self, rtt_s: float | None) -> float:
-        """s1 at ``rtt_s`` (fraction): interpolated in log RTT, held at the ends; the middle point when RTT is unknown."""
+        """s1 at ``rtt_s`` (fraction): interpolated in log RTT, held at the ends; when the RTT is unknown, the
+        measured point at index len // 2 (the middle one of three, the longer of two)."""
         points = self.base_share
         if rtt_s is None or not math.isfinite(rtt_s) or rtt_s <= 0:
             return points[len(points) // 2][1]

@@ -59,7 +59,9 @@ def read_destinations(path: Path) -> list[str]:
 
 def run(args) -> int:
     setup_logging()
-    settings = dataclasses.replace(load_settings(), congestion_control=control_from_args(args, local=True))
+    settings = load_settings()
+    settings = dataclasses.replace(settings, congestion_control=control_from_args(args, local=True,
+                                                                                   default=settings.congestion_control))
     driver = default_driver()
     if driver is None:
         raise UsageError("no probe driver is available on this machine, so the agent cannot probe")

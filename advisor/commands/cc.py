@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from advisor.cli import UsageError
 from advisor.errors import InvalidRequest
 from advisor.limits import check_congestion_control, check_rtt_s
-from advisor.tame import MIN_FRACTION, fractional_multiplier_for
+from advisor.tame import MIN_FRACTION, calibration_warning, fractional_multiplier_for
 from models.tame_share import law_for
 from probes import cc
 from probes.controls import host_default_control
@@ -89,8 +89,8 @@ def register(subparsers) -> None:
     apply.add_argument("--streams", type=int, metavar="N",
                        help="the transfer opens N streams: scale each so together they take n*'s share")
     apply.add_argument("--rtt", metavar="SECONDS",
-                       help="the path's round-trip time (default: FM for a 40 ms path); the share a tame stream "
-                       "takes falls with the RTT beside cubic")
+                       help="the path's round-trip time as the advice carries it (default: the middle RTT the "
+                       "control's share law was measured at); the share a tame stream takes falls with the RTT beside cubic")
     apply.add_argument("--standard-control", metavar="NAME",
                        help="the congestion control of the standard streams n* counts, the one the advice was "
                        "probed with (default: this host's, net.ipv4.tcp_congestion_control)")
@@ -175,6 +175,9 @@ def _apply(args) -> int:
     except InvalidRequest as exc:
         raise UsageError(str(exc)) from None
     setting = setting_for(n_star, args.streams, rtt_s, control)
+    beyond = calibration_warning(setting.fractional_multiplier, control)
+    if beyond:
+        print(f"tame cc apply: warning: {beyond}", file=sys.stderr)
     cc.require_root()
     cc.set_fm(addr, cc.CcSetting(setting.fractional_multiplier, scale_slow_start=cc.SCALE_SLOW_START_BY_DEFAULT))
     try:

@@ -68,7 +68,7 @@ def whole_number(low: int, high: int, what: str = "a whole number", why: str = "
 
 
 positive_int = whole_number(1, MAX_STREAMS)
-port_number = whole_number(1, 65535, "a port number")
+port_number = whole_number(1, 65535, "a port number (give 1-65535)", why=" (a TCP port: give 1-65535)")
 
 
 def add_probe_options(parser: argparse.ArgumentParser, required: bool = True) -> None:

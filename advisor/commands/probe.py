@@ -66,14 +66,17 @@ def add_control_option(parser, what: str) -> None:
                         help=f"TCP congestion control {what} (default: this host's, net.ipv4.tcp_congestion_control)")
 
 
-def control_from_args(args, local: bool) -> str:
-    """The --congestion-control given (checked; with ``local``, one this kernel offers), else this host's default."""
-    if args.congestion_control is None:
+def control_from_args(args, local: bool, default: str | None = None) -> str:
+    """The --congestion-control given, else ``default`` (the settings' TAME_CONGESTION_CONTROL), else this host's
+    default; checked, and with ``local`` one this kernel offers."""
+    name = args.congestion_control if args.congestion_control is not None else default
+    if name is None:
         return host_default_control()
+    what = "--congestion-control" if args.congestion_control is not None else "TAME_CONGESTION_CONTROL"
     try:
         if local:
-            return check_available_control(args.congestion_control, available_controls(), "--congestion-control")
-        return check_congestion_control(args.congestion_control, "--congestion-control")
+            return check_available_control(name, available_controls(), what)
+        return check_congestion_control(name, what)
     except InvalidRequest as exc:
         raise UsageError(str(exc)) from None
 

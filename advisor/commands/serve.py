@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from advisor.cli import UsageError
 from advisor.commands.common import port_number
+from probes.controls import available_controls
 from advisor.commands.runtime import default_driver, load_settings, open_store, setup_logging
 
 
@@ -33,6 +34,10 @@ def run(args) -> int:
     setup_logging()
     settings = load_settings()
     try:
+        if not args.no_worker and settings.congestion_control not in available_controls():
+            raise UsageError(f"the probe worker would probe under {settings.congestion_control!r}, which this "
+                             f"kernel does not offer ({' '.join(available_controls())}): set "
+                             "TAME_CONGESTION_CONTROL to one of those, load its module, or run with --no-worker")
         # Bound before anything is said or opened, so "listening" is true when printed.
         sock = bind(args.host, args.port, settings.backlog)
     except OSError as exc:

@@ -133,6 +133,8 @@ def plan_opening(advice: Advice, dest: Destination, rtt_s: float | None, standar
         client = ClientSpec(dest.port, streams, cc.NAME, total_bytes)
         return Opened("aggregate", 0, streams, setting.fractional_multiplier, n_star, (client,))
     opening = how_to_open(dataclasses.replace(advice, congestion_control=standard_control), dest.key, rtt_s)
+    if opening["form"] == "none":
+        raise UsageError(f"the advice for {dest.key} opens nothing: {opening['note']}")
     standard, fm = opening["standard_streams"], opening["fractional_multiplier"]
     if standard > MAX_PROBE_STREAMS:
         raise UsageError(f"the advice opens {standard} standard streams; iperf3 opens at most {MAX_PROBE_STREAMS}")

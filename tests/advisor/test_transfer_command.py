@@ -94,6 +94,8 @@ SIZE = ["--duration", "3"]
     ([DEST, "--max-impact", "0.1", *SIZE, "--timeout", "-1"], "outside 1..86400"),
     # n* 2.3747: fewer than 3 streams cannot carry it (tame only slows streams down).
     ([DEST, "--max-impact", "0.1", *SIZE, "--streams", "2"], "open at least 3"),
+    # A budget even the smallest tame stream breaks (n* below 0.05): nothing to open, nothing run.
+    ([DEST, "--max-impact", "0.001", *SIZE], "opens nothing"),
     # The tame stream needs a second server port.
     ([DEST, "--max-impact", "0.1", *SIZE, "--fractional-port", "5201"], "is DEST's own port"),
     (["host.example", "--max-impact", "0.1", *SIZE], "not an IPv4 or IPv6 address"),

@@ -44,7 +44,8 @@ def test_a_tame_transfer_is_stored_with_its_detail_and_does_not_refit(service_fa
 
 
 def test_a_standard_transfer_with_detail_refits_and_later_tame_ones_do_not_join_it(service_factory):
-    base, client, app = service_factory()
+    # Probed under reno (the service's control here), so the reno transfers below belong to that curve.
+    base, client, app = service_factory(congestion_control="reno")
     probe_and_wait(client)
     standard = {"dest": DEST, "streams": 2, "throughput_bps": 0.8 * rate(2), "stream_bps": [0.4 * rate(2)] * 2,
                 "stream_congestion_controls": ["reno", "reno"]}
@@ -55,6 +56,17 @@ def test_a_standard_transfer_with_detail_refits_and_later_tame_ones_do_not_join_
     assert client.post("/v1/observations", json=tame).json()["refit"] is False
     assert client.post("/v1/observations", json=standard).json()["refit"] is True
     assert _advice(client)["observations_used"] == 2  # the two standard ones, not the tame one
+    # Its standard streams ran cubic: another control's curve, which has no probe run to refit on.
+    cubic = {**standard, "stream_congestion_controls": ["cubic", "cubic"]}
+    answer = client.post("/v1/observations", json=cubic).json()
+    assert answer["congestion_control"] == "cubic" and answer["refit"] is False
+    assert _advice(client)["observations_used"] == 2
+    # A transfer whose standard streams ran two controls, or another than the one it names, is refused.
+    for body in ({**standard, "stream_congestion_controls": ["cubic", "reno"]},
+                 {**standard, "congestion_control": "cubic"},
+                 {**standard, "congestion_control": "tame"}):
+        response = client.post("/v1/observations", json=body)
+        assert response.status_code == 422, (body, response.text)
 
 
 def test_per_stream_lists_up_to_the_stream_limit_fit_under_the_body_cap(service_factory):

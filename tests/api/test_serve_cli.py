@@ -127,3 +127,18 @@ def test_serve_exits_2_naming_a_bad_allow_list_entry(tmp_path):
     done = run_serve(tmp_path, "--port", str(free_port()), env={"TAME_ALLOWED_DESTINATIONS": "10.0.0.0/33,http://x,*"})
     assert done.returncode == 2, done
     assert "TAME_ALLOWED_DESTINATIONS: '10.0.0.0/33'" in done.stderr and "listening" not in done.stdout
+
+
+@pytest.mark.parametrize("control, says", [
+    ("vegas_x", "does not offer"),  # a well-formed name this kernel has no module for
+    ("tame", "the fractional stream's control"),
+    ("BBR; rm -rf /", "as the kernel does"),
+    ("c" * 40, "as the kernel does"),
+])
+def test_serve_exits_2_on_a_congestion_control_it_cannot_probe_under(tmp_path, control, says):
+    env = {**os.environ, "TAME_DATABASE_URL": f"sqlite:///{tmp_path}/t.sqlite3", "TAME_CONGESTION_CONTROL": control}
+    # With its probe worker (no --no-worker): the worker would probe under that control.
+    done = subprocess.run([TAME, "serve", "--port", str(free_port())], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2 and says in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert not (tmp_path / "t.sqlite3").exists()  # refused before the store was opened

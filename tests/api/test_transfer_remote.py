@@ -28,11 +28,25 @@ def test_a_transfer_via_the_server_reports_its_observation_there(service_factory
     port = free_port()
     dest = f"127.0.0.1:{port}"
     probe_and_wait(client, dest=dest, headers={"Authorization": "Bearer w"})
-    budget = 0.01  # the fake path's n* is below MIN_FRACTION here: one standard stream, no tame one
+    budget = 0.37  # the fake path's n* is whole here (2): standard streams alone, no tame one
     advice = client.get("/v1/advice", params={"dest": dest, "max_impact": budget}).json()
     assert advice["fractional_multiplier"] is None and advice["open"]["form"] == "standard"
+    assert advice["num_flows"] == advice["tcp_equivalent_streams"] == 2
     env = {k: v for k, v in os.environ.items() if not k.startswith("TAME_")}
-    env.update(TAME_URL=base, TAME_TOKEN="w")
+    env.update(TAME_URL=base)
+    # Without the write token the transfer still runs and prints, but says its observation was not stored
+    # (first: a stored observation refits the curve, and the loopback's rate would change the advice).
+    server = _iperf3_server(port)
+    try:
+        done = subprocess.run([sys.executable, "-m", "advisor", "transfer", dest, "--max-impact", str(budget),
+                               "--duration", "1", "--json"], env=env, capture_output=True, text=True, timeout=120)
+    finally:
+        server.kill()
+        server.wait(timeout=10)
+    assert done.returncode == 1 and "not stored" in done.stderr and "401" in done.stderr
+    assert json.loads(done.stdout)["observation_id"] is None
+
+    env.update(TAME_TOKEN="w")
     server = _iperf3_server(port)
     try:
         done = subprocess.run([sys.executable, "-m", "advisor", "transfer", dest, "--max-impact", str(budget),
@@ -48,15 +62,3 @@ def test_a_transfer_via_the_server_reports_its_observation_there(service_factory
     assert observed.streams == advice["num_flows"] and observed.tame_streams == 0
     assert observed.throughput_bps == got["throughput_bps"] > 0
     assert len(observed.stream_congestion_controls) == advice["num_flows"]
-
-    # Without the write token the transfer still runs and prints, but says its observation was not stored.
-    env.pop("TAME_TOKEN")
-    server = _iperf3_server(port)
-    try:
-        done = subprocess.run([sys.executable, "-m", "advisor", "transfer", dest, "--max-impact", str(budget),
-                               "--duration", "1", "--json"], env=env, capture_output=True, text=True, timeout=120)
-    finally:
-        server.kill()
-        server.wait(timeout=10)
-    assert done.returncode == 1 and "not stored" in done.stderr and "401" in done.stderr
-    assert json.loads(done.stdout)["observation_id"] is None
