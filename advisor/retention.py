@@ -69,17 +69,28 @@ class PruneCounts:
         self.deleted[table] = self.deleted.get(table, 0) + rows
 
 
+# The newest REFIT_OBSERVATIONS standard (tame_streams = 0) observations of each (destination, control): the
+# refit window. Tame transfers, which never refit, and other controls' transfers do not push them out.
+_REFIT_WINDOW = (
+    " AND t.id NOT IN (SELECT o.id FROM observations o WHERE o.tame_streams = 0 AND o.id > coalesce("
+    "(SELECT o2.id FROM observations o2 WHERE o2.destination_id = o.destination_id AND o2.tame_streams = 0 "
+    "AND (o2.congestion_control = o.congestion_control OR (o2.congestion_control IS NULL AND o.congestion_control "
+    "IS NULL)) ORDER BY o2.id DESC LIMIT 1 OFFSET ?), -1))")
+
+
 def _beyond_newest(tx: Tx, table: str, keep: int, limit: int) -> list[int]:
-    """Ids of ``table``'s rows (fits or observations) past the ``keep`` newest of their destination, oldest first."""
+    """Ids of ``table``'s rows (fits or observations) past the ``keep`` newest of their destination, oldest first;
+    never a control's current fit, nor an observation in a control's refit window."""
     assert table in ("fits", "observations")
     # The (keep+1)-th newest id of each destination: that id and older ones are beyond the count kept.
     # A destination's current fit under any control stays, however many newer fits other controls have.
-    current = " AND t.id NOT IN (SELECT cf.id FROM current_fits cf)" if table == "fits" else ""
+    current, params = ((" AND t.id NOT IN (SELECT cf.id FROM current_fits cf)", ()) if table == "fits"
+                       else (_REFIT_WINDOW, (REFIT_OBSERVATIONS,)))
     rows = tx.execute(
         f"WITH cut AS (SELECT d.id AS did, (SELECT t2.id FROM {table} t2 WHERE t2.destination_id = d.id "
         "ORDER BY t2.id DESC LIMIT 1 OFFSET ?) AS cutoff FROM destinations d) "
         f"SELECT t.id FROM {table} t JOIN cut ON t.destination_id = cut.did WHERE t.id <= cut.cutoff{current} "
-        "ORDER BY t.id LIMIT ?", (keep, limit)).fetchall()
+        "ORDER BY t.id LIMIT ?", (keep, *params, limit)).fetchall()
     return [r[0] for r in rows]
 
 

@@ -210,3 +210,32 @@ def test_settings_validate_the_retention_variables():
     for name, bad in (("TAME_KEEP_FITS", "0"), ("TAME_KEEP_OBSERVATIONS", "199"), ("TAME_PRUNE_BATCH", "x")):
         with pytest.raises(ConfigError, match=name):
             Settings.from_env({name: bad})
+
+
+def test_tame_transfers_do_not_push_out_the_observations_a_fit_rests_on(tmp_path):
+    service = make_service(f"sqlite:///{tmp_path}/tame.sqlite3")
+    dest = DESTS[0]
+    try:
+        run_cycle(service, 0)  # a probe run and OBSERVATIONS_PER_RUN standard observations on each destination
+        control = service.settings.congestion_control
+        used = service.store.current_fit(dest, control).observations_used
+        assert used == OBSERVATIONS_PER_RUN
+        tame = RETENTION.keep_observations + 50  # more than are kept, all newer than the standard ones
+        for _ in range(tame):
+            assert service.observe(dest, 4, 1e6, stream_congestion_controls=["tame"] * 4,
+                                   fractional_multiplier=16.0)["feeds_fit"] is False
+        prune(service.store, RETENTION)
+        with service.store.db.transaction() as tx:
+            standard, tame_kept = tx.execute(
+                "SELECT sum(CASE WHEN tame_streams = 0 THEN 1 ELSE 0 END), sum(CASE WHEN tame_streams > 0 THEN 1 "
+                "ELSE 0 END) FROM observations o JOIN destinations d ON d.id = o.destination_id WHERE d.dest = ?",
+                (dest,)).fetchone()
+        # Every standard observation stays (the refit window); tame ones beyond the count kept go.
+        assert standard == OBSERVATIONS_PER_RUN
+        assert standard + tame_kept <= RETENTION.keep_observations + OBSERVATIONS_PER_RUN
+        assert tame_kept < tame
+        # The next standard transfer refits on all of them, as it would have unpruned.
+        assert service.observe(dest, 3, rate(3))["refit"] is True
+        assert service.store.current_fit(dest, control).observations_used == OBSERVATIONS_PER_RUN + 1
+    finally:
+        service.store.close()
