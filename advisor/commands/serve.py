@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from advisor.cli import UsageError
 from advisor.commands.common import port_number
-from probes.controls import available_controls
 from advisor.commands.runtime import default_driver, load_settings, open_store, setup_logging
+from probes.controls import available_controls
 
 
 def register(subparsers) -> None:

@@ -23,6 +23,17 @@ def _iperf3_server(port: int) -> subprocess.Popen:
     return proc
 
 
+def _transfer(port: int, dest: str, budget: float, env: dict) -> subprocess.CompletedProcess:
+    """`tame transfer DEST --json` for 1 s against an iperf3 server on ``port`` that lives for the call."""
+    server = _iperf3_server(port)
+    try:
+        return subprocess.run([sys.executable, "-m", "advisor", "transfer", dest, "--max-impact", str(budget),
+                               "--duration", "1", "--json"], env=env, capture_output=True, text=True, timeout=120)
+    finally:
+        server.kill()
+        server.wait(timeout=10)
+
+
 def test_a_transfer_via_the_server_reports_its_observation_there(service_factory):
     base, client, app = service_factory(token="w")
     port = free_port()
@@ -36,24 +47,12 @@ def test_a_transfer_via_the_server_reports_its_observation_there(service_factory
     env.update(TAME_URL=base)
     # Without the write token the transfer still runs and prints, but says its observation was not stored
     # (first: a stored observation refits the curve, and the loopback's rate would change the advice).
-    server = _iperf3_server(port)
-    try:
-        done = subprocess.run([sys.executable, "-m", "advisor", "transfer", dest, "--max-impact", str(budget),
-                               "--duration", "1", "--json"], env=env, capture_output=True, text=True, timeout=120)
-    finally:
-        server.kill()
-        server.wait(timeout=10)
+    done = _transfer(port, dest, budget, env)
     assert done.returncode == 1 and "not stored" in done.stderr and "401" in done.stderr
     assert json.loads(done.stdout)["observation_id"] is None
 
     env.update(TAME_TOKEN="w")
-    server = _iperf3_server(port)
-    try:
-        done = subprocess.run([sys.executable, "-m", "advisor", "transfer", dest, "--max-impact", str(budget),
-                               "--duration", "1", "--json"], env=env, capture_output=True, text=True, timeout=120)
-    finally:
-        server.kill()
-        server.wait(timeout=10)
+    done = _transfer(port, dest, budget, env)
     assert done.returncode == 0, done.stderr
     got = json.loads(done.stdout)
     assert got["opened"]["fractional_multiplier"] is None and got["opened"]["streams"] == advice["num_flows"]
