@@ -64,6 +64,10 @@ def test_setting_for_refuses_input_that_needs_fm_below_one_or_is_not_a_number(n_
     (["apply", "10.0.0.2", "--tcp-equivalent", "1.5", "--rtt", "nan"], "RTT must be"),
     (["apply", "10.0.0.2", "--tcp-equivalent", "1.5", "--rtt", "0"], "RTT must be"),
     (["apply", "10.0.0.2", "--tcp-equivalent", "1.5", "--rtt", "40ms"], "not a number of seconds"),
+    (["apply", "10.0.0.2", "--tcp-equivalent", "1.5", "--rtt", "1e9"], "RTT must be"),
+    (["apply", "10.0.0.2", "--tcp-equivalent", "1.5", "--standard-control", "tame"], "fractional stream's control"),
+    (["apply", "10.0.0.2", "--tcp-equivalent", "1.5", "--standard-control", "Cubic;rm"], "as the kernel does"),
+    (["apply", "10.0.0.2", "--tcp-equivalent", "1.5", "--standard-control", "c" * 5000], "as the kernel does"),
     (["clear", "not-an-address"], "not an IPv4 or IPv6 address"),
 ])
 def test_bad_input_exits_2_with_a_clear_message(argv, says, capsys, monkeypatch):
