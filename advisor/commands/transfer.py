@@ -24,7 +24,7 @@ from typing import Any
 from advisor.advice import Advice
 from advisor.cli import UsageError
 from advisor.commands.cc import setting_for
-from advisor.commands.common import format_bps, port_number, print_json, whole_number
+from advisor.commands.common import add_src_option, format_bps, port_number, print_json, whole_number
 from advisor.destinations import Destination, parse_destination
 from advisor.errors import AdvisorError, InvalidRequest
 from advisor.limits import MAX_PROBE_STREAMS
@@ -94,6 +94,7 @@ def register(subparsers) -> None:
                         help=f"stop the transfer after this long (default: --duration + {DEADLINE_SLACK_S:g} s, "
                         f"or {DEFAULT_BYTES_TIMEOUT_S:g} s for --bytes)")
     parser.add_argument("--json", action="store_true", help="print JSON")
+    add_src_option(parser, "this transfer runs from, whose link's advice it follows and reports to")
     parser.set_defaults(handler=run)
 
 
@@ -158,7 +159,7 @@ def run(args) -> int:
     dest = _destination(args.dest)
     address = cc.canonical_address(dest.host)
     server = os.environ.get("TAME_URL")
-    with _Reporter(server, dest) as reporter:
+    with _Reporter(server, dest, args.src) as reporter:
         payload = reporter.advice(args.max_impact)
         advice = Advice(**{k: v for k, v in payload.items() if k in Advice.__dataclass_fields__})
         rtt_s = (payload.get("open") or {}).get("rtt_s")
@@ -178,7 +179,7 @@ def run(args) -> int:
             fractional_multiplier=opened.fractional_multiplier, tcp_equivalent_streams=opened.tcp_equivalent_streams,
             duration_s=result.duration_s)
         stored, error = reporter.observe(observation)
-    out = {"dest": dest.key, "advice": payload, "opened": opened.to_json(), "throughput_bps": result.throughput_bps,
+    out = {"src": payload.get("src"), "dest": dest.key, "advice": payload, "opened": opened.to_json(), "throughput_bps": result.throughput_bps,
            "duration_s": result.duration_s, "observation_id": stored["id"] if stored else None}
     if args.json:
         print_json(out)
@@ -241,9 +242,10 @@ def _terminate(signum, frame):
 class _Reporter:
     """Where the advice comes from and the observation goes: the local store, or the server at ``url``."""
 
-    def __init__(self, url: str | None, dest: Destination):
+    def __init__(self, url: str | None, dest: Destination, src: str | None):
         self.url = url
         self.dest = dest
+        self.src = src  # the link's source site; None: the service's own
         self._store = self._service = self._client = None
 
     def __enter__(self) -> "_Reporter":
@@ -272,13 +274,13 @@ class _Reporter:
             from api.client import TameError
 
             try:
-                return self._client.advice(self.dest.key, max_impact)
+                return self._client.advice(self.dest.key, max_impact, src=self.src)
             except TameError as exc:
                 raise UsageError(f"{self.url}: {exc}" + (
                     f"; probe it first (tame advise {self.dest.key} --max-impact {max_impact:g})"
                     if exc.status == 404 else "")) from exc
         try:
-            payload = self._service.advice(self.dest.key, max_impact)
+            payload = self._service.advice(self.dest.key, max_impact, src=self.src)
             # Refused now, not after the transfer ran: the observation becomes advice, as for the service's probes.
             self._service.check_allowed(self.dest)
         except AdvisorError as exc:
@@ -293,11 +295,11 @@ class _Reporter:
             from api.client import TameError
 
             try:
-                return self._client.observe(self.dest.key, streams, throughput_bps, **detail), None
+                return self._client.observe(self.dest.key, streams, throughput_bps, src=self.src, **detail), None
             except TameError as exc:
                 return None, f"{self.url}: {exc}"
         try:
-            return self._service.observe(self.dest.key, streams, throughput_bps, **detail), None
+            return self._service.observe(self.dest.key, streams, throughput_bps, src=self.src, **detail), None
         except AdvisorError as exc:
             return None, str(exc)
 
