@@ -2,8 +2,8 @@
 
 Everything the HTTP API and the CLI do goes through here; it knows nothing of HTTP.
 Advice is cached in memory per (dest, max_impact, congestion control) and the cache is dropped on every write
-this process makes (and entries expire after ``settings.cache_max_age_s`` for writes made by
-other processes sharing the database).
+this process makes; for writes made by other processes sharing the database, an entry is never served
+older than ``settings.cache_max_age_s`` (see _REFRESH_AHEAD).
 """
 
 from __future__ import annotations
@@ -43,9 +43,13 @@ log = logging.getLogger(__name__)
 _CACHE_LIMIT = 50_000
 # A stale destination's re-probe is requested at most this often from the read path.
 _REFRESH_RETRY_S = 60.0
-# An expired cache entry is served while its refresh runs for up to this long past its expiry; then the
-# route reloads it (and reports a store error, if that is why the refreshes failed).
-_SERVE_EXPIRED_S = 5.0
+# The consistency bound: an entry reflects every write committed before its store read began
+# (AdviceEntry.loaded_at) and is served only while that is at most settings.cache_max_age_s ago, so advice
+# never lags another process's committed write by more. One background thread re-reads an entry once it
+# is this fraction of the bound old, while readers are still served it: on a healthy store no reader
+# waits. Past the bound (a re-read that is slow or failing) readers wait for one reload, and a store
+# error is reported (503), never hidden behind older advice.
+_REFRESH_AHEAD = 0.5
 
 
 @dataclass(eq=False)
@@ -194,9 +198,9 @@ class AdviceService:
     def cached_entry(self, dest_text: str, max_impact: float,
                      control: str | None = None) -> tuple[AdviceEntry, float, bool] | None:
         """(entry, age_s, stale) from memory alone, or None when the store is needed (a miss, an entry that
-        could not be refreshed for a while, or a re-probe to queue). Never blocks: the API answers warm
-        requests with it on the event loop. An expired entry is still served while one background thread
-        brings it up to date (stale-while-revalidate: no reader waits for the store, none refits)."""
+        past the consistency bound, or a re-probe to queue). Never blocks: the API answers warm requests with
+        it on the event loop. An entry due for a re-read is still served while one background thread brings
+        it up to date (no reader waits for the store, none refits)."""
         if isinstance(max_impact, bool) or not isinstance(max_impact, float) or not 0.0 <= max_impact <= 1.0:
             return None
         now = self.clock()
@@ -204,10 +208,9 @@ class AdviceService:
         cached = self._cache.get(key)
         if cached is None or cached.generation != self._generation:
             return None
-        expired_s = now - cached.loaded_at - self.settings.cache_max_age_s
-        if expired_s > 0:
-            if expired_s > _SERVE_EXPIRED_S:
-                return None  # the refreshes are failing: the route reports why
+        if not self._servable(cached, now):
+            return None  # the re-read is slow or failing: the route waits for it or reports why
+        if not self._fresh(cached, now):
             self._refresh_in_background(key)
         stale = now - cached.probed_at > self.settings.ttl_s
         if stale:
@@ -224,8 +227,10 @@ class AdviceService:
         now = self.clock()
         key = (dest_text, budget, cc)
         cached = self._cache.get(key)
-        if not self._fresh(cached, now):
-            cached = self._refreshed(key, cached)
+        if not self._servable(cached, now):
+            cached = self._refreshed(key)
+        elif not self._fresh(cached, now):
+            self._refresh_in_background(key)
         return cached, max(0.0, now - cached.probed_at), self._stale(cached.payload["dest"], cc, cached.probed_at, now)
 
     def advice(self, dest_text: str, max_impact: Any, control: Any = None) -> dict[str, Any]:
@@ -233,25 +238,29 @@ class AdviceService:
         entry, age_s, stale = self.advice_entry(dest_text, max_impact, control)
         return entry.document(age_s, stale)
 
-    def _fresh(self, cached: AdviceEntry | None, now: float) -> bool:
+    def _servable(self, cached: AdviceEntry | None, now: float) -> bool:
+        """Within the consistency bound: it may be served."""
         return (cached is not None and cached.generation == self._generation
                 and now - cached.loaded_at <= self.settings.cache_max_age_s)
+
+    def _fresh(self, cached: AdviceEntry | None, now: float) -> bool:
+        """Servable and not yet due for a re-read."""
+        return (self._servable(cached, now)
+                and now - cached.loaded_at <= _REFRESH_AHEAD * self.settings.cache_max_age_s)
 
     def _refresh_lock(self, key: tuple[str, float, str]) -> threading.Lock:
         """The lock held by whichever thread brings ``key``'s entry up to date."""
         with self._lock:
             return self._refreshing.setdefault(key, threading.Lock())
 
-    def _refreshed(self, key: tuple[str, float, str], cached: AdviceEntry | None) -> AdviceEntry:
+    def _refreshed(self, key: tuple[str, float, str]) -> AdviceEntry:
         """The entry for ``key`` brought up to date by one thread at a time (no stampede when it expires
-        under load): while one reloads, the others get the previous entry, or wait for it if there is none."""
+        under load): the others wait for it and take what it loaded."""
         refreshing = self._refresh_lock(key)
-        usable = cached is not None and cached.generation == self._generation
-        if not refreshing.acquire(blocking=not usable):
-            return cached
+        refreshing.acquire()
         try:
             current = self._cache.get(key)
-            if self._fresh(current, self.clock()):
+            if self._servable(current, self.clock()):
                 return current
             return self._load_entry(key, current)
         finally:
@@ -268,7 +277,7 @@ class AdviceService:
                 current = self._cache.get(key)
                 if not self._fresh(current, self.clock()):
                     self._load_entry(key, current)
-            except AdvisorError as exc:  # readers keep the previous entry for a while; the route reports it after
+            except AdvisorError as exc:  # readers keep the previous entry up to the bound; the route reports it after
                 log.warning("advice for %s not refreshed: %s", key[0], exc)
             finally:
                 refreshing.release()
