@@ -94,6 +94,8 @@ class AdviceService:
         self._refresher: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
         self._listeners: list[Callable[[], None]] = []
+        # Store reads of the cache (for /metrics): "unchanged" kept an entry, "reloaded" rebuilt one.
+        self._cache_reads = {"unchanged": 0, "reloaded": 0}
 
     # -- writes and cache -----------------------------------------------------------------
 
@@ -297,6 +299,7 @@ class AdviceService:
             # Nothing was written since (not even by another process): keep the advice, and the entry
             # object, which the API's serialisation is memoised on.
             previous.loaded_at = now
+            self._count_read("unchanged")
             return previous
         newest_fit_id = self.store.current_fit_id(dest.key)  # read first: a fit written after it reloads
         row = self._load(dest, control)
@@ -320,6 +323,7 @@ class AdviceService:
                        observations_used=row.observations_used,
                        open=how_to_open(advice, dest.key, row.idle_rtt_s))
         entry = AdviceEntry(payload, row.probed_at, now, generation, newest_fit_id)
+        self._count_read("reloaded")
         with self._lock:
             if len(self._cache) >= _CACHE_LIMIT:
                 self._cache.clear()
@@ -327,6 +331,15 @@ class AdviceService:
             if generation == self._generation:
                 self._cache[key] = entry
         return entry
+
+    def _count_read(self, result: str) -> None:
+        with self._lock:
+            self._cache_reads[result] += 1
+
+    def cache_reads(self) -> dict[str, int]:
+        """How often the advice cache read the store: {"unchanged": kept an entry, "reloaded": rebuilt one}."""
+        with self._lock:
+            return dict(self._cache_reads)
 
     def _advise_row(self, row: FitRow, budget: float, control: str) -> Advice:
         """The advice a stored fit gives for ``budget``, its fractional stream calibrated against the fit's control."""
