@@ -61,7 +61,7 @@ class AdviceEntry:
     probed_at: float
     loaded_at: float
     generation: int
-    newest_fit_id: int | None  # the destination's newest fit under any control when loaded (alternatives read them all)
+    fit_ids: tuple[int, ...]  # the destination's current fits under every control when loaded (alternatives read them all)
     _json_prefix: bytes | None = None
 
     def document(self, age_s: float, stale: bool) -> dict[str, Any]:
@@ -295,13 +295,13 @@ class AdviceService:
         generation = self._generation
         now = self.clock()
         if previous is not None and previous.generation == generation \
-                and self.store.current_fit_id(dest.key) == previous.newest_fit_id:
+                and self.store.current_fit_ids(dest.key) == previous.fit_ids:
             # Nothing was written since (not even by another process): keep the advice, and the entry
             # object, which the API's serialisation is memoised on.
             previous.loaded_at = now
             self._count_read("unchanged")
             return previous
-        newest_fit_id = self.store.current_fit_id(dest.key)  # read first: a fit written after it reloads
+        fit_ids = self.store.current_fit_ids(dest.key)  # read first: a fit written after it reloads
         row = self._load(dest, control)
         advice = self._advise_row(row, budget, control)
         if row.congestion_control is None:
@@ -322,7 +322,7 @@ class AdviceService:
         payload.update(dest=dest.key, fitted_at=row.fitted_at, probed_at=row.probed_at,
                        observations_used=row.observations_used,
                        open=how_to_open(advice, dest.key, row.idle_rtt_s))
-        entry = AdviceEntry(payload, row.probed_at, now, generation, newest_fit_id)
+        entry = AdviceEntry(payload, row.probed_at, now, generation, fit_ids)
         self._count_read("reloaded")
         with self._lock:
             if len(self._cache) >= _CACHE_LIMIT:

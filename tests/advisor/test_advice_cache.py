@@ -59,7 +59,7 @@ def test_an_entry_past_the_bound_is_reloaded_once_not_by_every_reader(tmp_path):
     ingest(service)
     first = service.advice(DEST, 0.3)
     loads = counting(service.store, "current_fit")
-    checks = counting(service.store, "current_fit_id")
+    checks = counting(service.store, "current_fit_ids")
     clock.now += service.settings.cache_max_age_s + 1
     answers = read_together(service)
     # Nothing changed in the store: one cheap check, no reload and no refit, for sixteen readers.
@@ -86,7 +86,7 @@ def test_the_fast_path_serves_an_entry_due_for_a_re_read_while_one_thread_refres
     service = service_on(tmp_path / "s.sqlite3", clock)
     ingest(service)
     service.advice(DEST, 0.3)
-    checks = counting(service.store, "current_fit_id")
+    checks = counting(service.store, "current_fit_ids")
     clock.now += 0.75 * service.settings.cache_max_age_s
     # Due (past half the bound): still answered from memory, and one background refresh is started, not one per reader.
     hits = [service.cached_entry(DEST, 0.3) for _ in range(50)]
@@ -114,7 +114,7 @@ def test_past_the_bound_a_slow_re_read_is_waited_for_and_a_failing_one_reported(
     other.store.close()
 
     # The store is slow: the background re-read started at 0.75 of the bound hangs in it.
-    real = service.store.current_fit_id
+    real = service.store.current_fit_ids
     entered, release = threading.Event(), threading.Event()
 
     def slow(dest_key):
@@ -122,7 +122,7 @@ def test_past_the_bound_a_slow_re_read_is_waited_for_and_a_failing_one_reported(
         assert release.wait(30)
         return real(dest_key)
 
-    service.store.current_fit_id = slow
+    service.store.current_fit_ids = slow
     clock.now += 0.75 * bound
     assert service.cached_entry(DEST, 0.3)[0].payload == {k: v for k, v in first.items() if k not in ("age_s", "stale")}
     assert entered.wait(10)
@@ -139,9 +139,57 @@ def test_past_the_bound_a_slow_re_read_is_waited_for_and_a_failing_one_reported(
     def failing(dest_key):
         raise StoreError("the advice store is down")
 
-    service.store.current_fit_id = failing
+    service.store.current_fit_ids = failing
     clock.now += bound + 0.01
     assert service.cached_entry(DEST, 0.3) is None
     with pytest.raises(StoreError):
         service.advice(DEST, 0.3)
     service.store.close()
+
+
+@pytest.mark.postgres
+def test_a_write_committed_after_a_newer_one_is_not_missed(pg_url):
+    # On PostgreSQL two writes to one destination get their fit ids in one order and may commit in the
+    # other; a re-read between the two commits must not leave the later-committed one unseen.
+    clock = Clock()
+    bound = Settings().cache_max_age_s
+
+    def service():
+        store = Store.open(pg_url, clock=clock)
+        return AdviceService(store, Settings(model="lu", congestion_control="cubic"), clock=clock,
+                             resolver=lambda host: ["127.0.0.1"])
+
+    def run(writer, control, scale):
+        results = [ProbeResult(dest=DEST, streams=n, throughput_bps=rate(n) * scale, duration_s=10.0, omit_s=0.0,
+                               sender_bps=None) for n in (1, 10)]
+        writer.ingest_run(parse_destination(DEST), 0.04, results, clock(), source="test", congestion_control=control)
+
+    reader, slow, fast = service(), service(), service()
+    try:
+        run(fast, "cubic", 1.0)
+        run(fast, "bbr", 1.0)
+        first = reader.advice(DEST, 0.3, "cubic")
+        fitted, go_on = threading.Event(), threading.Event()
+
+        def pause(step):
+            if step == "job":  # its fit is written, not committed
+                fitted.set()
+                assert go_on.wait(30)
+
+        slow.store._step = pause
+        late = threading.Thread(target=run, args=(slow, "cubic", 3.0))
+        late.start()
+        assert fitted.wait(30)
+        run(fast, "bbr", 2.0)  # a newer fit id, committed first
+        clock.now += bound + 0.01
+        # The cubic fit is not committed yet: the same advice, rebuilt (bbr's changed).
+        assert reader.advice(DEST, 0.3, "cubic")["max_nondisruptive_throughput_bps"] == \
+            first["max_nondisruptive_throughput_bps"]
+        go_on.set()
+        late.join(30)
+        clock.now += bound + 0.01
+        now = reader.advice(DEST, 0.3, "cubic")
+        assert now["max_nondisruptive_throughput_bps"] > first["max_nondisruptive_throughput_bps"]
+    finally:
+        for s in (reader, slow, fast):
+            s.store.close()
