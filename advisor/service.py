@@ -199,8 +199,8 @@ class AdviceService:
 
     def cached_entry(self, dest_text: str, max_impact: float,
                      control: str | None = None) -> tuple[AdviceEntry, float, bool] | None:
-        """(entry, age_s, stale) from memory alone, or None when the store is needed (a miss, an entry that
-        past the consistency bound, or a re-probe to queue). Never blocks: the API answers warm requests with
+        """(entry, age_s, stale) from memory alone, or None when the store is needed (a miss, an entry past
+        the consistency bound, or a re-probe to queue). Never blocks: the API answers warm requests with
         it on the event loop. An entry due for a re-read is still served while one background thread brings
         it up to date (no reader waits for the store, none refits)."""
         if isinstance(max_impact, bool) or not isinstance(max_impact, float) or not 0.0 <= max_impact <= 1.0:
