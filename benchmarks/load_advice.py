@@ -20,9 +20,10 @@ A cache entry is re-read in the background from half of advisor.settings.Setting
 so a 30 s run crosses about 60 re-reads per replica: the p99 shows whether they stall readers, and the
 store reads the replicas report on /metrics (tame_advice_cache_reads_total) show whether more than one
 reader re-read an entry. Prints requests/s and latency percentiles per client and replica (the total's
-wrk percentiles are the worst replica's: an upper bound), for the in-process client the 100 ms window with
-the worst p99 and, with --write-every, the p99 in the 1.2 s after each write; the store reads per replica and re-read interval;
-whether the goal is met (>= 10,000 requests/s, p99 <= 10 ms). Every response must be 200 or the run fails.
+wrk percentiles are the worst replica's: an upper bound), for the in-process client the 100 ms window
+with the worst p99 and, with --write-every, the p99 in the 1.2 s after each write; the store reads per
+replica and re-read interval; whether the goal is met (>= 10,000 requests/s, p99 <= 10 ms). Every
+response must be 200 or the run fails.
 """
 
 from __future__ import annotations
