@@ -61,7 +61,7 @@ class AdviceEntry:
     probed_at: float
     loaded_at: float
     generation: int
-    fit_ids: tuple[int, ...]  # the destination's current fits under every control when loaded (alternatives read them all)
+    fit_ids: tuple[int, ...]  # current fits of the destination, every control, when loaded (alternatives read them all)
     _json_prefix: bytes | None = None
 
     def document(self, age_s: float, stale: bool) -> dict[str, Any]:
