@@ -306,13 +306,14 @@ class Store:
                              (src, dest_key, *params)).fetchone()
         return _fit(row) if row else None
 
-    def current_fit_id(self, dest_key: str, *, src: str) -> int | None:
-        """The id of the link's newest fit under any control (a cheap check that nothing was written
-        since: the advice under one control names what the others' fits would do)."""
+    def current_fit_ids(self, dest_key: str, *, src: str) -> tuple[int, ...]:
+        """The ids of the link's current fits under every control (a cheap check that nothing was
+        written since: the advice under one control names what the others' fits would do). Not just the
+        newest id: on PostgreSQL a fit may commit after one with a higher id."""
         with self.db.transaction() as tx:
-            row = tx.execute("SELECT max(f.id) FROM fits f JOIN destinations d ON d.id = f.destination_id "
-                             "WHERE d.src = ? AND d.dest = ?", (src, dest_key)).fetchone()
-        return row[0] if row else None
+            rows = tx.execute("SELECT id FROM current_fits WHERE src = ? AND dest = ? ORDER BY id",
+                              (src, dest_key)).fetchall()
+        return tuple(row[0] for row in rows)
 
     def current_fits(self, dest_key: str | None = None, *, src: str | None = None) -> list[FitRow]:
         """The newest fit of each (link, control): of the links from ``src`` when it is given, to ``dest_key``
