@@ -30,7 +30,7 @@ from advisor.limits import (check_available_control, check_congestion_control, c
                             check_probe_levels, check_site, MAX_SITE_STREAMS)
 from advisor.observations import Observation
 from advisor.opening import how_to_open
-from advisor.plan_runner import plan_for
+from advisor.plan_runner import adaptive_probes, plan_for
 from advisor.settings import Settings
 from advisor.sites import SiteBudget, claim_job, register_site, site_use
 from advisor.store import FitRow, Job, NewFit, Store
@@ -83,11 +83,17 @@ class AdviceEntry:
                 + (b',"stale":true}' if stale else b',"stale":false}'))
 
 
-def fresh_destinations(paths: list[dict[str, Any]], control: str) -> set[str]:
-    """Destinations whose advice under ``control`` is fresh (GET /v1/paths rows of one site). A destination with no
-    fit under ``control`` counts its fit that recorded no control, as the service's advice does for its default."""
+# A site's links are probed again once their evidence is this fraction of the TTL old, so that with agents
+# keeping up they are never served stale.
+REPROBE_AT_TTL = 0.8
+
+
+def fresh_destinations(paths: list[dict[str, Any]], control: str, max_age_s: float | None = None) -> set[str]:
+    """Destinations whose advice under ``control`` is fresh (GET /v1/paths rows of one site): not stale, and no older
+    than ``max_age_s`` when it is given. A destination with no fit under ``control`` counts its fit that recorded
+    no control, as the service's advice does for its default."""
     recorded = {p["dest"] for p in paths if p["congestion_control"] == control}
-    return {p["dest"] for p in paths if not p["stale"] and (
+    return {p["dest"] for p in paths if not p["stale"] and (max_age_s is None or p["age_s"] <= max_age_s) and (
         p["congestion_control"] == control or (p["congestion_control"] is None and p["dest"] not in recorded))}
 
 
@@ -499,7 +505,7 @@ class AdviceService:
                       congestion_control: Any = None) -> dict[str, Any]:
         """Register (or refresh) an agent's site: its budget and its links to ``dests`` (each within the allow-list),
         and queue a probe under ``congestion_control`` (None: the default) for each of its links whose advice is
-        missing or stale (FitRow.evidence_at: a link with recent transfers needs none).
+        missing or REPROBE_AT_TTL of the TTL old (FitRow.evidence_at: a link with recent transfers needs none).
         Returns {"site", "links", "queued", "budget"}."""
         name = check_site(site, "site")
         control = self.control(congestion_control)
@@ -507,7 +513,7 @@ class AdviceService:
         for dest in parsed:
             self.check_allowed(dest)
         register_site(self.store, name, budget, parsed)
-        fresh = fresh_destinations(self.paths(name), control)
+        fresh = fresh_destinations(self.paths(name), control, REPROBE_AT_TTL * self.settings.ttl_s)
         queued = 0
         for dest in parsed:
             if dest.key not in fresh:
@@ -526,7 +532,8 @@ class AdviceService:
         if cap is None or not 1 <= cap <= MAX_SITE_STREAMS:
             raise InvalidRequest(f"max_streams must be a whole number from 1 to {MAX_SITE_STREAMS}; got {max_streams!r}")
         self.store.recover_jobs(self.settings.max_probe_attempts)
-        claimed = claim_job(self.store, name, owner, max_streams=cap, worst_case_s=self.worst_case_s)
+        claimed = claim_job(self.store, name, owner, max_streams=cap, adaptive=adaptive_probes(self.settings.model) > 0,
+                            worst_case_s=self.worst_case_s)
         return {"site": name, "job": None if claimed.job is None else self.probe_status(claimed.job.id),
                 "max_streams": claimed.streams or None, "lease_until": claimed.lease_until,
                 "waiting": claimed.waiting, "use": site_use(self.store, name).to_json()}
