@@ -577,7 +577,12 @@ class AdviceService:
                 log.info("observation from %s to %s under %s stored without a refit: no probe run under it", site,
                          dest.key, control)
                 return None
-            points = base + [ProbePoint(streams=o["streams"], throughput_bps=o["throughput_bps"]) for o in observations]
+            # A transfer's per-stream rates and retransmissions are evidence as a probe's are (loss dispersion).
+            points = base + [ProbePoint(streams=o["streams"], throughput_bps=o["throughput_bps"],
+                                        duration_s=o["duration_s"], stream_bps=o["stream_bps"],
+                                        stream_retransmits=o["stream_retransmits"],
+                                        retransmits=sum(o["stream_retransmits"]) if o["stream_retransmits"] else None)
+                             for o in observations]
             try:
                 return self.build_fit(points, idle_rtt_s, probed_at=run_at if run_at is not None else self.clock(),
                                       observations_used=len(observations), congestion_control=control)

@@ -406,7 +406,8 @@ class Store:
                         run_control: str | None = None) -> tuple[int, int | None]:
         """Store an observation of a transfer from site ``src`` and, in the same transaction, the refit ``refit(observations)`` returns.
 
-        ``refit`` gets the observations under the observation's congestion control that feed the fit (all
+        ``refit`` gets the observations ({streams, throughput_bps, duration_s, stream_bps, stream_retransmits}; the
+        lists empty where not reported) under the observation's congestion control that feed the fit (all
         streams standard: :attr:`Observation.feeds_fit`), newer than the newest probe run under ``run_control``
         (the run the refit rests on: that control's, or None for one that did not record its control), at most
         ``limit``, newest first, and returns the new fit or None. An observation that does not feed the fit is
@@ -435,11 +436,14 @@ class Store:
             ).fetchone()
             since = run[0] if run and run[0] is not None else 0.0
             rows = tx.execute(
-                f"SELECT streams, throughput_bps FROM observations WHERE destination_id = ? AND {obs_where} "
-                "AND observed_at >= ? AND tame_streams = 0 ORDER BY id DESC LIMIT ?",
+                f"SELECT streams, throughput_bps, duration_s, stream_bps, stream_retransmits FROM observations "
+                f"WHERE destination_id = ? AND {obs_where} AND observed_at >= ? AND tame_streams = 0 "
+                "ORDER BY id DESC LIMIT ?",
                 (destination_id, *obs_params, since, limit),
             ).fetchall()
-            fit = refit([{"streams": r[0], "throughput_bps": r[1]} for r in rows])
+            fit = refit([{"streams": r[0], "throughput_bps": r[1], "duration_s": r[2],
+                          "stream_bps": _from_json_list(r[3]), "stream_retransmits": _from_json_list(r[4])}
+                         for r in rows])
             if fit is None:
                 return observation_id, None
             return observation_id, self._insert_fit(tx, destination_id, None, fit)

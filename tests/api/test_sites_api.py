@@ -114,3 +114,29 @@ def test_site_routes_need_the_write_token(service_factory, tmp_path):
     assert counts(tmp_path / "tame.sqlite3") == before
     ok = client.put("/v1/sites/dtn2", json={"dests": [DEST]}, headers={"Authorization": "Bearer s3cret"})
     assert ok.status_code == 200
+
+
+def test_a_recent_transfer_keeps_its_link_fresh_so_no_probe_is_queued(service_factory, clock):
+    """Probing that scales: an observation refits the link with its per-stream evidence, as a probe's would, and
+    the link's freshness counts from it, so the site's registration queues no probe for it."""
+    base, client, app = service_factory(start_worker=False, ttl_s=600.0)
+    service = app.state.service
+    assert client.post("/v1/probe-runs", json={"src": "dtn2", "dest": DEST, "probes": PROBES}).status_code == 201
+    clock.advance(601)
+    # (GET /v1/links reads without queueing the re-probe a stale GET /v1/advice would queue.)
+    assert [l["stale"] for l in client.get("/v1/links", params={"src": "dtn2"}).json()["links"]] == [True]
+    seen = []
+    build_fit = service.build_fit
+    service.build_fit = lambda points, *a, **k: seen.append(points) or build_fit(points, *a, **k)
+    observed = client.post("/v1/observations", json={
+        "src": "dtn2", "dest": DEST, "streams": 3, "throughput_bps": rate(3), "duration_s": 60,
+        "stream_bps": [rate(3) / 3] * 3, "stream_retransmits": [4, 5, 6]})
+    assert observed.status_code == 202 and observed.json()["refit"] is True
+    transfer = seen[-1][-1]
+    assert (transfer.streams, transfer.stream_retransmits, transfer.retransmits, transfer.duration_s) == (3, (4, 5, 6), 15, 60)
+    advice = client.get("/v1/advice", params={"src": "dtn2", "dest": DEST, "max_impact": 0.1}).json()
+    assert advice["stale"] is False and advice["age_s"] == 0 and advice["observations_used"] == 1
+    assert [l["stale"] for l in client.get("/v1/links", params={"src": "dtn2"}).json()["links"]] == [False]
+    assert client.put("/v1/sites/dtn2", json={"dests": [DEST]}).json()["queued"] == 0
+    clock.advance(0.8 * 600 + 1)  # due again before it goes stale
+    assert client.put("/v1/sites/dtn2", json={"dests": [DEST]}).json()["queued"] == 1
