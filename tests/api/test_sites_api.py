@@ -18,12 +18,14 @@ def counts(db_path):
                 for t in ("destinations", "sites", "probe_jobs", "probe_runs", "fits", "observations")}
 
 
-def test_advice_is_per_link_and_the_default_src_is_the_service_s_site(service_factory):
+def test_advice_is_per_link_and_the_default_src_is_the_service_s_site(service_factory, tmp_path):
     base, client, app = service_factory(start_worker=False)
-    assert client.post("/v1/probe-runs", json={"dest": DEST, "probes": PROBES}).json()["src"] == SITE
+    control = app.state.settings.congestion_control
+    assert client.post("/v1/probe-runs", json={"dest": DEST, "probes": PROBES, "congestion_control": control}
+                       ).json()["src"] == SITE
     slower = [{"streams": n, "throughput_bps": rate(n) / 3} for n in (1, 10)]
-    assert client.post("/v1/probe-runs", json={"src": "dtn2.example", "dest": DEST, "probes": slower}).json()["src"] \
-        == "dtn2.example"
+    assert client.post("/v1/probe-runs", json={"src": "dtn2.example", "dest": DEST, "probes": slower,
+                                               "congestion_control": control}).json()["src"] == "dtn2.example"
     here = client.get("/v1/advice", params={"dest": DEST, "max_impact": 0.2}).json()
     there = client.get("/v1/advice", params={"src": "DTN2.example", "dest": DEST, "max_impact": 0.2}).json()
     assert here["src"] == SITE and there["src"] == "dtn2.example"
@@ -33,6 +35,15 @@ def test_advice_is_per_link_and_the_default_src_is_the_service_s_site(service_fa
     batch = client.post("/v1/advice:batch", params={"src": "dtn2.example"},
                         json=[{"dest": DEST, "max_impact": 0.2}, {"dest": DEST, "max_impact": 0.2, "src": SITE}]).json()
     assert [r["advice"]["src"] for r in batch["results"]] == ["dtn2.example", SITE]
+    # The schedulers' view gives each link's own num_flows, as the API does, for every budget.
+    with sqlite3.connect(tmp_path / "tame.sqlite3") as conn:
+        for budget in (0.01, 0.05, 0.1, 0.2, 0.3, 0.5, 0.9):
+            for src in (SITE, "dtn2.example"):
+                (flows,) = conn.execute("SELECT coalesce(max(streams), 1) FROM current_advice WHERE src = ? "
+                                        "AND dest = ? AND congestion_control = ? AND impact_bound <= ?",
+                                        (src, DEST, here["congestion_control"], budget)).fetchone()
+                api = client.get("/v1/advice", params={"src": src, "dest": DEST, "max_impact": budget}).json()
+                assert flows == api["num_flows"], (src, budget)
     links = client.get("/v1/links").json()
     assert links["site"] == SITE
     assert sorted((l["src"], l["dest"]) for l in links["links"]) == [("dtn2.example", DEST), (SITE, DEST)]
