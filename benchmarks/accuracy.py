@@ -61,6 +61,11 @@ class Settings:
     probe_max_duration_s: float = ProbePlan.max_duration_s
     # The cap on an adaptive probe's streams (ProbePlan.max_adaptive_streams): None, none.
     probe_max_adaptive_streams: int | None = ProbePlan.max_adaptive_streams
+    # Score a refresh of each path instead of its first probing: the fixed levels probed again at another
+    # time, the adaptive probe re-used from the first probing (refresh_fixed_levels).
+    reuse_adaptive: bool = False
+    # Which probing of the path a probe belongs to (0 the first, 1 a later refresh): each has its own seed.
+    probe_round: int = 0
     queue: str = "DropTail"
     workers: int = 2
     cache_dir: Path = ROOT / "benchmarks" / "cache"
@@ -80,7 +85,8 @@ class Settings:
 
     def probe_driver(self, scenario: int, m: int) -> "RecordingNs2Driver":
         # Probes run at another time than the ground truth: a seed of their own.
-        return RecordingNs2Driver(scenario, m, seed=1000 * self.seed + 7, queue=self.queue, cache_dir=self.cache_dir)
+        return RecordingNs2Driver(scenario, m, seed=1000 * self.seed + 7 + self.probe_round, queue=self.queue,
+                                  cache_dir=self.cache_dir)
 
     def probe_plan(self, levels) -> ProbePlan:
         return ProbePlan(levels=tuple(levels), duration_s=self.probe_duration_s, omit_s=self.probe_omit_s,
@@ -366,9 +372,22 @@ def evaluate(settings: Settings) -> tuple[list[PathResult], dict[str, ModelScore
             path = next(p for p in paths if p.scenario == s and p.m == m)
             path.probes.update(points)
             path.probe_runs.update(probe_runs)
+    if settings.reuse_adaptive:
+        refresh_fixed_levels(paths, tuple(first_levels), settings)
     scores = score_paths(paths, settings)
     score_opened(paths, scores, settings)
     return paths, scores
+
+
+def refresh_fixed_levels(paths: list[PathResult], levels: tuple[int, ...], settings: Settings) -> None:
+    """Each path probed again later (the next probe round's seed) at the fixed ``levels`` only, the adaptive
+    probe kept from the first probing: a refresh that re-uses the last fit's third probe. The fresh probes
+    replace the first ones, and the cost counts them alone."""
+    fresh = probe_all([(p.scenario, p.m, levels) for p in paths], replace(settings, probe_round=settings.probe_round + 1))
+    for path in paths:
+        points, runs = fresh[(path.scenario, path.m, levels)]
+        path.probes.update(points)
+        path.probe_runs = {n: runs.get(n, []) for n in path.probe_runs}
 
 
 def score_paths(paths: list[PathResult], settings: Settings) -> dict[str, ModelScore]:
@@ -584,6 +603,9 @@ def argument_parser(**kwargs) -> argparse.ArgumentParser:
     parser.add_argument("--probe-omit", type=float, help="probe warm-up seconds (default: the plan's)")
     parser.add_argument("--probe-max-adaptive", type=int, metavar="STREAMS",
                         help="cap the adaptive probe's streams (default: the plan's; 0 for no cap)")
+    parser.add_argument("--reuse-adaptive", action="store_true",
+                        help="score a refresh: the fixed levels probed again at another time, the adaptive probe "
+                             "re-used from the first probing (the cost counts the fresh probes alone)")
     parser.add_argument("--queue", default="DropTail", choices=QUEUES)
     parser.add_argument("--floor-seed", metavar="SEED[,SEED...]",
                         help="also run the ground truth with these seeds and report how well their per-n median "
@@ -625,6 +647,7 @@ def settings_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         probe_max_duration_s=given(args.probe_max_duration, plan.max_duration_s),
         probe_omit_s=given(args.probe_omit, plan.omit_s),
         probe_max_adaptive_streams=cap or None,
+        reuse_adaptive=args.reuse_adaptive,
         queue=args.queue,
         workers=max(1, min(args.workers, 2)),
         cache_dir=args.cache,

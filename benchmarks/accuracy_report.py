@@ -238,6 +238,8 @@ def write_report(out: Path, settings, paths, scores, rows, elapsed_s: float, com
         f"{settings.probe_max_duration_s:g} s; "
         + ("" if settings.probe_max_adaptive_streams is None
            else f"the adaptive probe at most {settings.probe_max_adaptive_streams} streams; ")
+        + ("a refresh: the fixed levels probed again at another time (another seed), the adaptive probe re-used "
+           "from the first probing, the cost the fresh probes' alone; " if settings.reuse_adaptive else "")
         + "a seed apart from the ground truth.",
         "",
         "Relative error = (predicted - measured) / measured (Lu eq. 14). Throughput: per path, the mean "
