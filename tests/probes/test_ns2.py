@@ -545,6 +545,21 @@ def test_the_benchmark_counts_every_run_of_the_plan_and_what_it_displaced(tmp_pa
     assert 0.2 < cost.displaced_share < 1.0
 
 
+@pytest.mark.ns2
+def test_a_refresh_probes_the_fixed_levels_again_and_re_uses_the_adaptive_probe(tmp_path):
+    first_settings = _short_real_path_settings(accuracy, tmp_path, ns=(1, 12), models=("auto",), fractional_models=())
+    (first,), _ = accuracy.evaluate(first_settings)
+    (path,), scores = accuracy.evaluate(replace(first_settings, reuse_adaptive=True))
+    # n_max 12 < 4 x 10: the adaptive probe is at 12 streams, kept from the first probing; 1 and 10 are
+    # probed again with the next round's seed, so they differ, and the cost counts their runs alone.
+    assert sorted(path.probes) == [1, 10, 12]
+    assert path.probes[12] == first.probes[12]
+    assert path.probes[10] != first.probes[10]
+    assert path.probe_runs[12] == []
+    (cost,) = scores["auto"].probe_cost
+    assert cost.seconds == sum(r.seconds for n in (1, 10) for r in path.probe_runs[n])
+
+
 def test_fractional_models_argument_is_parsed_or_explained(capsys):
     assert accuracy.parse_args(["--quick"])[0].fractional_models == ("auto",)
     assert accuracy.parse_args(["--quick", "--fractional-models", "none"])[0].fractional_models == ()
