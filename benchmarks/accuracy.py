@@ -223,6 +223,8 @@ class ModelScore:
     within_opened_without_whole: list[bool] = field(default_factory=list)
     opened_outcome_by_path: list[dict[float, tuple[float, float, float | None]]] = field(default_factory=list)
     probes_used: list[int] = field(default_factory=list)
+    # Per path, the stream counts of the probes the model was fitted to, and what they cost.
+    probe_levels: list[tuple[int, ...]] = field(default_factory=list)
     probe_cost: list[ProbeCost] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
 
@@ -328,6 +330,7 @@ def score_model(name: str, path: PathResult, probes: list[ProbePoint], score: Mo
     score.advice_by_path.append(by_budget)
     score.opened_by_path.append(opened)
     score.probes_used.append(len(probes))
+    score.probe_levels.append(tuple(p.streams for p in probes))
     score.probe_cost.append(ProbeCost.of([r for p in probes for r in path.probe_runs.get(p.streams, ())],
                                          path.cross0_bps))
 

@@ -183,6 +183,18 @@ def _opened_rows(rows) -> list[str]:
     return lines + [""]
 
 
+def _cost_table(paths, score) -> list[str]:
+    """Per path, what the default model's probes cost (benchmarks.accuracy.ProbeCost)."""
+    lines = ["", f"## Probe cost per path ({score.name})", "",
+             "Seconds of probing, stream-seconds, cross traffic displaced (Mbit and share of what it carries alone), "
+             "and the streams of each probe.", "",
+             "| path | probes (streams) | seconds | stream-s | displaced Mbit | displaced share |", "|---" * 6 + "|"]
+    for p, cost, levels in zip(paths, score.probe_cost, score.probe_levels):
+        lines.append(f"| s{p.scenario} m{p.m} | {', '.join(map(str, levels))} | {cost.seconds:.0f} | {cost.stream_seconds:.0f} | "
+                     f"{cost.displaced_bits / 1e6:.0f} | {cost.displaced_share:.0%} |")
+    return lines
+
+
 def _opened_table(paths, score) -> list[str]:
     """Per path and budget, the default model's advice as opened: streams, FM, true throughput over the best."""
     lines = ["", f"## Advice per path as opened ({score.name}, with its fractional stream)", "",
@@ -360,6 +372,7 @@ def write_report(out: Path, settings, paths, scores, rows, elapsed_s: float, com
         lines += _advice_table(paths, default)
         if default.opened_outcome_by_path:
             lines += _opened_table(paths, default)
+        lines += _cost_table(paths, default)
     lines += [
         "",
         "![per path](throughput_per_path.png)",
