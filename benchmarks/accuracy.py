@@ -606,6 +606,10 @@ def argument_parser(**kwargs) -> argparse.ArgumentParser:
     parser.add_argument("--probe-omit", type=float, help="probe warm-up seconds (default: the plan's)")
     parser.add_argument("--probe-max-adaptive", type=int, metavar="STREAMS",
                         help="cap the adaptive probe's streams (default: the plan's; 0 for no cap)")
+    parser.add_argument("--probe-round", type=int, default=0, metavar="R",
+                        help="probe each path as at another time: the probes' seeds shifted by R (default 0), the "
+                             "ground truth unchanged; plans compared over several rounds tell their difference "
+                             "from the probes' own noise")
     parser.add_argument("--reuse-adaptive", action="store_true",
                         help="score a refresh: the fixed levels probed again at another time, the adaptive probe "
                              "re-used from the first probing (the cost counts the fresh probes alone)")
@@ -634,6 +638,8 @@ def settings_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     """The run's settings and report directory from options parsed by a parser built on :func:`argument_parser`."""
     if args.quick and args.holdout:
         parser.error("--quick and --holdout are different presets; give one")
+    if args.probe_round < 0:
+        parser.error(f"--probe-round must be 0 or more, got {args.probe_round}")
     preset = QUICK if args.quick else HOLDOUT if args.holdout else FULL
     ints = lambda text: tuple(int(x) for x in text.split(","))  # noqa: E731
     plan = PLANS[args.plan]
@@ -651,6 +657,7 @@ def settings_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         probe_omit_s=given(args.probe_omit, plan.omit_s),
         probe_max_adaptive_streams=cap or None,
         reuse_adaptive=args.reuse_adaptive,
+        probe_round=args.probe_round,
         queue=args.queue,
         workers=max(1, min(args.workers, 2)),
         cache_dir=args.cache,

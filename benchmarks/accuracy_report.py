@@ -252,7 +252,9 @@ def write_report(out: Path, settings, paths, scores, rows, elapsed_s: float, com
            else f"the adaptive probe at most {settings.probe_max_adaptive_streams} streams; ")
         + ("a refresh: the fixed levels probed again at another time (another seed), the adaptive probe re-used "
            "from the first probing, the cost the fresh probes' alone; " if settings.reuse_adaptive else "")
-        + "a seed apart from the ground truth.",
+        + "a seed apart from the ground truth"
+        + (f" (probe round {settings.probe_round}: the seeds shifted by {settings.probe_round})"
+           if settings.probe_round else "") + ".",
         "",
         "Relative error = (predicted - measured) / measured (Lu eq. 14). Throughput: per path, the mean "
         "|relative error| over n; median and p90 over paths. Cross traffic: predicted = measured cross "

@@ -525,6 +525,10 @@ def test_probe_plan_options_take_the_named_plan_unless_told_otherwise():
     # The cap bounds the adaptive level the scoring picks too; 0 lifts it.
     assert settings.adaptive_n_max(31) == 16 and settings.adaptive_n_max(8) == 8
     assert accuracy.parse_args(["--quick", "--probe-max-adaptive", "0"])[0].adaptive_n_max(31) == 31
+    # Another probe round probes at another time: the probes' seed moves, the ground truth's stays.
+    later, _ = accuracy.parse_args(["--quick", "--probe-round", "2"])
+    assert later.probe_driver(2, 5).seed == settings.probe_driver(2, 5).seed + 2
+    assert later.truth_config(2, 5, 3) == settings.truth_config(2, 5, 3)
 
 
 @pytest.mark.ns2
