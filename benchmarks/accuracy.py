@@ -13,7 +13,7 @@ Markdown report with PNG figures.
     python -m benchmarks.accuracy --quick            # <= 5 minutes on 2 cores
     python -m benchmarks.accuracy                    # scenarios 1-6 x m 5..30 x n 1..31
     python -m benchmarks.accuracy --holdout          # scenarios 7-10 (not Lu's) x m 5,15,25 x n 1..31
-    python -m benchmarks.accuracy --plan lean        # probes by a named plan (probes.plan.PLANS)
+    python -m benchmarks.accuracy --probe-duration 20 --probe-max-duration 40   # another probe plan
 
 Advice is scored as the service gives it (advisor.tame.DEFAULT_MARGIN, or ``--margin``) and with
 Lu's bare rule (no margin), for every model.
