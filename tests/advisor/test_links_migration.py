@@ -8,6 +8,7 @@ import advisor.db
 from advisor.errors import UnknownDestination
 from advisor.service import AdviceService
 from advisor.settings import Settings
+from advisor.sites import SiteBudget, register_site
 from advisor.store import Store
 from probes.result import ProbeResult
 
@@ -44,6 +45,7 @@ def check_links_migration(url, monkeypatch):
         assert {(link["src"], link["dest"]) for link in service.links()} == {("site-a.example", DEST.key),
                                                                              ("site-b", DEST.key)}
         # A probe of the old site's link and one of the new site's coexist; a second of either is the same job.
+        register_site(store, "site-b", SiteBudget(), [DEST])  # only a registered site's probes are queued
         job_a, created_a = service.request_probe(DEST.key, congestion_control="bbr")
         job_b, created_b = service.request_probe(DEST.key, congestion_control="bbr", src="site-b")
         assert job_a.id != job_b.id and (job_a.src, job_b.src) == ("site-a.example", "site-b")
