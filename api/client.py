@@ -43,10 +43,13 @@ class TameClient:
             raise TameError(response.status_code, str(detail))
         return response.json()
 
-    def advice(self, dest: str, max_impact: float, cc: str | None = None) -> dict[str, Any]:
+    def advice(self, dest: str, max_impact: float, cc: str | None = None, src: str | None = None) -> dict[str, Any]:
+        """GET /v1/advice for the link ``src`` (a site; None: the server's own) to ``dest``."""
         params: dict[str, Any] = {"dest": dest, "max_impact": max_impact}
         if cc is not None:
             params["cc"] = cc
+        if src is not None:
+            params["src"] = src
         return self._call("GET", "/v1/advice", params=params)
 
     def batch(self, queries: Sequence[tuple[str, float]]) -> list[dict[str, Any]]:
@@ -74,7 +77,7 @@ class TameClient:
         return self._call("GET", f"/v1/paths/{httpx.URL(path=dest).raw_path.decode()}/curve")
 
     def observe(self, dest: str, streams: int, throughput_bps: float, **detail: Any) -> dict[str, Any]:
-        """POST /v1/observations; ``detail``: its optional fields (congestion_control, stream_bps,
+        """POST /v1/observations; ``detail``: its optional fields (src, congestion_control, stream_bps,
         fractional_multiplier, ...; None values are left out)."""
         body = {"dest": dest, "streams": streams, "throughput_bps": throughput_bps,
                 **{k: v for k, v in detail.items() if v is not None}}

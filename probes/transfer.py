@@ -86,17 +86,18 @@ def client_argv(address: str, spec: ClientSpec, duration_s: float | None) -> lis
 
 
 def run_transfer(address: str, specs: Sequence[ClientSpec], duration_s: float | None,
-                 deadline_s: float) -> TransferResult:
+                 deadline_s: float, prefix: Sequence[str] = ()) -> TransferResult:
     """Run the clients at once to ``address`` and return what they measured; nothing outlives the call.
 
     ``duration_s`` is the length of the clients without ``bytes``; ``deadline_s`` the wall-clock budget of
-    the whole transfer from the call. Raises ProbeDeadlineExceeded past it, TransferFailed (or the
+    the whole transfer from the call. ``prefix`` runs each client through a command that must exec it in
+    the same process (e.g. ``ip netns exec NS``: the client runs on that namespace's host). Raises ProbeDeadlineExceeded past it, TransferFailed (or the
     ProbeError iperf3's error names, e.g. NothingListening) when a client fails."""
     if not specs:
         raise ValueError("a transfer needs at least one client")
     if not (math.isfinite(deadline_s) and deadline_s > 0):
         raise ValueError(f"deadline_s must be > 0, got {deadline_s!r}")
-    argvs = [client_argv(address, spec, duration_s) for spec in specs]
+    argvs = [[*prefix, *client_argv(address, spec, duration_s)] for spec in specs]
     outputs = [tempfile.TemporaryFile() for _ in specs]
     procs: list[subprocess.Popen] = []
     try:
@@ -105,7 +106,8 @@ def run_transfer(address: str, specs: Sequence[ClientSpec], duration_s: float | 
                 procs.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                               start_new_session=True, preexec_fn=signal_on_parent_death))
             except OSError as exc:
-                raise TransferFailed(f"cannot start iperf3 ({exc.strerror}); run 'make deps'") from exc
+                raise TransferFailed(f"cannot start {argv[0]} ({exc.strerror})"
+                                     + ("; run 'make deps'" if argv[0] == "iperf3" else "")) from exc
         failed = _wait_all(procs, specs, address, deadline_s)
         texts = []
         for out in outputs:
