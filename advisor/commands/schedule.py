@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,9 @@ def register(subparsers) -> None:
     parser.add_argument("--congestion-control", metavar="NAME",
                         help="the standard streams' control for SQL reads of transfers without cc "
                         "(default: this host's)")
+    parser.add_argument("--no-src", action="store_true",
+                        help="for an advice service that keeps no source sites: read and report each transfer "
+                        "by its destination alone; src then only chooses where the transfer runs")
     parser.add_argument("--concurrency", type=whole_number(1, MAX_CONCURRENCY), default=4, metavar="N",
                         help="transfers running at once (default 4)")
     parser.add_argument("--plan", action="store_true", help="print the advised streams of each transfer and "
@@ -92,14 +96,14 @@ def run(args) -> int:
         sql = None
     try:
         with Reporter(args.server, args.database_url) as reporter:
-            planned = [_plan(t, reporter, sql, args.congestion_control) for t in queue.transfers]
+            planned = [_plan(t, reporter, sql, args.congestion_control, not args.no_src) for t in queue.transfers]
             if args.plan:
                 _output(args, [p.to_json() for p in planned])
                 return 0
-            if not args.server and any(p.transfer.src is not None for p in planned):
+            if not args.server and not args.no_src and any(p.transfer.src is not None for p in planned):
                 raise UsageError("observations of transfers from a named source (src) go to the advice service: "
                                  "give --server URL (the local store keeps this host's own links only)")
-            reports = _run_all(planned, queue, reporter, args.concurrency)
+            reports = _run_all(planned, queue, reporter, args.concurrency, not args.no_src)
     finally:
         if sql is not None:
             sql.close()
@@ -129,14 +133,16 @@ def _netns_sources(values: list[str]) -> dict[str, list[str]]:
     return sources
 
 
-def _plan(t: Transfer, reporter: Reporter, sql: SqlAdvice | None, default_control: str | None) -> Planned:
+def _plan(t: Transfer, reporter: Reporter, sql: SqlAdvice | None, default_control: str | None,
+          send_src: bool) -> Planned:
     """The advice for ``t``'s link: UsageError (nothing has run) when there is none or it cannot be opened."""
+    src = t.src if send_src else None
     try:
         if sql is not None:
             control = t.cc or default_control or host_default_control()
-            streams, source = sql.streams(t.src, t.dest.key, control, t.max_impact), "sql"
+            streams, source = sql.streams(src, t.dest.key, control, t.max_impact), "sql"
         else:
-            payload = reporter.link(t.src, t.dest).advice(t.max_impact, t.cc)
+            payload = reporter.link(src, t.dest).advice(t.max_impact, t.cc)
             streams, control = int(payload["num_flows"]), payload.get("congestion_control") or t.cc
             control = control or host_default_control()
             source = "http" if reporter.url else "store"
@@ -151,29 +157,30 @@ def _plan(t: Transfer, reporter: Reporter, sql: SqlAdvice | None, default_contro
     return Planned(t, streams, control, source)
 
 
-def _run_all(planned: list[Planned], queue, reporter: Reporter, concurrency: int) -> list[dict[str, Any]]:
+def _run_all(planned: list[Planned], queue, reporter: Reporter, concurrency: int,
+             send_src: bool) -> list[dict[str, Any]]:
     cancel = threading.Event()
 
     def one(p: Planned) -> dict[str, Any]:
         t = p.transfer
         report = {**p.to_json(), "opened_streams": None, "throughput_bps": None, "transfer_duration_s": None,
-                  "observation_id": None, "error": None}
+                  "started_at": time.time(), "finished_at": None, "observation_id": None, "error": None}
         opened = standard_opening(t.dest.port, p.streams, p.congestion_control, t.bytes)
         deadline_s = t.duration_s + DEADLINE_SLACK_S if t.duration_s else DEFAULT_BYTES_TIMEOUT_S
         try:
             result = run_transfer(t.dest.host, opened.clients, t.duration_s, deadline_s,
                                   prefix=queue.prefix(t), cancel=cancel)
         except ProbeError as exc:
-            report["error"] = f"the transfer failed: {exc}"
+            report.update(finished_at=time.time(), error=f"the transfer failed: {exc}")
             return report
         report.update(opened_streams=result.streams, throughput_bps=result.throughput_bps,
-                      transfer_duration_s=result.duration_s)
+                      transfer_duration_s=result.duration_s, finished_at=time.time())
         try:
             observation = observation_of(opened, result, p.congestion_control)
         except InvalidRequest as exc:
             report["error"] = f"the transfer ran but cannot be reported: {exc}"
             return report
-        stored, error = reporter.link(t.src, t.dest).observe(observation)
+        stored, error = reporter.link(t.src if send_src else None, t.dest).observe(observation)
         if stored is not None:
             report["observation_id"] = stored["id"]
         else:

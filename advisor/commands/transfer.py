@@ -302,11 +302,16 @@ class LinkReporter:
             from api.client import TameError
 
             try:
-                return rep._client.advice(self.dest.key, max_impact, cc=cc_name, src=self.src)
+                payload = rep._client.advice(self.dest.key, max_impact, cc=cc_name, src=self.src)
             except TameError as exc:
                 raise UsageError(f"{rep.url}: {self.name}: {exc}" + (
                     f"; probe it first (tame advise {self.dest.key} --max-impact {max_impact:g})"
                     if exc.status == 404 else "")) from exc
+            # A service without source sites ignores ?src= and answers for its own: not this link's advice.
+            if self.src is not None and payload.get("src") != self.src:
+                raise UsageError(f"{rep.url}: {self.name}: the service answered for source "
+                                 f"{payload.get('src')!r}, not {self.src!r}: it keeps no advice per source site")
+            return payload
         if self.src is not None:
             raise UsageError(f"{self.name}: the local store keeps advice for this host's own links only; ask the "
                              "server that has the source's advice (--server URL or TAME_URL)")
