@@ -146,7 +146,7 @@ def _plan(t: Transfer, reporter: Reporter, sql: SqlAdvice | None, default_contro
             streams, control = int(payload["num_flows"]), payload.get("congestion_control") or t.cc
             control = control or host_default_control()
             source = "http" if reporter.url else "store"
-    except AdvisorError as exc:
+    except (AdvisorError, UsageError) as exc:
         raise UsageError(f"transfer {t.index + 1} ({t.link_name}): {exc}") from exc
     if streams > MAX_PROBE_STREAMS:
         raise UsageError(f"transfer {t.index + 1} ({t.link_name}): the advice opens {streams} streams; iperf3 "
