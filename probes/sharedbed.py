@@ -120,15 +120,7 @@ def _veth(ns_a: str, if_a: str, addr_a: str, ns_b: str, if_b: str, addr_b: str) 
 
 def _build(spec: SharedSpec, state, binary: Path | None, state_dir: Path) -> None:
     for role in _ROLES:
-        ns = ns_name(spec.name, role)
-        run(["ip", "netns", "add", ns])
-        inode = netns_inode(ns)
-        if inode is None:
-            raise TestbedError(f"namespace {ns} vanished right after it was created")
-        state.add_netns(ns, inode)
-        run(["ip", "-n", ns, "link", "set", "lo", "alias", state.data["token"]])
-        state.mark(ns, "lo")
-        run(["ip", "-n", ns, "link", "set", "lo", "up"])
+        testbed._add_namespace(state, ns_name(spec.name, role))
     r1, r2 = ns_name(spec.name, "r1"), ns_name(spec.name, "r2")
     for router in (r1, r2):
         run(exec_in(router, ["sysctl", "-q", "-w", "net.ipv4.ip_forward=1"]))
