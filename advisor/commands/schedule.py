@@ -202,7 +202,14 @@ def _terminate(signum, frame):
 def _output(args, rows: list[dict[str, Any]]) -> None:
     if args.json:
         print_json({"transfers": rows})
-        return
+    else:
+        _print(rows)
+    for row in rows:
+        if row.get("error"):
+            print(f"tame schedule: transfer {row['index'] + 1}: {row['error']}", file=sys.stderr)
+
+
+def _print(rows: list[dict[str, Any]]) -> None:
     for row in rows:
         head = (f"{row['index'] + 1}. {row['src'] + ' -> ' if row['src'] else ''}{row['dest']} "
                 f"(budget {row['max_impact']:.1%}): advised {row['advised_streams']} {row['congestion_control']} "
@@ -216,5 +223,3 @@ def _output(args, rows: list[dict[str, Any]]) -> None:
         if row["observation_id"] is not None:
             head += f", observation {row['observation_id']}"
         print(head)
-        if row["error"]:
-            print(f"tame schedule: transfer {row['index'] + 1}: {row['error']}", file=sys.stderr)

@@ -7,9 +7,11 @@ import sqlite3
 import subprocess
 import sys
 
+import httpx
 import pytest
 
-from tests.api.conftest import probe_and_wait
+from tests.api.conftest import free_port, probe_and_wait
+from tests.api.procs import start_iperf3, stop
 
 KNOWN = "127.0.0.1:5201"
 
@@ -119,3 +121,24 @@ def test_the_plan_names_each_transfers_advice_and_runs_nothing(served):
     assert [t["advised_streams"] for t in http] == [t["advised_streams"] for t in sql]
     assert [t["advice_read"] for t in http + sql] == ["http", "http", "sql", "sql"]
     assert _observations(db_url) == 0
+
+
+def test_a_transfer_that_fails_is_reported_and_the_others_still_run_and_are_stored(served, tmp_path):
+    base, db_url, run = served
+    client = httpx.Client(base_url=base, headers={"Authorization": "Bearer w"}, timeout=30)
+    listening, silent = free_port(), free_port()
+    for port in (listening, silent):
+        probe_and_wait(client, dest=f"127.0.0.1:{port}", headers={"Authorization": "Bearer w"})
+    server = start_iperf3(tmp_path, listening)
+    try:
+        done = run(f"dest=127.0.0.1:{listening} max_impact=0.2 duration_s=1\n"
+                   f"dest=127.0.0.1:{silent} max_impact=0.2 duration_s=1\n", "--server", base, "--json")
+    finally:
+        stop(server)
+        client.close()
+    assert done.returncode == 1, done.stderr
+    ran, failed = json.loads(done.stdout)["transfers"]
+    assert ran["error"] is None and ran["opened_streams"] == ran["advised_streams"] and ran["observation_id"]
+    assert failed["observation_id"] is None and failed["throughput_bps"] is None
+    assert failed["error"].startswith("the transfer failed") and "transfer 2" in done.stderr
+    assert _observations(db_url) == 1
