@@ -15,6 +15,7 @@ import re
 import threading
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 from advisor.db import Database
@@ -225,6 +226,9 @@ class SqlAdvice:
     scheduler on another machine would (docs/advice-service.md, "The store"): whole standard streams."""
 
     def __init__(self, database_url: str):
+        # A reader never creates a store: a mistyped SQLite path is an error, not a new empty file.
+        if database_url.startswith("sqlite:///") and not Path(database_url[len("sqlite:///"):]).is_file():
+            raise StoreError(f"no SQLite advice store at {database_url[len('sqlite:///'):]}")
         self._db = Database(database_url)
         self._has_src: bool | None = None
 

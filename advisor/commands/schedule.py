@@ -25,7 +25,7 @@ from advisor.commands.common import format_bps, print_json, whole_number
 from advisor.commands.transfer import (DEADLINE_SLACK_S, DEFAULT_BYTES_TIMEOUT_S, Reporter, observation_of,
                                        standard_opening)
 from advisor.errors import AdvisorError, InvalidRequest
-from advisor.limits import MAX_PROBE_STREAMS
+from advisor.limits import MAX_PROBE_STREAMS, check_congestion_control
 from advisor.schedule import MAX_QUEUE_BYTES, SqlAdvice, Transfer, parse_queue, run_concurrently
 from probes.controls import available_controls, host_default_control
 from probes.errors import ProbeError
@@ -87,6 +87,11 @@ def run(args) -> int:
         queue = parse_queue(_read(args.queue), _netns_sources(args.netns))
     except InvalidRequest as exc:
         raise UsageError(f"{args.queue}: {exc}") from exc
+    if args.congestion_control is not None:
+        try:
+            check_congestion_control(args.congestion_control, "--congestion-control")
+        except InvalidRequest as exc:
+            raise UsageError(str(exc)) from exc
     if args.database_url:
         try:
             sql = SqlAdvice(args.database_url)

@@ -104,6 +104,8 @@ def test_a_named_source_is_refused_by_a_service_that_keeps_none(served):
     (("--netns", "siteA"), "--netns 'siteA': give SITE=NAMESPACE"),
     (("--netns", "siteA=../../etc"), "--netns"),
     (("--concurrency", "0"), "--concurrency"),
+    (("--congestion-control", "Cubic!"), "--congestion-control"),
+    (("--database-url", "sqlite:////nonexistent/tame.sqlite3"), "no SQLite advice store at /nonexistent"),
     (("--concurrency", "100000"), "--concurrency"),
 ])
 def test_bad_options_are_refused(served, args, says):
