@@ -7,6 +7,7 @@ saying what to give instead; the CLI turns that into a usage error, the API into
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Sequence
 
 from advisor.errors import InvalidRequest
@@ -31,6 +32,14 @@ MAX_RTT_S = 10.0
 MAX_PROBE_LEVELS = 8
 MIN_PROBE_DURATION_S = 1.0
 MAX_PROBE_DURATION_S = 300.0
+# A site (the source end of a link): a name an agent registers, lowercase letters, digits, '.', '_' and '-',
+# starting with a letter or digit (a host name fits).
+MAX_SITE_LENGTH = 64
+_SITE = re.compile(r"[a-z0-9][a-z0-9._-]*")
+# A site's probe budget (advisor.sites.SiteBudget) and how many links one registration may name.
+MAX_SITE_PROBES = 64
+MAX_SITE_STREAMS = 4096
+MAX_SITE_LINKS = 2000
 # Probe runs pushed at once (``tame agent --push``): the levels plus adaptive ones and re-runs.
 MAX_PROBES_PER_RUN = 16
 
@@ -128,3 +137,15 @@ def check_available_control(value: str, available: Sequence[str], name: str = "c
                              f"{', '.join(available)} (net.ipv4.tcp_available_congestion_control), or load "
                              f"its module first (modprobe tcp_{control})")
     return control
+
+
+def check_site(value: Any, name: str = "src") -> str:
+    """A site's name as it becomes a key: lowercased; letters, digits, '.', '_' and '-', starting with a letter or
+    digit, at most MAX_SITE_LENGTH characters (a host name fits)."""
+    text = value.lower() if isinstance(value, str) else value
+    if not isinstance(text, str) or len(text) > MAX_SITE_LENGTH or not _SITE.fullmatch(text):
+        shown = value if not isinstance(value, str) or len(value) <= 40 else value[:40] + "…"
+        raise InvalidRequest(f"{name} must name a site: letters, digits, '.', '_' and '-', starting with a letter or "
+                             f"digit, at most {MAX_SITE_LENGTH} characters (e.g. a host name such as dtn1.example.org); "
+                             f"got {shown!r}")
+    return text

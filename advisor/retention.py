@@ -1,6 +1,6 @@
 """Retention: what the advice store keeps, and pruning the rest in short batches.
 
-Kept, per destination: the newest ``keep_fits`` fits with their curves, and always the current
+Kept, per link (a row of destinations: source site and destination): the newest ``keep_fits`` fits with their curves, and always the current
 fit under each congestion control (current_fits); the newest ``keep_runs`` probe runs with their
 results, and of those only runs finished within ``run_max_age_s`` (0: no age limit); always the run
 any kept fit rests on (fits.probe_run_id) and the newest run with results under each control (the
@@ -117,10 +117,10 @@ def _prunable_runs(tx: Tx, keep: int, older_than: float | None, limit: int) -> l
 
 def _prunable_jobs(tx: Tx, keep: int, older_than: float | None, limit: int) -> list[str]:
     # Finished jobs only; their order is finished_at (job ids are random). A client polling a job
-    # pruned gets 404, so the newest few per destination stay for as long as runs do.
+    # pruned gets 404, so the newest few per link stay for as long as runs do.
     rows = tx.execute(
         "SELECT j.id FROM probe_jobs j WHERE j.status IN ('done', 'failed') AND (j.finished_at < ? OR "
-        "(SELECT count(*) FROM probe_jobs j2 WHERE j2.dest = j.dest AND j2.status IN ('done', 'failed') "
+        "(SELECT count(*) FROM probe_jobs j2 WHERE j2.dest = j.dest AND j2.src = j.src AND j2.status IN ('done', 'failed') "
         "AND (j2.finished_at > j.finished_at OR (j2.finished_at = j.finished_at AND j2.id > j.id))) >= ?) "
         "ORDER BY j.finished_at LIMIT ?",
         (-1.0 if older_than is None else older_than, keep, limit)).fetchall()

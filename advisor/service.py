@@ -1,7 +1,8 @@
 """The advice service: answers advice, curve and path queries from the store, queues probes, takes observations.
 
 Everything the HTTP API and the CLI do goes through here; it knows nothing of HTTP.
-Advice is cached in memory per (dest, max_impact, congestion control) and the cache is dropped on every write
+Advice is per link: a source site (``src``; default this service's own, settings.site) and a destination.
+It is cached in memory per (src, dest, max_impact, congestion control) and the cache is dropped on every write
 this process makes (and entries expire after ``settings.cache_max_age_s`` for writes made by
 other processes sharing the database).
 """
@@ -26,10 +27,12 @@ from advisor.errors import (AdvisorError, BatchTooLarge, DestinationNotAllowed, 
                             UnknownDestination)
 from advisor.fitcodec import fit_from_stored, fit_to_record
 from advisor.limits import (check_available_control, check_congestion_control, check_max_impact, check_probe_duration_s,
-                            check_probe_levels)
+                            check_probe_levels, check_site, MAX_SITE_STREAMS)
 from advisor.observations import Observation
 from advisor.opening import how_to_open
+from advisor.plan_runner import plan_for
 from advisor.settings import Settings
+from advisor.sites import SiteBudget, claim_job, register_site, site_use
 from advisor.store import FitRow, Job, NewFit, Store
 from advisor.tame import advise, plan_control, point_from_probe, representative_rtt_s, stored_curve
 from models.errors import FitError
@@ -48,16 +51,20 @@ _REFRESH_RETRY_S = 60.0
 _SERVE_EXPIRED_S = 5.0
 
 
+# (src, dest as asked, max_impact, congestion control): what a cached advice entry answers.
+CacheKey = tuple[str, str, float, str]
+
+
 @dataclass(eq=False)
 class AdviceEntry:
-    """The advice for one (destination, budget, control) as cached: Advice.to_json() plus dest, fitted_at, probed_at
+    """The advice for one (link, budget, control) as cached: Advice.to_json() plus src, dest, fitted_at, probed_at
     and observations_used. It owns the one serialisation every reader gets, with age_s and stale added."""
 
     payload: dict[str, Any]
-    probed_at: float
+    probed_at: float  # FitRow.evidence_at: age_s and stale are judged by it
     loaded_at: float
     generation: int
-    newest_fit_id: int | None  # the destination's newest fit under any control when loaded (alternatives read them all)
+    newest_fit_id: int | None  # the link's newest fit under any control when loaded (alternatives read them all)
     _json_prefix: bytes | None = None
 
     def document(self, age_s: float, stale: bool) -> dict[str, Any]:
@@ -72,6 +79,14 @@ class AdviceEntry:
                 + (b',"stale":true}' if stale else b',"stale":false}'))
 
 
+def fresh_destinations(paths: list[dict[str, Any]], control: str) -> set[str]:
+    """Destinations whose advice under ``control`` is fresh (GET /v1/paths rows of one site). A destination with no
+    fit under ``control`` counts its fit that recorded no control, as the service's advice does for its default."""
+    recorded = {p["dest"] for p in paths if p["congestion_control"] == control}
+    return {p["dest"] for p in paths if not p["stale"] and (
+        p["congestion_control"] == control or (p["congestion_control"] is None and p["dest"] not in recorded))}
+
+
 class AdviceService:
     def __init__(self, store: Store, settings: Settings, clock: Callable[[], float] = time.time,
                  resolver: Resolver = system_resolver,
@@ -82,11 +97,11 @@ class AdviceService:
         self.resolver = resolver
         # The congestion controls a probe run here may use (read when a probe is asked for: modules load).
         self.controls = controls
-        self._cache: dict[tuple[str, float, str], AdviceEntry] = {}
+        self._cache: dict[CacheKey, AdviceEntry] = {}
         self._generation = 0
-        self._refresh_requested: dict[tuple[str, str], float] = {}
+        self._refresh_requested: dict[tuple[str, str, str], float] = {}
         # One thread at a time brings an expired entry up to date; the others serve the previous one.
-        self._refreshing: dict[tuple[str, float, str], threading.Lock] = {}
+        self._refreshing: dict[CacheKey, threading.Lock] = {}
         self._refresher: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
         self._listeners: list[Callable[[], None]] = []
@@ -103,6 +118,10 @@ class AdviceService:
             self._cache.clear()
 
     # -- fits -----------------------------------------------------------------------------
+
+    def site(self, name: Any = None) -> str:
+        """The source site a request names (checked), or this service's own when it names none."""
+        return self.settings.site if name is None else check_site(name)
 
     def control(self, name: Any = None) -> str:
         """The congestion control a request names (checked), or the service's default when it names none."""
@@ -132,8 +151,10 @@ class AdviceService:
 
     def ingest_run(self, dest: Destination, idle_rtt_s: float | None, results: Sequence[ProbeResult],
                    started_at: float, source: str, job_id: str | None = None,
-                   address: str | None = None, congestion_control: str | None = None) -> tuple[int, str | None]:
-        """Fit and store a finished probe run (and close its job) in one transaction: (run id, fit error).
+                   address: str | None = None, congestion_control: str | None = None,
+                   src: Any = None) -> tuple[int, str | None]:
+        """Fit and store a finished probe run from site ``src`` (None: this service's) and close its job, in one
+        transaction: (run id, fit error).
 
         ``address``: the IP address the probes went to, when this service resolved it. The run and its fit
         are stored under the control the probes report they used, else ``congestion_control`` (the one
@@ -153,7 +174,7 @@ class AdviceService:
         if error is None and congestion_control is not None and used != congestion_control:
             error = (f"the probes were asked to run under {congestion_control} but used {used} (is {congestion_control} "
                      f"allowed for this process? net.ipv4.tcp_allowed_congestion_control); kept as {used}'s advice")
-        run_id = self.store.record_run(dest, source=source, idle_rtt_s=idle_rtt_s, results=results,
+        run_id = self.store.record_run(dest, src=self.site(src), source=source, idle_rtt_s=idle_rtt_s, results=results,
                                        started_at=started_at, fit=new_fit, job_id=job_id, job_error=error,
                                        address=address, congestion_control=used)
         self.invalidate()
@@ -161,38 +182,40 @@ class AdviceService:
 
     # -- advice ---------------------------------------------------------------------------
 
-    def _current(self, dest_key: str, control: str) -> FitRow | None:
-        """The newest fit under ``control``; for the default control, fits that did not record theirs (stored
-        before controls were) answer until one under it is stored."""
-        return self.store.current_fit(dest_key, control, or_unrecorded=control == self.settings.congestion_control)
+    def _current(self, src: str, dest_key: str, control: str) -> FitRow | None:
+        """The link's newest fit under ``control``; for the default control, fits that did not record theirs
+        (stored before controls were) answer until one under it is stored."""
+        return self.store.current_fit(dest_key, control, or_unrecorded=control == self.settings.congestion_control,
+                                      src=src)
 
-    def _load(self, dest: Destination, control: str) -> FitRow:
-        row = self._current(dest.key, control)
+    def _load(self, src: str, dest: Destination, control: str) -> FitRow:
+        row = self._current(src, dest.key, control)
         if row is None:
-            probed = sorted({r.congestion_control for r in self.store.current_fits(dest.key) if r.congestion_control})
+            probed = sorted({r.congestion_control for r in self.store.current_fits(dest.key, src=src)
+                             if r.congestion_control})
             under = f" (it has been probed under {', '.join(probed)})" if probed else ""
             raise UnknownDestination(
-                f"no advice for {dest.key} under {control} yet{under}: request a probe with POST /v1/probes "
-                f"{{\"dest\": \"{dest.key}\", \"congestion_control\": \"{control}\"}} (or `tame agent "
-                f"--congestion-control {control}`), then ask again when GET /v1/probes/ID says done"
+                f"no advice from {src} to {dest.key} under {control} yet{under}: request a probe with POST /v1/probes "
+                f"{{\"src\": \"{src}\", \"dest\": \"{dest.key}\", \"congestion_control\": \"{control}\"}} (or "
+                f"`tame agent --congestion-control {control}` at {src}), then ask again when GET /v1/probes/ID says done"
             )
         return row
 
-    def _stale(self, dest_key: str, control: str, probed_at: float, now: float) -> bool:
+    def _stale(self, src: str, dest_key: str, control: str, probed_at: float, now: float) -> bool:
         if now - probed_at <= self.settings.ttl_s:
             return False
-        last = self._refresh_requested.get((dest_key, control))
+        last = self._refresh_requested.get((src, dest_key, control))
         if last is None or now - last >= _REFRESH_RETRY_S:
-            self._refresh_requested[(dest_key, control)] = now
+            self._refresh_requested[(src, dest_key, control)] = now
             try:
-                self.request_probe(dest_key, congestion_control=control)
+                self.request_probe(dest_key, congestion_control=control, src=src)
             except (DestinationNotAllowed, InvalidRequest, QueueFull) as exc:
                 # The stale advice is still the best answer; the re-probe is asked for again later.
-                log.info("stale advice for %s under %s not re-probed: %s", dest_key, control, exc)
+                log.info("stale advice from %s to %s under %s not re-probed: %s", src, dest_key, control, exc)
         return True
 
-    def cached_entry(self, dest_text: str, max_impact: float,
-                     control: str | None = None) -> tuple[AdviceEntry, float, bool] | None:
+    def cached_entry(self, dest_text: str, max_impact: float, control: str | None = None,
+                     src: str | None = None) -> tuple[AdviceEntry, float, bool] | None:
         """(entry, age_s, stale) from memory alone, or None when the store is needed (a miss, an entry that
         could not be refreshed for a while, or a re-probe to queue). Never blocks: the API answers warm
         requests with it on the event loop. An expired entry is still served while one background thread
@@ -200,7 +223,7 @@ class AdviceService:
         if isinstance(max_impact, bool) or not isinstance(max_impact, float) or not 0.0 <= max_impact <= 1.0:
             return None
         now = self.clock()
-        key = (dest_text, max_impact, control or self.settings.congestion_control)
+        key = (src or self.settings.site, dest_text, max_impact, control or self.settings.congestion_control)
         cached = self._cache.get(key)
         if cached is None or cached.generation != self._generation:
             return None
@@ -211,38 +234,41 @@ class AdviceService:
             self._refresh_in_background(key)
         stale = now - cached.probed_at > self.settings.ttl_s
         if stale:
-            last = self._refresh_requested.get((cached.payload["dest"], key[2]))
+            last = self._refresh_requested.get((key[0], cached.payload["dest"], key[3]))
             if last is None or now - last >= _REFRESH_RETRY_S:
                 return None
         return cached, max(0.0, now - cached.probed_at), stale
 
-    def advice_entry(self, dest_text: str, max_impact: Any, control: Any = None) -> tuple[AdviceEntry, float, bool]:
-        """(entry, age_s, stale) for a budget under a congestion control (None: the default), from the cache or
-        the store; a stale one has its re-probe queued."""
+    def advice_entry(self, dest_text: str, max_impact: Any, control: Any = None,
+                     src: Any = None) -> tuple[AdviceEntry, float, bool]:
+        """(entry, age_s, stale) for a budget under a congestion control (None: the default) on the link from
+        ``src`` (None: this service's site), from the cache or the store; a stale one has its re-probe queued."""
         budget = check_max_impact(max_impact)
         cc = self.control(control)
+        site = self.site(src)
         now = self.clock()
-        key = (dest_text, budget, cc)
+        key = (site, dest_text, budget, cc)
         cached = self._cache.get(key)
         if not self._fresh(cached, now):
             cached = self._refreshed(key, cached)
-        return cached, max(0.0, now - cached.probed_at), self._stale(cached.payload["dest"], cc, cached.probed_at, now)
+        return cached, max(0.0, now - cached.probed_at), self._stale(site, cached.payload["dest"], cc,
+                                                                      cached.probed_at, now)
 
-    def advice(self, dest_text: str, max_impact: Any, control: Any = None) -> dict[str, Any]:
-        """Advice.to_json() plus dest, fitted_at, probed_at, observations_used, age_s and stale."""
-        entry, age_s, stale = self.advice_entry(dest_text, max_impact, control)
+    def advice(self, dest_text: str, max_impact: Any, control: Any = None, src: Any = None) -> dict[str, Any]:
+        """Advice.to_json() plus src, dest, fitted_at, probed_at, observations_used, age_s and stale."""
+        entry, age_s, stale = self.advice_entry(dest_text, max_impact, control, src)
         return entry.document(age_s, stale)
 
     def _fresh(self, cached: AdviceEntry | None, now: float) -> bool:
         return (cached is not None and cached.generation == self._generation
                 and now - cached.loaded_at <= self.settings.cache_max_age_s)
 
-    def _refresh_lock(self, key: tuple[str, float, str]) -> threading.Lock:
+    def _refresh_lock(self, key: CacheKey) -> threading.Lock:
         """The lock held by whichever thread brings ``key``'s entry up to date."""
         with self._lock:
             return self._refreshing.setdefault(key, threading.Lock())
 
-    def _refreshed(self, key: tuple[str, float, str], cached: AdviceEntry | None) -> AdviceEntry:
+    def _refreshed(self, key: CacheKey, cached: AdviceEntry | None) -> AdviceEntry:
         """The entry for ``key`` brought up to date by one thread at a time (no stampede when it expires
         under load): while one reloads, the others get the previous entry, or wait for it if there is none."""
         refreshing = self._refresh_lock(key)
@@ -257,7 +283,7 @@ class AdviceService:
         finally:
             refreshing.release()
 
-    def _refresh_in_background(self, key: tuple[str, float, str]) -> None:
+    def _refresh_in_background(self, key: CacheKey) -> None:
         """Bring ``key``'s entry up to date in the background, unless a thread is doing so already."""
         refreshing = self._refresh_lock(key)
         if not refreshing.acquire(blocking=False):
@@ -278,19 +304,19 @@ class AdviceService:
                 self._refresher = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tame-advice-refresh")
         self._refresher.submit(refresh)
 
-    def _load_entry(self, key: tuple[str, float, str], previous: AdviceEntry | None) -> AdviceEntry:
-        dest_text, budget, control = key
+    def _load_entry(self, key: CacheKey, previous: AdviceEntry | None) -> AdviceEntry:
+        src, dest_text, budget, control = key
         dest = parse_destination(dest_text)
         generation = self._generation
         now = self.clock()
         if previous is not None and previous.generation == generation \
-                and self.store.current_fit_id(dest.key) == previous.newest_fit_id:
+                and self.store.current_fit_id(dest.key, src=src) == previous.newest_fit_id:
             # Nothing was written since (not even by another process): keep the advice, and the entry
             # object, which the API's serialisation is memoised on.
             previous.loaded_at = now
             return previous
-        newest_fit_id = self.store.current_fit_id(dest.key)  # read first: a fit written after it reloads
-        row = self._load(dest, control)
+        newest_fit_id = self.store.current_fit_id(dest.key, src=src)  # read first: a fit written after it reloads
+        row = self._load(src, dest, control)
         advice = self._advise_row(row, budget, control)
         if row.congestion_control is None:
             advice = dataclasses.replace(advice, warnings=[*advice.warnings, (
@@ -298,7 +324,7 @@ class AdviceService:
                 f"kept); they are taken to be this service's default, {control}: probe again to be sure")])
         if not budget_met(advice):
             measured = {r.congestion_control: (self._advise_row(r, budget, r.congestion_control), r.probed_at)
-                        for r in self.store.current_fits(dest.key)
+                        for r in self.store.current_fits(dest.key, src=src)
                         if r.congestion_control is not None and r.congestion_control != control}
             try:
                 offered = self.controls()
@@ -307,10 +333,10 @@ class AdviceService:
             advice = dataclasses.replace(advice, alternatives=alternatives(dest.key, budget, control, advice,
                                                                            measured, offered))
         payload = advice.to_json()
-        payload.update(dest=dest.key, fitted_at=row.fitted_at, probed_at=row.probed_at,
+        payload.update(src=src, dest=dest.key, fitted_at=row.fitted_at, probed_at=row.probed_at,
                        observations_used=row.observations_used,
                        open=how_to_open(advice, dest.key, row.idle_rtt_s))
-        entry = AdviceEntry(payload, row.probed_at, now, generation, newest_fit_id)
+        entry = AdviceEntry(payload, row.evidence_at, now, generation, newest_fit_id)
         with self._lock:
             if len(self._cache) >= _CACHE_LIMIT:
                 self._cache.clear()
@@ -326,48 +352,65 @@ class AdviceService:
         return advise(fitted, budget, row.n_max, row.idle_rtt_s, probes,
                       standard_control=row.congestion_control or control)
 
-    def batch(self, items: Sequence[tuple[str, Any, Any]]) -> list[dict[str, Any]]:
-        """One entry per (dest, max_impact, cc): {"dest", "max_impact", "cc", "advice"} or {..., "error"}."""
+    def batch(self, items: Sequence[tuple[str, Any, Any, Any]]) -> list[dict[str, Any]]:
+        """One entry per (dest, max_impact, cc, src): {"src", "dest", "max_impact", "cc", "advice"} or
+        {..., "error"}."""
         if len(items) > self.settings.max_batch:
             raise BatchTooLarge(f"batch has {len(items)} items; at most {self.settings.max_batch} are allowed per request")
         out = []
-        for dest_text, budget, control in items:
+        for dest_text, budget, control, src in items:
+            item = {"src": src, "dest": dest_text, "max_impact": budget, "cc": control}
             try:
-                out.append({"dest": dest_text, "max_impact": budget, "cc": control,
-                            "advice": self.advice(dest_text, budget, control), "error": None})
+                out.append({**item, "advice": self.advice(dest_text, budget, control, src), "error": None})
             except (InvalidRequest, UnknownDestination) as exc:
-                out.append({"dest": dest_text, "max_impact": budget, "cc": control, "advice": None,
-                            "error": {"kind": type(exc).__name__, "message": str(exc)}})
+                out.append({**item, "advice": None, "error": {"kind": type(exc).__name__, "message": str(exc)}})
         return out
 
-    def curve(self, dest_text: str, control: Any = None) -> dict[str, Any]:
+    def curve(self, dest_text: str, control: Any = None, src: Any = None) -> dict[str, Any]:
         dest = parse_destination(dest_text)
         cc = self.control(control)
-        row = self._load(dest, cc)
+        site = self.site(src)
+        row = self._load(site, dest, cc)
         points = self.store.curve(row.id)
         payload = curve_to_json(row.model, row.params, [p for p, _ in points])
         for entry, (_, advisable) in zip(payload["curve"], points):
             entry["advisable"] = advisable
         now = self.clock()
-        payload.update(dest=dest.key, congestion_control=row.congestion_control or cc, regime=row.regime,
+        payload.update(src=site, dest=dest.key, congestion_control=row.congestion_control or cc, regime=row.regime,
                        warnings=row.warnings, probes=row.probes,
                        fitted_at=row.fitted_at, probed_at=row.probed_at,
-                       stale=now - row.probed_at > self.settings.ttl_s)
+                       stale=now - row.evidence_at > self.settings.ttl_s)
         return payload
 
-    def paths(self) -> list[dict[str, Any]]:
+    def paths(self, src: Any = None) -> list[dict[str, Any]]:
+        """The newest fit of each (link, control), of the links from ``src`` when it is given (None: all)."""
         now = self.clock()
         return [
-            {"dest": row.dest, "congestion_control": row.congestion_control, "model": row.model, "regime": row.regime, "params": row.params,
-             "fitted_at": row.fitted_at, "probed_at": row.probed_at, "age_s": max(0.0, now - row.probed_at),
-             "stale": now - row.probed_at > self.settings.ttl_s, "observations_used": row.observations_used}
-            for row in self.store.current_fits()
+            {"src": row.src, "dest": row.dest, "congestion_control": row.congestion_control, "model": row.model, "regime": row.regime, "params": row.params,
+             "fitted_at": row.fitted_at, "probed_at": row.probed_at, "age_s": max(0.0, now - row.evidence_at),
+             "stale": now - row.evidence_at > self.settings.ttl_s, "observations_used": row.observations_used}
+            for row in self.store.current_fits(src=None if src is None else check_site(src))
         ]
+
+    def links(self, src: Any = None) -> list[dict[str, Any]]:
+        """Each link (from ``src`` when given): {"src", "dest", "congestion_controls", "evidence_at", "age_s",
+        "stale"}, as of its newest evidence (probes or transfers, FitRow.evidence_at) under any control."""
+        now = self.clock()
+        links: dict[tuple[str, str], dict[str, Any]] = {}
+        for row in self.store.current_fits(src=None if src is None else check_site(src)):
+            link = links.setdefault((row.src, row.dest), {"src": row.src, "dest": row.dest, "congestion_controls": [],
+                                                          "evidence_at": row.evidence_at})
+            link["congestion_controls"].append(row.congestion_control)
+            link["evidence_at"] = max(link["evidence_at"], row.evidence_at)
+        for link in links.values():
+            link.update(age_s=max(0.0, now - link["evidence_at"]),
+                        stale=now - link["evidence_at"] > self.settings.ttl_s)
+        return list(links.values())
 
     def staleness(self) -> tuple[int, int, float]:
         """(destinations, stale destinations, oldest probe age in seconds) for monitoring."""
         now = self.clock()
-        ages = [now - row.probed_at for row in self.store.current_fits()]
+        ages = [now - row.evidence_at for row in self.store.current_fits()]
         return len(ages), sum(age > self.settings.ttl_s for age in ages), max(ages, default=0.0)
 
     # -- probes ---------------------------------------------------------------------------
@@ -382,17 +425,20 @@ class AdviceService:
 
     def request_probe(self, dest_text: str, levels: Sequence[int] | None = None,
                       duration_s: float | None = None, client: str | None = None,
-                      congestion_control: Any = None) -> tuple[Job, bool]:
-        """Queue a probe under a congestion control (None: the default; one this kernel offers, as the probe
-        runs here), or return the destination's active one under it: (job, created). ``client`` (the API's
+                      congestion_control: Any = None, src: Any = None) -> tuple[Job, bool]:
+        """Queue a probe of the link from ``src`` (None: this service's site, probed here; another site's
+        probes wait for that site's agent) under a congestion control (None: the default; for this site one
+        this kernel offers), or return the link's active one under it: (job, created). ``client`` (the API's
         remote address) is held to settings.max_queued_probes_per_client queued jobs."""
         dest = parse_destination(dest_text)
         control = self.control(congestion_control)
-        try:
-            offered = self.controls()
-        except OSError as exc:
-            raise InvalidRequest(f"cannot tell which congestion controls this kernel offers: {exc}") from exc
-        check_available_control(control, offered)
+        site = self.site(src)
+        if site == self.settings.site:
+            try:
+                offered = self.controls()
+            except OSError as exc:
+                raise InvalidRequest(f"cannot tell which congestion controls this kernel offers: {exc}") from exc
+            check_available_control(control, offered)
         levels = check_probe_levels(self.settings.default_levels if levels is None else levels,
                                     MIN_LEVELS[self.settings.model], self.settings.model)
         duration = check_probe_duration_s(self.settings.default_duration_s if duration_s is None else duration_s)
@@ -402,7 +448,7 @@ class AdviceService:
         job, created = self.store.enqueue_job(dest, levels, float(duration), max_queued=self.settings.max_queued_probes,
                                               retry_after_s=retry_after_s, client=client,
                                               max_queued_per_client=self.settings.max_queued_probes_per_client,
-                                              congestion_control=control)
+                                              src=site, congestion_control=control)
         if created:
             for listener in self._listeners:
                 listener()
@@ -411,7 +457,7 @@ class AdviceService:
     def probe_status(self, job_id: str) -> dict[str, Any]:
         job = self.store.job(job_id)
         payload: dict[str, Any] = {
-            "id": job.id, "dest": job.dest, "congestion_control": job.congestion_control, "status": job.status,
+            "id": job.id, "src": job.src, "dest": job.dest, "congestion_control": job.congestion_control, "status": job.status,
             "progress": job.progress,
             "progress_detail": job.progress_detail if job.status == "running" else None,
             "levels": job.levels, "duration_s": job.duration_s, "requested_at": job.requested_at,
@@ -419,33 +465,78 @@ class AdviceService:
             "error": job.error, "result": None,
         }
         if job.status == "done":
-            row = self._current(job.dest, job.congestion_control or self.settings.congestion_control)
+            row = self._current(job.src, job.dest, job.congestion_control or self.settings.congestion_control)
             if row is not None:
                 payload["result"] = {"congestion_control": row.congestion_control, "model": row.model, "params": row.params, "regime": row.regime,
                                      "warnings": row.warnings, "probes": row.probes, "fitted_at": row.fitted_at}
         return payload
 
+    # -- sites and their agents --------------------------------------------------------
+
+    def register_site(self, site: Any, budget: SiteBudget, dests: Sequence[Any],
+                      congestion_control: Any = None) -> dict[str, Any]:
+        """Register (or refresh) an agent's site: its budget and its links to ``dests`` (each within the allow-list),
+        and queue a probe under ``congestion_control`` (None: the default) for each of its links whose advice is
+        missing or stale (FitRow.evidence_at: a link with recent transfers needs none).
+        Returns {"site", "links", "queued", "budget"}."""
+        name = check_site(site, "site")
+        control = self.control(congestion_control)
+        parsed = [parse_destination(d) for d in dests]
+        for dest in parsed:
+            self.check_allowed(dest)
+        register_site(self.store, name, budget, parsed)
+        fresh = fresh_destinations(self.paths(name), control)
+        queued = 0
+        for dest in parsed:
+            if dest.key not in fresh:
+                _, created = self.request_probe(dest.key, congestion_control=control, src=name)
+                queued += created
+        return {"site": name, "links": len({d.key for d in parsed}), "queued": queued, "budget": budget.to_json()}
+
+    def claim(self, site: Any, owner: Any, max_streams: Any) -> dict[str, Any]:
+        """Claim the site's next queued probe for agent ``owner``, within the site's budget (advisor.sites.claim_job):
+        {"site", "job": the job (as GET /v1/probes/ID shows it) or None, "max_streams", "lease_until", "waiting",
+        "use"}; jobs whose agent's lease ran out are queued again first."""
+        name = check_site(site, "site")
+        if not isinstance(owner, str) or not 1 <= len(owner) <= 200:
+            raise InvalidRequest("owner must name the agent (1 to 200 characters)")
+        cap = max_streams if isinstance(max_streams, int) and not isinstance(max_streams, bool) else None
+        if cap is None or not 1 <= cap <= MAX_SITE_STREAMS:
+            raise InvalidRequest(f"max_streams must be a whole number from 1 to {MAX_SITE_STREAMS}; got {max_streams!r}")
+        self.store.recover_jobs(self.settings.max_probe_attempts)
+        claimed = claim_job(self.store, name, owner, max_streams=cap, worst_case_s=self.worst_case_s)
+        return {"site": name, "job": None if claimed.job is None else self.probe_status(claimed.job.id),
+                "max_streams": claimed.streams or None, "lease_until": claimed.lease_until,
+                "waiting": claimed.waiting, "use": site_use(self.store, name).to_json()}
+
+    def worst_case_s(self, job: Job) -> float:
+        """The longest a job's probe plan may take, seconds (its lease, and what it holds of a site's budget)."""
+        return plan_for(self.settings, job.levels, job.duration_s).worst_case_s
+
     # -- observations ---------------------------------------------------------------------
 
-    def observe(self, dest_text: str, streams: Any, throughput_bps: Any, **detail: Any) -> dict[str, Any]:
-        """Store a finished transfer under its standard streams' congestion control (None: the default;
-        ``detail``: the other fields of :meth:`Observation.checked`) and, when all its streams were standard,
-        refit on the newest probes under that control plus its standard observations since.
+    def observe(self, dest_text: str, streams: Any, throughput_bps: Any, src: Any = None,
+                **detail: Any) -> dict[str, Any]:
+        """Store a finished transfer from site ``src`` (None: this service's) under its standard streams'
+        congestion control (None: the default; ``detail``: the other fields of :meth:`Observation.checked`) and,
+        when all its streams were standard, refit the link on its newest probes under that control plus its
+        standard observations since.
 
         A transfer with a tame stream is stored with its detail and does not refit (advisor/observations.py).
-        Returns {"dest", "congestion_control", "accepted", "refit", "id", "feeds_fit"}."""
+        Returns {"src", "dest", "congestion_control", "accepted", "refit", "id", "feeds_fit"}."""
         dest = parse_destination(dest_text)
+        site = self.site(src)
         observation = Observation.checked(streams, throughput_bps, **detail)
         control = self.control(observation.congestion_control)
         observation = dataclasses.replace(observation, congestion_control=control)
         # An observation becomes advice schedulers read: only for destinations this service may probe.
         self.check_allowed(dest)
         run_control: str | None = control
-        run_at, idle_rtt_s, run_points = self.store.latest_run_points(dest.key, control)
+        run_at, idle_rtt_s, run_points = self.store.latest_run_points(dest.key, control, src=site)
         if not run_points and control == self.settings.congestion_control:
             # As the advice does: runs that did not record their control count as the default's.
             run_control = None
-            run_at, idle_rtt_s, run_points = self.store.latest_run_points(dest.key, None)
+            run_at, idle_rtt_s, run_points = self.store.latest_run_points(dest.key, None, src=site)
         base = [ProbePoint(streams=p["streams"], throughput_bps=p["throughput_bps"], rtt_s=p["rtt_mean_s"],
                            retransmits=p["retransmits"], duration_s=p["duration_s"], mss_bytes=p["mss_bytes"],
                            stream_bps=p["stream_bps"], stream_retransmits=p["stream_retransmits"])
@@ -454,7 +545,8 @@ class AdviceService:
         def refit(observations: list[dict[str, float]]) -> NewFit | None:
             if not base:
                 # No probe run under this control: transfers alone do not make a curve (nor a "measured" control).
-                log.info("observation for %s under %s stored without a refit: no probe run under it", dest.key, control)
+                log.info("observation from %s to %s under %s stored without a refit: no probe run under it", site,
+                         dest.key, control)
                 return None
             points = base + [ProbePoint(streams=o["streams"], throughput_bps=o["throughput_bps"]) for o in observations]
             try:
@@ -464,7 +556,7 @@ class AdviceService:
                 log.info("observation for %s stored without a refit: %s", dest.key, exc)
                 return None
 
-        observation_id, fit_id = self.store.add_observation(dest, observation, refit, run_control=run_control)
+        observation_id, fit_id = self.store.add_observation(dest, observation, refit, src=site, run_control=run_control)
         self.invalidate()
-        return {"dest": dest.key, "congestion_control": control, "accepted": True, "refit": fit_id is not None,
+        return {"src": site, "dest": dest.key, "congestion_control": control, "accepted": True, "refit": fit_id is not None,
                 "id": observation_id, "feeds_fit": observation.feeds_fit}

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
 from advisor.allowlist import DEFAULT_ALLOWED, AllowList
 from advisor.errors import ConfigError, InvalidRequest
-from advisor.limits import check_congestion_control
+from advisor.limits import check_congestion_control, check_site
 from advisor.retention import Retention
 from advisor.store import REFIT_OBSERVATIONS
 from advisor.tame import DEFAULT_MODEL, DEFAULT_N_MAX
@@ -25,6 +26,15 @@ def default_database_url(env: Mapping[str, str]) -> str:
     base = env.get("XDG_DATA_HOME")
     path = Path(base) / "tame" / "tame.sqlite3" if base else Path("tame.sqlite3")
     return f"sqlite:///{path}"
+
+
+def default_site(env: Mapping[str, str]) -> str:
+    """The site this process speaks for: TAME_SITE, else this host's name (checked: advisor.limits.check_site)."""
+    text = env.get("TAME_SITE") or socket.gethostname()
+    try:
+        return check_site(text, "TAME_SITE" if env.get("TAME_SITE") else f"this host's name ({text!r}; set TAME_SITE)")
+    except InvalidRequest as exc:
+        raise ConfigError(str(exc)) from None
 
 
 @dataclass(frozen=True)
@@ -65,6 +75,8 @@ class Settings:
     retention: Retention = field(default_factory=Retention)
     # The congestion control probes and advice use when a request names none: this host's default.
     congestion_control: str = field(default_factory=host_default_control)
+    # This service's own site: the source of the links it probes itself, and of requests that name none.
+    site: str = field(default_factory=lambda: default_site(os.environ))
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
@@ -74,7 +86,8 @@ class Settings:
         TAME_MAX_QUEUED_PROBES_PER_CLIENT (queued jobs one remote address may have), TAME_KEEPALIVE_TIMEOUT_S,
         TAME_HEADER_TIMEOUT_S, TAME_BODY_TIMEOUT_S, TAME_MAX_CONNECTIONS, TAME_BACKLOG, TAME_CONGESTION_CONTROL
         (the control probes and advice use when a request names none; default this host's,
-        net.ipv4.tcp_congestion_control).
+        net.ipv4.tcp_congestion_control), TAME_SITE (this service's site, the source of the links it probes;
+        default this host's name).
         Retention (advisor/retention.py), per destination: TAME_KEEP_FITS (newest fits kept with their
         curves, default 20), TAME_KEEP_RUNS (newest probe runs and finished probe jobs kept, default 20),
         TAME_RUN_MAX_AGE_S (runs and finished jobs older than this go even within TAME_KEEP_RUNS;
@@ -126,6 +139,7 @@ class Settings:
             raise ConfigError(str(exc)) from None
         return cls(
             congestion_control=control,
+            site=default_site(env),
             database_url=url,
             token=token,
             read_token=read_token,

@@ -37,7 +37,7 @@ REFIT_OBSERVATIONS = 200
 
 @dataclass(frozen=True)
 class FitRow:
-    """The newest fit of a destination as stored."""
+    """The newest fit of a link (src, dest) as stored."""
 
     id: int
     dest: str
@@ -54,6 +54,13 @@ class FitRow:
     probed_at: float
     record: dict[str, Any] | None = None  # the fit's own record (NULL for fits stored before)
     congestion_control: str | None = None  # the probes' control (NULL: not recorded, stored before)
+    src: str = ""  # the site the probes ran from
+
+    @property
+    def evidence_at(self) -> float:
+        """Unix seconds of the newest evidence behind the fit, which its freshness is judged by: the probes', or
+        for a fit refitted on finished transfers the newest transfer's (a link with recent transfers needs no probe)."""
+        return max(self.probed_at, self.fitted_at) if self.observations_used else self.probed_at
 
 
 @dataclass(frozen=True)
@@ -75,6 +82,7 @@ class Job:
     progress_detail: dict[str, Any] | None = None
     address: str | None = None
     congestion_control: str | None = None  # the control to probe under (NULL: jobs queued before it was kept)
+    src: str = ""  # the site whose prober runs it
 
 
 @dataclass(frozen=True)
@@ -91,21 +99,21 @@ class NewFit:
     congestion_control: str | None = None
 
 
-_JOB_COLUMNS = ("id, dest, status, levels_json, duration_s, requested_at, started_at, finished_at, "
-                "progress, attempts, error, probe_run_id, progress_detail, address, congestion_control")
+JOB_COLUMNS = ("id, dest, status, levels_json, duration_s, requested_at, started_at, finished_at, "
+                "progress, attempts, error, probe_run_id, progress_detail, address, congestion_control, src")
 _FIT_COLUMNS = ("id, dest, model, params_json, regime, warnings_json, probe_streams_json, probes_json, "
-                "observations_used, idle_rtt_s, n_max, fitted_at, probed_at, record_json, congestion_control")
+                "observations_used, idle_rtt_s, n_max, fitted_at, probed_at, record_json, congestion_control, src")
 
 
-def _job(row) -> Job:
+def job_from_row(row) -> Job:
     return Job(row[0], row[1], row[2], json.loads(row[3]), row[4], row[5], row[6], row[7], row[8], row[9],
-               row[10], row[11], json.loads(row[12]) if row[12] else None, row[13], row[14])
+               row[10], row[11], json.loads(row[12]) if row[12] else None, row[13], row[14], row[15])
 
 
 def _fit(row) -> FitRow:
     return FitRow(row[0], row[1], row[2], json.loads(row[3]), row[4], json.loads(row[5]), json.loads(row[6]),
                   json.loads(row[7]), row[8], row[9], row[10], row[11], row[12],
-                  json.loads(row[13]) if row[13] else None, row[14])
+                  json.loads(row[13]) if row[13] else None, row[14], row[15])
 
 
 def same_control(column: str, control: str | None) -> tuple[str, tuple]:
@@ -247,22 +255,24 @@ class Store:
     def close(self) -> None:
         self.db.close()
 
-    # -- destinations ---------------------------------------------------------------------
+    # -- links --------------------------------------------------------------------------
 
-    def _destination_id(self, tx: Tx, dest: Destination) -> int:
-        """The destination's row id, the row created if missing; safe against concurrent first writes."""
-        select = "SELECT id FROM destinations WHERE dest = ?"
-        row = tx.execute(select, (dest.key,)).fetchone()
+    def link_id(self, tx: Tx, src: str, dest: Destination) -> int:
+        """The row id of the link from site ``src`` to ``dest`` (a row of ``destinations``), the row created if
+        missing; safe against concurrent first writes."""
+        select = "SELECT id FROM destinations WHERE src = ? AND dest = ?"
+        row = tx.execute(select, (src, dest.key)).fetchone()
         if row:  # the common case, without an insert that would spend an id of the sequence
             return row[0]
         # Several transactions may miss the row at once (on PostgreSQL they run in parallel): the
         # upsert makes all but one wait for the winner's commit and do nothing, and the SELECT after
         # it (a new snapshot under READ COMMITTED) then sees that row.
         tx.execute(
-            "INSERT INTO destinations (dest, host, port, created_at) VALUES (?, ?, ?, ?) ON CONFLICT (dest) DO NOTHING",
-            (dest.key, dest.host, dest.port, self.clock()),
+            "INSERT INTO destinations (src, dest, host, port, created_at) VALUES (?, ?, ?, ?, ?) "
+            "ON CONFLICT (src, dest) DO NOTHING",
+            (src, dest.key, dest.host, dest.port, self.clock()),
         )
-        return tx.execute(select, (dest.key,)).fetchone()[0]
+        return tx.execute(select, (src, dest.key)).fetchone()[0]
 
     # -- fits -----------------------------------------------------------------------------
 
@@ -282,33 +292,37 @@ class Store:
         write_curve(tx, fit_id, fit.curve, halfway=lambda: step("curve"))
         return fit_id
 
-    def current_fit(self, dest_key: str, control: str | None = None, or_unrecorded: bool = False) -> FitRow | None:
-        """The destination's newest fit under ``control`` (None: the fits that did not record one); with
+    def current_fit(self, dest_key: str, control: str | None = None, or_unrecorded: bool = False, *,
+                    src: str) -> FitRow | None:
+        """The link's newest fit under ``control`` (None: the fits that did not record one); with
         ``or_unrecorded``, the newest that did not record one when there is none under ``control``."""
         where, params = same_control("congestion_control", control)
         if or_unrecorded and control is not None:
             where = f"({where} OR congestion_control IS NULL)"
         with self.db.transaction() as tx:
             # One current fit per control: a recorded one comes before the unrecorded one.
-            row = tx.execute(f"SELECT {_FIT_COLUMNS} FROM current_fits WHERE dest = ? AND {where} "
+            row = tx.execute(f"SELECT {_FIT_COLUMNS} FROM current_fits WHERE src = ? AND dest = ? AND {where} "
                              "ORDER BY CASE WHEN congestion_control IS NULL THEN 1 ELSE 0 END LIMIT 1",
-                             (dest_key, *params)).fetchone()
+                             (src, dest_key, *params)).fetchone()
         return _fit(row) if row else None
 
-    def current_fit_id(self, dest_key: str) -> int | None:
-        """The id of the destination's newest fit under any control (a cheap check that nothing was written
+    def current_fit_id(self, dest_key: str, *, src: str) -> int | None:
+        """The id of the link's newest fit under any control (a cheap check that nothing was written
         since: the advice under one control names what the others' fits would do)."""
         with self.db.transaction() as tx:
             row = tx.execute("SELECT max(f.id) FROM fits f JOIN destinations d ON d.id = f.destination_id "
-                             "WHERE d.dest = ?", (dest_key,)).fetchone()
+                             "WHERE d.src = ? AND d.dest = ?", (src, dest_key)).fetchone()
         return row[0] if row else None
 
-    def current_fits(self, dest_key: str | None = None) -> list[FitRow]:
-        """The newest fit of each (destination, control), of one destination when ``dest_key`` is given."""
-        where, params = ("WHERE dest = ?", (dest_key,)) if dest_key is not None else ("", ())
+    def current_fits(self, dest_key: str | None = None, *, src: str | None = None) -> list[FitRow]:
+        """The newest fit of each (link, control): of the links from ``src`` when it is given, to ``dest_key``
+        when it is given."""
+        conditions = [(column, value) for column, value in (("src", src), ("dest", dest_key)) if value is not None]
+        where = ("WHERE " + " AND ".join(f"{column} = ?" for column, _ in conditions)) if conditions else ""
         with self.db.transaction() as tx:
             rows = tx.execute(f"SELECT {_FIT_COLUMNS} FROM current_fits {where} "
-                              "ORDER BY dest, coalesce(congestion_control, ''), id", params).fetchall()
+                              "ORDER BY src, dest, coalesce(congestion_control, ''), id",
+                              [value for _, value in conditions]).fetchall()
         return [_fit(row) for row in rows]
 
     def curve(self, fit_id: int) -> list[tuple[CurvePoint, bool]]:
@@ -320,18 +334,18 @@ class Store:
             ).fetchall()
         return [(CurvePoint(r[0], r[1], r[2], r[3]), bool(r[4])) for r in rows]
 
-    def record_run(self, dest: Destination, *, source: str, idle_rtt_s: float | None,
+    def record_run(self, dest: Destination, *, src: str, source: str, idle_rtt_s: float | None,
                    results: Sequence[ProbeResult], started_at: float, fit: NewFit | None,
                    job_id: str | None = None, job_error: str | None = None, address: str | None = None,
                    congestion_control: str | None = None) -> int:
-        """Store a finished probe run, its results and fit, and close its job, in one transaction.
+        """Store a finished probe run from site ``src``, its results and fit, and close its job, in one transaction.
 
         ``address`` is the IP address the probes went to, when the service resolved it itself;
         ``congestion_control`` the control the probes' streams used (None: not known)."""
         step = self._step
         with self.db.transaction(write=True) as tx:
             step("begin")
-            destination_id = self._destination_id(tx, dest)
+            destination_id = self.link_id(tx, src, dest)
             step("destination")
             run_id = tx.execute(
                 "INSERT INTO probe_runs (destination_id, job_id, source, idle_rtt_s, started_at, finished_at, address, "
@@ -359,7 +373,8 @@ class Store:
             step("job")
         return run_id
 
-    def latest_run_points(self, dest_key: str, control: str | None = None) -> tuple[float | None, float | None, list[dict[str, Any]]]:
+    def latest_run_points(self, dest_key: str, control: str | None = None, *,
+                          src: str) -> tuple[float | None, float | None, list[dict[str, Any]]]:
         """(run finished_at, idle RTT, [{streams, throughput_bps, rtt_mean_s, retransmits, duration_s, mss_bytes,
         stream_bps, stream_retransmits}]) of the newest run under ``control`` (None: runs that did not record
         one), or (None, None, []); the per-stream lists are tuples, empty where the run did not store them."""
@@ -367,9 +382,9 @@ class Store:
         with self.db.transaction() as tx:
             run = tx.execute(
                 "SELECT r.id, r.finished_at, r.idle_rtt_s FROM probe_runs r JOIN destinations d ON d.id = r.destination_id "
-                f"WHERE d.dest = ? AND {where} AND EXISTS (SELECT 1 FROM probe_results p WHERE p.probe_run_id = r.id) "
-                "ORDER BY r.id DESC LIMIT 1",
-                (dest_key, *params),
+                f"WHERE d.src = ? AND d.dest = ? AND {where} "
+                "AND EXISTS (SELECT 1 FROM probe_results p WHERE p.probe_run_id = r.id) ORDER BY r.id DESC LIMIT 1",
+                (src, dest_key, *params),
             ).fetchone()
             if not run:
                 return None, None, []
@@ -386,8 +401,9 @@ class Store:
 
     def add_observation(self, dest: Destination, observation: Observation,
                         refit: Callable[[list[dict[str, float]]], NewFit | None],
-                        limit: int = REFIT_OBSERVATIONS, *, run_control: str | None = None) -> tuple[int, int | None]:
-        """Store an observation and, in the same transaction, the refit ``refit(observations)`` returns.
+                        limit: int = REFIT_OBSERVATIONS, *, src: str,
+                        run_control: str | None = None) -> tuple[int, int | None]:
+        """Store an observation of a transfer from site ``src`` and, in the same transaction, the refit ``refit(observations)`` returns.
 
         ``refit`` gets the observations under the observation's congestion control that feed the fit (all
         streams standard: :attr:`Observation.feeds_fit`), newer than the newest probe run under ``run_control``
@@ -403,7 +419,7 @@ class Store:
             # the observations stored beside it did not record theirs either, and count too.
             obs_where = f"({obs_where} OR congestion_control IS NULL)"
         with self.db.transaction(write=True) as tx:
-            destination_id = self._destination_id(tx, dest)
+            destination_id = self.link_id(tx, src, dest)
             now = self.clock()
             observation_id = tx.execute(
                 f"INSERT INTO observations (destination_id, observed_at, {', '.join(record)}) "
@@ -427,26 +443,26 @@ class Store:
                 return observation_id, None
             return observation_id, self._insert_fit(tx, destination_id, None, fit)
 
-    def observation(self, observation_id: int) -> tuple[str, float, Observation] | None:
-        """(destination key, observed_at, observation) of a stored observation, or None."""
+    def observation(self, observation_id: int) -> tuple[str, str, float, Observation] | None:
+        """(source site, destination key, observed_at, observation) of a stored observation, or None."""
         with self.db.transaction() as tx:
             row = tx.execute(
-                f"SELECT d.dest, o.observed_at, {', '.join('o.' + c for c in OBSERVATION_COLUMNS)} "
+                f"SELECT d.src, d.dest, o.observed_at, {', '.join('o.' + c for c in OBSERVATION_COLUMNS)} "
                 "FROM observations o JOIN destinations d ON d.id = o.destination_id WHERE o.id = ?",
                 (observation_id,),
             ).fetchone()
         if row is None:
             return None
-        return row[0], row[1], Observation.from_record(dict(zip(OBSERVATION_COLUMNS, row[2:])))
+        return row[0], row[1], row[2], Observation.from_record(dict(zip(OBSERVATION_COLUMNS, row[3:])))
 
     # -- probe jobs -----------------------------------------------------------------------
 
     def enqueue_job(self, dest: Destination, levels: Sequence[int], duration_s: float,
                     max_queued: int | None = None, retry_after_s: float = 60.0, client: str | None = None,
-                    max_queued_per_client: int | None = None, *,
+                    max_queued_per_client: int | None = None, *, src: str,
                     congestion_control: str | None = None) -> tuple[Job, bool]:
-        """A new queued job probing under ``congestion_control``, or the destination's active one under that
-        control: (job, created).
+        """A new queued job probing the link from site ``src`` under ``congestion_control``, or the link's active
+        one under that control: (job, created).
 
         Raises QueueFull (with ``retry_after_s``) when ``max_queued`` jobs are queued already, or
         ``max_queued_per_client`` of them were asked for by ``client``."""
@@ -455,12 +471,12 @@ class Store:
         try:
             with self.db.transaction(write=True) as tx:
                 active = tx.execute(
-                    f"SELECT {_JOB_COLUMNS} FROM probe_jobs WHERE dest = ? AND {job_where} "
+                    f"SELECT {JOB_COLUMNS} FROM probe_jobs WHERE src = ? AND dest = ? AND {job_where} "
                     "AND status IN ('queued', 'running')",
-                    (dest.key, *job_params),
+                    (src, dest.key, *job_params),
                 ).fetchone()
                 if active:
-                    return _job(active), False
+                    return job_from_row(active), False
                 if max_queued is not None:
                     if self.db.dialect == "postgresql":
                         # Two processes must not both count max_queued - 1 and insert.
@@ -476,51 +492,55 @@ class Store:
                         raise QueueFull(f"you have {mine} probes waiting, at most {max_queued_per_client} per client; "
                                         f"ask again in {retry_after_s:.0f} s", retry_after_s)
                 tx.execute(
-                    "INSERT INTO probe_jobs (id, dest, status, levels_json, duration_s, requested_at, client, "
-                    "congestion_control) VALUES (?, ?, 'queued', ?, ?, ?, ?, ?)",
-                    (job_id, dest.key, json.dumps(list(levels)), duration_s, self.clock(), client, congestion_control),
+                    "INSERT INTO probe_jobs (id, src, dest, status, levels_json, duration_s, requested_at, client, "
+                    "congestion_control) VALUES (?, ?, ?, 'queued', ?, ?, ?, ?, ?)",
+                    (job_id, src, dest.key, json.dumps(list(levels)), duration_s, self.clock(), client,
+                     congestion_control),
                 )
         except StoreError as exc:
             # Another process enqueued the same destination between our check and insert.
             if not self.db.is_unique_violation(exc):
                 raise
-            return self.active_job(dest.key, congestion_control), False
+            return self.active_job(dest.key, congestion_control, src=src), False
         return self.job(job_id), True
 
-    def active_job(self, dest_key: str, control: str | None = None) -> Job | None:
-        """The destination's queued or running job under ``control`` (None: a job queued before controls were kept)."""
+    def active_job(self, dest_key: str, control: str | None = None, *, src: str) -> Job | None:
+        """The link's queued or running job under ``control`` (None: a job queued before controls were kept)."""
         where, params = same_control("congestion_control", control)
         with self.db.transaction() as tx:
             row = tx.execute(
-                f"SELECT {_JOB_COLUMNS} FROM probe_jobs WHERE dest = ? AND {where} AND status IN ('queued', 'running')",
-                (dest_key, *params),
+                f"SELECT {JOB_COLUMNS} FROM probe_jobs WHERE src = ? AND dest = ? AND {where} "
+                "AND status IN ('queued', 'running')",
+                (src, dest_key, *params),
             ).fetchone()
-        return _job(row) if row else None
+        return job_from_row(row) if row else None
 
     def job(self, job_id: str) -> Job:
         with self.db.transaction() as tx:
-            row = tx.execute(f"SELECT {_JOB_COLUMNS} FROM probe_jobs WHERE id = ?", (job_id,)).fetchone()
+            row = tx.execute(f"SELECT {JOB_COLUMNS} FROM probe_jobs WHERE id = ?", (job_id,)).fetchone()
         if row is None:
             raise UnknownProbe(f"no probe job has id {job_id!r}")
-        return _job(row)
+        return job_from_row(row)
 
-    def claim_job(self, owner: str, lease_s: Callable[[Job], float], limit: int) -> Job | None:
-        """Mark the oldest queued job running for ``owner`` if fewer than ``limit`` probes run anywhere."""
+    def claim_job(self, owner: str, lease_s: Callable[[Job], float], limit: int, *, src: str) -> Job | None:
+        """Mark site ``src``'s oldest queued job running for ``owner`` if fewer than ``limit`` of that site's
+        probes run (a site's probes share its links)."""
         with self.db.transaction(write=True) as tx:
             if self.db.dialect == "postgresql":
                 tx.execute("LOCK TABLE probe_jobs IN SHARE ROW EXCLUSIVE MODE")
-            running = tx.execute("SELECT count(*) FROM probe_jobs WHERE status = 'running'").fetchone()[0]
+            running = tx.execute("SELECT count(*) FROM probe_jobs WHERE status = 'running' AND src = ?",
+                                 (src,)).fetchone()[0]
             if running >= limit:
                 return None
             # A job whose address (as it resolved when it last ran) has a probe running waits its turn.
             row = tx.execute(
-                f"SELECT {_JOB_COLUMNS} FROM probe_jobs WHERE status = 'queued' AND (address IS NULL OR address NOT IN "
-                "(SELECT address FROM probe_jobs WHERE status = 'running' AND address IS NOT NULL)) "
-                "ORDER BY requested_at, id LIMIT 1"
+                f"SELECT {JOB_COLUMNS} FROM probe_jobs WHERE status = 'queued' AND src = ? AND (address IS NULL OR "
+                "address NOT IN (SELECT address FROM probe_jobs WHERE status = 'running' AND address IS NOT NULL)) "
+                "ORDER BY requested_at, id LIMIT 1", (src,)
             ).fetchone()
             if row is None:
                 return None
-            job = _job(row)
+            job = job_from_row(row)
             now = self.clock()
             tx.execute(
                 "UPDATE probe_jobs SET status = 'running', started_at = ?, progress = 0, progress_detail = NULL, "

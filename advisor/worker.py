@@ -181,14 +181,15 @@ class ProbeWorker:
             log.warning("progress of job %s not written: %s", job_id, exc)
 
     def _lease_s(self, job: Job) -> float:
-        return plan_for(self.settings, job.levels, job.duration_s).worst_case_s + 60.0
+        return self.service.worst_case_s(job) + 60.0
 
     def run_once(self) -> bool:
         """Claim and run one queued job; False when there was nothing to do."""
         if self._stop.is_set():
             return False
         self.store.recover_jobs(self.settings.max_probe_attempts)
-        job = self.store.claim_job(self.owner, self._lease_s, self.settings.max_concurrent_probes)
+        job = self.store.claim_job(self.owner, self._lease_s, self.settings.max_concurrent_probes,
+                                   src=self.settings.site)
         if job is None:
             return False
         self.run_job(job)
@@ -219,7 +220,7 @@ class ProbeWorker:
             plan = self._run_plan(job, probe_target(address, dest.port), report)
             _, error = self.service.ingest_run(dest, plan.idle_rtt_s, plan.probes, started_wall,
                                                source="probe", job_id=job.id, address=address,
-                                               congestion_control=self._control(job))
+                                               congestion_control=self._control(job), src=job.src)
         except (ProbeError, AdvisorError) as exc:
             error = f"{type(exc).__name__}: {exc}"
             if self._stop.is_set():

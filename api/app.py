@@ -32,6 +32,7 @@ from advisor.errors import (BatchTooLarge, DestinationNotAllowed, InvalidRequest
 from advisor.retention import Pruner
 from advisor.service import AdviceService
 from advisor.settings import Settings
+from advisor.sites import SiteBudget, holds
 from advisor.store import Store
 from advisor.worker import ProbeWorker
 from api import schemas
@@ -146,15 +147,16 @@ def create_app(settings: Settings, store: Store, driver: ProbeDriver | None = No
              openapi_extra={"parameters": ADVICE_PARAMETERS})
     async def get_advice(request: Request) -> Response:
         # The fast path answered what was cached; this parses the same query with the same function.
-        dest, budget, control = advice_query(request.scope["query_string"])
-        entry, age_s, stale = await run_in_threadpool(service.advice_entry, dest, budget, control)
+        dest, budget, control, src = advice_query(request.scope["query_string"])
+        entry, age_s, stale = await run_in_threadpool(service.advice_entry, dest, budget, control, src)
         metrics.advice_served.labels("true" if stale else "false").inc()
         return Response(entry.json_bytes(age_s, stale), media_type="application/json")
 
     @app.post("/v1/advice:batch", response_model=schemas.BatchOut, responses=_BODY_ERRORS)
-    def post_batch(items: list[schemas.AdviceQuery], cc: schemas.Control | None = None) -> Response:
-        # ?cc= is the control of the items that name none (each item's "cc" wins).
-        results = service.batch([(item.dest, item.max_impact, item.cc or cc) for item in items])
+    def post_batch(items: list[schemas.AdviceQuery], cc: schemas.Control | None = None,
+                   src: schemas.Site | None = None) -> Response:
+        # ?cc= and ?src= are the control and site of the items that name none (each item's own wins).
+        results = service.batch([(item.dest, item.max_impact, item.cc or cc, item.src or src) for item in items])
         return _json({"results": results})
 
     @app.post("/v1/probes", status_code=202, response_model=schemas.ProbeAccepted,
@@ -162,8 +164,8 @@ def create_app(settings: Settings, store: Store, driver: ProbeDriver | None = No
     def post_probe(body: schemas.ProbeRequest, request: Request) -> Response:
         client = request.client.host if request.client else None
         job, created = service.request_probe(body.dest, body.levels, body.duration_s, client=client,
-                                             congestion_control=body.congestion_control)
-        return _json({"id": job.id, "dest": job.dest, "congestion_control": job.congestion_control,
+                                             congestion_control=body.congestion_control, src=body.src)
+        return _json({"id": job.id, "src": job.src, "dest": job.dest, "congestion_control": job.congestion_control,
                       "status": job.status, "created": created}, 202)
 
     @app.get("/v1/probes/{probe_id}", response_model=schemas.ProbeStatus, responses=_ERRORS)
@@ -171,12 +173,16 @@ def create_app(settings: Settings, store: Store, driver: ProbeDriver | None = No
         return _json(service.probe_status(probe_id))
 
     @app.get("/v1/paths", response_model=schemas.PathsOut, responses=_ERRORS)
-    def get_paths() -> Response:
-        return _json({"paths": service.paths()})
+    def get_paths(src: schemas.Site | None = None) -> Response:
+        return _json({"paths": service.paths(src)})
+
+    @app.get("/v1/links", response_model=schemas.LinksOut, responses=_ERRORS)
+    def get_links(src: schemas.Site | None = None) -> Response:
+        return _json({"site": settings.site, "links": service.links(src)})
 
     @app.get("/v1/paths/{dest}/curve", response_model=schemas.CurveOut, responses=_ERRORS)
-    def get_curve(dest: str, cc: schemas.Control | None = None) -> Response:
-        return _json(service.curve(dest, cc))
+    def get_curve(dest: str, cc: schemas.Control | None = None, src: schemas.Site | None = None) -> Response:
+        return _json(service.curve(dest, cc, src))
 
     @app.post("/v1/observations", status_code=202, response_model=schemas.ObservationOut,
               responses={**_BODY_ERRORS, **_responses(403)})
@@ -190,10 +196,23 @@ def create_app(settings: Settings, store: Store, driver: ProbeDriver | None = No
         # A pushed run becomes advice schedulers read, as an observation does: only where probes are allowed.
         service.check_allowed(dest)
         results = [ProbeResult(dest=dest.key, **p.result_fields()) for p in body.probes]
+        src = service.site(body.src)
+        # A claimed job is closed by its run only while its agent still holds it; a run whose lease went to
+        # another agent is kept all the same (its probes are as good), and that agent's job stays open.
+        job_id = body.job_id if body.job_id is not None and holds(store, body.job_id, body.owner, src, dest.key) else None
         run_id, error = service.ingest_run(dest, body.idle_rtt_s, results, body.started_at or clock(), source="push",
-                                           congestion_control=body.congestion_control)
-        return _json({"dest": dest.key, "probe_run_id": run_id, "congestion_control": body.congestion_control,
+                                           congestion_control=body.congestion_control, src=src, job_id=job_id)
+        return _json({"src": src, "dest": dest.key, "probe_run_id": run_id, "congestion_control": body.congestion_control,
                       "fitted": error is None, "error": error}, 201)
+
+    @app.put("/v1/sites/{site}", response_model=schemas.SiteOut, responses={**_BODY_ERRORS, **_responses(403)})
+    def put_site(site: str, body: schemas.SiteIn) -> Response:
+        budget = SiteBudget(body.max_probes, body.max_streams, body.probe_seconds_per_hour)
+        return _json(service.register_site(site, budget, body.dests, body.congestion_control))
+
+    @app.post("/v1/sites/{site}/claims", response_model=schemas.ClaimOut, responses=_BODY_ERRORS)
+    def post_claim(site: str, body: schemas.ClaimIn) -> Response:
+        return _json(service.claim(site, body.owner, body.max_streams))
 
     @app.get("/healthz", response_model=schemas.Health, responses=_responses(503))
     def healthz() -> Response:

@@ -6,8 +6,8 @@ a body over its route's cap gets 413 as soon as that is known: at once from Cont
 when the bytes streamed in (a chunked body) pass the cap. Bodies within their cap are read here,
 under TAME_BODY_TIMEOUT_S, and handed on whole, so the app never waits on a slow client.
 
-Access classes: POST /v1/probes, /v1/probe-runs and /v1/observations (any method on those paths)
-need TAME_TOKEN when it is set; /healthz is open; everything else, /docs and /openapi.json
+Access classes: POST /v1/probes, /v1/probe-runs and /v1/observations, and everything under /v1/sites/
+(an agent's registration and claims; any method on those paths) need TAME_TOKEN when it is set; /healthz is open; everything else, /docs and /openapi.json
 included, needs TAME_READ_TOKEN or TAME_TOKEN when TAME_READ_TOKEN is set.
 """
 
@@ -23,6 +23,8 @@ from api import schemas
 from probes.iperf_parse import RAW_MAX_CHARS
 
 WRITE_PATHS = frozenset({"/v1/probes", "/v1/probe-runs", "/v1/observations"})
+# Agents' routes: PUT /v1/sites/NAME, POST /v1/sites/NAME/claims.
+SITES_PREFIX = "/v1/sites/"
 OPEN_PATHS = frozenset({"/healthz"})
 
 # A body on any route not in body_caps (none of them reads one) is refused past this.
@@ -39,6 +41,8 @@ BATCH_ITEM_BYTES = 1024
 # MAX_PROBE_STREAMS streams (what the schema takes; iperf3 opens no more) at under 32 bytes a number, and raw as JSON text, where
 # quotes, backslashes and newlines take two bytes a character (iperf3's JSON output escapes no worse).
 PROBE_RUN_FIELDS_BYTES = 4 * 1024
+# PUT /v1/sites/NAME: its budget, and up to MAX_SITE_LINKS destinations of at most 300 characters, quoted.
+SITE_FIELDS_BYTES = 4 * 1024
 PROBE_FIELDS_BYTES = 2 * 1024 + 2 * MAX_PROBE_STREAMS * 32
 
 
@@ -51,6 +55,7 @@ OBSERVATION_BODY_BYTES = SMALL_BODY_BYTES + _max_length(schemas.ObservationIn, "
 PROBE_RAW_BYTES = 2 * RAW_MAX_CHARS
 PROBE_RUN_BYTES = (PROBE_RUN_FIELDS_BYTES
                    + _max_length(schemas.ProbeRunIn, "probes") * (PROBE_FIELDS_BYTES + PROBE_RAW_BYTES))
+SITE_BODY_BYTES = SITE_FIELDS_BYTES + _max_length(schemas.SiteIn, "dests") * (schemas.limits.MAX_DEST_LENGTH + 8)
 
 
 def body_caps(max_batch: int) -> dict[str, int]:
@@ -60,7 +65,13 @@ def body_caps(max_batch: int) -> dict[str, int]:
         "/v1/probes": SMALL_BODY_BYTES,
         "/v1/observations": OBSERVATION_BODY_BYTES,
         "/v1/probe-runs": PROBE_RUN_BYTES,
+        SITES_PREFIX: SITE_BODY_BYTES,
     }
+
+
+def route_of(path: str) -> str:
+    """The path a cap and an access class are kept under: the path itself, or SITES_PREFIX for an agent's route."""
+    return SITES_PREFIX if path.startswith(SITES_PREFIX) else path
 
 
 def header_token_ok(header: str, *tokens: str | None) -> bool:
@@ -86,7 +97,7 @@ class Boundary:
     def _denied(self, path: str, authorization: bytes) -> str | None:
         if path in OPEN_PATHS:
             return None
-        if path in WRITE_PATHS:
+        if path in WRITE_PATHS or route_of(path) == SITES_PREFIX:
             if self.token and not header_token_ok(authorization.decode("latin-1"), self.token):
                 return "writes need 'Authorization: Bearer TOKEN' (TAME_TOKEN is set)"
             return None
@@ -116,7 +127,7 @@ class Boundary:
             return await self._refuse(scope, send, path, 401, denied, has_body, {b"www-authenticate": b"Bearer"})
         if not has_body:
             return await self.app(scope, receive, send)
-        cap = self.caps.get(path, OTHER_BODY_BYTES)
+        cap = self.caps.get(route_of(path), OTHER_BODY_BYTES)
         if length is not None and not chunked:
             if not length.isdigit():
                 return await self._refuse(scope, send, path, 400, "Content-Length is not a number", True)

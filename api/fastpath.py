@@ -14,7 +14,7 @@ import time
 from urllib.parse import unquote_plus
 
 from advisor.errors import InvalidRequest
-from advisor.limits import MAX_DEST_LENGTH, check_congestion_control, check_max_impact
+from advisor.limits import MAX_DEST_LENGTH, check_congestion_control, check_max_impact, check_site
 from advisor.service import AdviceService
 from api.metrics import Metrics
 
@@ -23,6 +23,9 @@ _HEADERS = [(b"content-type", b"application/json")]
 
 # The query parameters as the OpenAPI schema describes them (the route reads them with advice_query).
 ADVICE_PARAMETERS = [
+    {"name": "src", "in": "query", "required": False,
+     "description": "the link's source site (default: the service's own, TAME_SITE); advice is kept per link",
+     "schema": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._-]*$", "maxLength": 64}},
     {"name": "dest", "in": "query", "required": True, "description": "HOST[:PORT] (default port 5201), IPv6 as [ADDR]:PORT",
      "schema": {"type": "string", "minLength": 1, "maxLength": MAX_DEST_LENGTH}},
     {"name": "max_impact", "in": "query", "required": True, "description": "impact budget, fraction 0-1",
@@ -34,14 +37,15 @@ ADVICE_PARAMETERS = [
 ]
 
 
-def advice_query(query_string: bytes) -> tuple[str, float, str | None]:
-    """(dest, max_impact, cc or None) from GET /v1/advice's query string; InvalidRequest says what is wrong.
+def advice_query(query_string: bytes) -> tuple[str, float, str | None, str | None]:
+    """(dest, max_impact, cc or None, src or None) from GET /v1/advice's query string; InvalidRequest says what is
+    wrong.
 
     The first value of each parameter counts; other parameters are ignored."""
     values: dict[str, str] = {}
     for part in query_string.decode("latin-1").split("&"):
         name, _, value = part.partition("=")
-        if name in ("dest", "max_impact", "cc") and name not in values:
+        if name in ("dest", "max_impact", "cc", "src") and name not in values:
             values[name] = unquote_plus(value) if ("%" in value or "+" in value) else value
     dest, budget_text = values.get("dest"), values.get("max_impact")
     if not dest:
@@ -50,8 +54,9 @@ def advice_query(query_string: bytes) -> tuple[str, float, str | None]:
         raise InvalidRequest(f"dest: at most {MAX_DEST_LENGTH} characters")
     if budget_text is None or not _NUMBER.fullmatch(budget_text):
         raise InvalidRequest("max_impact: give the impact budget as a fraction 0-1, e.g. &max_impact=0.1")
-    control = values.get("cc")
-    return dest, check_max_impact(float(budget_text)), None if control is None else check_congestion_control(control, "cc")
+    control, src = values.get("cc"), values.get("src")
+    return (dest, check_max_impact(float(budget_text)), None if control is None else check_congestion_control(control, "cc"),
+            None if src is None else check_site(src))
 
 
 class AdviceFastPath:
@@ -64,10 +69,10 @@ class AdviceFastPath:
 
     def _answer(self, scope) -> bytes | None:
         try:
-            dest, budget, control = advice_query(scope["query_string"])
+            dest, budget, control, src = advice_query(scope["query_string"])
         except InvalidRequest:
             return None
-        hit = self.service.cached_entry(dest, budget, control)
+        hit = self.service.cached_entry(dest, budget, control, src)
         if hit is None:
             return None
         entry, age_s, stale = hit

@@ -25,6 +25,19 @@ Control = Annotated[str, Field(max_length=64, description="TCP congestion contro
                                                            "(default: the service's, its host's default)"),
                     AfterValidator(_control)]
 
+def _site(value: str) -> str:
+    # The one check of a site's name (advisor.limits), its message as the 422's detail.
+    try:
+        return limits.check_site(value)
+    except InvalidRequest as exc:
+        raise ValueError(str(exc)) from None
+
+
+# A link's source site; max_length here only bounds what is parsed.
+Site = Annotated[str, Field(max_length=256, description="the source site of the link (default: the service's own "
+                                                        "site, TAME_SITE)"),
+                 AfterValidator(_site)]
+
 Dest = Field(min_length=1, max_length=limits.MAX_DEST_LENGTH, description="HOST or HOST:PORT (default port 5201), IPv6 as [ADDR]:PORT")
 
 
@@ -52,6 +65,7 @@ class AdviceOut(BaseModel):
     """Advice.to_json() plus where and when it comes from."""
 
     model_config = ConfigDict(extra="allow")
+    src: str = Field(description="the link's source site")
     dest: str
     num_flows: int = Field(description="standard streams, max(1, floor(n*)); when n* < 1 and fractional_multiplier "
                                        "is set, the transfer opens that fractional stream alone instead")
@@ -74,8 +88,9 @@ class AdviceOut(BaseModel):
     probes: list[dict[str, float]]
     fitted_at: float = Field(description="Unix seconds when the fit was made")
     probed_at: float = Field(description="Unix seconds when the probes behind it ran")
-    age_s: float
-    stale: bool = Field(description="true when the probes are older than the TTL; a re-probe has been queued")
+    age_s: float = Field(description="seconds since the newest evidence behind it: probes, or transfers that refitted it")
+    stale: bool = Field(description="true when the newest evidence (probes, or transfers that refitted it) is older "
+                                    "than the TTL; a re-probe has been queued")
     observations_used: int
     open: OpenOut = Field(description="how to open the advice: its streams, and the tame stream's setting")
     congestion_control: str = Field(description="the congestion control the streams are counted in: the probes' "
@@ -88,6 +103,7 @@ class AdviceOut(BaseModel):
 
 class AdviceQuery(BaseModel):
     model_config = ConfigDict(extra="forbid")
+    src: Site | None = None
     dest: str = Dest
     max_impact: float = Field(ge=0.0, le=1.0, allow_inf_nan=False, description="impact budget, fraction 0-1")
     cc: Control | None = None
@@ -99,6 +115,7 @@ class BatchItemError(BaseModel):
 
 
 class BatchItem(BaseModel):
+    src: str | None = None
     dest: str
     max_impact: float
     cc: str | None = None
@@ -112,6 +129,8 @@ class BatchOut(BaseModel):
 
 class ProbeRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
+    src: Site | None = Field(default=None, description="the site to probe from (default: the service's own, probed "
+                                                      "here; another site's probes wait for its agent)")
     dest: str = Dest
     levels: list[int] | None = Field(default=None, max_length=limits.MAX_PROBE_LEVELS,
                                      description="stream counts to probe (default: the service's, e.g. [1, 10])")
@@ -122,14 +141,16 @@ class ProbeRequest(BaseModel):
 
 class ProbeAccepted(BaseModel):
     id: str
+    src: str
     dest: str
     congestion_control: str | None
     status: Literal["queued", "running", "done", "failed"]
-    created: bool = Field(description="false when the destination already had a probe queued or running")
+    created: bool = Field(description="false when the link already had a probe queued or running")
 
 
 class ProbeStatus(BaseModel):
     id: str
+    src: str | None
     dest: str
     congestion_control: str | None
     status: Literal["queued", "running", "done", "failed"]
@@ -147,6 +168,7 @@ class ProbeStatus(BaseModel):
 
 
 class PathOut(BaseModel):
+    src: str
     dest: str
     congestion_control: str | None = Field(description="null for fits stored before controls were recorded")
     model: str
@@ -173,6 +195,7 @@ class CurvePointOut(BaseModel):
 
 
 class CurveOut(BaseModel):
+    src: str
     dest: str
     congestion_control: str
     model: str
@@ -191,6 +214,7 @@ class ObservationIn(BaseModel):
     under the tame congestion control is stored with its detail but does not (advisor/observations.py)."""
 
     model_config = ConfigDict(extra="forbid")
+    src: Site | None = Field(default=None, description="the site the transfer ran from (default: the service's own)")
     dest: str = Dest
     streams: int = Field(ge=1, le=limits.MAX_STREAMS)
     throughput_bps: float = Field(ge=limits.MIN_THROUGHPUT_BPS, lt=limits.MAX_THROUGHPUT_BPS, allow_inf_nan=False, description="achieved throughput, bits/s")
@@ -213,11 +237,12 @@ class ObservationIn(BaseModel):
     duration_s: float | None = Field(default=None, gt=0, le=limits.MAX_OBSERVATION_DURATION_S, allow_inf_nan=False)
 
     def detail(self) -> dict:
-        """The fields beyond dest, streams and throughput_bps, as AdviceService.observe takes them."""
+        """The fields beyond dest, streams and throughput_bps (src among them), as AdviceService.observe takes them."""
         return self.model_dump(exclude={"dest", "streams", "throughput_bps"})
 
 
 class ObservationOut(BaseModel):
+    src: str
     dest: str
     congestion_control: str
     accepted: bool
@@ -264,20 +289,84 @@ class ProbeRunIn(BaseModel):
     """A probe run measured elsewhere (``tame agent --push``)."""
 
     model_config = ConfigDict(extra="forbid")
+    src: Site | None = Field(default=None, description="the site the probes ran from (default: the service's own)")
     dest: str = Dest
     idle_rtt_s: float | None = Field(default=None, gt=0, lt=1e4, allow_inf_nan=False)
     started_at: float = Field(default=0.0, ge=0, lt=1e11, allow_inf_nan=False)
     congestion_control: Control | None = Field(default=None, description="the control the probes' streams used; "
                                                "without it the run is kept as not recorded")
     probes: list[ProbeResultIn] = Field(min_length=1, max_length=limits.MAX_PROBES_PER_RUN)
+    job_id: str | None = Field(default=None, max_length=64, description="the claimed probe job this run completes "
+                                                                       "(POST /v1/sites/NAME/claims); with owner")
+    owner: str | None = Field(default=None, min_length=1, max_length=200,
+                              description="the agent that claimed job_id; a run whose lease went to another agent "
+                                          "is stored without closing the job")
+
+    @model_validator(mode="after")
+    def _job_with_owner(self) -> "ProbeRunIn":
+        if (self.job_id is None) != (self.owner is None):
+            raise ValueError("give job_id and owner together (the claim's), or neither")
+        return self
 
 
 class ProbeRunOut(BaseModel):
+    src: str
     dest: str
     probe_run_id: int
     congestion_control: str | None = Field(description="the control the run is kept under (null: not recorded)")
     fitted: bool
     error: str | None
+
+
+class LinkOut(BaseModel):
+    """A link (source site, destination) the store holds advice for."""
+
+    src: str
+    dest: str
+    congestion_controls: list[str | None] = Field(description="the controls it has advice under (null: not recorded)")
+    evidence_at: float = Field(description="Unix seconds of its newest evidence: probes, or transfers that refitted it")
+    age_s: float
+    stale: bool = Field(description="true when even its newest evidence is older than the TTL")
+
+
+class LinksOut(BaseModel):
+    site: str = Field(description="this service's own site: the src of requests that name none")
+    links: list[LinkOut]
+
+
+class SiteIn(BaseModel):
+    """An agent's site: its probe budget and the destinations it probes (each one a link from the site)."""
+
+    model_config = ConfigDict(extra="forbid")
+    dests: list[Annotated[str, Dest]] = Field(max_length=limits.MAX_SITE_LINKS)
+    max_probes: int = Field(default=1, ge=1, le=limits.MAX_SITE_PROBES, description="probes at once")
+    max_streams: int = Field(default=64, ge=1, le=limits.MAX_SITE_STREAMS, description="probe streams at once")
+    probe_seconds_per_hour: float = Field(default=1800.0, ge=1.0, le=3600.0 * limits.MAX_SITE_PROBES,
+                                          allow_inf_nan=False, description="probe-seconds in any hour")
+    congestion_control: Control | None = Field(default=None, description="the control its probes run under")
+
+
+class SiteOut(BaseModel):
+    site: str
+    links: int
+    queued: int = Field(description="probes queued now for its links with missing or stale advice")
+    budget: dict[str, float]
+
+
+class ClaimIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    owner: str = Field(min_length=1, max_length=200, description="the agent claiming (a name unique to it)")
+    max_streams: int = Field(default=64, ge=1, le=limits.MAX_SITE_STREAMS,
+                             description="the most streams this agent's probe may open")
+
+
+class ClaimOut(BaseModel):
+    site: str
+    job: ProbeStatus | None = Field(description="the claimed probe; null when none is due or the budget is spent")
+    max_streams: int | None = Field(description="the most streams the claimed probe may open, its adaptive one too")
+    lease_until: float | None = Field(description="Unix seconds: the job goes back to the queue if not done by then")
+    waiting: str | None = Field(description="why nothing was claimed")
+    use: dict[str, float] = Field(description="what the site's probes hold of its budget now")
 
 
 class Health(BaseModel):

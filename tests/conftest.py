@@ -14,6 +14,10 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 from probes.lifetime import signal_on_parent_death
+from tests.sites import SITE
+
+# Every service a test starts (in process or as `tame serve`) speaks for this site unless the test says otherwise.
+os.environ["TAME_SITE"] = SITE
 
 
 def pytest_collection_modifyitems(config, items):

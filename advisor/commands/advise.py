@@ -10,7 +10,7 @@ import time
 from advisor.advice import Advice
 from advisor.alternatives import alternatives
 from advisor.cli import UsageError
-from advisor.commands.common import add_margin_option, fraction, fractional_margin_from_args, margin_from_args, positive_int, print_advice, print_json
+from advisor.commands.common import add_margin_option, add_src_option, fraction, fractional_margin_from_args, margin_from_args, positive_int, print_advice, print_json
 from advisor.commands.probe import EXIT_PROBE_FAILED, add_plan_options, control_from_args, measure, parse_levels
 from advisor.errors import InvalidRequest
 from advisor.limits import check_probe_duration_s, check_probe_levels
@@ -37,6 +37,8 @@ def register(subparsers) -> None:
     parser.add_argument("--n-max", type=positive_int, default=DEFAULT_N_MAX, help="largest stream count considered")
     add_margin_option(parser)
     parser.add_argument("--json", action="store_true", help="print the advice as JSON (the fields of `tame fit --json`)")
+    add_src_option(parser, "of the link whose advice the server at TAME_URL gives (without TAME_URL this host probes, "
+                           "and is the source)")
     parser.set_defaults(handler=run)
 
 
@@ -51,6 +53,9 @@ def run(args) -> int:
     except (ValueError, InvalidRequest) as exc:
         raise UsageError(f"--duration {args.duration!r}: give seconds from 1 to 300 ({exc})") from None
     server = os.environ.get("TAME_URL")
+    if args.src is not None and not server:
+        raise UsageError("--src names a link of the server at TAME_URL; without TAME_URL, tame advise probes from "
+                         "this host: set TAME_URL, or leave --src out")
     # The server probes under a control its own kernel offers and says so; a local probe needs it here.
     control_from_args(args, local=not server)
     payload = _from_server(server, args) if server else _locally(args)
@@ -101,20 +106,21 @@ def _from_server(url: str, args) -> dict | None:
     token = os.environ.get("TAME_TOKEN") or os.environ.get("TAME_READ_TOKEN")
     with TameClient(url, token=token, timeout_s=30) as client:
         try:
-            return client.advice(args.dest, args.max_impact, args.congestion_control)
+            return client.advice(args.dest, args.max_impact, args.congestion_control, args.src)
         except TameError as exc:
             if exc.status != 404:
                 raise UsageError(f"{url}: {exc}") from exc
         print(f"tame advise: {url} has no advice for {args.dest}; requesting a probe", file=sys.stderr, flush=True)
         try:
-            job = client.request_probe(args.dest, **_plan_asked(args), congestion_control=args.congestion_control)
+            job = client.request_probe(args.dest, **_plan_asked(args), congestion_control=args.congestion_control,
+                                       src=args.src)
             deadline = time.monotonic() + SERVER_PROBE_WAIT_S
             while time.monotonic() < deadline:
                 status = client.probe(job["id"])
                 print(f"tame advise: probe {status['status']} ({status.get('progress') or 0:.0%})",
                       file=sys.stderr, flush=True)
                 if status["status"] == "done":
-                    return client.advice(args.dest, args.max_impact, args.congestion_control)
+                    return client.advice(args.dest, args.max_impact, args.congestion_control, args.src)
                 if status["status"] == "failed":
                     print(f"tame advise: the server's probe failed: {status.get('error')}", file=sys.stderr)
                     return None

@@ -20,7 +20,12 @@ from advisor.errors import AdvisorError
 from advisor.plan_runner import level_chooser, plan_for
 from advisor.tame import plan_control
 from probes.plan import run_plan
-from advisor.service import AdviceService
+from advisor.service import AdviceService, fresh_destinations
+from advisor.site_agent import SiteAgent, run_payload
+from advisor.sites import SiteBudget
+from advisor.store import process_owner
+from advisor.commands.common import site_name, whole_number
+from advisor.limits import MAX_SITE_PROBES, MAX_SITE_STREAMS
 from advisor.worker import ProbeWorker, probe_target
 from probes.errors import ProbeError
 
@@ -28,8 +33,22 @@ from probes.errors import ProbeError
 def register(subparsers) -> None:
     parser = subparsers.add_parser("agent", help="keep the destinations in a file fresh (re-probe past the TTL)")
     parser.add_argument("--dest-file", required=True, type=Path, help="one HOST[:PORT] per line; '#' starts a comment")
-    parser.add_argument("--push", metavar="URL", help="probe here and send the results to this `tame serve` "
-                                                      "(uses TAME_TOKEN); default: the local store")
+    parser.add_argument("--push", "--server", dest="push", metavar="URL",
+                        help="probe here and send the results to this `tame serve` (uses TAME_TOKEN); default: the "
+                             "local store")
+    parser.add_argument("--site", type=site_name, metavar="NAME",
+                        help="with --server: the site this agent probes from; it registers the site's links (the "
+                             "--dest-file) and budget with the server and claims the site's due probes, with the "
+                             "site's other agents")
+    parser.add_argument("--max-probes", type=whole_number(1, MAX_SITE_PROBES), default=SiteBudget.max_probes,
+                        metavar="N", help=f"with --site: the site's probes at once (default {SiteBudget.max_probes})")
+    parser.add_argument("--max-streams", type=whole_number(1, MAX_SITE_STREAMS), default=SiteBudget.max_streams,
+                        metavar="N", help=f"with --site: the site's probe streams at once (default "
+                                          f"{SiteBudget.max_streams}; an adaptive probe is capped to fit)")
+    parser.add_argument("--probe-seconds-per-hour", type=whole_number(1, 3600 * MAX_SITE_PROBES),
+                        default=int(SiteBudget.probe_seconds_per_hour), metavar="S",
+                        help=f"with --site: the site's probe-seconds in any hour (default "
+                             f"{SiteBudget.probe_seconds_per_hour:g})")
     parser.add_argument("--interval", type=float, default=60.0, help="seconds between freshness checks (default 60)")
     parser.add_argument("--once", action="store_true", help="one round: probe what is missing or stale, then exit")
     parser.add_argument("--spool", type=Path, default=None, metavar="DIR",
@@ -65,6 +84,15 @@ def run(args) -> int:
     driver = default_driver()
     if driver is None:
         raise UsageError("no probe driver is available on this machine, so the agent cannot probe")
+    budget_given = (args.max_probes, args.max_streams, args.probe_seconds_per_hour) != (
+        SiteBudget.max_probes, SiteBudget.max_streams, int(SiteBudget.probe_seconds_per_hour))
+    if args.site is not None and not args.push:
+        raise UsageError("--site needs --server URL: the central service the site's agents claim probes from")
+    if args.site is None and budget_given:
+        raise UsageError("--max-probes, --max-streams and --probe-seconds-per-hour are a site's budget: give --site "
+                         "and --server too")
+    if args.site is not None:
+        return _run_site(args, settings, driver)
     if args.push:
         return _run_push(args, settings, driver)
     store = open_store(settings)
@@ -86,16 +114,8 @@ def run(args) -> int:
         store.close()
 
 
-def fresh_destinations(paths: list[dict[str, Any]], control: str) -> set[str]:
-    """Destinations whose advice under ``control`` is fresh (GET /v1/paths rows). A destination with no fit
-    under ``control`` counts its fit that recorded no control, as the service's advice does for its default."""
-    recorded = {p["dest"] for p in paths if p["congestion_control"] == control}
-    return {p["dest"] for p in paths if not p["stale"] and (
-        p["congestion_control"] == control or (p["congestion_control"] is None and p["dest"] not in recorded))}
-
-
 def _enqueue_due(service: AdviceService, dests: list[str]) -> None:
-    fresh = fresh_destinations(service.paths(), service.settings.congestion_control)
+    fresh = fresh_destinations(service.paths(service.settings.site), service.settings.congestion_control)
     for dest in dests:
         if dest in fresh:
             continue
@@ -182,6 +202,28 @@ def _deliver_spooled(client, spool: Path) -> None:
             return
 
 
+def _run_site(args, settings, driver) -> int:
+    from api.client import TameClient, TameError
+
+    spool = args.spool or default_spool_dir()
+    budget = SiteBudget(args.max_probes, args.max_streams, float(args.probe_seconds_per_hour))
+    with TameClient(args.push, token=settings.token, timeout_s=30) as client:
+        agent = SiteAgent(client, args.site, process_owner(), budget, settings, driver,
+                          push=lambda payload: _push(client, payload, spool), clock=time.time)
+        while not agent.stop.is_set():
+            _deliver_spooled(client, spool)
+            try:
+                agent.round(read_destinations(args.dest_file))
+            except TameError as exc:
+                print(f"tame agent: site {args.site}: {exc}", file=sys.stderr, flush=True)
+                if 400 <= exc.status < 500 and exc.status not in _RETRY_STATUSES:
+                    return 2  # refused (bad token, a destination outside the allow-list): not worth retrying
+            if args.once:
+                break
+            agent.stop.wait(args.interval)
+    return 0
+
+
 def _run_push(args, settings, driver) -> int:
     from api.client import TameClient, TameError
 
@@ -210,13 +252,7 @@ def _run_push(args, settings, driver) -> int:
                 except (AdvisorError, ProbeError, ValueError) as exc:
                     print(f"tame agent: {dest}: {exc}", file=sys.stderr, flush=True)
                     continue
-                _push(client, {
-                    "dest": dest, "idle_rtt_s": plan.idle_rtt_s, "started_at": started, "congestion_control": control,
-                    "probes": [{k: v for k, v in dataclasses.asdict(p).items()
-                                if k not in ("dest", "stream_rtts", "interval_bps", "interval_side", "settled",
-                                             "window_throughput_bps", "congestion_control", "rtt_min_s", "rtt_max_s")}
-                               for p in plan.probes],
-                }, spool)
+                _push(client, run_payload(dest, plan, started, control), spool)
             if args.once:
                 break
             stop.wait(args.interval)

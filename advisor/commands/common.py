@@ -13,7 +13,7 @@ from advisor.advice import Advice
 from advisor.cli import UsageError
 from advisor.errors import InvalidRequest
 from advisor.opening import opening_text
-from advisor.limits import MAX_STREAMS, check_streams, check_throughput_bps
+from advisor.limits import MAX_STREAMS, check_site, check_streams, check_throughput_bps
 from advisor.tame import DEFAULT_FRACTIONAL_MARGIN, DEFAULT_MARGIN, DEFAULT_MODEL, DEFAULT_N_MAX, NO_MARGIN, ImpactMargin
 from models.parallel import ProbePoint
 from models.registry import MODELS, MIN_LEVELS
@@ -52,6 +52,20 @@ def fraction(text: str) -> float:
     if not (math.isfinite(value) and 0.0 <= value <= 1.0):
         raise argparse.ArgumentTypeError(f"{text} is outside [0, 1]; give a fraction such as 0.1 for 10 %")
     return value
+
+
+def site_name(text: str) -> str:
+    """A --src value: a site's name (advisor.limits.check_site)."""
+    try:
+        return check_site(text, "--src")
+    except InvalidRequest as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_src_option(parser: argparse.ArgumentParser, what: str) -> None:
+    """--src SITE: the source site of the link (default: the service's own site, TAME_SITE or its host's name)."""
+    parser.add_argument("--src", type=site_name, metavar="SITE", default=None,
+                        help=f"the site {what} (default: the service's own: TAME_SITE, else its host's name)")
 
 
 def whole_number(low: int, high: int, what: str = "a whole number", why: str = ""):

@@ -8,7 +8,7 @@ from pathlib import Path
 from advisor.advice import Advice, curve_to_json
 from advisor.cli import UsageError
 from advisor.commands.common import (
-    add_probe_options, format_bps, fraction, fractional_margin_from_args, margin_from_args, opened_text, print_json,
+    add_probe_options, add_src_option, format_bps, fraction, fractional_margin_from_args, margin_from_args, opened_text, print_json,
     probes_from_args,
 )
 from advisor.tame import DEFAULT_MODEL, DEFAULT_N_MAX, advisable_limit, advise, predicted_curve
@@ -30,6 +30,7 @@ def register(subparsers) -> None:
                         help="also mark the stream counts within this budget (fraction 0-1) and say what the advice "
                              "opens at it")
     parser.add_argument("--plot", type=Path, metavar="OUT.png", help="also draw throughput and impact vs streams")
+    add_src_option(parser, "of DEST's link")
     # None marks "not given", so that DEST mode can refuse options it cannot honour.
     parser.set_defaults(handler=run, model=None, n_max=None, no_margin=None)
 
@@ -39,12 +40,14 @@ def run(args) -> int:
         raise UsageError("give either DEST (a known destination) or --probe numbers, not both")
     if not args.dest and not args.probe:
         raise UsageError("give DEST (a known destination) or at least two --probe STREAMS:BPS")
+    if args.src is not None and not args.dest:
+        raise UsageError("--src names the source of DEST's link; --probe numbers have no link: leave it out")
     if args.dest:
         given = [flag for name, flag in _FIT_OPTIONS.items() if getattr(args, name) is not None]
         if given:
             raise UsageError(f"{', '.join(given)} shape a fit made from --probe numbers; DEST's curve is the "
                              "service's stored fit (its model, n_max and margin), so leave them out")
-        payload, advice = _known_curve(args.dest, args.max_impact)
+        payload, advice = _known_curve(args.dest, args.max_impact, args.src)
     else:
         args.model = args.model or DEFAULT_MODEL
         args.n_max = args.n_max or DEFAULT_N_MAX
@@ -108,15 +111,15 @@ def _advice_from_payload(payload: dict) -> Advice:
     return Advice(**{k: v for k, v in payload.items() if k in Advice.__dataclass_fields__})
 
 
-def _known_curve(dest: str, budget: float | None) -> tuple[dict, Advice | None]:
+def _known_curve(dest: str, budget: float | None, src: str | None) -> tuple[dict, Advice | None]:
     server = os.environ.get("TAME_URL")
     if server:
         from api.client import TameClient, TameError  # the CLI is where the layers are wired together
 
         with TameClient(server, token=os.environ.get("TAME_READ_TOKEN") or os.environ.get("TAME_TOKEN")) as client:
             try:
-                payload = client.curve(dest)
-                return payload, None if budget is None else _advice_from_payload(client.advice(dest, budget))
+                payload = client.curve(dest, src=src)
+                return payload, None if budget is None else _advice_from_payload(client.advice(dest, budget, src=src))
             except TameError as exc:
                 raise UsageError(f"{server}: {exc}") from exc
     from advisor.commands.runtime import load_settings, open_store
@@ -127,8 +130,8 @@ def _known_curve(dest: str, budget: float | None) -> tuple[dict, Advice | None]:
     store = open_store(settings)
     try:
         service = AdviceService(store, settings)
-        payload = service.curve(dest)
-        return payload, None if budget is None else _advice_from_payload(service.advice(dest, budget))
+        payload = service.curve(dest, src=src)
+        return payload, None if budget is None else _advice_from_payload(service.advice(dest, budget, src=src))
     except AdvisorError as exc:
         raise UsageError(str(exc)) from exc
     finally:

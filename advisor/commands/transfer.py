@@ -24,7 +24,7 @@ from typing import Any
 from advisor.advice import Advice
 from advisor.cli import UsageError
 from advisor.commands.cc import setting_for
-from advisor.commands.common import format_bps, port_number, print_json, whole_number
+from advisor.commands.common import add_src_option, format_bps, port_number, print_json, whole_number
 from advisor.destinations import Destination, parse_destination
 from advisor.errors import AdvisorError, InvalidRequest
 from advisor.limits import MAX_PROBE_STREAMS
@@ -94,6 +94,7 @@ def register(subparsers) -> None:
                         help=f"stop the transfer after this long (default: --duration + {DEADLINE_SLACK_S:g} s, "
                         f"or {DEFAULT_BYTES_TIMEOUT_S:g} s for --bytes)")
     parser.add_argument("--json", action="store_true", help="print JSON")
+    add_src_option(parser, "this transfer runs from, whose link's advice it follows and reports to")
     parser.set_defaults(handler=run)
 
 
@@ -172,7 +173,7 @@ def run(args) -> int:
     address = cc.canonical_address(dest.host)
     server = os.environ.get("TAME_URL")
     with Reporter(server) as service:
-        reporter = service.link(None, dest)
+        reporter = service.link(args.src, dest)
         payload = reporter.advice(args.max_impact)
         advice = Advice(**{k: v for k, v in payload.items() if k in Advice.__dataclass_fields__})
         rtt_s = (payload.get("open") or {}).get("rtt_s")
@@ -187,7 +188,8 @@ def run(args) -> int:
             print(f"tame transfer: {exc}", file=sys.stderr)
             return EXIT_TRANSFER_FAILED
         stored, error = reporter.observe(observation_of(opened, result, standard_control))
-    out = {"dest": dest.key, "advice": payload, "opened": opened.to_json(), "throughput_bps": result.throughput_bps,
+    out = {"src": payload.get("src"), "dest": dest.key, "advice": payload, "opened": opened.to_json(),
+           "throughput_bps": result.throughput_bps,
            "duration_s": result.duration_s, "observation_id": stored["id"] if stored else None}
     if args.json:
         print_json(out)
@@ -312,11 +314,8 @@ class LinkReporter:
                 raise UsageError(f"{rep.url}: {self.name}: the service answered for source "
                                  f"{payload.get('src')!r}, not {self.src!r}: it keeps no advice per source site")
             return payload
-        if self.src is not None:
-            raise UsageError(f"{self.name}: the local store keeps advice for this host's own links only; ask the "
-                             "server that has the source's advice (--server URL or TAME_URL)")
         try:
-            payload = rep._service.advice(self.dest.key, max_impact, cc_name)
+            payload = rep._service.advice(self.dest.key, max_impact, cc_name, src=self.src)
             # Refused now, not after the transfer ran: the observation becomes advice, as for the service's probes.
             rep._service.check_allowed(self.dest)
         except AdvisorError as exc:
@@ -336,7 +335,7 @@ class LinkReporter:
             except TameError as exc:
                 return None, f"{rep.url}: {exc}"
         try:
-            return rep._service.observe(self.dest.key, streams, throughput_bps, **detail), None
+            return rep._service.observe(self.dest.key, streams, throughput_bps, src=self.src, **detail), None
         except AdvisorError as exc:
             return None, str(exc)
 

@@ -22,6 +22,7 @@ import pytest
 from advisor.destinations import parse_destination
 from advisor.settings import Settings
 from advisor.store import RECORD_RUN_PAUSE_ENV, Store
+from tests.sites import SITE
 
 ROOT = Path(__file__).resolve().parents[2]
 DEST = parse_destination("127.0.0.1:5201")
@@ -37,12 +38,13 @@ from advisor.settings import Settings
 from advisor.store import Store, process_owner
 from probes.result import ProbeResult
 from tests.api.conftest import rate
+from tests.sites import SITE
 
 url = sys.argv[1]
 store = Store.open(url)
 service = AdviceService(store, Settings(database_url=url, model="lu"))
 store.recover_jobs(1000)
-job = store.claim_job(process_owner(), lambda job: 3600.0, 1)
+job = store.claim_job(process_owner(), lambda job: 3600.0, 1, src=SITE)
 print("claimed", job.id, flush=True)
 dest = parse_destination(job.dest)
 results = [ProbeResult(dest=dest.key, streams=n, duration_s=1.0, omit_s=0.0, throughput_bps=rate(n),
@@ -129,7 +131,7 @@ def assert_intact(store):
 def test_sigkill_inside_record_run_leaves_all_or_none(db_url):
     store = Store.open(db_url)
     try:
-        job, _ = store.enqueue_job(DEST, [1, 10], 1.0)
+        job, _ = store.enqueue_job(DEST, [1, 10], 1.0, src=SITE)
         # At each step of the transaction in turn: the child is sleeping there when it is killed.
         for index, step in enumerate(STEPS):
             before = state(store)
@@ -149,7 +151,7 @@ def test_sigkill_inside_record_run_leaves_all_or_none(db_url):
         # At seeded random moments of a transaction whose seven steps pause 50 ms each.
         rng = random.Random(30)
         for _ in range(10):
-            job, _ = store.enqueue_job(DEST, [1, 10], 1.0)  # the same job while it is not done
+            job, _ = store.enqueue_job(DEST, [1, 10], 1.0, src=SITE)  # the same job while it is not done
             before = state(store)
             child = start_child(db_url, pause=0.05)
             try:
@@ -161,7 +163,7 @@ def test_sigkill_inside_record_run_leaves_all_or_none(db_url):
             assert_intact(store)
 
         # Not killed: the run is stored whole and the job done.
-        job, _ = store.enqueue_job(DEST, [1, 10], 1.0)
+        job, _ = store.enqueue_job(DEST, [1, 10], 1.0, src=SITE)
         before = state(store)
         child = start_child(db_url, pause="")
         out, err = child.communicate(timeout=120)

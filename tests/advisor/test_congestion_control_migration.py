@@ -15,6 +15,7 @@ from advisor.tame import stored_curve
 from models.parallel import ProbePoint
 from models.registry import fit
 from probes.result import ProbeResult
+from tests.sites import SITE
 
 DEST = parse_destination("127.0.0.1:5201")
 TABLES = ("destinations", "probe_jobs", "probe_runs", "probe_results", "fits", "curve_points", "observations")
@@ -89,9 +90,9 @@ def check_migration(url, monkeypatch):
         with pytest.raises(Exception, match="under cubic"):
             service.advice(DEST.key, 0.3, "cubic")
         # The job queued before is still the destination's active one (unrecorded), beside a new one under bbr.
-        assert store.active_job(DEST.key).id == "old-queued"
+        assert store.active_job(DEST.key, src=SITE).id == "old-queued"
         # The old advice is stale (probed at t = 2 s): reading it queued a re-probe under the control asked for.
-        job = store.active_job(DEST.key, "bbr")
+        job = store.active_job(DEST.key, "bbr", src=SITE)
         assert job is not None and job.id != "old-queued" and job.congestion_control == "bbr"
         # A run under bbr takes over the default control's advice; the old fit stays in the view as NULL.
         results = [ProbeResult(dest=DEST.key, streams=n, duration_s=1.0, omit_s=0.0, throughput_bps=rate(n, a=4e-16),

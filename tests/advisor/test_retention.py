@@ -14,6 +14,7 @@ from advisor.service import AdviceService
 from advisor.settings import Settings
 from advisor.store import Store, process_owner
 from probes.result import ProbeResult
+from tests.sites import SITE
 
 A, B = 1e-16, 4e-16  # a path that follows Lu's model: BW(n) = n / sqrt(A n^2 + B)
 DESTS = ("127.0.0.1:5201", "127.0.0.2:5201")
@@ -45,7 +46,7 @@ def run_cycle(service, cycle):
     owner = process_owner()
     for dest in DESTS:
         job, _ = service.request_probe(dest)
-        claimed = service.store.claim_job(owner, lambda j: 600.0, 10)
+        claimed = service.store.claim_job(owner, lambda j: 600.0, 10, src=SITE)
         assert claimed.id == job.id
         service.ingest_run(parse_destination(dest), 0.001, probe_results(dest, cycle), service.clock(), source="probe",
                            job_id=job.id, congestion_control=job.congestion_control)
@@ -77,12 +78,12 @@ def check_bounded_and_unchanged(service):
     store = service.store
     before_view, before_advice = current_view(store), advice(service)
     control = service.settings.congestion_control
-    before_fits = {dest: store.current_fit(dest, control) for dest in DESTS}
+    before_fits = {dest: store.current_fit(dest, control, src=SITE) for dest in DESTS}
     prune(store, RETENTION)
     service.invalidate()
     assert current_view(store) == before_view
     assert advice(service) == before_advice
-    assert {dest: store.current_fit(dest, control) for dest in DESTS} == before_fits
+    assert {dest: store.current_fit(dest, control, src=SITE) for dest in DESTS} == before_fits
     n = len(DESTS)
     c = counts(store)
     assert c["fits"] <= n * RETENTION.keep_fits, c
@@ -93,7 +94,7 @@ def check_bounded_and_unchanged(service):
     assert c["observations"] <= n * RETENTION.keep_observations, c
     assert c["probe_jobs"] <= n * RETENTION.keep_runs, c
     # The next observation refits on the newest run and the observations since, as it would have unpruned.
-    run_at, _, points = store.latest_run_points(DESTS[0], service.settings.congestion_control)
+    run_at, _, points = store.latest_run_points(DESTS[0], service.settings.congestion_control, src=SITE)
     assert [p["streams"] for p in points] == [1, 10]
     with store.db.transaction() as tx:
         (since,) = tx.execute("SELECT count(*) FROM observations o JOIN destinations d ON d.id = o.destination_id "
@@ -163,7 +164,7 @@ def test_old_runs_go_but_the_newest_and_what_fits_rest_on_stay(tmp_path):
             run_cycle(service, cycle)
         store.clock.now += 10 * 86400  # everything is ten days old
         dest = DESTS[0]
-        current = store.current_fit(dest, service.settings.congestion_control)
+        current = store.current_fit(dest, service.settings.congestion_control, src=SITE)
         prune(store, replace(RETENTION, run_max_age_s=86400, keep_runs=100, keep_fits=1000))
         with store.db.transaction() as tx:
             runs = tx.execute("SELECT r.id FROM probe_runs r JOIN destinations d ON d.id = r.destination_id "
@@ -179,7 +180,7 @@ def test_old_runs_go_but_the_newest_and_what_fits_rest_on_stay(tmp_path):
             runs = tx.execute("SELECT r.id FROM probe_runs r JOIN destinations d ON d.id = r.destination_id "
                               "WHERE d.dest = ?", (dest,)).fetchall()
         assert len(runs) == 1  # the newest, which the next refit rests on
-        assert store.current_fit(dest, service.settings.congestion_control) == current
+        assert store.current_fit(dest, service.settings.congestion_control, src=SITE) == current
     finally:
         store.close()
 
@@ -218,7 +219,7 @@ def test_tame_transfers_do_not_push_out_the_observations_a_fit_rests_on(tmp_path
     try:
         run_cycle(service, 0)  # a probe run and OBSERVATIONS_PER_RUN standard observations on each destination
         control = service.settings.congestion_control
-        used = service.store.current_fit(dest, control).observations_used
+        used = service.store.current_fit(dest, control, src=SITE).observations_used
         assert used == OBSERVATIONS_PER_RUN
         tame = RETENTION.keep_observations + 50  # more than are kept, all newer than the standard ones
         for _ in range(tame):
@@ -236,6 +237,6 @@ def test_tame_transfers_do_not_push_out_the_observations_a_fit_rests_on(tmp_path
         assert tame_kept < tame
         # The next standard transfer refits on all of them, as it would have unpruned.
         assert service.observe(dest, 3, rate(3))["refit"] is True
-        assert service.store.current_fit(dest, control).observations_used == OBSERVATIONS_PER_RUN + 1
+        assert service.store.current_fit(dest, control, src=SITE).observations_used == OBSERVATIONS_PER_RUN + 1
     finally:
         service.store.close()

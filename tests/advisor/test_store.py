@@ -11,6 +11,7 @@ from advisor.store import Store
 from advisor.tame import advise
 from models.parallel import ProbePoint
 from models.registry import fit
+from tests.sites import SITE
 
 A, B = 1e-16, 4e-16
 
@@ -113,7 +114,7 @@ def test_a_failed_write_leaves_nothing(tmp_path):
     store = Store.open(f"sqlite:///{tmp_path}/s.sqlite3")
     with pytest.raises(RuntimeError):
         with store.db.transaction(write=True) as tx:
-            tx.execute("INSERT INTO destinations (dest, host, port, created_at) VALUES ('x:1', 'x', 1, 0)")
+            tx.execute("INSERT INTO destinations (src, dest, host, port, created_at) VALUES ('here', 'x:1', 'x', 1, 0)")
             raise RuntimeError("crash between two writes")
     with store.db.transaction() as tx:
         assert tx.execute("SELECT count(*) FROM destinations").fetchone()[0] == 0
@@ -122,12 +123,12 @@ def test_a_failed_write_leaves_nothing(tmp_path):
 
 def test_jobs_respect_the_global_limit_and_one_per_destination(tmp_path):
     store = Store.open(f"sqlite:///{tmp_path}/s.sqlite3")
-    first, created = store.enqueue_job(parse_destination("127.0.0.1"), [1, 10], 1.0)
-    again, created_again = store.enqueue_job(parse_destination("127.0.0.1:5201"), [1, 4], 2.0)
+    first, created = store.enqueue_job(parse_destination("127.0.0.1"), [1, 10], 1.0, src=SITE)
+    again, created_again = store.enqueue_job(parse_destination("127.0.0.1:5201"), [1, 4], 2.0, src=SITE)
     assert created and not created_again and again.id == first.id
-    store.enqueue_job(parse_destination("127.0.0.2"), [1, 10], 1.0)
-    assert store.claim_job("h:1:a", lambda job: 100, limit=1).id == first.id
-    assert store.claim_job("h:2:b", lambda job: 100, limit=1) is None
+    store.enqueue_job(parse_destination("127.0.0.2"), [1, 10], 1.0, src=SITE)
+    assert store.claim_job("h:1:a", lambda job: 100, limit=1, src=SITE).id == first.id
+    assert store.claim_job("h:2:b", lambda job: 100, limit=1, src=SITE) is None
     # The owner died: its job goes back to the queue.
     assert store.recover_jobs(3, owner_is_dead=lambda owner: owner == "h:1:a") == 1
     assert store.job(first.id).status == "queued"
@@ -162,8 +163,8 @@ def test_a_stored_run_keeps_the_evidence_the_auto_model_reads(tmp_path):
                            stream_bps=per_stream[n][0], stream_retransmits=per_stream[n][1])
                for n, r in ((1, 0), (10, 7))]
     store.record_run(parse_destination("127.0.0.1"), source="probe", idle_rtt_s=0.05, results=results,
-                     started_at=0.0, fit=None)
-    _, idle, points = store.latest_run_points("127.0.0.1:5201")
+                     started_at=0.0, fit=None, src=SITE)
+    _, idle, points = store.latest_run_points("127.0.0.1:5201", src=SITE)
     assert idle == 0.05
     assert points == [
         {"streams": 1, "throughput_bps": 2e6, "rtt_mean_s": 0.05, "retransmits": 0, "duration_s": 30.0, "mss_bytes": 1448,
@@ -187,7 +188,7 @@ def test_fits_are_stored_as_their_own_records_and_rows_stored_before_still_read(
                            duration_s=p.duration_s, omit_s=0.0, sender_bps=None, retransmits=p.retransmits,
                            rtt_mean_s=p.rtt_s, mss_bytes=int(p.mss_bytes)) for p in points]
     service.ingest_run(parse_destination("127.0.0.1"), 0.05, results, 0.0, source="test")
-    row = store.current_fit("127.0.0.1:5201")
+    row = store.current_fit("127.0.0.1:5201", src=SITE)
     # The record names its form and version; nothing is inferred from which params exist.
     assert row.record["form"] == "knee" and row.record["version"] == 1
     assert row.record["congested"]["form"] == "fair_share"
@@ -196,7 +197,7 @@ def test_fits_are_stored_as_their_own_records_and_rows_stored_before_still_read(
     with store.db.transaction(write=True) as tx:
         tx.execute("UPDATE fits SET record_json = NULL")
     service.invalidate()
-    assert store.current_fit("127.0.0.1:5201").record is None
+    assert store.current_fit("127.0.0.1:5201", src=SITE).record is None
     assert service.advice("127.0.0.1", 0.3) == fresh
     store.close()
 

@@ -107,7 +107,7 @@ SIZE = ["--duration", "3"]
     (["fe80::1%eth0", "--max-impact", "0.1", *SIZE], "not supported"),
     (["0.0.0.0", "--max-impact", "0.1", *SIZE], "not a unicast address"),
     # No advice for this destination yet.
-    (["10.201.2.9", "--max-impact", "0.1", *SIZE], "no advice for 10.201.2.9:5201"),
+    (["10.201.2.9", "--max-impact", "0.1", *SIZE], "no advice from test-site to 10.201.2.9:5201"),
     # Outside the allow-list: refused before the transfer, not after it.
     (["10.99.0.1", "--max-impact", "0.1", *SIZE], "no advice"),
 ])

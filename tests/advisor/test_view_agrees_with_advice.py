@@ -19,6 +19,7 @@ from advisor.tame import DEFAULT_MARGIN, held_impact
 from models.auto import MODEL as AUTO, KneeFit, with_flow_rates, with_levels
 from models.fair_share import FairShareFit
 from models.parallel import CONGESTED, SATURATED, UNCONGESTED, ProbePoint
+from tests.sites import SITE
 
 DEST = parse_destination("127.0.0.1:5201")
 SCHEDULER_QUERY = ("SELECT coalesce(max(streams), 1) FROM current_advice "
@@ -93,7 +94,7 @@ def store_fit(service, fitted):
     points = [ProbePoint(streams=n, throughput_bps=float(fitted.throughput_bps(n))) for n in fitted.probe_streams]
     new_fit = service.stored_fit(rebuilt, points, idle_rtt_s=0.04, probed_at=service.clock())
     service.store.record_run(DEST, source="test", idle_rtt_s=0.04, results=[], started_at=service.clock(),
-                             fit=new_fit)
+                             fit=new_fit, src=SITE)
     service.invalidate()
     return rebuilt
 
@@ -225,7 +226,7 @@ def test_view_gives_the_api_answer_per_congestion_control(tmp_path):
             points = [ProbePoint(streams=n, throughput_bps=float(fitted.throughput_bps(n))) for n in fitted.probe_streams]
             store.record_run(DEST, source="test", idle_rtt_s=0.04, results=[], started_at=service.clock(),
                              fit=service.stored_fit(rebuilt, points, 0.04, service.clock(), congestion_control=control),
-                             congestion_control=control)
+                             congestion_control=control, src=SITE)
         service.invalidate()
         for budget in budgets:
             for control in ("bbr", "cubic"):

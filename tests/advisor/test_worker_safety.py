@@ -19,6 +19,7 @@ from probes.errors import ServerBusy
 from probes.fake import FakeDriver
 from probes.plan import PlanEvent
 from tests.api.conftest import rate
+from tests.sites import SITE
 
 
 def make(tmp_path, resolver, driver, allowed="127.0.0.1/32", **settings):
@@ -87,13 +88,13 @@ def test_an_owner_is_alive_only_as_the_process_that_wrote_it():
 
 def test_a_job_owned_by_a_reused_pid_is_re_queued_at_once(tmp_path):
     store = Store.open(f"sqlite:///{tmp_path}/tame.sqlite3")
-    job, _ = store.enqueue_job(parse_destination("127.0.0.1"), [1, 10], 1.0)
+    job, _ = store.enqueue_job(parse_destination("127.0.0.1"), [1, 10], 1.0, src=SITE)
     host, pid, boot, ticks, _ = process_owner().split(":")
-    store.claim_job(f"{host}:1:{boot}:{_start_ticks(1) + 1}:gone", lambda job: 3600, limit=1)
+    store.claim_job(f"{host}:1:{boot}:{_start_ticks(1) + 1}:gone", lambda job: 3600, limit=1, src=SITE)
     assert store.recover_jobs(3) == 1
     assert store.job(job.id).status == "queued"
     # The same process (same start time) keeps its job.
-    store.claim_job(f"{host}:{pid}:{boot}:{ticks}:alive", lambda job: 3600, limit=1)
+    store.claim_job(f"{host}:{pid}:{boot}:{ticks}:alive", lambda job: 3600, limit=1, src=SITE)
     assert store.recover_jobs(3) == 0
     assert store.job(job.id).status == "running"
     store.close()
@@ -117,18 +118,18 @@ def test_the_queue_is_bounded_in_total(tmp_path):
 
 def test_a_queued_job_to_a_busy_address_waits_for_it(tmp_path):
     store = Store.open(f"sqlite:///{tmp_path}/tame.sqlite3")
-    first, _ = store.enqueue_job(parse_destination("a.test"), [1, 10], 1.0)
-    second, _ = store.enqueue_job(parse_destination("b.test"), [1, 10], 1.0)
-    assert store.claim_job("h:1:a", lambda job: 100, limit=2).id == first.id
+    first, _ = store.enqueue_job(parse_destination("a.test"), [1, 10], 1.0, src=SITE)
+    second, _ = store.enqueue_job(parse_destination("b.test"), [1, 10], 1.0, src=SITE)
+    assert store.claim_job("h:1:a", lambda job: 100, limit=2, src=SITE).id == first.id
     assert store.pin_address(first.id, "h:1:a", "127.0.0.1", 1e12)
-    assert store.claim_job("h:1:a", lambda job: 100, limit=2).id == second.id
+    assert store.claim_job("h:1:a", lambda job: 100, limit=2, src=SITE).id == second.id
     assert not store.pin_address(second.id, "h:1:a", "127.0.0.1", 1e12)
     store.release_job(second.id, "h:1:a", "waiting", "127.0.0.1")
     assert (store.job(second.id).status, store.job(second.id).attempts) == ("queued", 0)
     # Not claimed while its address is probed, then claimed once the probe ends.
-    assert store.claim_job("h:1:a", lambda job: 100, limit=2) is None
+    assert store.claim_job("h:1:a", lambda job: 100, limit=2, src=SITE) is None
     store.fail_job(first.id, "done with it")
-    assert store.claim_job("h:1:a", lambda job: 100, limit=2).id == second.id
+    assert store.claim_job("h:1:a", lambda job: 100, limit=2, src=SITE).id == second.id
     store.close()
 
 
@@ -232,23 +233,23 @@ def test_a_running_job_reports_progress_before_it_ends(tmp_path):
 def test_the_job_rules_hold_on_postgres(pg_url):
     store = Store.open(pg_url)
     try:
-        first, _ = store.enqueue_job(parse_destination("a.test"), [1, 10], 1.0, max_queued=2)
-        second, _ = store.enqueue_job(parse_destination("b.test"), [1, 10], 1.0, max_queued=2)
+        first, _ = store.enqueue_job(parse_destination("a.test"), [1, 10], 1.0, max_queued=2, src=SITE)
+        second, _ = store.enqueue_job(parse_destination("b.test"), [1, 10], 1.0, max_queued=2, src=SITE)
         with pytest.raises(QueueFull):
-            store.enqueue_job(parse_destination("c.test"), [1, 10], 1.0, max_queued=2)
-        assert store.claim_job("h:1:a", lambda job: 100, limit=2).id == first.id
+            store.enqueue_job(parse_destination("c.test"), [1, 10], 1.0, max_queued=2, src=SITE)
+        assert store.claim_job("h:1:a", lambda job: 100, limit=2, src=SITE).id == first.id
         assert store.pin_address(first.id, "h:1:a", "127.0.0.1", 1e12)
-        assert store.claim_job("h:1:a", lambda job: 100, limit=2).id == second.id
+        assert store.claim_job("h:1:a", lambda job: 100, limit=2, src=SITE).id == second.id
         assert not store.pin_address(second.id, "h:1:a", "127.0.0.1", 1e12)
         store.release_job(second.id, "h:1:a", "waiting", "127.0.0.1")
-        assert store.claim_job("h:1:a", lambda job: 100, limit=2) is None
+        assert store.claim_job("h:1:a", lambda job: 100, limit=2, src=SITE) is None
         store.set_progress(first.id, "h:1:a", 0.25, {"phase": "probe", "index": 1})
         assert store.job(first.id).progress_detail == {"phase": "probe", "index": 1}
         store.record_run(parse_destination("a.test"), source="probe", idle_rtt_s=None, results=[], started_at=0.0,
-                         fit=None, job_id=first.id, job_error="no probes", address="127.0.0.1")
+                         fit=None, job_id=first.id, job_error="no probes", address="127.0.0.1", src=SITE)
         with store.db.transaction() as tx:
             assert tx.execute("SELECT address FROM probe_runs WHERE job_id = ?", (first.id,)).fetchone()[0] == "127.0.0.1"
-        assert store.claim_job("h:1:a", lambda job: 100, limit=2).id == second.id
+        assert store.claim_job("h:1:a", lambda job: 100, limit=2, src=SITE).id == second.id
     finally:
         store.close()
 
@@ -272,7 +273,7 @@ def test_a_re_queued_job_waits_out_a_server_still_busy_with_its_killed_attempt(t
     store, service, _ = make(tmp_path, lambda host: ["127.0.0.1"], driver)
     worker = ProbeWorker(service, driver, busy_retry_waits_s=(0.01,))
     job, _ = service.request_probe("127.0.0.1")
-    store.claim_job("h:1:gone", lambda job: 3600, limit=1)
+    store.claim_job("h:1:gone", lambda job: 3600, limit=1, src=SITE)
     store.recover_jobs(3, owner_is_dead=lambda owner: True)
     assert worker.run_once()
     final = store.job(job.id)

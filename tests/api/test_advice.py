@@ -8,6 +8,7 @@ from advisor.tame import tame_parallel_tcp
 from models.parallel import ProbePoint
 from probes.fake import FakeDriver
 from tests.api.conftest import A, B, probe_and_wait, rate
+from tests.sites import SITE
 
 
 def test_probe_then_advice_matches_the_offline_fit(service_factory):
@@ -119,7 +120,7 @@ def test_stale_advice_is_flagged_and_a_reprobe_is_queued(service_factory, clock)
     clock.advance(601)
     advice = client.get("/v1/advice", params={"dest": "127.0.0.1", "max_impact": 0.1}).json()
     assert advice["stale"] is True and advice["num_flows"] >= 1
-    job = app.state.service.store.active_job("127.0.0.1:5201", app.state.settings.congestion_control)
+    job = app.state.service.store.active_job("127.0.0.1:5201", app.state.settings.congestion_control, src=SITE)
     assert job is not None and job.status == "queued"
     # A second stale read does not queue a second probe of the same destination.
     client.get("/v1/advice", params={"dest": "127.0.0.1", "max_impact": 0.2})
@@ -176,7 +177,7 @@ def test_a_pushed_run_keeps_each_stream_s_rate_and_losses_and_refuses_lists_that
     response = client.post("/v1/probe-runs", json={"dest": "127.0.0.1:5301", "probes": [
         {"streams": 1, "throughput_bps": rate(1)}, ten]})
     assert response.status_code == 201
-    _, _, points = app.state.service.store.latest_run_points("127.0.0.1:5301")
+    _, _, points = app.state.service.store.latest_run_points("127.0.0.1:5301", src=SITE)
     assert [(p["stream_bps"], p["stream_retransmits"]) for p in points] == [
         ((), ()), (tuple(ten["stream_bps"]), tuple(ten["stream_retransmits"]))]
     bad = client.post("/v1/probe-runs", json={"dest": "127.0.0.1:5301", "probes": [

@@ -13,6 +13,7 @@ from numpy.testing import assert_allclose
 from advisor.tame import tame_parallel_tcp
 from models.parallel import ProbePoint
 from tests.api.conftest import probe_and_wait
+from tests.sites import SITE
 
 DEST = "127.0.0.1:5201"
 B = 4e-16
@@ -142,7 +143,7 @@ def test_an_observation_refits_only_its_own_control(service_factory):
     bbr_before = client.get("/v1/advice", params={"dest": DEST, "max_impact": 0.3}).json()
     answer = client.post("/v1/observations", json={"dest": DEST, "streams": 5, "throughput_bps": rate(B / 100, 5),
                                                    "congestion_control": "cubic"})
-    assert answer.status_code == 202 and answer.json() == {"dest": DEST, "congestion_control": "cubic",
+    assert answer.status_code == 202 and answer.json() == {"src": SITE, "dest": DEST, "congestion_control": "cubic",
                                                           "accepted": True, "refit": True, "id": 1, "feeds_fit": True}
     cubic = client.get("/v1/advice", params={"dest": DEST, "max_impact": 0.3, "cc": "cubic"}).json()
     bbr = client.get("/v1/advice", params={"dest": DEST, "max_impact": 0.3}).json()

@@ -32,7 +32,7 @@ def test_a_tame_transfer_is_stored_with_its_detail_and_does_not_refit(service_fa
     assert response.status_code == 202, response.text
     answer = response.json()
     assert answer["refit"] is False and answer["feeds_fit"] is False and answer["accepted"] is True
-    dest, _, stored = app.state.service.store.observation(answer["id"])
+    _, dest, _, stored = app.state.service.store.observation(answer["id"])
     assert dest == "127.0.0.1:5201"
     # stored under the service's default control, which the answer names, since the body named none
     assert stored.to_json() == {**{k: v for k, v in body.items() if k != "dest"},

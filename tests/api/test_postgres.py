@@ -8,6 +8,7 @@ import pytest
 from advisor.db import Database, migrations
 from advisor.store import Store
 from tests.api.conftest import probe_and_wait, rate
+from tests.sites import SITE
 
 pytestmark = pytest.mark.postgres
 
@@ -48,7 +49,7 @@ def test_only_one_active_probe_per_destination_under_concurrent_requests(pg_url)
     results = []
     try:
         def enqueue():
-            results.append(store.enqueue_job(parse_destination("127.0.0.1"), [1, 10], 1.0))
+            results.append(store.enqueue_job(parse_destination("127.0.0.1"), [1, 10], 1.0, src=SITE))
 
         threads = [threading.Thread(target=enqueue) for _ in range(8)]
         for thread in threads:
@@ -58,8 +59,8 @@ def test_only_one_active_probe_per_destination_under_concurrent_requests(pg_url)
         assert len({job.id for job, _ in results}) == 1
         assert sum(created for _, created in results) == 1
         # The global limit: with one probe allowed, a second destination's job is not claimed.
-        store.enqueue_job(parse_destination("127.0.0.2"), [1, 10], 1.0)
-        assert store.claim_job("a:1:x", lambda job: 600, limit=1) is not None
-        assert store.claim_job("b:2:y", lambda job: 600, limit=1) is None
+        store.enqueue_job(parse_destination("127.0.0.2"), [1, 10], 1.0, src=SITE)
+        assert store.claim_job("a:1:x", lambda job: 600, limit=1, src=SITE) is not None
+        assert store.claim_job("b:2:y", lambda job: 600, limit=1, src=SITE) is None
     finally:
         store.close()

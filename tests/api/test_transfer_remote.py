@@ -57,7 +57,7 @@ def test_a_transfer_via_the_server_reports_its_observation_there(service_factory
     got = json.loads(done.stdout)
     assert got["opened"]["fractional_multiplier"] is None and got["opened"]["streams"] == advice["num_flows"]
     assert got["advice"]["open"] == advice["open"]
-    _, _, observed = app.state.service.store.observation(got["observation_id"])
+    _, _, _, observed = app.state.service.store.observation(got["observation_id"])
     assert observed.streams == advice["num_flows"] and observed.tame_streams == 0
     assert observed.throughput_bps == got["throughput_bps"] > 0
     assert len(observed.stream_congestion_controls) == advice["num_flows"]

@@ -24,6 +24,7 @@ from advisor.settings import Settings
 from advisor.store import Store
 from probes import cc, pathcheck, testbed
 from probes.result import ProbeResult
+from tests.sites import SITE
 
 netns = pytest.mark.netns
 PATH = testbed.TestbedSpec(rate_bps=50e6, rtt_s=0.020, queue_bytes=125_000)
@@ -111,7 +112,7 @@ def test_a_real_transfer_opens_the_advice_in_both_forms_and_stores_what_it_got(t
     addr = ipaddress.ip_address(testbed_path.server_addr)
     before = cc.settings().get(addr)
     control = _standard_control(testbed_path)
-    fits_used = store.current_fit(dest.key, control).observations_used
+    fits_used = store.current_fit(dest.key, control, src=SITE).observations_used
 
     with pathcheck.iperf3_server(testbed_path.testbed, FRACTIONAL_PORT):
         # Fractional form: 2 standard streams (the sender's own control) + 1 tame stream on the second port.
@@ -128,13 +129,13 @@ def test_a_real_transfer_opens_the_advice_in_both_forms_and_stores_what_it_got(t
         assert expected_fm in seen  # the entry held the FM during the transfer
         assert cc.settings().get(addr) == before  # and was put back after
         assert got["throughput_bps"] > 0 and got["duration_s"] >= TRANSFER_S - 0.5
-        _, _, observed = store.observation(got["observation_id"])
+        _, _, _, observed = store.observation(got["observation_id"])
         # iperf3 reported each client's control: the standard ones ran the sender's, the fractional one tame.
         assert observed.stream_congestion_controls == (control, control, cc.NAME)
         assert observed.fractional_multiplier == expected_fm and observed.tame_streams == 1
         assert len(observed.stream_bps) == 3 and len(observed.stream_retransmits) == 3
         assert observed.throughput_bps == pytest.approx(got["throughput_bps"])
-        assert store.current_fit(dest.key, control).observations_used == fits_used  # stored, not used to refit
+        assert store.current_fit(dest.key, control, src=SITE).observations_used == fits_used  # stored, not used to refit
 
         # Aggregate form: 4 tame streams, each at the FM that makes 4 of them take n*'s share.
         got, seen = _transfer(testbed_path, settings.database_url, "--max-impact", str(FRACTIONAL_BUDGET),
@@ -144,7 +145,7 @@ def test_a_real_transfer_opens_the_advice_in_both_forms_and_stores_what_it_got(t
                                  "congestion_control": cc.NAME, "streams": 4}
         assert expected_fm in seen
         assert cc.settings().get(addr) == before
-        _, _, observed = store.observation(got["observation_id"])
+        _, _, _, observed = store.observation(got["observation_id"])
         assert observed.stream_congestion_controls == (cc.NAME,) * 4 and observed.tame_streams == 4
 
         # A whole n*: standard streams alone, no tame entry at all; this observation feeds the refit.
@@ -152,7 +153,7 @@ def test_a_real_transfer_opens_the_advice_in_both_forms_and_stores_what_it_got(t
         assert got["opened"] == {"standard_streams": 7, "fractional_multiplier": None,
                                  "congestion_control": control, "streams": 7}
         assert seen == ([before.fractional_multiplier] * len(seen) if before else [])
-        _, _, observed = store.observation(got["observation_id"])
+        _, _, _, observed = store.observation(got["observation_id"])
         assert observed.stream_congestion_controls == (control,) * 7 and observed.tame_streams == 0
-        assert store.current_fit(dest.key, control).observations_used == fits_used + 1
+        assert store.current_fit(dest.key, control, src=SITE).observations_used == fits_used + 1
     assert cc.settings().get(addr) == before

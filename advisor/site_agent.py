@@ -1,0 +1,102 @@
+"""An agent at one site of many: registers its site with the central service, claims the site's probes and
+pushes their runs (`tame agent --site NAME --server URL`).
+
+Each round it registers the site (its links and probe budget; the service queues a probe for each link whose
+advice is missing or stale), then claims queued probes one at a time, runs up to the budget's probes at once,
+and pushes each run with the claim's job id so that the service closes the job. A claim is a lease: if this
+agent dies, the job goes back to the queue when the lease runs out and another agent of the site claims it.
+Runs the service did not take wait in the spool (advisor/commands/agent.py) and go first next round.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable
+
+from advisor.destinations import parse_destination
+from advisor.errors import AdvisorError
+from advisor.plan_runner import level_chooser, plan_for
+from advisor.settings import Settings
+from advisor.sites import SiteBudget
+from advisor.tame import plan_control
+from advisor.worker import probe_target
+from probes.base import ProbeDriver
+from probes.errors import ProbeError
+from probes.plan import PlanResult, run_plan
+
+# ProbeResult fields a pushed run does not carry (api.schemas.ProbeResultIn ignores them).
+_NOT_PUSHED = ("dest", "stream_rtts", "interval_bps", "interval_side", "settled", "window_throughput_bps",
+               "congestion_control", "rtt_min_s", "rtt_max_s")
+
+
+def run_payload(dest: str, plan: PlanResult, started_at: float, control: str | None,
+                **claim: Any) -> dict[str, Any]:
+    """POST /v1/probe-runs' body for a finished plan; ``claim``: src, job_id and owner when the run answers a claim."""
+    return {"dest": dest, "idle_rtt_s": plan.idle_rtt_s, "started_at": started_at, "congestion_control": control,
+            "probes": [{k: v for k, v in dataclasses.asdict(p).items() if k not in _NOT_PUSHED} for p in plan.probes],
+            **{k: v for k, v in claim.items() if v is not None}}
+
+
+@dataclasses.dataclass
+class SiteAgent:
+    """One agent of ``site``: ``client`` is an api.client.TameClient, ``push(payload)`` sends a run (spooling it
+    when the service cannot take it now)."""
+
+    client: Any
+    site: str
+    owner: str
+    budget: SiteBudget
+    settings: Settings
+    driver: ProbeDriver
+    push: Callable[[dict[str, Any]], bool]
+    clock: Callable[[], float]
+    log: Callable[[str], None] = lambda line: print(line, flush=True)
+    stop: threading.Event = dataclasses.field(default_factory=threading.Event)
+
+    def register(self, dests: list[str]) -> dict[str, Any]:
+        """PUT /v1/sites/NAME: the site's links and budget; the service queues the probes that are due."""
+        return self.client.register_site(self.site, dests, self.budget.to_json(), self.settings.congestion_control)
+
+    def round(self, dests: list[str]) -> int:
+        """Register, then claim and run the site's due probes (up to the budget's at once) until none is left
+        or the budget is spent. Returns how many probes ran."""
+        answer = self.register(dests)
+        self.log(f"tame agent: site {self.site}: {answer['links']} link(s), {answer['queued']} probe(s) queued")
+        ran = 0
+        running: set[Future] = set()
+        with ThreadPoolExecutor(max_workers=self.budget.max_probes, thread_name_prefix="tame-site-probe") as pool:
+            while not self.stop.is_set():
+                running = {f for f in running if not f.done()}
+                if len(running) >= self.budget.max_probes:
+                    self.stop.wait(0.05)
+                    continue
+                claim = self.client.claim(self.site, self.owner, self.budget.max_streams)
+                if claim["job"] is None:
+                    if not running:
+                        break
+                    self.stop.wait(0.2)  # a running probe may free the budget, or its link had the last job
+                    continue
+                running.add(pool.submit(self._probe, claim))
+                ran += 1
+        return ran
+
+    def _probe(self, claim: dict[str, Any]) -> None:
+        job = claim["job"]
+        dest = job["dest"]
+        try:
+            parsed = parse_destination(dest)
+            # Resolved once: the probes go to the address checked, never to the name again.
+            target = probe_target(self.settings.allowed.checked_address(parsed), parsed.port)
+            started = self.clock()
+            control = job["congestion_control"] or self.settings.congestion_control
+            plan = run_plan(self.driver, target, plan_for(self.settings, job["levels"], job["duration_s"], control),
+                            next_level=level_chooser(self.settings.model, min(self.settings.n_max, claim["max_streams"])))
+            used = plan_control(plan.probes, control)
+        except (AdvisorError, ProbeError, ValueError) as exc:
+            # The job is left to its lease: it goes back to the queue and counts as an attempt.
+            print(f"tame agent: {self.site} -> {dest}: {exc}", file=sys.stderr, flush=True)
+            return
+        self.push(run_payload(dest, plan, started, used, src=self.site, job_id=job["id"], owner=self.owner))

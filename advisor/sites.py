@@ -1,0 +1,167 @@
+"""Sites and their agents' claims: which agent probes which link, within its site's probe budget.
+
+An agent at a site registers the site with its links and budget (PUT /v1/sites/NAME, every round: the site's
+heartbeat), then claims the site's queued probe jobs (POST /v1/sites/NAME/claims). A claim is a lease: the job
+is the agent's until ``lease_until``; an agent that goes away loses it when the lease runs out
+(:meth:`advisor.store.Store.recover_jobs` re-queues it) and another agent of the site claims it. The claims of
+one site are serialised on its ``sites`` row (``SELECT ... FOR UPDATE`` on PostgreSQL; SQLite's write
+transactions are serial) so that checking the budget and taking the job are one step; the job is taken with
+``FOR UPDATE SKIP LOCKED``, and agents of different sites never wait on one another.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from advisor.destinations import Destination
+from advisor.errors import InvalidRequest
+from advisor.limits import MAX_SITE_PROBES, MAX_SITE_STREAMS
+from advisor.store import JOB_COLUMNS, Job, Store, job_from_row
+
+# The window the probe-seconds budget is counted over, seconds.
+BUDGET_WINDOW_S = 3600.0
+
+
+@dataclass(frozen=True)
+class SiteBudget:
+    """What a site's probes may take at once and per hour: probes, streams, and probe-seconds in any hour."""
+
+    max_probes: int = 1
+    max_streams: int = 64
+    probe_seconds_per_hour: float = 1800.0
+
+    @classmethod
+    def checked(cls, max_probes: Any, max_streams: Any, probe_seconds_per_hour: Any) -> "SiteBudget":
+        """The budget as a user gave it, checked; InvalidRequest names the field that is wrong."""
+        for name, value, high in (("max_probes", max_probes, MAX_SITE_PROBES),
+                                  ("max_streams", max_streams, MAX_SITE_STREAMS)):
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
+                raise InvalidRequest(f"{name} must be a whole number from 1 to {high}; got {value!r}")
+        seconds = probe_seconds_per_hour
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) \
+                or not 1.0 <= seconds <= BUDGET_WINDOW_S * MAX_SITE_PROBES:
+            raise InvalidRequest(f"probe_seconds_per_hour must be seconds from 1 to {BUDGET_WINDOW_S * MAX_SITE_PROBES:g}; "
+                                 f"got {seconds!r}")
+        return cls(max_probes, max_streams, float(seconds))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"max_probes": self.max_probes, "max_streams": self.max_streams,
+                "probe_seconds_per_hour": self.probe_seconds_per_hour}
+
+
+@dataclass(frozen=True)
+class SiteUse:
+    """What a site's probes hold of its budget now: running probes, their streams, probe-seconds in the last hour."""
+
+    probes: int
+    streams: int
+    seconds: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"probes": self.probes, "streams": self.streams, "probe_seconds": self.seconds}
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A claimed job (None when there is none the budget allows) and why not, when not."""
+
+    job: Job | None
+    streams: int = 0  # the most streams the job may open (its adaptive probe included)
+    lease_until: float | None = None
+    waiting: str | None = None  # why nothing was claimed: "no queued probe" or the budget that is spent
+
+
+def register_site(store: Store, site: str, budget: SiteBudget, dests: Sequence[Destination]) -> None:
+    """Create or update the site (its budget, last_seen_at) and its links to ``dests``, in one transaction."""
+    now = store.clock()
+    with store.db.transaction(write=True) as tx:
+        tx.execute(
+            "INSERT INTO sites (name, max_probes, max_streams, probe_seconds_per_hour, registered_at, last_seen_at) "
+            "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET max_probes = excluded.max_probes, "
+            "max_streams = excluded.max_streams, probe_seconds_per_hour = excluded.probe_seconds_per_hour, "
+            "last_seen_at = excluded.last_seen_at",
+            (site, budget.max_probes, budget.max_streams, budget.probe_seconds_per_hour, now, now))
+        for dest in dests:
+            store.link_id(tx, site, dest)
+
+
+def site_budget(store: Store, site: str) -> SiteBudget | None:
+    """The registered site's budget, or None for a site no agent registered."""
+    with store.db.transaction() as tx:
+        row = tx.execute("SELECT max_probes, max_streams, probe_seconds_per_hour FROM sites WHERE name = ?",
+                         (site,)).fetchone()
+    return SiteBudget(*row) if row else None
+
+
+def _use(tx, site: str, now: float) -> SiteUse:
+    running, streams = tx.execute(
+        "SELECT count(*), coalesce(sum(streams_reserved), 0) FROM probe_jobs WHERE src = ? AND status = 'running'",
+        (site,)).fetchone()
+    # A running job counts the longest it may take; a finished one what it took (started within the window).
+    seconds = tx.execute(
+        "SELECT coalesce(sum(CASE WHEN status = 'running' THEN coalesce(seconds_reserved, 0) "
+        "ELSE finished_at - started_at END), 0) FROM probe_jobs WHERE src = ? AND started_at >= ? "
+        "AND (status = 'running' OR (status IN ('done', 'failed') AND finished_at IS NOT NULL))",
+        (site, now - BUDGET_WINDOW_S)).fetchone()[0]
+    return SiteUse(int(running), int(streams), float(seconds))
+
+
+def site_use(store: Store, site: str) -> SiteUse:
+    with store.db.transaction() as tx:
+        return _use(tx, site, store.clock())
+
+
+def claim_job(store: Store, site: str, owner: str, *, max_streams: int,
+              worst_case_s: Callable[[Job], float], lease_slack_s: float = 60.0) -> Claim:
+    """Claim the site's oldest queued job for ``owner`` if the site's budget allows it.
+
+    The job may open at most ``max_streams`` streams (the agent's own cap) and at most what the site's stream
+    budget has left, and never fewer than its highest fixed level; it holds ``worst_case_s(job)`` seconds of
+    the hourly budget while it runs, and its lease lasts that long plus ``lease_slack_s``."""
+    now = store.clock()
+    lock = " FOR UPDATE" if store.db.dialect == "postgresql" else ""
+    skip = " FOR UPDATE SKIP LOCKED" if store.db.dialect == "postgresql" else ""
+    with store.db.transaction(write=True) as tx:
+        row = tx.execute(f"SELECT max_probes, max_streams, probe_seconds_per_hour FROM sites WHERE name = ?{lock}",
+                         (site,)).fetchone()
+        if row is None:
+            raise InvalidRequest(f"site {site!r} is not registered: PUT /v1/sites/{site} first (tame agent does)")
+        budget = SiteBudget(*row)
+        use = _use(tx, site, now)
+        if use.probes >= budget.max_probes:
+            return Claim(None, waiting=f"{use.probes} probe(s) of {site} running, at most {budget.max_probes}")
+        row = tx.execute(
+            f"SELECT {JOB_COLUMNS} FROM probe_jobs WHERE src = ? AND status = 'queued' "
+            f"ORDER BY requested_at, id LIMIT 1{skip}", (site,)).fetchone()
+        if row is None:
+            return Claim(None, waiting="no queued probe")
+        job = job_from_row(row)
+        streams_left = budget.max_streams - use.streams
+        needed = max(job.levels)
+        if streams_left < needed:
+            return Claim(None, waiting=f"{use.streams} of {site}'s {budget.max_streams} streams are probing; the next "
+                                       f"probe needs {needed}")
+        seconds = worst_case_s(job)
+        if use.seconds + seconds > budget.probe_seconds_per_hour:
+            return Claim(None, waiting=f"{use.seconds:.0f} of {site}'s {budget.probe_seconds_per_hour:g} probe-seconds "
+                                       f"this hour are spent; the next probe may take {seconds:.0f}")
+        streams = max(needed, min(max_streams, streams_left))
+        lease_until = now + seconds + lease_slack_s
+        tx.execute(
+            "UPDATE probe_jobs SET status = 'running', started_at = ?, progress = 0, progress_detail = NULL, "
+            "attempts = attempts + 1, owner = ?, lease_until = ?, error = NULL, streams_reserved = ?, "
+            "seconds_reserved = ? WHERE id = ?",
+            (now, owner, lease_until, streams, seconds, job.id))
+        tx.execute("UPDATE sites SET last_seen_at = ? WHERE name = ?", (now, site))
+    return Claim(store.job(job.id), streams, lease_until)
+
+
+def holds(store: Store, job_id: str, owner: str, src: str, dest_key: str) -> bool:
+    """True when ``owner`` holds the running job ``job_id`` (its lease not yet handed to another agent), a probe of
+    the link from ``src`` to ``dest_key``."""
+    with store.db.transaction() as tx:
+        row = tx.execute("SELECT 1 FROM probe_jobs WHERE id = ? AND owner = ? AND status = 'running' AND src = ? "
+                         "AND dest = ?", (job_id, owner, src, dest_key)).fetchone()
+    return row is not None
