@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import threading
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ from typing import Any, Callable, Mapping, Sequence, TypeVar
 from advisor.db import Database
 from advisor.destinations import Destination, parse_destination
 from advisor.errors import InvalidRequest, StoreError, UnknownDestination
-from advisor.limits import check_congestion_control
+from advisor.limits import check_congestion_control, check_site
 
 # A queue is the operator's file: bounded so that a wrong file fails fast rather than filling memory.
 MAX_QUEUE_BYTES = 1 << 20
@@ -31,8 +30,6 @@ MAX_PREFIX_ARGS = 32
 MAX_ARG_CHARS = 4096
 MAX_DURATION_S = 86400.0  # iperf3 runs a test for at most a day
 MAX_BYTES = 2**50
-# A site name as the advice service keys sources: letters, digits and . _ - (a host name fits).
-SITE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 _TRANSFER_KEYS = {"src", "dest", "max_impact", "duration_s", "bytes", "cc"}
 
 
@@ -85,9 +82,8 @@ def parse_queue(text: str, sources: Mapping[str, Sequence[str]] | None = None) -
         entries, file_sources = _json_entries(stripped)
     else:
         entries, file_sources = _line_entries(text), {}
-    merged = {**file_sources, **{site: _prefix(argv, f"source {site!r}") for site, argv in (sources or {}).items()}}
-    for site in merged:
-        _site(site, f"source {site!r}")
+    given = {**file_sources, **{site: _prefix(argv, f"source {site!r}") for site, argv in (sources or {}).items()}}
+    merged = {_site(site, f"source {site!r:.80}"): argv for site, argv in given.items()}
     if len(merged) > MAX_SOURCES:
         raise QueueError(f"the queue names {len(merged)} sources; at most {MAX_SOURCES}")
     if not entries:
@@ -169,9 +165,10 @@ def _number(value: Any) -> bool:
 
 
 def _site(value: Any, where: str) -> str:
-    if not isinstance(value, str) or not SITE_NAME.fullmatch(value):
-        raise QueueError(f"{where}: a source site is 1-63 letters, digits, '.', '_' or '-', got {value!r:.80}")
-    return value
+    try:
+        return check_site(value, "a source site")
+    except InvalidRequest as exc:
+        raise QueueError(f"{where}: {exc}") from None
 
 
 def _prefix(argv: Any, where: str) -> tuple[str, ...]:
@@ -223,9 +220,11 @@ def _transfer(index: int, where: str, entry: Any) -> Transfer:
 
 class SqlAdvice:
     """The stream count for a link and budget, read from the advice store's ``current_advice`` view as a
-    scheduler on another machine would (docs/advice-service.md, "The store"): whole standard streams."""
+    scheduler on another machine would (docs/advice-service.md, "The store"): whole standard streams. A link
+    without a source is ``own_site``'s, as the service takes a request that names none."""
 
-    def __init__(self, database_url: str):
+    def __init__(self, database_url: str, own_site: str):
+        self.own_site = own_site
         # A reader never creates a store: a mistyped SQLite path is an error, not a new empty file.
         if database_url.startswith("sqlite:///") and not Path(database_url[len("sqlite:///"):]).is_file():
             raise StoreError(f"no SQLite advice store at {database_url[len('sqlite:///'):]}")
@@ -250,11 +249,13 @@ class SqlAdvice:
         """``coalesce(max(streams), 1)`` for the link under ``control`` (rows not recorded with a control
         answer the default control when none are); UnknownDestination when the store has no fit for it."""
         where, params = "dest = ?", [dest_key]
-        if src is not None:
-            if not self.has_src():
-                raise UnknownDestination(f"the advice store has no source sites (its current_advice has no src "
-                                         f"column), so it has no advice for {src} -> {dest_key}")
+        if self.has_src():
+            src = src or self.own_site
             where, params = where + " AND src = ?", params + [src]
+        elif src is not None:
+            raise UnknownDestination(f"the advice store has no source sites (its current_advice has no src "
+                                     f"column, a store older than advice per link), so it has no advice for "
+                                     f"{src} -> {dest_key}")
         with self._db.transaction() as tx:
             for control_clause, control_params in (("congestion_control = ?", [control]),
                                                    ("congestion_control IS NULL", [])):
@@ -266,7 +267,8 @@ class SqlAdvice:
                         f"WHERE {where} AND {control_clause} AND impact_bound <= ?",
                         params + control_params + [max_impact]).fetchone()[0])
         raise UnknownDestination(f"the advice store has no advice for {'%s -> ' % src if src else ''}{dest_key} "
-                                 f"under {control}")
+                                 f"under {control}" + (" (a link without src is this host's site, TAME_SITE: name "
+                                                       "its src in the queue)" if src == self.own_site else ""))
 
 
 # --- running ------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from advisor.commands.transfer import (DEADLINE_SLACK_S, DEFAULT_BYTES_TIMEOUT_S
 from advisor.errors import AdvisorError, InvalidRequest
 from advisor.limits import MAX_PROBE_STREAMS, check_congestion_control
 from advisor.schedule import MAX_QUEUE_BYTES, SqlAdvice, Transfer, parse_queue, run_concurrently
+from advisor.settings import default_site
 from probes.controls import available_controls, host_default_control
 from probes.errors import ProbeError
 from probes.transfer import run_transfer
@@ -55,9 +56,6 @@ def register(subparsers) -> None:
     parser.add_argument("--congestion-control", metavar="NAME",
                         help="the standard streams' control for SQL reads of transfers without cc "
                         "(default: this host's)")
-    parser.add_argument("--no-src", action="store_true",
-                        help="for an advice service that keeps no source sites: read and report each transfer "
-                        "by its destination alone; src then only chooses where the transfer runs")
     parser.add_argument("--concurrency", type=whole_number(1, MAX_CONCURRENCY), default=4, metavar="N",
                         help="transfers running at once (default 4)")
     parser.add_argument("--plan", action="store_true", help="print the advised streams of each transfer and "
@@ -71,13 +69,14 @@ class Planned:
     """A transfer with the advice read for it: the standard streams to open and their control."""
 
     transfer: Transfer
+    src: str | None  # the link's source site as the advice names it (the service's own when the queue names none)
     streams: int
     congestion_control: str
     source: str  # "http", "sql" or "store": where the advice was read
 
     def to_json(self) -> dict[str, Any]:
         t = self.transfer
-        return {"index": t.index, "src": t.src, "dest": t.dest.key, "max_impact": t.max_impact,
+        return {"index": t.index, "src": self.src, "dest": t.dest.key, "max_impact": t.max_impact,
                 "duration_s": t.duration_s, "bytes": t.bytes, "advised_streams": self.streams,
                 "congestion_control": self.congestion_control, "advice_read": self.source}
 
@@ -94,21 +93,18 @@ def run(args) -> int:
             raise UsageError(str(exc)) from exc
     if args.database_url:
         try:
-            sql = SqlAdvice(args.database_url)
+            sql = SqlAdvice(args.database_url, default_site(os.environ))
         except AdvisorError as exc:
             raise UsageError(f"--database-url: {exc}") from exc
     else:
         sql = None
     try:
         with Reporter(args.server, args.database_url) as reporter:
-            planned = [_plan(t, reporter, sql, args.congestion_control, not args.no_src) for t in queue.transfers]
+            planned = [_plan(t, reporter, sql, args.congestion_control) for t in queue.transfers]
             if args.plan:
                 _output(args, [p.to_json() for p in planned])
                 return 0
-            if not args.server and not args.no_src and any(p.transfer.src is not None for p in planned):
-                raise UsageError("observations of transfers from a named source (src) go to the advice service: "
-                                 "give --server URL (the local store keeps this host's own links only)")
-            reports = _run_all(planned, queue, reporter, args.concurrency, not args.no_src)
+            reports = _run_all(planned, queue, reporter, args.concurrency)
     finally:
         if sql is not None:
             sql.close()
@@ -138,16 +134,17 @@ def _netns_sources(values: list[str]) -> dict[str, list[str]]:
     return sources
 
 
-def _plan(t: Transfer, reporter: Reporter, sql: SqlAdvice | None, default_control: str | None,
-          send_src: bool) -> Planned:
+def _plan(t: Transfer, reporter: Reporter, sql: SqlAdvice | None, default_control: str | None) -> Planned:
     """The advice for ``t``'s link: UsageError (nothing has run) when there is none or it cannot be opened."""
-    src = t.src if send_src else None
+    src = t.src
     try:
         if sql is not None:
             control = t.cc or default_control or host_default_control()
             streams, source = sql.streams(src, t.dest.key, control, t.max_impact), "sql"
+            src = src or (sql.own_site if sql.has_src() else None)
         else:
             payload = reporter.link(src, t.dest).advice(t.max_impact, t.cc)
+            src = payload.get("src", src)
             streams, control = int(payload["num_flows"]), payload.get("congestion_control") or t.cc
             control = control or host_default_control()
             source = "http" if reporter.url else "store"
@@ -159,11 +156,10 @@ def _plan(t: Transfer, reporter: Reporter, sql: SqlAdvice | None, default_contro
     if control not in available_controls():
         raise UsageError(f"transfer {t.index + 1} ({t.link_name}): its streams' congestion control {control!r} is "
                          f"not available here ({' '.join(available_controls())}); load it (modprobe tcp_{control})")
-    return Planned(t, streams, control, source)
+    return Planned(t, src, streams, control, source)
 
 
-def _run_all(planned: list[Planned], queue, reporter: Reporter, concurrency: int,
-             send_src: bool) -> list[dict[str, Any]]:
+def _run_all(planned: list[Planned], queue, reporter: Reporter, concurrency: int) -> list[dict[str, Any]]:
     cancel = threading.Event()
 
     def one(p: Planned) -> dict[str, Any]:
@@ -185,7 +181,7 @@ def _run_all(planned: list[Planned], queue, reporter: Reporter, concurrency: int
         except InvalidRequest as exc:
             report["error"] = f"the transfer ran but cannot be reported: {exc}"
             return report
-        stored, error = reporter.link(t.src if send_src else None, t.dest).observe(observation)
+        stored, error = reporter.link(t.src, t.dest).observe(observation)
         if stored is not None:
             report["observation_id"] = stored["id"]
         else:

@@ -15,7 +15,8 @@ def test_a_json_queue_reads_each_transfer_and_its_sources_prefix():
                       {"src": "here", "dest": "DTN.Example.org.:5202", "max_impact": 1, "bytes": 10**9, "cc": "cubic"},
                       {"dest": "[::1]:5201", "max_impact": 0.5, "duration_s": 1}]}))
     a, b, c = queue.transfers
-    assert (a.src, a.dest.key, a.max_impact, a.duration_s, a.bytes, a.cc) == ("siteA", "10.0.0.1:5201", 0.1, 30.0, None, None)
+    # Site names are keys: lowercased, as the service keys them.
+    assert (a.src, a.dest.key, a.max_impact, a.duration_s, a.bytes, a.cc) == ("sitea", "10.0.0.1:5201", 0.1, 30.0, None, None)
     assert (b.dest.key, b.bytes, b.cc, b.duration_s) == ("dtn.example.org:5202", 10**9, "cubic", None)
     assert (c.src, c.dest.key, c.link) == (None, "[::1]:5201", (None, "[::1]:5201"))
     assert queue.prefix(a) == ("ip", "netns", "exec", "ns-a") and queue.prefix(b) == () and queue.prefix(c) == ()
@@ -47,7 +48,7 @@ def _one(**fields):
     ('{"sources": {"a": ["ip", ""]}, "transfers": []}', "command prefix must be a list"),
     ('{"sources": {"a": ["ip\\u0000x"]}, "transfers": []}', "command prefix must be a list"),
     ('{"sources": {"a b": []}, "transfers": [{"dest": "10.0.0.1", "max_impact": 0.1, "duration_s": 5}]}',
-     "source 'a b'"),
+     "source 'a b': a source site must name a site"),
     (_one(dest="no such host!"), "transfer 1: dest"),
     (_one(dest=["10.0.0.1"]), "transfer 1: dest"),
     (_one(max_impact=0), "max_impact must be a fraction above 0"),
@@ -66,7 +67,7 @@ def _one(**fields):
     (_one(duration_s=None, bytes=2**51), "bytes must be a whole number"),
     (_one(cc="Cubic; rm -rf /"), "transfer 1: cc"),
     (_one(src="b"), "no way to run a command on source 'b'"),
-    (_one(src="../etc"), "a source site is"),
+    (_one(src="../etc"), "transfer 1: src: a source site must name a site"),
     (_one(streams=4), "unknown field(s) 'streams'"),
     ("dest=10.0.0.1 max_impact=0.1 duration_s", "line 1: 'duration_s' is not key=value"),
     ("dest=10.0.0.1 max_impact=0.1 max_impact=0.2 duration_s=3", "line 1: max_impact is given twice"),

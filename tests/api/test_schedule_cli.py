@@ -12,6 +12,7 @@ import pytest
 
 from tests.api.conftest import free_port, probe_and_wait
 from tests.api.procs import start_iperf3, stop
+from tests.sites import SITE
 
 KNOWN = "127.0.0.1:5201"
 
@@ -23,7 +24,8 @@ def served(service_factory, tmp_path):
     probe_and_wait(client, dest=KNOWN, headers={"Authorization": "Bearer w"})
     db_url = app.state.service.store.db.url
     env = {k: v for k, v in os.environ.items() if not k.startswith("TAME_")}
-    env.update(TAME_TOKEN="w", TAME_DATABASE_URL=f"sqlite:///{tmp_path}/other.sqlite3")
+    # The scheduler speaks for the service's own site (TAME_SITE), the source of links that name none.
+    env.update(TAME_TOKEN="w", TAME_DATABASE_URL=f"sqlite:///{tmp_path}/other.sqlite3", TAME_SITE=SITE)
 
     def run(queue, *args, raw=False):
         path = tmp_path / "queue"
@@ -62,7 +64,7 @@ def _transfer(**fields):
     ({"transfers": [_transfer(max_impact=-1)]}, "max_impact must be a fraction above 0"),
     ("dest=127.0.0.1:5201 max_impact=NaN duration_s=1", "max_impact must be a fraction above 0"),
     ("dest=127.0.0.1:5201 max_impact=inf duration_s=1", "max_impact must be a fraction above 0"),
-    ({"transfers": [_transfer(src="siteA")]}, "no way to run a command on source 'siteA'"),
+    ({"transfers": [_transfer(src="siteA")]}, "no way to run a command on source 'sitea'"),
     ({"transfers": [_transfer(dest="127.0.0.1:5201; reboot")]}, "transfer 1: dest"),
     ({"sources": {"a": "ip netns exec x"}, "transfers": [_transfer(src="a")]}, "command prefix must be a list"),
     ({"transfers": [_transfer(), _transfer(duration_s=None)]}, "transfer 2: give exactly one of duration_s"),
@@ -88,15 +90,18 @@ def test_an_unknown_link_anywhere_in_the_queue_runs_nothing(served):
     # The first transfer's link is known (and has no iperf3 server: had it run, it would fail, exit 1).
     queue = {"transfers": [_transfer(), _transfer(dest="127.0.0.9:5201")]}
     _refused(run(queue, "--server", base), "transfer 2 (127.0.0.9:5201)", "HTTP 404")
-    _refused(run(queue, "--database-url", db_url), "transfer 2 (127.0.0.9:5201)", "no advice for 127.0.0.9:5201")
+    _refused(run(queue, "--database-url", db_url), "transfer 2 (127.0.0.9:5201)",
+             f"no advice for {SITE} -> 127.0.0.9:5201")
     assert _observations(db_url) == 0
 
 
-def test_a_named_source_is_refused_by_a_service_that_keeps_none(served):
+def test_a_link_from_a_source_without_advice_runs_nothing(served):
     base, db_url, run = served
-    queue = {"sources": {"siteA": []}, "transfers": [_transfer(src="siteA")]}
-    _refused(run(queue, "--server", base), "siteA", "no advice per source site")
-    _refused(run(queue, "--database-url", db_url), "no source sites")
+    # KNOWN has advice from the service's own site only; from siteA it is another link, with none.
+    queue = {"sources": {"siteA": []}, "transfers": [_transfer(), _transfer(src="siteA")]}
+    _refused(run(queue, "--server", base), "transfer 2 (sitea -> 127.0.0.1:5201)", "HTTP 404")
+    _refused(run(queue, "--database-url", db_url), "transfer 2 (sitea -> 127.0.0.1:5201)",
+             "no advice for sitea -> 127.0.0.1:5201")
     assert _observations(db_url) == 0
 
 

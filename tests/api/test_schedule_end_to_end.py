@@ -26,15 +26,17 @@ pytestmark = [pytest.mark.netns, pytest.mark.iperf]
 BED = sharedbed.SharedSpec(rate_bps=50e6, queue_bytes=125_000, rtt_s=0.01, name="sched")
 PORT = 5201
 TRANSFER_S = 3
-# Probe runs that follow Lu's model, BW(n) = n / sqrt(A n^2 + B) at 1, 4 and 10 streams, one (A, B) per
-# destination. The service's fit advises, under its default model (worked out with AdviceService):
-# d1 (2e-18, 4e-16): 2 streams at budget 0.1, 7 at 0.2; d2 (1e-18, 1e-16): 3 at 0.2, 6 at 0.3.
-PROFILES = {"d1": (2e-18, 4e-16), "d2": (1e-18, 1e-16)}
-QUEUE = [("s1", "d1", 0.1), ("s2", "d1", 0.2), ("s1", "d2", 0.2), ("s2", "d2", 0.3)]
-EXPECTED = {("s1", "d1"): 2, ("s2", "d1"): 7, ("s1", "d2"): 3, ("s2", "d2"): 6}
+# Probe runs that follow Lu's model, BW(n) = n / sqrt(A n^2 + B) at 1, 4 and 10 streams, one (A, B) per link
+# (source site, destination). The service's fit advises, under its default model (worked out with
+# AdviceService): (2e-18, 4e-16) 2 streams at budget 0.1; (1e-17, 4e-16) 1 at 0.1, 3 at 0.3;
+# (1e-18, 1e-16) 6 at 0.3; (4e-18, 2e-16) 8 at 0.5.
+PROFILES = {("s1", "d1"): (2e-18, 4e-16), ("s2", "d1"): (1e-17, 4e-16),
+            ("s1", "d2"): (1e-18, 1e-16), ("s2", "d2"): (4e-18, 2e-16)}
+QUEUE = [("s1", "d1", 0.1), ("s2", "d1", 0.3), ("s1", "d2", 0.3), ("s2", "d2", 0.5)]
+EXPECTED = {("s1", "d1"): 2, ("s2", "d1"): 3, ("s1", "d2"): 6, ("s2", "d2"): 8}
 # The schedulers' SQL (docs/advice-service.md, "The store").
 SCHEDULER_SQL = ("SELECT coalesce(max(streams), 1) FROM current_advice "
-                 "WHERE dest = ? AND congestion_control = ? AND impact_bound <= ?")
+                 "WHERE src = ? AND dest = ? AND congestion_control = ? AND impact_bound <= ?")
 
 
 @pytest.fixture
@@ -54,11 +56,13 @@ def _dest(bed, name: str) -> str:
     return f"{bed.dest_addr[name]}:{PORT}"
 
 
-def _push(base: str, dest: str, profile: tuple[float, float], control: str) -> None:
+def _push(base: str, src: str, dest: str, profile: tuple[float, float], control: str) -> None:
+    """A probe run of the link from site ``src`` to ``dest``, as that site's `tame agent --push` sends it."""
     a, b = profile
     probes = [{"streams": n, "throughput_bps": n / (a * n * n + b) ** 0.5, "duration_s": 10.0} for n in (1, 4, 10)]
-    answer = httpx.post(f"{base}/v1/probe-runs", json={"dest": dest, "idle_rtt_s": BED.rtt_s, "started_at": time.time(),
-                                                      "congestion_control": control, "probes": probes}, timeout=30)
+    answer = httpx.post(f"{base}/v1/probe-runs", json={"src": src, "dest": dest, "idle_rtt_s": BED.rtt_s,
+                                                      "started_at": time.time(), "congestion_control": control,
+                                                      "probes": probes}, timeout=30)
     assert answer.status_code == 201 and answer.json()["fitted"], answer.text
 
 
@@ -80,16 +84,20 @@ def test_a_queue_over_four_links_runs_with_each_links_advice_and_is_reported(bed
                                args=("--no-worker",))
     try:
         control = host_default_control()
-        for name, profile in PROFILES.items():
-            _push(base, _dest(bed, name), profile, control)
+        for (src, dest), profile in PROFILES.items():
+            _push(base, src, _dest(bed, dest), profile, control)
 
-        # The advice for each link, over HTTP and with the schedulers' SQL: they agree, and differ between links.
+        # The advice for each link, over HTTP and with the schedulers' SQL: they agree, and the two sources of
+        # one destination are told apart (at s1's budget, s2's link to d1 gets 1 stream where s1's gets 2).
+        def http(src, dest, budget):
+            return httpx.get(f"{base}/v1/advice", params={"src": src, "dest": _dest(bed, dest), "max_impact": budget},
+                             timeout=30).json()["num_flows"]
+
         with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as sql:
             for src, dest, budget in QUEUE:
-                http = httpx.get(f"{base}/v1/advice", params={"dest": _dest(bed, dest), "max_impact": budget},
-                                 timeout=30).json()["num_flows"]
-                (by_sql,) = sql.execute(SCHEDULER_SQL, (_dest(bed, dest), control, budget)).fetchone()
-                assert http == by_sql == EXPECTED[(src, dest)], (src, dest, budget)
+                (by_sql,) = sql.execute(SCHEDULER_SQL, (src, _dest(bed, dest), control, budget)).fetchone()
+                assert http(src, dest, budget) == by_sql == EXPECTED[(src, dest)], (src, dest, budget)
+        assert (http("s1", "d1", 0.1), http("s2", "d1", 0.1)) == (2, 1)
 
         queue = {"sources": {src: ["ip", "netns", "exec", ns] for src, ns in bed.source_ns.items()},
                  "transfers": [{"src": src, "dest": _dest(bed, dest), "max_impact": budget, "duration_s": TRANSFER_S}
@@ -99,7 +107,7 @@ def test_a_queue_over_four_links_runs_with_each_links_advice_and_is_reported(bed
 
         # The scheduler's own reads, HTTP and SQL, plan the same streams and run nothing.
         for read in (("--server", base), ("--database-url", f"sqlite:///{db}")):
-            planned = _schedule(queue_path, *read, "--no-src", "--plan")
+            planned = _schedule(queue_path, *read, "--plan")
             assert planned.returncode == 0, planned.stderr
             assert [t["advised_streams"] for t in json.loads(planned.stdout)["transfers"]] == \
                 [EXPECTED[(src, dest)] for src, dest, _ in QUEUE]
@@ -107,7 +115,7 @@ def test_a_queue_over_four_links_runs_with_each_links_advice_and_is_reported(bed
             assert sql.execute("SELECT count(*) FROM observations").fetchone() == (0,)
 
         before = {src: _sent_bytes(ns) for src, ns in bed.source_ns.items()}
-        done = _schedule(queue_path, "--server", base, "--no-src", "--concurrency", "2")
+        done = _schedule(queue_path, "--server", base, "--concurrency", "2")
         assert done.returncode == 0, done.stderr
         reports = json.loads(done.stdout)["transfers"]
         sent = {src: _sent_bytes(ns) - before[src] for src, ns in bed.source_ns.items()}
@@ -122,8 +130,8 @@ def test_a_queue_over_four_links_runs_with_each_links_advice_and_is_reported(bed
             assert report["advised_streams"] == report["opened_streams"] == EXPECTED[(src, dest)]
             assert report["advice_read"] == "http" and report["congestion_control"] == control
             assert report["throughput_bps"] > 0 and report["transfer_duration_s"] >= TRANSFER_S - 0.5
-            stored_dest, _, observation = store.observation(report["observation_id"])
-            assert stored_dest == _dest(bed, dest)
+            stored_src, stored_dest, _, observation = store.observation(report["observation_id"])
+            assert (stored_src, stored_dest) == (src, _dest(bed, dest))
             assert observation.streams == report["opened_streams"]
             assert observation.throughput_bps == pytest.approx(report["throughput_bps"])
             assert observation.stream_congestion_controls == (control,) * observation.streams
