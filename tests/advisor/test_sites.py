@@ -1,0 +1,141 @@
+"""Sites and claims (advisor/sites.py) on SQLite and PostgreSQL: a site's budget (probes, streams, probe-seconds
+an hour) is never exceeded, no job is claimed twice even by many agents at once, a lease that runs out hands
+the job to another agent of the site, and one site's claims never take another's jobs."""
+
+import pytest
+
+from advisor.destinations import parse_destination
+from advisor.errors import InvalidRequest
+from advisor.sites import SiteBudget, claim_job, holds, register_site, site_use
+from advisor.store import Store
+from tests.api.conftest import Clock
+from tests.together import run_together
+
+DESTS = [parse_destination(f"127.0.0.{i}:5201") for i in range(1, 11)]
+
+
+def worst(job):
+    return 100.0
+
+
+def queue(store, site, dests=DESTS, levels=(1, 10)):
+    for dest in dests:
+        store.enqueue_job(dest, list(levels), 30.0, src=site)
+        store.clock.advance(0.001)  # queued in this order
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store(request, tmp_path):
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path}/s.sqlite3"
+    else:
+        url = request.getfixturevalue("pg_url")
+    clock = Clock()
+    store = Store.open(url, clock=clock)
+    yield store
+    store.close()
+
+
+def test_a_site_s_probes_at_once_are_held_to_its_budget(store):
+    register_site(store, "a", SiteBudget(max_probes=2, max_streams=64, probe_seconds_per_hour=3600), DESTS)
+    queue(store, "a")
+    first = claim_job(store, "a", "agent-1", max_streams=16, worst_case_s=worst)
+    second = claim_job(store, "a", "agent-2", max_streams=16, worst_case_s=worst)
+    third = claim_job(store, "a", "agent-1", max_streams=16, worst_case_s=worst)
+    assert first.job is not None and second.job is not None and first.job.id != second.job.id
+    assert third.job is None and "2 probe(s) of a running, at most 2" in third.waiting
+    # Oldest first, each capped at the agent's 16 streams (above the job's highest level, 10).
+    assert (first.job.dest, second.job.dest) == (DESTS[0].key, DESTS[1].key)
+    assert first.streams == 16 and first.lease_until == store.clock() + 100.0 + 60.0
+    assert site_use(store, "a").probes == 2 and site_use(store, "a").streams == 32
+
+
+def test_streams_at_once_are_held_to_the_budget(store):
+    register_site(store, "a", SiteBudget(max_probes=8, max_streams=24, probe_seconds_per_hour=36000), DESTS)
+    queue(store, "a")
+    first = claim_job(store, "a", "x", max_streams=16, worst_case_s=worst)
+    second = claim_job(store, "a", "x", max_streams=16, worst_case_s=worst)
+    # 8 streams are left: the second probe may open only those... and it needs 10 (its highest level).
+    assert first.streams == 16
+    assert second.job is None and "needs 10" in second.waiting
+    assert site_use(store, "a").streams == 16
+
+
+def test_probe_seconds_in_an_hour_are_held_to_the_budget(store):
+    register_site(store, "a", SiteBudget(max_probes=8, max_streams=1000, probe_seconds_per_hour=250), DESTS)
+    queue(store, "a")
+    claimed = [claim_job(store, "a", "x", max_streams=10, worst_case_s=worst) for _ in range(3)]
+    assert [c.job is not None for c in claimed] == [True, True, False]
+    assert "200 of a's 250 probe-seconds" in claimed[2].waiting
+    # A finished probe counts what it took; an hour later it no longer counts.
+    store.record_run(parse_destination(claimed[0].job.dest), src="a", source="push", idle_rtt_s=None, results=[],
+                     started_at=store.clock(), fit=None, job_id=claimed[0].job.id)
+    assert claim_job(store, "a", "x", max_streams=10, worst_case_s=worst).job is not None  # 0 + 100 + 100 s
+    store.clock.advance(3601)
+    store.recover_jobs(3)  # the running ones' leases ran out: back in the queue
+    assert site_use(store, "a").seconds == 0
+    assert claim_job(store, "a", "x", max_streams=10, worst_case_s=worst).job is not None
+
+
+def test_a_lapsed_lease_goes_to_another_agent_of_the_site(store):
+    register_site(store, "a", SiteBudget(max_probes=1), DESTS[:1])
+    queue(store, "a", DESTS[:1])
+    first = claim_job(store, "a", "agent-gone", max_streams=64, worst_case_s=worst)
+    assert holds(store, first.job.id, "agent-gone", "a", DESTS[0].key)
+    assert claim_job(store, "a", "agent-2", max_streams=64, worst_case_s=worst).job is None
+    store.clock.advance(161)  # past 100 s + 60 s of slack
+    assert store.recover_jobs(3, owner_is_dead=lambda owner: False) == 1
+    second = claim_job(store, "a", "agent-2", max_streams=64, worst_case_s=worst)
+    assert second.job.id == first.job.id and second.job.attempts == 2
+    assert not holds(store, first.job.id, "agent-gone", "a", DESTS[0].key)
+    assert holds(store, first.job.id, "agent-2", "a", DESTS[0].key)
+    assert not holds(store, first.job.id, "agent-2", "b", DESTS[0].key)
+
+
+def test_sites_never_take_each_other_s_jobs(store):
+    register_site(store, "a", SiteBudget(max_probes=4), DESTS[:2])
+    register_site(store, "b", SiteBudget(max_probes=4), DESTS[:2])
+    queue(store, "a", DESTS[:2])
+    claims = [claim_job(store, "b", "agent-b", max_streams=64, worst_case_s=worst) for _ in range(2)]
+    assert all(c.job is None and c.waiting == "no queued probe" for c in claims)
+    queue(store, "b", DESTS[:1])
+    got = claim_job(store, "b", "agent-b", max_streams=64, worst_case_s=worst)
+    assert (got.job.src, got.job.dest) == ("b", DESTS[0].key)
+    assert site_use(store, "a").probes == 0
+
+
+def test_an_unregistered_site_cannot_claim(store):
+    with pytest.raises(InvalidRequest, match="not registered"):
+        claim_job(store, "nowhere", "x", max_streams=64, worst_case_s=worst)
+
+
+@pytest.mark.parametrize("fields, named", [
+    ((0, 64, 100.0), "max_probes"), ((65, 64, 100.0), "max_probes"), ((True, 64, 100.0), "max_probes"),
+    ((1, 0, 100.0), "max_streams"), ((1, 2.5, 100.0), "max_streams"),
+    ((1, 64, float("nan")), "probe_seconds_per_hour"), ((1, 64, 0.5), "probe_seconds_per_hour"),
+    ((1, 64, "3600"), "probe_seconds_per_hour"),
+])
+def test_a_bad_budget_names_its_field(fields, named):
+    with pytest.raises(InvalidRequest, match=named):
+        SiteBudget.checked(*fields)
+
+
+@pytest.mark.postgres
+def test_many_agents_claiming_at_once_never_share_a_job_nor_pass_the_budget(pg_url):
+    """20 agents of one site (and 10 of another) claim at once on PostgreSQL: each job is claimed once, and
+    the running probes of each site never pass its budget."""
+    stores = [Store.open(pg_url, clock=Clock()) for _ in range(30)]
+    try:
+        register_site(stores[0], "a", SiteBudget(max_probes=5, max_streams=1000, probe_seconds_per_hour=36000), DESTS)
+        register_site(stores[0], "b", SiteBudget(max_probes=3, max_streams=1000, probe_seconds_per_hour=36000), DESTS)
+        queue(stores[0], "a")
+        queue(stores[0], "b")
+        sites = ["a"] * 20 + ["b"] * 10
+        claims = run_together(lambda i, _: claim_job(stores[i], sites[i], f"agent-{i}", max_streams=10,
+                                                     worst_case_s=worst), 30)
+        won = [(sites[i], c.job.id) for i, c in enumerate(claims) if c.job is not None]
+        assert len(won) == len(set(won)) == 5 + 3
+        assert site_use(stores[0], "a").probes == 5 and site_use(stores[0], "b").probes == 3
+    finally:
+        for s in stores:
+            s.close()

@@ -1,0 +1,45 @@
+"""`tame agent --site` refuses bad input before it probes or registers anything: exit status 2 and a message
+that says what to give."""
+
+import os
+import subprocess
+
+import pytest
+
+from tests.api.procs import TAME
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--site", "dtn1"], "--site needs --server"),
+    (["--site", "bad site", "--server", "http://127.0.0.1:9"], "must name a site"),
+    (["--site", "-dtn", "--server", "http://127.0.0.1:9"], "--site"),
+    (["--site", "x" * 65, "--server", "http://127.0.0.1:9"], "at most 64"),
+    (["--max-probes", "2"], "give --site"),
+    (["--site", "dtn1", "--server", "http://127.0.0.1:9", "--max-probes", "0"], "--max-probes"),
+    (["--site", "dtn1", "--server", "http://127.0.0.1:9", "--max-streams", "1e9"], "--max-streams"),
+    (["--site", "dtn1", "--server", "http://127.0.0.1:9", "--probe-seconds-per-hour", "nan"], "--probe-seconds-per-hour"),
+])
+def test_bad_site_options_exit_2_and_nothing_runs(tmp_path, argv, says):
+    dests = tmp_path / "dests"
+    dests.write_text("127.0.0.1:5201\n")
+    env = {**os.environ, "TAME_DATABASE_URL": f"sqlite:///{tmp_path}/never.sqlite3"}
+    done = subprocess.run([TAME, "agent", "--dest-file", str(dests), "--once", *argv], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert says in done.stderr
+    assert not (tmp_path / "never.sqlite3").exists()
+
+
+def test_a_server_that_refuses_the_site_stops_the_agent_with_2(tmp_path, service_factory):
+    """A destination outside the server's allow-list: the registration is refused (403), the agent says so and
+    exits 2 rather than trying again forever; nothing is stored."""
+    base, client, app = service_factory(start_worker=False)
+    dests = tmp_path / "dests"
+    dests.write_text("192.0.2.1:5201\n")
+    env = {**os.environ, "TAME_ALLOWED_DESTINATIONS": "192.0.2.0/24"}
+    env.pop("TAME_TOKEN", None)
+    done = subprocess.run([TAME, "agent", "--site", "dtn1", "--server", base, "--dest-file", str(dests)],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "403" in done.stderr and "allow" in done.stderr
+    assert client.get("/v1/links").json()["links"] == []

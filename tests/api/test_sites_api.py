@@ -1,0 +1,113 @@
+"""Links and sites over HTTP: advice per (src, dest), an agent's site registration and claims, a claimed job closed
+by its run, and bad or hostile input to each (clear error, right status, nothing stored)."""
+
+import sqlite3
+
+import pytest
+
+from tests.api.conftest import rate
+from tests.sites import SITE
+
+DEST = "127.0.0.1:5201"
+PROBES = [{"streams": n, "throughput_bps": rate(n)} for n in (1, 10)]
+
+
+def counts(db_path):
+    with sqlite3.connect(db_path) as conn:
+        return {t: conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
+                for t in ("destinations", "sites", "probe_jobs", "probe_runs", "fits", "observations")}
+
+
+def test_advice_is_per_link_and_the_default_src_is_the_service_s_site(service_factory):
+    base, client, app = service_factory(start_worker=False)
+    assert client.post("/v1/probe-runs", json={"dest": DEST, "probes": PROBES}).json()["src"] == SITE
+    slower = [{"streams": n, "throughput_bps": rate(n) / 3} for n in (1, 10)]
+    assert client.post("/v1/probe-runs", json={"src": "dtn2.example", "dest": DEST, "probes": slower}).json()["src"] \
+        == "dtn2.example"
+    here = client.get("/v1/advice", params={"dest": DEST, "max_impact": 0.2}).json()
+    there = client.get("/v1/advice", params={"src": "DTN2.example", "dest": DEST, "max_impact": 0.2}).json()
+    assert here["src"] == SITE and there["src"] == "dtn2.example"
+    assert there["max_nondisruptive_throughput_bps"] == pytest.approx(here["max_nondisruptive_throughput_bps"] / 3,
+                                                                      rel=1e-6)
+    # Batch: per item, or ?src= for the items that name none.
+    batch = client.post("/v1/advice:batch", params={"src": "dtn2.example"},
+                        json=[{"dest": DEST, "max_impact": 0.2}, {"dest": DEST, "max_impact": 0.2, "src": SITE}]).json()
+    assert [r["advice"]["src"] for r in batch["results"]] == ["dtn2.example", SITE]
+    links = client.get("/v1/links").json()
+    assert links["site"] == SITE
+    assert sorted((l["src"], l["dest"]) for l in links["links"]) == [("dtn2.example", DEST), (SITE, DEST)]
+    assert [l["src"] for l in client.get("/v1/links", params={"src": "dtn2.example"}).json()["links"]] == ["dtn2.example"]
+    unknown = client.get("/v1/advice", params={"src": "dtn3", "dest": DEST, "max_impact": 0.2})
+    assert unknown.status_code == 404 and "from dtn3" in unknown.json()["detail"]
+    # An observation lands on its own link.
+    observed = client.post("/v1/observations", json={"src": "dtn2.example", "dest": DEST, "streams": 4,
+                                                     "throughput_bps": rate(4) / 3})
+    assert observed.status_code == 202 and observed.json()["src"] == "dtn2.example" and observed.json()["refit"]
+
+
+def test_an_agent_registers_claims_and_its_run_closes_the_job(service_factory, tmp_path):
+    base, client, app = service_factory()  # the local worker probes only the service's own site
+    registration = {"dests": [DEST, "127.0.0.2"], "max_probes": 1, "max_streams": 32, "probe_seconds_per_hour": 3600}
+    site = client.put("/v1/sites/dtn2", json=registration)
+    assert site.status_code == 200, site.text
+    assert site.json() == {"site": "dtn2", "links": 2, "queued": 2,
+                           "budget": {"max_probes": 1, "max_streams": 32, "probe_seconds_per_hour": 3600.0}}
+    # Registering again (each round of the agent) queues nothing new: the probes are queued already.
+    assert client.put("/v1/sites/dtn2", json=registration).json()["queued"] == 0
+    claim = client.post("/v1/sites/dtn2/claims", json={"owner": "agent-1", "max_streams": 64}).json()
+    job = claim["job"]
+    assert job["src"] == "dtn2" and job["dest"] == DEST and job["status"] == "running"
+    assert claim["max_streams"] == 32 and claim["use"]["probes"] == 1
+    second = client.post("/v1/sites/dtn2/claims", json={"owner": "agent-2"}).json()
+    assert second["job"] is None and "at most 1" in second["waiting"]
+    # A run from an agent that does not hold the job is kept, and the job stays with its holder.
+    stray = client.post("/v1/probe-runs", json={"src": "dtn2", "dest": DEST, "probes": PROBES, "job_id": job["id"],
+                                                "owner": "agent-2"})
+    assert stray.status_code == 201
+    assert client.get(f"/v1/probes/{job['id']}").json()["status"] == "running"
+    done = client.post("/v1/probe-runs", json={"src": "dtn2", "dest": DEST, "probes": PROBES, "job_id": job["id"],
+                                               "owner": "agent-1"})
+    assert done.status_code == 201 and done.json()["fitted"]
+    assert client.get(f"/v1/probes/{job['id']}").json()["status"] == "done"
+    assert client.get("/v1/advice", params={"src": "dtn2", "dest": DEST, "max_impact": 0.1}).status_code == 200
+    assert client.post("/v1/sites/dtn2/claims", json={"owner": "agent-2"}).json()["job"]["dest"] == "127.0.0.2:5201"
+
+
+@pytest.mark.parametrize("method, path, body, status, says", [
+    ("PUT", "/v1/sites/bad%20site", {"dests": [DEST]}, 422, "must name a site"),
+    ("PUT", "/v1/sites/" + "a" * 65, {"dests": [DEST]}, 422, "at most 64"),
+    ("PUT", "/v1/sites/dtn2", {"dests": ["evil.test"]}, 403, "allow"),
+    ("PUT", "/v1/sites/dtn2", {"dests": [DEST], "max_probes": 0}, 422, "max_probes"),
+    ("PUT", "/v1/sites/dtn2", {"dests": [DEST], "max_streams": 100000}, 422, "max_streams"),
+    ("PUT", "/v1/sites/dtn2", {"dests": [DEST], "probe_seconds_per_hour": "lots"}, 422, "probe_seconds_per_hour"),
+    ("PUT", "/v1/sites/dtn2", {"dests": [DEST] * 2001}, 422, "dests"),
+    ("PUT", "/v1/sites/dtn2", {"dests": [DEST], "admin": True}, 422, "admin"),
+    ("PUT", "/v1/sites/dtn2", {"dests": ["127.0.0.1:99999"]}, 422, "port"),
+    ("PUT", "/v1/sites/dtn2", {"dests": [DEST], "congestion_control": "tame"}, 422, "fractional"),
+    ("POST", "/v1/sites/nowhere/claims", {"owner": "a"}, 422, "not registered"),
+    ("POST", "/v1/sites/dtn2/claims", {"owner": ""}, 422, "owner"),
+    ("POST", "/v1/sites/dtn2/claims", {"owner": "x" * 201}, 422, "owner"),
+    ("POST", "/v1/probe-runs", {"dest": DEST, "probes": PROBES, "src": "a'; DROP TABLE fits;--"}, 422, "must name a site"),
+    ("POST", "/v1/probe-runs", {"dest": DEST, "probes": PROBES, "job_id": "x"}, 422, "together"),
+    ("POST", "/v1/observations", {"dest": DEST, "streams": 2, "throughput_bps": 1e6, "src": "-x"}, 422, "site"),
+    ("POST", "/v1/probes", {"dest": DEST, "src": "é"}, 422, "site"),
+    ("GET", "/v1/advice?dest=127.0.0.1&max_impact=0.1&src=a%00b", None, 422, "site"),
+    ("GET", "/v1/links?src=" + "b" * 300, None, 422, "src"),
+])
+def test_bad_site_input_is_refused_and_nothing_is_stored(service_factory, tmp_path, method, path, body, status, says):
+    base, client, app = service_factory(start_worker=False)
+    before = counts(tmp_path / "tame.sqlite3")
+    response = client.request(method, path, json=body)
+    assert response.status_code == status, response.text
+    assert says in response.json()["detail"]
+    assert counts(tmp_path / "tame.sqlite3") == before
+
+
+def test_site_routes_need_the_write_token(service_factory, tmp_path):
+    base, client, app = service_factory(token="s3cret", start_worker=False)
+    before = counts(tmp_path / "tame.sqlite3")
+    assert client.put("/v1/sites/dtn2", json={"dests": [DEST]}).status_code == 401
+    assert client.post("/v1/sites/dtn2/claims", json={"owner": "a"}).status_code == 401
+    assert counts(tmp_path / "tame.sqlite3") == before
+    ok = client.put("/v1/sites/dtn2", json={"dests": [DEST]}, headers={"Authorization": "Bearer s3cret"})
+    assert ok.status_code == 200
