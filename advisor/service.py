@@ -3,8 +3,8 @@
 Everything the HTTP API and the CLI do goes through here; it knows nothing of HTTP.
 Advice is per link: a source site (``src``; default this service's own, settings.site) and a destination.
 It is cached in memory per (src, dest, max_impact, congestion control) and the cache is dropped on every write
-this process makes (and entries expire after ``settings.cache_max_age_s`` for writes made by
-other processes sharing the database).
+this process makes; for writes made by other processes sharing the database, an entry is never served
+older than ``settings.cache_max_age_s`` (see _REFRESH_AHEAD).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from advisor.limits import (check_available_control, check_congestion_control, c
                             check_probe_levels, check_site, MAX_SITE_STREAMS)
 from advisor.observations import Observation
 from advisor.opening import how_to_open
-from advisor.plan_runner import plan_for
+from advisor.plan_runner import adaptive_probes, plan_for
 from advisor.settings import Settings
 from advisor.sites import SiteBudget, claim_job, register_site, site_use
 from advisor.store import FitRow, Job, NewFit, Store
@@ -46,9 +46,13 @@ log = logging.getLogger(__name__)
 _CACHE_LIMIT = 50_000
 # A stale destination's re-probe is requested at most this often from the read path.
 _REFRESH_RETRY_S = 60.0
-# An expired cache entry is served while its refresh runs for up to this long past its expiry; then the
-# route reloads it (and reports a store error, if that is why the refreshes failed).
-_SERVE_EXPIRED_S = 5.0
+# The consistency bound: an entry reflects every write committed before its store read began
+# (AdviceEntry.loaded_at) and is served only while that is at most settings.cache_max_age_s ago, so advice
+# never lags another process's committed write by more. One background thread re-reads an entry once it
+# is this fraction of the bound old, while readers are still served it: on a healthy store no reader
+# waits. Past the bound (a re-read that is slow or failing) readers wait for one reload, and a store
+# error is reported (503), never hidden behind older advice.
+_REFRESH_AHEAD = 0.5
 
 
 # (src, dest as asked, max_impact, congestion control): what a cached advice entry answers.
@@ -64,7 +68,7 @@ class AdviceEntry:
     probed_at: float  # FitRow.evidence_at: age_s and stale are judged by it
     loaded_at: float
     generation: int
-    newest_fit_id: int | None  # the link's newest fit under any control when loaded (alternatives read them all)
+    fit_ids: tuple[int, ...]  # current fits of the destination, every control, when loaded (alternatives read them all)
     _json_prefix: bytes | None = None
 
     def document(self, age_s: float, stale: bool) -> dict[str, Any]:
@@ -79,11 +83,17 @@ class AdviceEntry:
                 + (b',"stale":true}' if stale else b',"stale":false}'))
 
 
-def fresh_destinations(paths: list[dict[str, Any]], control: str) -> set[str]:
-    """Destinations whose advice under ``control`` is fresh (GET /v1/paths rows of one site). A destination with no
-    fit under ``control`` counts its fit that recorded no control, as the service's advice does for its default."""
+# A site's links are probed again once their evidence is this fraction of the TTL old, so that with agents
+# keeping up they are never served stale.
+REPROBE_AT_TTL = 0.8
+
+
+def fresh_destinations(paths: list[dict[str, Any]], control: str, max_age_s: float | None = None) -> set[str]:
+    """Destinations whose advice under ``control`` is fresh (GET /v1/paths rows of one site): not stale, and no older
+    than ``max_age_s`` when it is given. A destination with no fit under ``control`` counts its fit that recorded
+    no control, as the service's advice does for its default."""
     recorded = {p["dest"] for p in paths if p["congestion_control"] == control}
-    return {p["dest"] for p in paths if not p["stale"] and (
+    return {p["dest"] for p in paths if not p["stale"] and (max_age_s is None or p["age_s"] <= max_age_s) and (
         p["congestion_control"] == control or (p["congestion_control"] is None and p["dest"] not in recorded))}
 
 
@@ -105,6 +115,8 @@ class AdviceService:
         self._refresher: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
         self._listeners: list[Callable[[], None]] = []
+        # Store reads of the cache (for /metrics): "unchanged" kept an entry, "reloaded" rebuilt one.
+        self._cache_reads = {"unchanged": 0, "reloaded": 0}
 
     # -- writes and cache -----------------------------------------------------------------
 
@@ -216,10 +228,10 @@ class AdviceService:
 
     def cached_entry(self, dest_text: str, max_impact: float, control: str | None = None,
                      src: str | None = None) -> tuple[AdviceEntry, float, bool] | None:
-        """(entry, age_s, stale) from memory alone, or None when the store is needed (a miss, an entry that
-        could not be refreshed for a while, or a re-probe to queue). Never blocks: the API answers warm
-        requests with it on the event loop. An expired entry is still served while one background thread
-        brings it up to date (stale-while-revalidate: no reader waits for the store, none refits)."""
+        """(entry, age_s, stale) from memory alone, or None when the store is needed (a miss, an entry past
+        the consistency bound, or a re-probe to queue). Never blocks: the API answers warm requests with
+        it on the event loop. An entry due for a re-read is still served while one background thread brings
+        it up to date (no reader waits for the store, none refits)."""
         if isinstance(max_impact, bool) or not isinstance(max_impact, float) or not 0.0 <= max_impact <= 1.0:
             return None
         now = self.clock()
@@ -227,10 +239,9 @@ class AdviceService:
         cached = self._cache.get(key)
         if cached is None or cached.generation != self._generation:
             return None
-        expired_s = now - cached.loaded_at - self.settings.cache_max_age_s
-        if expired_s > 0:
-            if expired_s > _SERVE_EXPIRED_S:
-                return None  # the refreshes are failing: the route reports why
+        if not self._servable(cached, now):
+            return None  # the re-read is slow or failing: the route waits for it or reports why
+        if not self._fresh(cached, now):
             self._refresh_in_background(key)
         stale = now - cached.probed_at > self.settings.ttl_s
         if stale:
@@ -249,8 +260,10 @@ class AdviceService:
         now = self.clock()
         key = (site, dest_text, budget, cc)
         cached = self._cache.get(key)
-        if not self._fresh(cached, now):
-            cached = self._refreshed(key, cached)
+        if not self._servable(cached, now):
+            cached = self._refreshed(key)
+        elif not self._fresh(cached, now):
+            self._refresh_in_background(key)
         return cached, max(0.0, now - cached.probed_at), self._stale(site, cached.payload["dest"], cc,
                                                                       cached.probed_at, now)
 
@@ -259,25 +272,29 @@ class AdviceService:
         entry, age_s, stale = self.advice_entry(dest_text, max_impact, control, src)
         return entry.document(age_s, stale)
 
-    def _fresh(self, cached: AdviceEntry | None, now: float) -> bool:
+    def _servable(self, cached: AdviceEntry | None, now: float) -> bool:
+        """Within the consistency bound: it may be served."""
         return (cached is not None and cached.generation == self._generation
                 and now - cached.loaded_at <= self.settings.cache_max_age_s)
+
+    def _fresh(self, cached: AdviceEntry | None, now: float) -> bool:
+        """Servable and not yet due for a re-read."""
+        return (self._servable(cached, now)
+                and now - cached.loaded_at <= _REFRESH_AHEAD * self.settings.cache_max_age_s)
 
     def _refresh_lock(self, key: CacheKey) -> threading.Lock:
         """The lock held by whichever thread brings ``key``'s entry up to date."""
         with self._lock:
             return self._refreshing.setdefault(key, threading.Lock())
 
-    def _refreshed(self, key: CacheKey, cached: AdviceEntry | None) -> AdviceEntry:
+    def _refreshed(self, key: CacheKey) -> AdviceEntry:
         """The entry for ``key`` brought up to date by one thread at a time (no stampede when it expires
-        under load): while one reloads, the others get the previous entry, or wait for it if there is none."""
+        under load): the others wait for it and take what it loaded."""
         refreshing = self._refresh_lock(key)
-        usable = cached is not None and cached.generation == self._generation
-        if not refreshing.acquire(blocking=not usable):
-            return cached
+        refreshing.acquire()
         try:
             current = self._cache.get(key)
-            if self._fresh(current, self.clock()):
+            if self._servable(current, self.clock()):
                 return current
             return self._load_entry(key, current)
         finally:
@@ -294,7 +311,7 @@ class AdviceService:
                 current = self._cache.get(key)
                 if not self._fresh(current, self.clock()):
                     self._load_entry(key, current)
-            except AdvisorError as exc:  # readers keep the previous entry for a while; the route reports it after
+            except AdvisorError as exc:  # readers keep the previous entry up to the bound; the route reports it after
                 log.warning("advice for %s not refreshed: %s", key[0], exc)
             finally:
                 refreshing.release()
@@ -310,12 +327,13 @@ class AdviceService:
         generation = self._generation
         now = self.clock()
         if previous is not None and previous.generation == generation \
-                and self.store.current_fit_id(dest.key, src=src) == previous.newest_fit_id:
+                and self.store.current_fit_ids(dest.key, src=src) == previous.fit_ids:
             # Nothing was written since (not even by another process): keep the advice, and the entry
             # object, which the API's serialisation is memoised on.
             previous.loaded_at = now
+            self._count_read("unchanged")
             return previous
-        newest_fit_id = self.store.current_fit_id(dest.key, src=src)  # read first: a fit written after it reloads
+        fit_ids = self.store.current_fit_ids(dest.key, src=src)  # read first: a fit written after it reloads
         row = self._load(src, dest, control)
         advice = self._advise_row(row, budget, control)
         if row.congestion_control is None:
@@ -336,7 +354,8 @@ class AdviceService:
         payload.update(src=src, dest=dest.key, fitted_at=row.fitted_at, probed_at=row.probed_at,
                        observations_used=row.observations_used,
                        open=how_to_open(advice, dest.key, row.idle_rtt_s))
-        entry = AdviceEntry(payload, row.evidence_at, now, generation, newest_fit_id)
+        entry = AdviceEntry(payload, row.evidence_at, now, generation, fit_ids)
+        self._count_read("reloaded")
         with self._lock:
             if len(self._cache) >= _CACHE_LIMIT:
                 self._cache.clear()
@@ -344,6 +363,15 @@ class AdviceService:
             if generation == self._generation:
                 self._cache[key] = entry
         return entry
+
+    def _count_read(self, result: str) -> None:
+        with self._lock:
+            self._cache_reads[result] += 1
+
+    def cache_reads(self) -> dict[str, int]:
+        """How often the advice cache read the store: {"unchanged": kept an entry, "reloaded": rebuilt one}."""
+        with self._lock:
+            return dict(self._cache_reads)
 
     def _advise_row(self, row: FitRow, budget: float, control: str) -> Advice:
         """The advice a stored fit gives for ``budget``, its fractional stream calibrated against the fit's control."""
@@ -477,7 +505,7 @@ class AdviceService:
                       congestion_control: Any = None) -> dict[str, Any]:
         """Register (or refresh) an agent's site: its budget and its links to ``dests`` (each within the allow-list),
         and queue a probe under ``congestion_control`` (None: the default) for each of its links whose advice is
-        missing or stale (FitRow.evidence_at: a link with recent transfers needs none).
+        missing or REPROBE_AT_TTL of the TTL old (FitRow.evidence_at: a link with recent transfers needs none).
         Returns {"site", "links", "queued", "budget"}."""
         name = check_site(site, "site")
         control = self.control(congestion_control)
@@ -485,7 +513,7 @@ class AdviceService:
         for dest in parsed:
             self.check_allowed(dest)
         register_site(self.store, name, budget, parsed)
-        fresh = fresh_destinations(self.paths(name), control)
+        fresh = fresh_destinations(self.paths(name), control, REPROBE_AT_TTL * self.settings.ttl_s)
         queued = 0
         for dest in parsed:
             if dest.key not in fresh:
@@ -504,7 +532,8 @@ class AdviceService:
         if cap is None or not 1 <= cap <= MAX_SITE_STREAMS:
             raise InvalidRequest(f"max_streams must be a whole number from 1 to {MAX_SITE_STREAMS}; got {max_streams!r}")
         self.store.recover_jobs(self.settings.max_probe_attempts)
-        claimed = claim_job(self.store, name, owner, max_streams=cap, worst_case_s=self.worst_case_s)
+        claimed = claim_job(self.store, name, owner, max_streams=cap, adaptive=adaptive_probes(self.settings.model) > 0,
+                            worst_case_s=self.worst_case_s)
         return {"site": name, "job": None if claimed.job is None else self.probe_status(claimed.job.id),
                 "max_streams": claimed.streams or None, "lease_until": claimed.lease_until,
                 "waiting": claimed.waiting, "use": site_use(self.store, name).to_json()}
@@ -548,7 +577,12 @@ class AdviceService:
                 log.info("observation from %s to %s under %s stored without a refit: no probe run under it", site,
                          dest.key, control)
                 return None
-            points = base + [ProbePoint(streams=o["streams"], throughput_bps=o["throughput_bps"]) for o in observations]
+            # A transfer's per-stream rates and retransmissions are evidence as a probe's are (loss dispersion).
+            points = base + [ProbePoint(streams=o["streams"], throughput_bps=o["throughput_bps"],
+                                        duration_s=o["duration_s"], stream_bps=o["stream_bps"],
+                                        stream_retransmits=o["stream_retransmits"],
+                                        retransmits=sum(o["stream_retransmits"]) if o["stream_retransmits"] else None)
+                             for o in observations]
             try:
                 return self.build_fit(points, idle_rtt_s, probed_at=run_at if run_at is not None else self.clock(),
                                       observations_used=len(observations), congestion_control=control)

@@ -113,13 +113,15 @@ def site_use(store: Store, site: str) -> SiteUse:
         return _use(tx, site, store.clock())
 
 
-def claim_job(store: Store, site: str, owner: str, *, max_streams: int,
+def claim_job(store: Store, site: str, owner: str, *, max_streams: int, adaptive: bool,
               worst_case_s: Callable[[Job], float], lease_slack_s: float = 60.0) -> Claim:
     """Claim the site's oldest queued job for ``owner`` if the site's budget allows it.
 
-    The job may open at most ``max_streams`` streams (the agent's own cap) and at most what the site's stream
-    budget has left, and never fewer than its highest fixed level; it holds ``worst_case_s(job)`` seconds of
-    the hourly budget while it runs, and its lease lasts that long plus ``lease_slack_s``."""
+    The job holds its highest fixed level's streams of the site's stream budget; with an ``adaptive`` probe
+    (the model adds one above its fixed levels) it may open, and holds, up to ``max_streams`` (the agent's own
+    cap), the site's stream budget shared among its probes at once, and what that budget has left. It holds
+    ``worst_case_s(job)`` seconds of the hourly budget while it runs, and its lease lasts that long plus
+    ``lease_slack_s``."""
     now = store.clock()
     lock = " FOR UPDATE" if store.db.dialect == "postgresql" else ""
     skip = " FOR UPDATE SKIP LOCKED" if store.db.dialect == "postgresql" else ""
@@ -147,7 +149,8 @@ def claim_job(store: Store, site: str, owner: str, *, max_streams: int,
         if use.seconds + seconds > budget.probe_seconds_per_hour:
             return Claim(None, waiting=f"{use.seconds:.0f} of {site}'s {budget.probe_seconds_per_hour:g} probe-seconds "
                                        f"this hour are spent; the next probe may take {seconds:.0f}")
-        streams = max(needed, min(max_streams, streams_left))
+        share = budget.max_streams // budget.max_probes
+        streams = max(needed, min(max_streams, streams_left, share)) if adaptive else needed
         lease_until = now + seconds + lease_slack_s
         tx.execute(
             "UPDATE probe_jobs SET status = 'running', started_at = ?, progress = 0, progress_detail = NULL, "

@@ -306,13 +306,14 @@ class Store:
                              (src, dest_key, *params)).fetchone()
         return _fit(row) if row else None
 
-    def current_fit_id(self, dest_key: str, *, src: str) -> int | None:
-        """The id of the link's newest fit under any control (a cheap check that nothing was written
-        since: the advice under one control names what the others' fits would do)."""
+    def current_fit_ids(self, dest_key: str, *, src: str) -> tuple[int, ...]:
+        """The ids of the link's current fits under every control (a cheap check that nothing was
+        written since: the advice under one control names what the others' fits would do). Not just the
+        newest id: on PostgreSQL a fit may commit after one with a higher id."""
         with self.db.transaction() as tx:
-            row = tx.execute("SELECT max(f.id) FROM fits f JOIN destinations d ON d.id = f.destination_id "
-                             "WHERE d.src = ? AND d.dest = ?", (src, dest_key)).fetchone()
-        return row[0] if row else None
+            rows = tx.execute("SELECT id FROM current_fits WHERE src = ? AND dest = ? ORDER BY id",
+                              (src, dest_key)).fetchall()
+        return tuple(row[0] for row in rows)
 
     def current_fits(self, dest_key: str | None = None, *, src: str | None = None) -> list[FitRow]:
         """The newest fit of each (link, control): of the links from ``src`` when it is given, to ``dest_key``
@@ -405,7 +406,8 @@ class Store:
                         run_control: str | None = None) -> tuple[int, int | None]:
         """Store an observation of a transfer from site ``src`` and, in the same transaction, the refit ``refit(observations)`` returns.
 
-        ``refit`` gets the observations under the observation's congestion control that feed the fit (all
+        ``refit`` gets the observations ({streams, throughput_bps, duration_s, stream_bps, stream_retransmits}; the
+        lists empty where not reported) under the observation's congestion control that feed the fit (all
         streams standard: :attr:`Observation.feeds_fit`), newer than the newest probe run under ``run_control``
         (the run the refit rests on: that control's, or None for one that did not record its control), at most
         ``limit``, newest first, and returns the new fit or None. An observation that does not feed the fit is
@@ -434,11 +436,14 @@ class Store:
             ).fetchone()
             since = run[0] if run and run[0] is not None else 0.0
             rows = tx.execute(
-                f"SELECT streams, throughput_bps FROM observations WHERE destination_id = ? AND {obs_where} "
-                "AND observed_at >= ? AND tame_streams = 0 ORDER BY id DESC LIMIT ?",
+                f"SELECT streams, throughput_bps, duration_s, stream_bps, stream_retransmits FROM observations "
+                f"WHERE destination_id = ? AND {obs_where} AND observed_at >= ? AND tame_streams = 0 "
+                "ORDER BY id DESC LIMIT ?",
                 (destination_id, *obs_params, since, limit),
             ).fetchall()
-            fit = refit([{"streams": r[0], "throughput_bps": r[1]} for r in rows])
+            fit = refit([{"streams": r[0], "throughput_bps": r[1], "duration_s": r[2],
+                          "stream_bps": _from_json_list(r[3]), "stream_retransmits": _from_json_list(r[4])}
+                         for r in rows])
             if fit is None:
                 return observation_id, None
             return observation_id, self._insert_fit(tx, destination_id, None, fit)

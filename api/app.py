@@ -99,7 +99,7 @@ def create_app(settings: Settings, store: Store, driver: ProbeDriver | None = No
                start_worker: bool = True) -> FastAPI:
     """The API over ``store``; with a ``driver`` a local probe worker drains the queue while the app runs."""
     service = AdviceService(store, settings, clock=clock, resolver=resolver)
-    metrics = Metrics(service.staleness)
+    metrics = Metrics(service.staleness, service.cache_reads)
     worker = ProbeWorker(service, driver, on_probe=metrics.observe_probe) if driver is not None else None
     # The worker prunes the store while it runs; a server without one (`tame serve --no-worker`) prunes itself.
     pruner = Pruner(store, settings.retention) if worker is None else None

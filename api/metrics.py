@@ -6,7 +6,7 @@ import time
 from typing import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 
 class _Staleness:
@@ -23,8 +23,21 @@ class _Staleness:
         yield GaugeMetricFamily("tame_oldest_probe_age_seconds", "Age of the oldest current probe run", value=oldest)
 
 
+class _CacheReads:
+    def __init__(self, read: Callable[[], dict[str, int]]):
+        self._read = read
+
+    def collect(self):
+        family = CounterMetricFamily("tame_advice_cache_reads", "Store reads by the advice cache: an entry kept "
+                                     "(unchanged) or rebuilt (reloaded)", labels=["result"])
+        for result, count in self._read().items():
+            family.add_metric([result], count)
+        yield family
+
+
 class Metrics:
-    def __init__(self, staleness: Callable[[], tuple[int, int, float]]):
+    def __init__(self, staleness: Callable[[], tuple[int, int, float]],
+                 cache_reads: Callable[[], dict[str, int]] = dict):
         self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter("tame_http_requests", "HTTP requests", ["method", "route", "status"],
                                 registry=self.registry)
@@ -37,6 +50,7 @@ class Metrics:
                                       registry=self.registry)
         self.advice_served = Counter("tame_advice_served", "Advice answers", ["stale"], registry=self.registry)
         self.registry.register(_Staleness(staleness))
+        self.registry.register(_CacheReads(cache_reads))
 
     def observe_probe(self, dest: str, seconds: float, error: str | None) -> None:
         self.probe_seconds.observe(seconds)

@@ -12,31 +12,26 @@ from probes.controls import CONTROL_NAME, MAX_CONTROL_NAME
 from probes.iperf_parse import RAW_MAX_CHARS
 
 
-def _control(value: str) -> str:
-    # The one check of a control's name (advisor.limits), its message as the 422's detail.
-    try:
-        return limits.check_congestion_control(value)
-    except InvalidRequest as exc:
-        raise ValueError(str(exc)) from None
+def _checked(check):
+    """A pydantic validator running one of advisor.limits' checks (the one place a rule is written), its message
+    as the 422's detail."""
+    def validate(value: str) -> str:
+        try:
+            return check(value)
+        except InvalidRequest as exc:
+            raise ValueError(str(exc)) from None
+
+    return AfterValidator(validate)
 
 
 # max_length here only bounds what is parsed; check_congestion_control says what a name may be.
 Control = Annotated[str, Field(max_length=64, description="TCP congestion control, e.g. cubic, bbr or reno "
                                                            "(default: the service's, its host's default)"),
-                    AfterValidator(_control)]
-
-def _site(value: str) -> str:
-    # The one check of a site's name (advisor.limits), its message as the 422's detail.
-    try:
-        return limits.check_site(value)
-    except InvalidRequest as exc:
-        raise ValueError(str(exc)) from None
-
-
-# A link's source site; max_length here only bounds what is parsed.
+                    _checked(limits.check_congestion_control)]
+# A link's source site; max_length here only bounds what is parsed, check_site says what a name may be.
 Site = Annotated[str, Field(max_length=256, description="the source site of the link (default: the service's own "
                                                         "site, TAME_SITE)"),
-                 AfterValidator(_site)]
+                 _checked(limits.check_site)]
 
 Dest = Field(min_length=1, max_length=limits.MAX_DEST_LENGTH, description="HOST or HOST:PORT (default port 5201), IPv6 as [ADDR]:PORT")
 

@@ -2,17 +2,28 @@
 
     .venv/bin/python -m benchmarks.load_advice [--seconds 30] [--connections 32] [--client both]
         [--store sqlite|postgresql] [--database-url postgresql://...] [--url URL]
+        [--replicas N] [--rate R] [--write-every S]
 
-Without --url it starts `tame serve --no-worker` on a fresh SQLite file in a temporary folder, on a
-throwaway PostgreSQL cluster (--store postgresql; tests.conftest.throwaway_cluster, run from the
-repository root), or on the database --database-url names, stores a probe run for 127.0.0.1:5201 through POST
-/v1/probe-runs and warms the cache. Two clients: wrk (`wrk -t2 -cN -dS --latency`, Debian's wrk),
-and a minimal HTTP/1.1 keep-alive client on asyncio in this process (uvloop when installed). The
-cache expires every second (advisor.settings.Settings.cache_max_age_s, so that other processes' writes
-show up), so a
-30 s run crosses about 30 expiries: the p99 shows whether they stall readers. Prints requests/s and
-latency percentiles per client and whether they meet the goal (>= 10,000 requests/s, p99 <= 10 ms);
-every response must be 200 or the run fails.
+Without --url it starts --replicas (1) `tame serve --no-worker` processes on one store: a fresh SQLite
+file in a temporary folder, a throwaway PostgreSQL cluster (--store postgresql;
+tests.conftest.throwaway_cluster, run from the repository root), or the database --database-url names;
+stores a probe run for 127.0.0.1:5201 through POST /v1/probe-runs and warms the caches. Two clients,
+each on every replica at once with --connections connections to each: wrk (`wrk -t2 -cN -dS --latency`,
+Debian's wrk, one process per replica), and a minimal HTTP/1.1 keep-alive client on asyncio in this
+process (uvloop when installed). Without --rate the in-process client sends each request as soon as the
+previous answer came (as wrk does); with --rate R it sends R requests/s in all, evenly spread over its
+connections, and counts each latency from when the request was due (so a stall is not hidden by the
+client waiting). --write-every S posts a new probe run for the path through the first replica every S
+seconds while a client runs, so every replica must rebuild its advice.
+
+A cache entry is re-read in the background from half of advisor.settings.Settings.cache_max_age_s (1 s),
+so a 30 s run crosses about 60 re-reads per replica: the p99 shows whether they stall readers, and the
+store reads the replicas report on /metrics (tame_advice_cache_reads_total) show whether more than one
+reader re-read an entry. Prints requests/s and latency percentiles per client and replica (the total's
+wrk percentiles are the worst replica's: an upper bound), for the in-process client the 100 ms window
+with the worst p99 and, with --write-every, the p99 in the 1.2 s after each write; the store reads per
+replica and re-read interval; whether the goal is met (>= 10,000 requests/s, p99 <= 10 ms). Every
+response must be 200 or the run fails.
 """
 
 from __future__ import annotations
@@ -30,9 +41,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from urllib.parse import urlsplit
+
+from advisor.service import _REFRESH_AHEAD as REFRESH_AHEAD
+from advisor.settings import Settings
 
 DEST = "127.0.0.1:5201"
 PATH = f"/v1/advice?dest={DEST}&max_impact=0.1"
@@ -78,11 +93,21 @@ def start_server(folder: str, database_url: str | None) -> tuple[subprocess.Pope
         time.sleep(0.1)
 
 
-async def worker(host: str, port: int, request: bytes, stop_at: float, latencies: list[float], errors: list[str]):
+async def worker(host: str, port: int, request: bytes, stop_at: float, samples: list, errors: list[str],
+                 tag: int, due: float | None = None, interval: float | None = None):
+    """One keep-alive connection: (due or sent time, latency s, tag) per answer. With ``interval`` it sends
+    a request every ``interval`` s from ``due`` on (latency counted from when it was due), else back to back."""
     reader, writer = await asyncio.open_connection(host, port)
     try:
-        while time.perf_counter() < stop_at:
-            started = time.perf_counter()
+        while True:
+            if interval is None:
+                due = time.perf_counter()
+            else:
+                delay = due - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+            if due >= stop_at:
+                break
             writer.write(request)
             head = await reader.readuntil(b"\r\n\r\n")
             status = head[9:12]
@@ -91,52 +116,79 @@ async def worker(host: str, port: int, request: bytes, stop_at: float, latencies
                 if line[:15].lower() == b"content-length:":
                     length = int(line[15:])
             await reader.readexactly(length)
-            latencies.append(time.perf_counter() - started)
+            samples.append((due, time.perf_counter() - due, tag))
             if status != b"200":
                 errors.append(status.decode())
+            if interval is not None:
+                due += interval
     finally:
         writer.close()
 
 
-async def hammer(url: str, seconds: float, connections: int) -> tuple[list[float], list[str], float]:
-    parts = urlsplit(url)
-    request = f"GET {PATH} HTTP/1.1\r\nHost: {parts.netloc}\r\nConnection: keep-alive\r\n\r\n".encode()
-    latencies: list[float] = []
+async def hammer(urls: list[str], seconds: float, connections: int, rate_per_s: float | None):
+    """Run ``connections`` workers on each URL: (samples, errors, started, elapsed)."""
+    samples: list[tuple[float, float, int]] = []
     errors: list[str] = []
-    started = time.perf_counter()
+    total = connections * len(urls)
+    interval = total / rate_per_s if rate_per_s else None
+    # Paced connections open first and send from half a second on, spread over one interval each.
+    started = time.perf_counter() + (0.5 if interval else 0.0)
     stop_at = started + seconds
-    await asyncio.gather(*(worker(parts.hostname, parts.port, request, stop_at, latencies, errors)
-                           for _ in range(connections)))
-    return latencies, errors, time.perf_counter() - started
+    jobs = []
+    for tag, url in enumerate(urls):
+        parts = urlsplit(url)
+        request = f"GET {PATH} HTTP/1.1\r\nHost: {parts.netloc}\r\nConnection: keep-alive\r\n\r\n".encode()
+        for i in range(connections):
+            due = started + interval * (tag * connections + i) / total if interval else None
+            jobs.append(worker(parts.hostname, parts.port, request, stop_at, samples, errors, tag, due, interval))
+    await asyncio.gather(*jobs)
+    return samples, errors, started, time.perf_counter() - started
 
 
-def builtin_client(url: str, seconds: float, connections: int) -> dict:
-    """requests/s and latency percentiles (ms) of the in-process client; SystemExit on a non-200."""
+def percentiles(latencies: list[float]) -> dict:
+    latencies = sorted(latencies)
+    q = statistics.quantiles(latencies, n=100)
+    return {"p50_ms": q[49] * 1e3, "p90_ms": q[89] * 1e3, "p99_ms": q[98] * 1e3, "max_ms": latencies[-1] * 1e3}
+
+
+def builtin_client(urls: list[str], seconds: float, connections: int, rate_per_s: float | None = None,
+                   writes: list[float] | None = None) -> list[dict]:
+    """requests/s and latency percentiles (ms) of the in-process client, per replica and in total (the total
+    also the worst 100 ms window's p99 and, given the write times, the p99 after writes); SystemExit on a non-200."""
     try:
         import uvloop
         uvloop.install()
         loop_name = "uvloop"
     except ImportError:
         loop_name = "asyncio"
-    latencies, errors, elapsed = asyncio.run(hammer(url, seconds, connections))
+    samples, errors, started, elapsed = asyncio.run(hammer(urls, seconds, connections, rate_per_s))
     if errors:
         raise SystemExit(f"in-process client: {len(errors)} responses were not 200 (e.g. {errors[0]})")
-    latencies.sort()
-    quantiles = statistics.quantiles(latencies, n=100)
-    return {"client": f"in-process ({loop_name})", "requests": len(latencies), "requests_per_s": len(latencies) / elapsed,
-            "p50_ms": quantiles[49] * 1e3, "p90_ms": quantiles[89] * 1e3, "p99_ms": quantiles[98] * 1e3,
-            "max_ms": latencies[-1] * 1e3}
+    name = f"in-process ({loop_name}{f', {rate_per_s:g}/s paced' if rate_per_s else ''})"
+    def row(client: str, mine: list[tuple[float, float, int]]) -> dict:
+        out = {"client": client, "requests": len(mine), "requests_per_s": len(mine) / elapsed,
+               **percentiles([latency for _, latency, _ in mine])}
+        windows: dict[int, list[float]] = {}
+        for due, latency, _ in mine:
+            windows.setdefault(int((due - started) / 0.1), []).append(latency)
+        worst = max((percentiles(w)["p99_ms"], k) for k, w in windows.items() if len(w) >= 20)
+        out["worst_window"] = f"worst 100 ms window: p99 {worst[0]:.2f} ms at {worst[1] / 10:.1f} s"
+        if writes:
+            after = [latency for due, latency, _ in mine if any(0 <= due - w <= 1.2 for w in writes)]
+            out["after_writes"] = (f"{len(writes)} writes: p99 {percentiles(after)['p99_ms']:.2f} ms, max "
+                                   f"{max(after) * 1e3:.1f} ms over the {len(after)} requests due within 1.2 s after one")
+        return out
+
+    rows = [row(f"{name} replica {tag + 1}", [s for s in samples if s[2] == tag])
+            for tag in range(len(urls))] if len(urls) > 1 else []
+    return rows + [row(name + (" total" if len(urls) > 1 else ""), samples)]
 
 
 _WRK_UNITS_MS = {"us": 1e-3, "ms": 1.0, "s": 1e3}
 
 
-def wrk_client(url: str, seconds: float, connections: int) -> dict:
-    """The same figures measured by wrk (two threads); SystemExit when wrk is missing or saw errors."""
-    if shutil.which("wrk") is None:
-        raise SystemExit("wrk is not installed (Debian package wrk; scripts/install-system-deps.sh installs it)")
-    out = subprocess.run(["wrk", "-t2", f"-c{connections}", f"-d{seconds:g}s", "--latency", url + PATH],
-                         capture_output=True, text=True, timeout=seconds + 60, check=True).stdout
+def parse_wrk(out: str) -> dict:
+    """requests, requests/s and latency percentiles (ms) from `wrk --latency`'s report."""
     if "Non-2xx" in out or "Socket errors" in out:
         raise SystemExit(f"wrk saw errors:\n{out}")
 
@@ -144,65 +196,153 @@ def wrk_client(url: str, seconds: float, connections: int) -> dict:
         number, unit = re.search(rf"^\s*{label}\s+([0-9.]+)(us|ms|s)\s*$", out, re.M).groups()
         return float(number) * _WRK_UNITS_MS[unit]
 
-    requests = int(re.search(r"^\s*(\d+) requests in", out, re.M).group(1))
     # "Latency   avg   stdev   max   +/- stdev": the third figure is the slowest request.
     worst = re.search(r"^\s*Latency\s+\S+\s+\S+\s+([0-9.]+)(us|ms|s)", out, re.M).groups()
-    return {"client": "wrk -t2", "requests": requests,
+    return {"requests": int(re.search(r"^\s*(\d+) requests in", out, re.M).group(1)),
             "requests_per_s": float(re.search(r"^Requests/sec:\s*([0-9.]+)", out, re.M).group(1)),
             "p50_ms": latency("50%"), "p90_ms": latency("90%"), "p99_ms": latency("99%"),
             "max_ms": float(worst[0]) * _WRK_UNITS_MS[worst[1]]}
 
 
+def wrk_client(urls: list[str], seconds: float, connections: int, rate_per_s: float | None = None,
+               writes: list[float] | None = None) -> list[dict]:
+    """The same figures measured by wrk (two threads), one wrk process per replica, all at once; SystemExit
+    when wrk is missing or saw errors."""
+    if shutil.which("wrk") is None:
+        raise SystemExit("wrk is not installed (Debian package wrk; scripts/install-system-deps.sh installs it)")
+    procs = [subprocess.Popen(["wrk", "-t2", f"-c{connections}", f"-d{seconds:g}s", "--latency", url + PATH],
+                              stdout=subprocess.PIPE, text=True) for url in urls]
+    outs = [proc.communicate(timeout=seconds + 60)[0] for proc in procs]
+    if any(proc.returncode for proc in procs):
+        raise SystemExit("wrk failed:\n" + "\n".join(outs))
+    rows = [{"client": "wrk -t2" + (f" replica {i + 1}" if len(urls) > 1 else ""), **parse_wrk(out)}
+            for i, out in enumerate(outs)]
+    if len(urls) > 1:
+        rows.append({"client": "wrk -t2 total", "requests": sum(r["requests"] for r in rows),
+                     "requests_per_s": sum(r["requests_per_s"] for r in rows),
+                     **{k: max(r[k] for r in rows) for k in ("p50_ms", "p90_ms", "p99_ms", "max_ms")}})
+    return rows
+
+
+def cache_reads(url: str) -> dict[str, float]:
+    """The replica's tame_advice_cache_reads_total by result."""
+    text = http("GET", f"{url}/metrics")[1].decode()
+    return {m[0]: float(m[1]) for m in re.findall(r'^tame_advice_cache_reads_total\{result="(\w+)"\} (\S+)$',
+                                                   text, re.M)}
+
+
+def seed(url: str, scale: float = 1.0) -> None:
+    """Store a probe run for DEST through ``url`` (a new fit)."""
+    status, body = http("POST", f"{url}/v1/probe-runs", {"dest": DEST, "idle_rtt_s": 0.01, "probes": [
+        {"streams": 1, "throughput_bps": rate(1) * scale}, {"streams": 10, "throughput_bps": rate(10) * scale}]})
+    if status != 201:
+        raise SystemExit(f"seeding failed: {status} {body!r}")
+
+
+def writer(url: str, every_s: float, stop: threading.Event, writes: list[float]) -> None:
+    """A new probe run through ``url`` every ``every_s`` seconds until ``stop`` (perf_counter times in ``writes``)."""
+    scale = 1.0
+    while not stop.wait(every_s):
+        scale = 1.5 if scale == 1.0 else 1.0
+        writes.append(time.perf_counter())
+        try:
+            seed(url, scale)
+        except OSError as exc:  # reported, and the run goes on: a slow write is a finding, not the end
+            print(f"a write through {url} failed after {time.perf_counter() - writes[-1]:.1f} s: {exc}", file=sys.stderr)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=30.0)
-    parser.add_argument("--connections", type=int, default=32)
+    parser.add_argument("--connections", type=int, default=32, help="to each replica")
     parser.add_argument("--client", choices=("wrk", "builtin", "both"), default="both")
     parser.add_argument("--store", choices=("sqlite", "postgresql"), default="sqlite",
                         help="the store of the started server: a fresh SQLite file, or a throwaway PostgreSQL cluster")
     parser.add_argument("--database-url", help="instead of --store: the database the started server uses")
-    parser.add_argument("--url", help="an already running `tame serve` that knows 127.0.0.1:5201")
+    parser.add_argument("--replicas", type=int, default=1, help="`tame serve` processes started on the one store")
+    parser.add_argument("--url", action="append",
+                        help="an already running `tame serve` that knows 127.0.0.1:5201 (again for each replica)")
+    parser.add_argument("--rate", type=float, help="the in-process client's requests/s in all, paced (default: "
+                                                   "back to back)")
+    parser.add_argument("--write-every", type=float, help="seconds between new probe runs through the first replica")
     args = parser.parse_args()
     if not 1 <= args.seconds <= 120:
         parser.error("--seconds must be between 1 and 120")
+    if not 1 <= args.replicas <= 4:
+        parser.error("--replicas must be between 1 and 4")
     if not 1 <= args.connections <= 1000:
         parser.error("--connections must be between 1 and 1000")
-    if args.url and urlsplit(args.url).hostname not in ("127.0.0.1", "localhost", "::1"):
+    if args.rate is not None and not 1 <= args.rate <= 100_000:
+        parser.error("--rate must be between 1 and 100000")
+    if args.write_every is not None and not 0.1 <= args.write_every <= 60:
+        parser.error("--write-every must be between 0.1 and 60")
+    if args.url and any(urlsplit(url).hostname not in ("127.0.0.1", "localhost", "::1") for url in args.url):
         parser.error("this benchmark only targets loopback servers")
     clients = {"wrk": [wrk_client], "builtin": [builtin_client], "both": [wrk_client, builtin_client]}[args.client]
-    results = []
+    results, reads = [], []
     with tempfile.TemporaryDirectory() as folder, contextlib.ExitStack() as stack:
-        proc = None
-        url = args.url
+        procs = []
+        urls = args.url
         database_url = args.database_url
-        if url is None and database_url is None and args.store == "postgresql":
+        if urls is None and database_url is None and args.store == "postgresql":
             from tests.conftest import throwaway_cluster  # run from the repository root (python -m)
 
             database_url = stack.enter_context(throwaway_cluster())
-        if url is None:
-            proc, url = start_server(folder, database_url)
-            status, body = http("POST", f"{url}/v1/probe-runs", {"dest": DEST, "idle_rtt_s": 0.01, "probes": [
-                {"streams": 1, "throughput_bps": rate(1)}, {"streams": 10, "throughput_bps": rate(10)}]})
-            if status != 201:
-                raise SystemExit(f"seeding failed: {status} {body!r}")
         try:
+            if urls is None:
+                urls = []
+                for _ in range(args.replicas):
+                    proc, url = start_server(folder, database_url)
+                    procs.append(proc)
+                    urls.append(url)
+                seed(urls[0])
             for client in clients:
-                for _ in range(100):  # warm the cache
-                    http("GET", url + PATH)
-                results.append(client(url, args.seconds, args.connections))
+                for url in urls:
+                    for _ in range(100):  # warm the cache
+                        http("GET", url + PATH)
+                before = [cache_reads(url) for url in urls]
+                writes: list[float] = []
+                stop = threading.Event()
+                thread = threading.Thread(target=writer, args=(urls[0], args.write_every, stop, writes), daemon=True)
+                if args.write_every:
+                    thread.start()
+                started = time.perf_counter()
+                try:
+                    rows = client(urls, args.seconds, args.connections, args.rate, writes)
+                finally:
+                    stop.set()
+                    if thread.is_alive():
+                        thread.join(30)
+                elapsed = time.perf_counter() - started
+                results.extend(rows)
+                reads.append((rows[-1]["client"], elapsed, [(b, cache_reads(url)) for b, url in zip(before, urls)]))
         finally:
-            if proc is not None:
+            for proc in procs:
                 proc.terminate()
                 proc.wait(30)
     store = "given server" if args.url else ("postgresql" if database_url else "sqlite")
-    print(f"GET /v1/advice (warm cache, expiring every second), {args.connections} connections, {args.seconds:g} s "
-          f"per client, store {store}, {os.cpu_count()} CPUs")
-    print(f"{'client':<22} {'requests':>9} {'req/s':>8} {'p50 ms':>7} {'p90 ms':>7} {'p99 ms':>7} {'max ms':>7}  goal")
+    print(f"GET /v1/advice (warm cache, re-read from {REFRESH_AHEAD * Settings().cache_max_age_s:g} s), "
+          f"{len(urls)} replica(s) x {args.connections} connections, {args.seconds:g} s per client, store {store}, "
+          f"{os.cpu_count()} CPUs" + (f", a write every {args.write_every:g} s" if args.write_every else ""))
+    print(f"{'client':<40} {'requests':>9} {'req/s':>8} {'p50 ms':>7} {'p90 ms':>7} {'p99 ms':>7} {'max ms':>7}  goal")
     for r in results:
+        total = "replica" not in r["client"]
         met = r["requests_per_s"] >= GOAL_REQUESTS_PER_S and r["p99_ms"] <= GOAL_P99_MS
-        print(f"{r['client']:<22} {r['requests']:>9} {r['requests_per_s']:>8.0f} {r['p50_ms']:>7.2f} "
-              f"{r['p90_ms']:>7.2f} {r['p99_ms']:>7.2f} {r['max_ms']:>7.1f}  {'met' if met else 'not met'} "
-              f"(>= {GOAL_REQUESTS_PER_S} req/s, p99 <= {GOAL_P99_MS:g} ms)")
+        print(f"{r['client']:<40} {r['requests']:>9} {r['requests_per_s']:>8.0f} {r['p50_ms']:>7.2f} "
+              f"{r['p90_ms']:>7.2f} {r['p99_ms']:>7.2f} {r['max_ms']:>7.1f}  " + (
+                  f"{'met' if met else 'not met'} (>= {GOAL_REQUESTS_PER_S} req/s, p99 <= {GOAL_P99_MS:g} ms)"
+                  if total else ""))
+        for extra in ("worst_window", "after_writes"):
+            if extra in r:
+                print(f"    {r[extra]}")
+    interval_s = REFRESH_AHEAD * Settings().cache_max_age_s
+    for client, elapsed, per_replica in reads:
+        print(f"store reads of the cache during {client} ({elapsed:.1f} s, one key; one re-read interval is "
+              f"{interval_s:g} s, so {elapsed / interval_s:.0f} intervals):")
+        for i, (before, after) in enumerate(per_replica):
+            got = {k: after.get(k, 0) - before.get(k, 0) for k in ("unchanged", "reloaded")}
+            print(f"    replica {i + 1}: {got['unchanged']:.0f} unchanged + {got['reloaded']:.0f} reloaded = "
+                  f"{(got['unchanged'] + got['reloaded']) / (elapsed / interval_s):.2f} per interval")
     return 0
 
 

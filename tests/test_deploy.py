@@ -17,6 +17,7 @@ import yaml
 from advisor.allowlist import AllowList
 from advisor.cli import build_parser
 from advisor.commands.agent import read_destinations
+from advisor.destinations import parse_destination
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -204,3 +205,38 @@ def test_serve_as_an_unprivileged_user_refuses_a_data_dir_it_cannot_write(tmp_pa
             proc.wait()
     assert "cannot open the advice store" in err.read_text(errors="replace")
     assert not (data / "tame.sqlite3").exists()
+
+
+def multisite():
+    return yaml.safe_load((ROOT / "docker-compose.multisite.yml").read_text())
+
+
+def test_multisite_compose_has_postgres_two_replicas_two_sites_two_iperf3_servers():
+    services = multisite()["services"]
+    parser = build_parser()
+    replicas = {name: s for name, s in services.items() if s.get("command", [None, None])[1:2] == ["serve"]}
+    agents = {name: parser.parse_args(s["command"][1:]) for name, s in services.items()
+              if s.get("command", [None, None])[1:2] == ["agent"]}
+    iperfs = [name for name, s in services.items() if s.get("command", [None])[0] == "iperf3"]
+    assert services["postgres"]["image"].startswith("postgres:")
+    assert len(replicas) == 2 and len(agents) == 2 and len(iperfs) == 2
+    for name, replica in replicas.items():
+        # Stateless replicas: one PostgreSQL, no worker of their own (the sites' agents probe).
+        assert replica["environment"]["TAME_DATABASE_URL"].startswith("postgresql://") and "@postgres:" in \
+            replica["environment"]["TAME_DATABASE_URL"]
+        assert "--no-worker" in replica["command"] and "postgres" in replica["depends_on"]
+    assert len({a.site for a in agents.values()}) == 2  # two different sites
+    # Each agent pushes to a replica of this file, and probes an iperf3 server of this file that the allow-list admits.
+    allowed = AllowList.parse(services["api-1"]["environment"]["TAME_ALLOWED_DESTINATIONS"])
+    for name, args in agents.items():
+        host = args.push.split("//")[1].split(":")[0]
+        assert host in replicas, (name, host)
+        source = next(v for v in services[name]["volumes"] if v.endswith(":/etc/tame/destinations.txt:ro"))
+        dests = read_destinations(ROOT / source.split(":")[0])
+        assert [d.split(":")[0] for d in dests] in ([i] for i in iperfs), (name, dests)
+        for dest in dests:  # a listed name is admitted whatever it resolves to (here: somewhere outside)
+            allowed.check(parse_destination(dest), resolver=lambda host: ["192.0.2.1"])
+        for dependency in services[name]["depends_on"]:
+            assert dependency in services
+    assert {tuple(read_destinations(ROOT / next(v for v in services[n]["volumes"]).split(":")[0])) for n in agents} \
+        == {(f"{i}:5201",) for i in iperfs}

@@ -1,9 +1,14 @@
-"""The advice cache under concurrent reads: an expired entry is reloaded by one thread, the rest are
-served the previous entry, and a write by another process shows up after the cache's max age."""
+"""The advice cache under concurrent reads: an entry is re-read by one thread, not by every reader, and a
+write by another process is served no later than the cache's max age after it committed (the bound holds
+while the store is slow or failing: readers wait or get the store's error, never older advice)."""
 
 import math
+import threading
+
+import pytest
 
 from advisor.destinations import parse_destination
+from advisor.errors import StoreError
 from advisor.service import AdviceService
 from advisor.settings import Settings
 from advisor.store import Store
@@ -48,13 +53,13 @@ def read_together(service, threads=16):
     return run_together(lambda i, _: service.advice(DEST, 0.3), threads)
 
 
-def test_an_expired_entry_is_reloaded_once_not_by_every_reader(tmp_path):
+def test_an_entry_past_the_bound_is_reloaded_once_not_by_every_reader(tmp_path):
     clock = Clock()
     service = service_on(tmp_path / "s.sqlite3", clock)
     ingest(service)
     first = service.advice(DEST, 0.3)
     loads = counting(service.store, "current_fit")
-    checks = counting(service.store, "current_fit_id")
+    checks = counting(service.store, "current_fit_ids")
     clock.now += service.settings.cache_max_age_s + 1
     answers = read_together(service)
     # Nothing changed in the store: one cheap check, no reload and no refit, for sixteen readers.
@@ -71,19 +76,19 @@ def test_an_expired_entry_is_reloaded_once_not_by_every_reader(tmp_path):
     newest = service.advice(DEST, 0.3)
     assert newest["fitted_at"] >= first["fitted_at"] and newest["max_nondisruptive_throughput_bps"] > \
         first["max_nondisruptive_throughput_bps"]
-    assert {a["max_nondisruptive_throughput_bps"] for a in answers} <= {
-        first["max_nondisruptive_throughput_bps"], newest["max_nondisruptive_throughput_bps"]}
+    # Past the bound nobody is served the entry from before the write: the others waited for the reload.
+    assert {a["max_nondisruptive_throughput_bps"] for a in answers} == {newest["max_nondisruptive_throughput_bps"]}
     service.store.close()
 
 
-def test_the_fast_path_serves_an_expired_entry_while_one_thread_refreshes_it(tmp_path):
+def test_the_fast_path_serves_an_entry_due_for_a_re_read_while_one_thread_refreshes_it(tmp_path):
     clock = Clock()
     service = service_on(tmp_path / "s.sqlite3", clock)
     ingest(service)
     service.advice(DEST, 0.3)
-    checks = counting(service.store, "current_fit_id")
-    clock.now += service.settings.cache_max_age_s + 1
-    # Expired: still answered from memory, and one background refresh is started, not one per reader.
+    checks = counting(service.store, "current_fit_ids")
+    clock.now += 0.75 * service.settings.cache_max_age_s
+    # Due (past half the bound): still answered from memory, and one background refresh is started, not one per reader.
     hits = [service.cached_entry(DEST, 0.3) for _ in range(50)]
     assert all(hit is not None and hit[0].payload["dest"] == DEST for hit in hits)
     refreshing = service._refreshing[(service.settings.site, DEST, 0.3, service.settings.congestion_control)]
@@ -92,7 +97,99 @@ def test_the_fast_path_serves_an_expired_entry_while_one_thread_refreshes_it(tmp
     assert len(checks) == 1
     entry = service.cached_entry(DEST, 0.3)[0]
     assert entry.loaded_at == clock.now and entry is hits[0][0]  # nothing changed: the same entry, renewed
-    # An entry whose refreshes have failed for a while is left to the route, which reports why.
-    service.store.close()
-    clock.now += service.settings.cache_max_age_s + 10
+    # An entry past the bound is left to the route, which reports why.
+    clock.now += service.settings.cache_max_age_s + 0.01
     assert service.cached_entry(DEST, 0.3) is None
+    service.store.close()
+
+
+def test_past_the_bound_a_slow_re_read_is_waited_for_and_a_failing_one_reported(tmp_path):
+    clock = Clock()
+    bound = Settings().cache_max_age_s
+    service = service_on(tmp_path / "s.sqlite3", clock)
+    ingest(service)
+    first = service.advice(DEST, 0.3)
+    other = service_on(tmp_path / "s.sqlite3", clock)
+    ingest(other, throughput_scale=3.0)  # committed now, by another process
+    other.store.close()
+
+    # The store is slow: the background re-read started at 0.75 of the bound hangs in it.
+    real = service.store.current_fit_ids
+    entered, release = threading.Event(), threading.Event()
+
+    def slow(dest_key, **link):
+        entered.set()
+        assert release.wait(30)
+        return real(dest_key, **link)
+
+    service.store.current_fit_ids = slow
+    clock.now += 0.75 * bound
+    assert service.cached_entry(DEST, 0.3)[0].payload == {k: v for k, v in first.items() if k not in ("age_s", "stale")}
+    assert entered.wait(10)
+    clock.now += 0.5 * bound  # 1.25 times the bound since the entry's store read began
+    assert service.cached_entry(DEST, 0.3) is None, "the fast path must not serve it around the slow re-read"
+    answers = []
+    reader = threading.Thread(target=lambda: answers.append(service.advice(DEST, 0.3)))
+    reader.start()
+    release.set()
+    reader.join(30)
+    assert answers[0]["max_nondisruptive_throughput_bps"] > first["max_nondisruptive_throughput_bps"]
+
+    # The store fails: past the bound the reader gets the store's error, not the entry it could not re-read.
+    def failing(dest_key, **link):
+        raise StoreError("the advice store is down")
+
+    service.store.current_fit_ids = failing
+    clock.now += bound + 0.01
+    assert service.cached_entry(DEST, 0.3) is None
+    with pytest.raises(StoreError):
+        service.advice(DEST, 0.3)
+    service.store.close()
+
+
+@pytest.mark.postgres
+def test_a_write_committed_after_a_newer_one_is_not_missed(pg_url):
+    # On PostgreSQL two writes to one destination get their fit ids in one order and may commit in the
+    # other; a re-read between the two commits must not leave the later-committed one unseen.
+    clock = Clock()
+    bound = Settings().cache_max_age_s
+
+    def service():
+        store = Store.open(pg_url, clock=clock)
+        return AdviceService(store, Settings(model="lu", congestion_control="cubic"), clock=clock,
+                             resolver=lambda host: ["127.0.0.1"])
+
+    def run(writer, control, scale):
+        results = [ProbeResult(dest=DEST, streams=n, throughput_bps=rate(n) * scale, duration_s=10.0, omit_s=0.0,
+                               sender_bps=None) for n in (1, 10)]
+        writer.ingest_run(parse_destination(DEST), 0.04, results, clock(), source="test", congestion_control=control)
+
+    reader, slow, fast = service(), service(), service()
+    try:
+        run(fast, "cubic", 1.0)
+        run(fast, "bbr", 1.0)
+        first = reader.advice(DEST, 0.3, "cubic")
+        fitted, go_on = threading.Event(), threading.Event()
+
+        def pause(step):
+            if step == "job":  # its fit is written, not committed
+                fitted.set()
+                assert go_on.wait(30)
+
+        slow.store._step = pause
+        late = threading.Thread(target=run, args=(slow, "cubic", 3.0))
+        late.start()
+        assert fitted.wait(30)
+        run(fast, "bbr", 2.0)  # a newer fit id, committed first
+        clock.now += bound + 0.01
+        # The cubic fit is not committed yet: the same advice, rebuilt (bbr's changed).
+        assert reader.advice(DEST, 0.3, "cubic")["max_nondisruptive_throughput_bps"] == \
+            first["max_nondisruptive_throughput_bps"]
+        go_on.set()
+        late.join(30)
+        clock.now += bound + 0.01
+        now = reader.advice(DEST, 0.3, "cubic")
+        assert now["max_nondisruptive_throughput_bps"] > first["max_nondisruptive_throughput_bps"]
+    finally:
+        for s in (reader, slow, fast):
+            s.store.close()

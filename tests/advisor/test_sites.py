@@ -39,9 +39,9 @@ def store(request, tmp_path):
 def test_a_site_s_probes_at_once_are_held_to_its_budget(store):
     register_site(store, "a", SiteBudget(max_probes=2, max_streams=64, probe_seconds_per_hour=3600), DESTS)
     queue(store, "a")
-    first = claim_job(store, "a", "agent-1", max_streams=16, worst_case_s=worst)
-    second = claim_job(store, "a", "agent-2", max_streams=16, worst_case_s=worst)
-    third = claim_job(store, "a", "agent-1", max_streams=16, worst_case_s=worst)
+    first = claim_job(store, "a", "agent-1", max_streams=16, adaptive=True, worst_case_s=worst)
+    second = claim_job(store, "a", "agent-2", max_streams=16, adaptive=True, worst_case_s=worst)
+    third = claim_job(store, "a", "agent-1", max_streams=16, adaptive=True, worst_case_s=worst)
     assert first.job is not None and second.job is not None and first.job.id != second.job.id
     assert third.job is None and "2 probe(s) of a running, at most 2" in third.waiting
     # Oldest first, each capped at the agent's 16 streams (above the job's highest level, 10).
@@ -51,41 +51,50 @@ def test_a_site_s_probes_at_once_are_held_to_its_budget(store):
 
 
 def test_streams_at_once_are_held_to_the_budget(store):
-    register_site(store, "a", SiteBudget(max_probes=8, max_streams=24, probe_seconds_per_hour=36000), DESTS)
+    register_site(store, "a", SiteBudget(max_probes=2, max_streams=24, probe_seconds_per_hour=36000), DESTS)
     queue(store, "a")
-    first = claim_job(store, "a", "x", max_streams=16, worst_case_s=worst)
-    second = claim_job(store, "a", "x", max_streams=16, worst_case_s=worst)
-    # 8 streams are left: the second probe may open only those... and it needs 10 (its highest level).
-    assert first.streams == 16
-    assert second.job is None and "needs 10" in second.waiting
-    assert site_use(store, "a").streams == 16
+    claims = [claim_job(store, "a", "x", max_streams=16, adaptive=True, worst_case_s=worst) for _ in range(2)]
+    # An adaptive probe may open its share of the budget (24 / 2 probes), never less than its highest level (10).
+    assert [c.streams for c in claims] == [12, 12]
+    register_site(store, "a", SiteBudget(max_probes=3, max_streams=24, probe_seconds_per_hour=36000), DESTS)
+    third = claim_job(store, "a", "x", max_streams=16, adaptive=True, worst_case_s=worst)
+    assert third.job is None and "24 of a's 24 streams are probing; the next probe needs 10" in third.waiting
+    assert site_use(store, "a").streams == 24
+
+
+def test_a_probe_without_an_adaptive_level_holds_its_highest_level(store):
+    register_site(store, "a", SiteBudget(max_probes=4, max_streams=25, probe_seconds_per_hour=36000), DESTS)
+    queue(store, "a")
+    claims = [claim_job(store, "a", "x", max_streams=64, adaptive=False, worst_case_s=worst) for _ in range(3)]
+    assert [c.streams for c in claims[:2]] == [10, 10] and claims[2].job is None
+    assert site_use(store, "a").streams == 20
 
 
 def test_probe_seconds_in_an_hour_are_held_to_the_budget(store):
     register_site(store, "a", SiteBudget(max_probes=8, max_streams=1000, probe_seconds_per_hour=250), DESTS)
     queue(store, "a")
-    claimed = [claim_job(store, "a", "x", max_streams=10, worst_case_s=worst) for _ in range(3)]
+    claimed = [claim_job(store, "a", "x", max_streams=10, adaptive=True, worst_case_s=worst) for _ in range(3)]
     assert [c.job is not None for c in claimed] == [True, True, False]
     assert "200 of a's 250 probe-seconds" in claimed[2].waiting
     # A finished probe counts what it took; an hour later it no longer counts.
     store.record_run(parse_destination(claimed[0].job.dest), src="a", source="push", idle_rtt_s=None, results=[],
                      started_at=store.clock(), fit=None, job_id=claimed[0].job.id)
-    assert claim_job(store, "a", "x", max_streams=10, worst_case_s=worst).job is not None  # 0 + 100 + 100 s
+    assert claim_job(store, "a", "x", max_streams=10, adaptive=True, worst_case_s=worst).job is not None  # 0 + 100 + 100 s
     store.clock.advance(3601)
     store.recover_jobs(3)  # the running ones' leases ran out: back in the queue
     assert site_use(store, "a").seconds == 0
-    assert claim_job(store, "a", "x", max_streams=10, worst_case_s=worst).job is not None
+    assert claim_job(store, "a", "x", max_streams=10, adaptive=True, worst_case_s=worst).job is not None
 
 
 def test_a_lapsed_lease_goes_to_another_agent_of_the_site(store):
     register_site(store, "a", SiteBudget(max_probes=1), DESTS[:1])
     queue(store, "a", DESTS[:1])
-    first = claim_job(store, "a", "agent-gone", max_streams=64, worst_case_s=worst)
+    first = claim_job(store, "a", "agent-gone", max_streams=64, adaptive=True, worst_case_s=worst)
     assert holds(store, first.job.id, "agent-gone", "a", DESTS[0].key)
-    assert claim_job(store, "a", "agent-2", max_streams=64, worst_case_s=worst).job is None
+    assert claim_job(store, "a", "agent-2", max_streams=64, adaptive=True, worst_case_s=worst).job is None
     store.clock.advance(161)  # past 100 s + 60 s of slack
     assert store.recover_jobs(3, owner_is_dead=lambda owner: False) == 1
-    second = claim_job(store, "a", "agent-2", max_streams=64, worst_case_s=worst)
+    second = claim_job(store, "a", "agent-2", max_streams=64, adaptive=True, worst_case_s=worst)
     assert second.job.id == first.job.id and second.job.attempts == 2
     assert not holds(store, first.job.id, "agent-gone", "a", DESTS[0].key)
     assert holds(store, first.job.id, "agent-2", "a", DESTS[0].key)
@@ -96,17 +105,17 @@ def test_sites_never_take_each_other_s_jobs(store):
     register_site(store, "a", SiteBudget(max_probes=4), DESTS[:2])
     register_site(store, "b", SiteBudget(max_probes=4), DESTS[:2])
     queue(store, "a", DESTS[:2])
-    claims = [claim_job(store, "b", "agent-b", max_streams=64, worst_case_s=worst) for _ in range(2)]
+    claims = [claim_job(store, "b", "agent-b", max_streams=64, adaptive=True, worst_case_s=worst) for _ in range(2)]
     assert all(c.job is None and c.waiting == "no queued probe" for c in claims)
     queue(store, "b", DESTS[:1])
-    got = claim_job(store, "b", "agent-b", max_streams=64, worst_case_s=worst)
+    got = claim_job(store, "b", "agent-b", max_streams=64, adaptive=True, worst_case_s=worst)
     assert (got.job.src, got.job.dest) == ("b", DESTS[0].key)
     assert site_use(store, "a").probes == 0
 
 
 def test_an_unregistered_site_cannot_claim(store):
     with pytest.raises(InvalidRequest, match="not registered"):
-        claim_job(store, "nowhere", "x", max_streams=64, worst_case_s=worst)
+        claim_job(store, "nowhere", "x", max_streams=64, adaptive=True, worst_case_s=worst)
 
 
 @pytest.mark.parametrize("fields, named", [
@@ -131,7 +140,7 @@ def test_many_agents_claiming_at_once_never_share_a_job_nor_pass_the_budget(pg_u
         queue(stores[0], "a")
         queue(stores[0], "b")
         sites = ["a"] * 20 + ["b"] * 10
-        claims = run_together(lambda i, _: claim_job(stores[i], sites[i], f"agent-{i}", max_streams=10,
+        claims = run_together(lambda i, _: claim_job(stores[i], sites[i], f"agent-{i}", max_streams=10, adaptive=True,
                                                      worst_case_s=worst), 30)
         won = [(sites[i], c.job.id) for i, c in enumerate(claims) if c.job is not None]
         assert len(won) == len(set(won)) == 5 + 3

@@ -196,6 +196,9 @@ def test_health_and_metrics(service_factory):
     assert "tame_probe_duration_seconds_count 1.0" in text
     assert "tame_probe_failures_total" in text or "tame_probe_failures" in text
     assert 'tame_advice_served_total{stale="false"}' in text
+    # The one cold request built the advice from the store; with the clock held, nothing was re-read.
+    assert 'tame_advice_cache_reads_total{result="reloaded"} 1.0' in text
+    assert 'tame_advice_cache_reads_total{result="unchanged"} 0.0' in text
 
 
 def test_warm_answers_from_the_fast_path_equal_the_routed_ones(service_factory, clock):

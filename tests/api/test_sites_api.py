@@ -18,12 +18,14 @@ def counts(db_path):
                 for t in ("destinations", "sites", "probe_jobs", "probe_runs", "fits", "observations")}
 
 
-def test_advice_is_per_link_and_the_default_src_is_the_service_s_site(service_factory):
+def test_advice_is_per_link_and_the_default_src_is_the_service_s_site(service_factory, tmp_path):
     base, client, app = service_factory(start_worker=False)
-    assert client.post("/v1/probe-runs", json={"dest": DEST, "probes": PROBES}).json()["src"] == SITE
+    control = app.state.settings.congestion_control
+    assert client.post("/v1/probe-runs", json={"dest": DEST, "probes": PROBES, "congestion_control": control}
+                       ).json()["src"] == SITE
     slower = [{"streams": n, "throughput_bps": rate(n) / 3} for n in (1, 10)]
-    assert client.post("/v1/probe-runs", json={"src": "dtn2.example", "dest": DEST, "probes": slower}).json()["src"] \
-        == "dtn2.example"
+    assert client.post("/v1/probe-runs", json={"src": "dtn2.example", "dest": DEST, "probes": slower,
+                                               "congestion_control": control}).json()["src"] == "dtn2.example"
     here = client.get("/v1/advice", params={"dest": DEST, "max_impact": 0.2}).json()
     there = client.get("/v1/advice", params={"src": "DTN2.example", "dest": DEST, "max_impact": 0.2}).json()
     assert here["src"] == SITE and there["src"] == "dtn2.example"
@@ -33,6 +35,15 @@ def test_advice_is_per_link_and_the_default_src_is_the_service_s_site(service_fa
     batch = client.post("/v1/advice:batch", params={"src": "dtn2.example"},
                         json=[{"dest": DEST, "max_impact": 0.2}, {"dest": DEST, "max_impact": 0.2, "src": SITE}]).json()
     assert [r["advice"]["src"] for r in batch["results"]] == ["dtn2.example", SITE]
+    # The schedulers' view gives each link's own num_flows, as the API does, for every budget.
+    with sqlite3.connect(tmp_path / "tame.sqlite3") as conn:
+        for budget in (0.01, 0.05, 0.1, 0.2, 0.3, 0.5, 0.9):
+            for src in (SITE, "dtn2.example"):
+                (flows,) = conn.execute("SELECT coalesce(max(streams), 1) FROM current_advice WHERE src = ? "
+                                        "AND dest = ? AND congestion_control = ? AND impact_bound <= ?",
+                                        (src, DEST, here["congestion_control"], budget)).fetchone()
+                api = client.get("/v1/advice", params={"src": src, "dest": DEST, "max_impact": budget}).json()
+                assert flows == api["num_flows"], (src, budget)
     links = client.get("/v1/links").json()
     assert links["site"] == SITE
     assert sorted((l["src"], l["dest"]) for l in links["links"]) == [("dtn2.example", DEST), (SITE, DEST)]
@@ -56,21 +67,24 @@ def test_an_agent_registers_claims_and_its_run_closes_the_job(service_factory, t
     assert client.put("/v1/sites/dtn2", json=registration).json()["queued"] == 0
     claim = client.post("/v1/sites/dtn2/claims", json={"owner": "agent-1", "max_streams": 64}).json()
     job = claim["job"]
-    assert job["src"] == "dtn2" and job["dest"] == DEST and job["status"] == "running"
-    assert claim["max_streams"] == 32 and claim["use"]["probes"] == 1
+    assert job["src"] == "dtn2" and job["dest"] in (DEST, "127.0.0.2:5201") and job["status"] == "running"
+    other = ({DEST, "127.0.0.2:5201"} - {job["dest"]}).pop()
+    # Lu's model adds no adaptive probe: the claim holds the job's highest level of the site's 32 streams.
+    assert claim["max_streams"] == max(job["levels"]) and claim["use"] == {
+        "probes": 1, "streams": max(job["levels"]), "probe_seconds": pytest.approx(claim["use"]["probe_seconds"])}
     second = client.post("/v1/sites/dtn2/claims", json={"owner": "agent-2"}).json()
     assert second["job"] is None and "at most 1" in second["waiting"]
     # A run from an agent that does not hold the job is kept, and the job stays with its holder.
-    stray = client.post("/v1/probe-runs", json={"src": "dtn2", "dest": DEST, "probes": PROBES, "job_id": job["id"],
+    stray = client.post("/v1/probe-runs", json={"src": "dtn2", "dest": job["dest"], "probes": PROBES, "job_id": job["id"],
                                                 "owner": "agent-2"})
     assert stray.status_code == 201
     assert client.get(f"/v1/probes/{job['id']}").json()["status"] == "running"
-    done = client.post("/v1/probe-runs", json={"src": "dtn2", "dest": DEST, "probes": PROBES, "job_id": job["id"],
+    done = client.post("/v1/probe-runs", json={"src": "dtn2", "dest": job["dest"], "probes": PROBES, "job_id": job["id"],
                                                "owner": "agent-1"})
     assert done.status_code == 201 and done.json()["fitted"]
     assert client.get(f"/v1/probes/{job['id']}").json()["status"] == "done"
-    assert client.get("/v1/advice", params={"src": "dtn2", "dest": DEST, "max_impact": 0.1}).status_code == 200
-    assert client.post("/v1/sites/dtn2/claims", json={"owner": "agent-2"}).json()["job"]["dest"] == "127.0.0.2:5201"
+    assert client.get("/v1/advice", params={"src": "dtn2", "dest": job["dest"], "max_impact": 0.1}).status_code == 200
+    assert client.post("/v1/sites/dtn2/claims", json={"owner": "agent-2"}).json()["job"]["dest"] == other
 
 
 @pytest.mark.parametrize("method, path, body, status, says", [
@@ -111,3 +125,29 @@ def test_site_routes_need_the_write_token(service_factory, tmp_path):
     assert counts(tmp_path / "tame.sqlite3") == before
     ok = client.put("/v1/sites/dtn2", json={"dests": [DEST]}, headers={"Authorization": "Bearer s3cret"})
     assert ok.status_code == 200
+
+
+def test_a_recent_transfer_keeps_its_link_fresh_so_no_probe_is_queued(service_factory, clock):
+    """Probing that scales: an observation refits the link with its per-stream evidence, as a probe's would, and
+    the link's freshness counts from it, so the site's registration queues no probe for it."""
+    base, client, app = service_factory(start_worker=False, ttl_s=600.0)
+    service = app.state.service
+    assert client.post("/v1/probe-runs", json={"src": "dtn2", "dest": DEST, "probes": PROBES}).status_code == 201
+    clock.advance(601)
+    # (GET /v1/links reads without queueing the re-probe a stale GET /v1/advice would queue.)
+    assert [l["stale"] for l in client.get("/v1/links", params={"src": "dtn2"}).json()["links"]] == [True]
+    seen = []
+    build_fit = service.build_fit
+    service.build_fit = lambda points, *a, **k: seen.append(points) or build_fit(points, *a, **k)
+    observed = client.post("/v1/observations", json={
+        "src": "dtn2", "dest": DEST, "streams": 3, "throughput_bps": rate(3), "duration_s": 60,
+        "stream_bps": [rate(3) / 3] * 3, "stream_retransmits": [4, 5, 6]})
+    assert observed.status_code == 202 and observed.json()["refit"] is True
+    transfer = seen[-1][-1]
+    assert (transfer.streams, transfer.stream_retransmits, transfer.retransmits, transfer.duration_s) == (3, (4, 5, 6), 15, 60)
+    advice = client.get("/v1/advice", params={"src": "dtn2", "dest": DEST, "max_impact": 0.1}).json()
+    assert advice["stale"] is False and advice["age_s"] == 0 and advice["observations_used"] == 1
+    assert [l["stale"] for l in client.get("/v1/links", params={"src": "dtn2"}).json()["links"]] == [False]
+    assert client.put("/v1/sites/dtn2", json={"dests": [DEST]}).json()["queued"] == 0
+    clock.advance(0.8 * 600 + 1)  # due again before it goes stale
+    assert client.put("/v1/sites/dtn2", json={"dests": [DEST]}).json()["queued"] == 1
