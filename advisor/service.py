@@ -24,7 +24,7 @@ from advisor.alternatives import alternatives, budget_met
 from advisor.allowlist import Resolver, system_resolver
 from advisor.destinations import Destination, parse_destination
 from advisor.errors import (AdvisorError, BatchTooLarge, DestinationNotAllowed, InvalidRequest, QueueFull,
-                            UnknownDestination)
+                            UnknownDestination, UnknownProbe)
 from advisor.fitcodec import fit_from_stored, fit_to_record
 from advisor.limits import (check_available_control, check_congestion_control, check_max_impact, check_probe_duration_s,
                             check_probe_levels, check_site, MAX_SITE_STREAMS)
@@ -32,7 +32,7 @@ from advisor.observations import Observation
 from advisor.opening import how_to_open
 from advisor.plan_runner import adaptive_probes, plan_for
 from advisor.settings import Settings
-from advisor.sites import SiteBudget, claim_job, register_site, site_use
+from advisor.sites import SiteBudget, claim_job, holds, register_site, site_budget, site_use
 from advisor.store import FitRow, Job, NewFit, Store
 from advisor.tame import advise, plan_control, point_from_probe, representative_rtt_s, stored_curve
 from models.errors import FitError
@@ -164,7 +164,7 @@ class AdviceService:
     def ingest_run(self, dest: Destination, idle_rtt_s: float | None, results: Sequence[ProbeResult],
                    started_at: float, source: str, job_id: str | None = None,
                    address: str | None = None, congestion_control: str | None = None,
-                   src: Any = None) -> tuple[int, str | None]:
+                   src: Any = None, job_owner: str | None = None) -> tuple[int, str | None]:
         """Fit and store a finished probe run from site ``src`` (None: this service's) and close its job, in one
         transaction: (run id, fit error).
 
@@ -188,7 +188,7 @@ class AdviceService:
                      f"allowed for this process? net.ipv4.tcp_allowed_congestion_control); kept as {used}'s advice")
         run_id = self.store.record_run(dest, src=self.site(src), source=source, idle_rtt_s=idle_rtt_s, results=results,
                                        started_at=started_at, fit=new_fit, job_id=job_id, job_error=error,
-                                       address=address, congestion_control=used)
+                                       address=address, congestion_control=used, job_owner=job_owner)
         self.invalidate()
         return run_id, error
 
@@ -467,10 +467,19 @@ class AdviceService:
             except OSError as exc:
                 raise InvalidRequest(f"cannot tell which congestion controls this kernel offers: {exc}") from exc
             check_available_control(control, offered)
+        elif site_budget(self.store, site) is None:
+            # Nothing would ever run it: only a registered site's agents claim its probes.
+            raise InvalidRequest(f"site {site!r} is not registered, so no agent would run this probe: start `tame agent "
+                                 f"--site {site} --server URL` there, or leave src out to probe from {self.settings.site}")
+        self.check_allowed(dest)
+        return self._enqueue(dest, site, control, levels, duration_s, client)
+
+    def _enqueue(self, dest: Destination, site: str, control: str, levels: Sequence[int] | None = None,
+                 duration_s: float | None = None, client: str | None = None) -> tuple[Job, bool]:
+        """Queue a probe of a checked link (its destination within the allow-list) under a checked control."""
         levels = check_probe_levels(self.settings.default_levels if levels is None else levels,
                                     MIN_LEVELS[self.settings.model], self.settings.model)
         duration = check_probe_duration_s(self.settings.default_duration_s if duration_s is None else duration_s)
-        self.check_allowed(dest)
         # A client may ask again once about one job per probe slot has run: a whole default plan.
         retry_after_s = max(1.0, len(self.settings.default_levels) * (self.settings.omit_s + float(duration)))
         job, created = self.store.enqueue_job(dest, levels, float(duration), max_queued=self.settings.max_queued_probes,
@@ -506,20 +515,45 @@ class AdviceService:
         """Register (or refresh) an agent's site: its budget and its links to ``dests`` (each within the allow-list),
         and queue a probe under ``congestion_control`` (None: the default) for each of its links whose advice is
         missing or REPROBE_AT_TTL of the TTL old (FitRow.evidence_at: a link with recent transfers needs none).
-        Returns {"site", "links", "queued", "budget"}."""
+        A destination refused (outside the allow-list, or not resolving now) is reported in "refused" and left out,
+        the others registered; when the probe queue is full the rest wait for the next registration ("deferred").
+        Returns {"site", "links", "queued", "deferred", "refused": [{"dest", "error"}], "budget"}."""
         name = check_site(site, "site")
         control = self.control(congestion_control)
-        parsed = [parse_destination(d) for d in dests]
-        for dest in parsed:
-            self.check_allowed(dest)
-        register_site(self.store, name, budget, parsed)
+        self._check_budget_fits(budget)
+        parsed, refused = {}, []
+        for text in dests:
+            try:
+                dest = parse_destination(text)
+                self.check_allowed(dest)  # resolved once per registration
+            except (DestinationNotAllowed, InvalidRequest) as exc:
+                refused.append({"dest": str(text), "error": str(exc)})
+                continue
+            parsed[dest.key] = dest
+        register_site(self.store, name, budget, list(parsed.values()))
         fresh = fresh_destinations(self.paths(name), control, REPROBE_AT_TTL * self.settings.ttl_s)
-        queued = 0
-        for dest in parsed:
-            if dest.key not in fresh:
-                _, created = self.request_probe(dest.key, congestion_control=control, src=name)
-                queued += created
-        return {"site": name, "links": len({d.key for d in parsed}), "queued": queued, "budget": budget.to_json()}
+        due = [dest for key, dest in parsed.items() if key not in fresh]
+        queued = deferred = 0
+        for index, dest in enumerate(due):
+            try:
+                _, created = self._enqueue(dest, name, control)
+            except QueueFull:
+                deferred = len(due) - index
+                break
+            queued += created
+        return {"site": name, "links": len(parsed), "queued": queued, "deferred": deferred, "refused": refused,
+                "budget": budget.to_json()}
+
+    def _check_budget_fits(self, budget: SiteBudget) -> None:
+        """Refuse a site budget no probe of the configured plan fits (its probes would wait forever)."""
+        needed = max(self.settings.default_levels)
+        seconds = plan_for(self.settings, self.settings.default_levels, self.settings.default_duration_s).worst_case_s
+        if budget.max_streams < needed:
+            raise InvalidRequest(f"max_streams {budget.max_streams} is below the probe plan's {needed} streams "
+                                 f"(TAME_PROBE_LEVELS): give at least {needed}")
+        if budget.probe_seconds_per_hour < seconds:
+            raise InvalidRequest(f"probe_seconds_per_hour {budget.probe_seconds_per_hour:g} is below one probe plan's "
+                                 f"longest time, {seconds:.0f} s: give at least {seconds:.0f}")
 
     def claim(self, site: Any, owner: Any, max_streams: Any) -> dict[str, Any]:
         """Claim the site's next queued probe for agent ``owner``, within the site's budget (advisor.sites.claim_job):
@@ -531,12 +565,25 @@ class AdviceService:
         cap = max_streams if isinstance(max_streams, int) and not isinstance(max_streams, bool) else None
         if cap is None or not 1 <= cap <= MAX_SITE_STREAMS:
             raise InvalidRequest(f"max_streams must be a whole number from 1 to {MAX_SITE_STREAMS}; got {max_streams!r}")
-        self.store.recover_jobs(self.settings.max_probe_attempts)
+        self.store.recover_jobs(self.settings.max_probe_attempts, local_src=self.settings.site)
         claimed = claim_job(self.store, name, owner, max_streams=cap, adaptive=adaptive_probes(self.settings.model) > 0,
                             worst_case_s=self.worst_case_s)
         return {"site": name, "job": None if claimed.job is None else self.probe_status(claimed.job.id),
                 "max_streams": claimed.streams or None, "lease_until": claimed.lease_until,
                 "waiting": claimed.waiting, "use": site_use(self.store, name).to_json()}
+
+    def claimed_job(self, job_id: str | None, owner: str | None, src: str, dest: Destination) -> Job | None:
+        """The running job ``job_id`` if ``owner`` holds it as a probe of the link from ``src`` to ``dest``, else
+        None (no claim named, or its lease went to another agent: the run is kept, the job stays with its holder).
+        Store.record_run checks the same again as it closes the job."""
+        if job_id is None or owner is None:
+            return None
+        try:
+            job = self.store.job(job_id)
+        except UnknownProbe:
+            return None
+        held = job.status == "running" and holds(self.store, job_id, owner, src, dest.key)
+        return job if held and job.src == src and job.dest == dest.key else None
 
     def worst_case_s(self, job: Job) -> float:
         """The longest a job's probe plan may take, seconds (its lease, and what it holds of a site's budget)."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
@@ -28,11 +27,15 @@ def default_database_url(env: Mapping[str, str]) -> str:
     return f"sqlite:///{path}"
 
 
+# The site of a service, agent or store that names none. A fixed name, not the host's: processes sharing one
+# store (an API and an agent in two containers) must agree on it, and a container's host name changes.
+DEFAULT_SITE = "local"
+
+
 def default_site(env: Mapping[str, str]) -> str:
-    """The site this process speaks for: TAME_SITE, else this host's name (checked: advisor.limits.check_site)."""
-    text = env.get("TAME_SITE") or socket.gethostname()
+    """The site this process speaks for: TAME_SITE, else DEFAULT_SITE (checked: advisor.limits.check_site)."""
     try:
-        return check_site(text, "TAME_SITE" if env.get("TAME_SITE") else f"this host's name ({text!r}; set TAME_SITE)")
+        return check_site(env.get("TAME_SITE") or DEFAULT_SITE, "TAME_SITE")
     except InvalidRequest as exc:
         raise ConfigError(str(exc)) from None
 
@@ -87,7 +90,7 @@ class Settings:
         TAME_HEADER_TIMEOUT_S, TAME_BODY_TIMEOUT_S, TAME_MAX_CONNECTIONS, TAME_BACKLOG, TAME_CONGESTION_CONTROL
         (the control probes and advice use when a request names none; default this host's,
         net.ipv4.tcp_congestion_control), TAME_SITE (this service's site, the source of the links it probes;
-        default this host's name).
+        default "local").
         Retention (advisor/retention.py), per destination: TAME_KEEP_FITS (newest fits kept with their
         curves, default 20), TAME_KEEP_RUNS (newest probe runs and finished probe jobs kept, default 20),
         TAME_RUN_MAX_AGE_S (runs and finished jobs older than this go even within TAME_KEEP_RUNS;

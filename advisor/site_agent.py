@@ -64,7 +64,12 @@ class SiteAgent:
         """Register, then claim and run the site's due probes (up to the budget's at once) until none is left
         or the budget is spent. Returns how many probes ran."""
         answer = self.register(dests)
-        self.log(f"tame agent: site {self.site}: {answer['links']} link(s), {answer['queued']} probe(s) queued")
+        self.log(f"tame agent: site {self.site}: {answer['links']} link(s), {answer['queued']} probe(s) queued"
+                 + (f", {answer['deferred']} left for the next round (the service's probe queue is full)"
+                    if answer["deferred"] else ""))
+        for refused in answer["refused"]:
+            print(f"tame agent: site {self.site}: {refused['dest']} left out: {refused['error']}", file=sys.stderr,
+                  flush=True)
         ran = 0
         running: set[Future] = set()
         with ThreadPoolExecutor(max_workers=self.budget.max_probes, thread_name_prefix="tame-site-probe") as pool:
@@ -76,8 +81,10 @@ class SiteAgent:
                 claim = self.client.claim(self.site, self.owner, self.budget.max_streams)
                 if claim["job"] is None:
                     if not running:
+                        if claim["waiting"] != "no queued probe":
+                            self.log(f"tame agent: site {self.site}: waiting: {claim['waiting']}")
                         break
-                    self.stop.wait(0.2)  # a running probe may free the budget, or its link had the last job
+                    self.stop.wait(1.0)  # a running probe may free the budget, or its link had the last job
                     continue
                 running.add(pool.submit(self._probe, claim))
                 ran += 1

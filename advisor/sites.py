@@ -134,8 +134,11 @@ def claim_job(store: Store, site: str, owner: str, *, max_streams: int, adaptive
         use = _use(tx, site, now)
         if use.probes >= budget.max_probes:
             return Claim(None, waiting=f"{use.probes} probe(s) of {site} running, at most {budget.max_probes}")
+        # A destination being probed from any site waits (an iperf3 server runs one test at a time, and two
+        # probes through one bottleneck would measure each other).
         row = tx.execute(
-            f"SELECT {JOB_COLUMNS} FROM probe_jobs WHERE src = ? AND status = 'queued' "
+            f"SELECT {JOB_COLUMNS} FROM probe_jobs WHERE src = ? AND status = 'queued' AND dest NOT IN "
+            "(SELECT dest FROM probe_jobs WHERE status = 'running') "
             f"ORDER BY requested_at, id LIMIT 1{skip}", (site,)).fetchone()
         if row is None:
             return Claim(None, waiting="no queued probe")

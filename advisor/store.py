@@ -338,11 +338,13 @@ class Store:
     def record_run(self, dest: Destination, *, src: str, source: str, idle_rtt_s: float | None,
                    results: Sequence[ProbeResult], started_at: float, fit: NewFit | None,
                    job_id: str | None = None, job_error: str | None = None, address: str | None = None,
-                   congestion_control: str | None = None) -> int:
+                   congestion_control: str | None = None, job_owner: str | None = None) -> int:
         """Store a finished probe run from site ``src``, its results and fit, and close its job, in one transaction.
 
         ``address`` is the IP address the probes went to, when the service resolved it itself;
-        ``congestion_control`` the control the probes' streams used (None: not known)."""
+        ``congestion_control`` the control the probes' streams used (None: not known). With ``job_owner`` the job
+        is closed only while that owner holds it as a probe of this link (an agent's claim: a run whose lease went
+        to another agent is stored, and the other agent's job stays open)."""
         step = self._step
         with self.db.transaction(write=True) as tx:
             step("begin")
@@ -366,10 +368,12 @@ class Store:
             if fit is not None:
                 self._insert_fit(tx, destination_id, run_id, fit, step)
             if job_id is not None:
+                held, held_params = ("", ()) if job_owner is None else (
+                    " AND status = 'running' AND owner = ? AND src = ? AND dest = ?", (job_owner, src, dest.key))
                 tx.execute(
                     "UPDATE probe_jobs SET status = ?, finished_at = ?, progress = 1, error = ?, probe_run_id = ?, "
-                    "owner = NULL, lease_until = NULL WHERE id = ?",
-                    ("failed" if job_error else "done", self.clock(), job_error, run_id, job_id),
+                    f"owner = NULL, lease_until = NULL WHERE id = ?{held}",
+                    ("failed" if job_error else "done", self.clock(), job_error, run_id, job_id, *held_params),
                 )
             step("job")
         return run_id
@@ -596,29 +600,41 @@ class Store:
                 (self.clock(), error, job_id),
             )
 
-    def recover_jobs(self, max_attempts: int, owner_is_dead: Callable[[str | None], bool] = _owner_is_dead_here) -> int:
-        """Re-queue running jobs whose owner died or whose lease ran out (failed after ``max_attempts``)."""
+    def recover_jobs(self, max_attempts: int, owner_is_dead: Callable[[str | None], bool] = _owner_is_dead_here, *,
+                     local_src: str | None = None) -> int:
+        """Re-queue running jobs whose owner died or whose lease ran out (failed after ``max_attempts``).
+
+        With ``local_src``, only that site's jobs are judged by ``owner_is_dead`` (their owners are processes that
+        share this host's view); other sites' jobs were claimed by remote agents, whose owner names are theirs to
+        choose, and are judged by their lease alone. A job changed since it was read here (claimed again by
+        another process meanwhile) is left alone."""
         now = self.clock()
         with self.db.transaction(write=True) as tx:
             rows = tx.execute(
-                "SELECT id, owner, lease_until, attempts FROM probe_jobs WHERE status = 'running'"
+                "SELECT id, owner, lease_until, attempts, src FROM probe_jobs WHERE status = 'running'"
             ).fetchall()
-            orphans = [r for r in rows if (r[2] is not None and r[2] < now) or owner_is_dead(r[1])]
-            for job_id, _owner, _lease, attempts in orphans:
+            orphans = [r for r in rows if (r[2] is not None and r[2] < now)
+                       or ((local_src is None or r[4] == local_src) and owner_is_dead(r[1]))]
+            recovered = 0
+            for job_id, owner, lease_until, attempts, _src in orphans:
+                unchanged = ("id = ? AND status = 'running' AND owner IS NOT DISTINCT FROM ? "
+                             "AND lease_until IS NOT DISTINCT FROM ?")
                 if attempts >= max_attempts:
-                    tx.execute(
+                    done = tx.execute(
                         "UPDATE probe_jobs SET status = 'failed', finished_at = ?, owner = NULL, lease_until = NULL, "
-                        "error = ? WHERE id = ?",
-                        (now, f"interrupted {attempts} times (the probing process stopped); giving up", job_id),
-                    )
+                        f"error = ? WHERE {unchanged} RETURNING id",
+                        (now, f"interrupted {attempts} times (the probing process stopped); giving up", job_id, owner,
+                         lease_until),
+                    ).fetchone()
                 else:
-                    tx.execute(
+                    done = tx.execute(
                         "UPDATE probe_jobs SET status = 'queued', progress = 0, progress_detail = NULL, owner = NULL, "
                         "lease_until = NULL, address = NULL, "
-                        "error = 'interrupted: the probing process stopped; re-queued' WHERE id = ?",
-                        (job_id,),
-                    )
-        return len(orphans)
+                        f"error = 'interrupted: the probing process stopped; re-queued' WHERE {unchanged} RETURNING id",
+                        (job_id, owner, lease_until),
+                    ).fetchone()
+                recovered += done is not None
+        return recovered
 
     def job_counts(self) -> dict[str, int]:
         with self.db.transaction() as tx:

@@ -130,7 +130,7 @@ class ProbeWorker:
             self._wake.notify_all()
 
     def start(self) -> None:
-        self.store.recover_jobs(self.settings.max_probe_attempts)
+        self.store.recover_jobs(self.settings.max_probe_attempts, local_src=self.settings.site)
         for index in range(self.settings.max_concurrent_probes):
             thread = threading.Thread(target=self._loop, name=f"tame-probe-{index}", daemon=True)
             thread.start()
@@ -187,7 +187,7 @@ class ProbeWorker:
         """Claim and run one queued job; False when there was nothing to do."""
         if self._stop.is_set():
             return False
-        self.store.recover_jobs(self.settings.max_probe_attempts)
+        self.store.recover_jobs(self.settings.max_probe_attempts, local_src=self.settings.site)
         job = self.store.claim_job(self.owner, self._lease_s, self.settings.max_concurrent_probes,
                                    src=self.settings.site)
         if job is None:

@@ -32,7 +32,7 @@ from advisor.errors import (BatchTooLarge, DestinationNotAllowed, InvalidRequest
 from advisor.retention import Pruner
 from advisor.service import AdviceService
 from advisor.settings import Settings
-from advisor.sites import SiteBudget, holds
+from advisor.sites import SiteBudget
 from advisor.store import Store
 from advisor.worker import ProbeWorker
 from api import schemas
@@ -195,13 +195,16 @@ def create_app(settings: Settings, store: Store, driver: ProbeDriver | None = No
         dest = parse_destination(body.dest)
         # A pushed run becomes advice schedulers read, as an observation does: only where probes are allowed.
         service.check_allowed(dest)
-        results = [ProbeResult(dest=dest.key, **p.result_fields()) for p in body.probes]
         src = service.site(body.src)
-        # A claimed job is closed by its run only while its agent still holds it; a run whose lease went to
-        # another agent is kept all the same (its probes are as good), and that agent's job stays open.
-        job_id = body.job_id if body.job_id is not None and holds(store, body.job_id, body.owner, src, dest.key) else None
+        claimed = service.claimed_job(body.job_id, body.owner, src, dest)
+        # A claimed probe was asked to run under its job's control: a run under another closes it as failed
+        # (ingest_run says so) and is kept as that other control's advice.
+        results = [ProbeResult(dest=dest.key, congestion_control=body.congestion_control if claimed else None,
+                               **p.result_fields()) for p in body.probes]
+        asked = claimed.congestion_control if claimed else body.congestion_control
         run_id, error = service.ingest_run(dest, body.idle_rtt_s, results, body.started_at or clock(), source="push",
-                                           congestion_control=body.congestion_control, src=src, job_id=job_id)
+                                           congestion_control=asked, src=src,
+                                           job_id=claimed.id if claimed else None, job_owner=body.owner)
         return _json({"src": src, "dest": dest.key, "probe_run_id": run_id, "congestion_control": body.congestion_control,
                       "fitted": error is None, "error": error}, 201)
 

@@ -341,10 +341,17 @@ class SiteIn(BaseModel):
     congestion_control: Control | None = Field(default=None, description="the control its probes run under")
 
 
+class RefusedDest(BaseModel):
+    dest: str
+    error: str
+
+
 class SiteOut(BaseModel):
     site: str
     links: int
-    queued: int = Field(description="probes queued now for its links with missing or stale advice")
+    queued: int = Field(description="probes queued now for its links whose advice is missing or due")
+    deferred: int = Field(description="due links left for the next registration: the probe queue is full")
+    refused: list[RefusedDest] = Field(description="destinations left out: outside the allow-list or not resolving")
     budget: dict[str, float]
 
 

@@ -6,12 +6,14 @@ For each path (scenario x m cross flows) it runs, on at most two worker processe
     driver): the model's levels, warm-up omitted, a probe whose rate has not settled re-run twice
     as long up to the cap, with a seed of their own (so probes never reuse the ground-truth runs).
 Then it fits every model in models.registry.MODELS on the probes and scores throughput (Lu Fig. 10,
-12), cross traffic (Fig. 14), the advice against the best in-budget n, and the probe cost, and writes
-a Markdown report with PNG figures.
+12), cross traffic (Fig. 14), the advice against the best in-budget n, and what its probes cost the
+path (seconds, stream-seconds, and the cross traffic they displace: :class:`ProbeCost`), and writes a
+Markdown report with PNG figures.
 
     python -m benchmarks.accuracy --quick            # <= 5 minutes on 2 cores
     python -m benchmarks.accuracy                    # scenarios 1-6 x m 5..30 x n 1..31
     python -m benchmarks.accuracy --holdout          # scenarios 7-10 (not Lu's) x m 5,15,25 x n 1..31
+    python -m benchmarks.accuracy --probe-duration 20 --probe-max-duration 40   # another probe plan
 
 Advice is scored as the service gives it (advisor.tame.DEFAULT_MARGIN, or ``--margin``) and with
 Lu's bare rule (no margin), for every model.
@@ -36,8 +38,8 @@ from advisor.tame import (DEFAULT_FRACTIONAL_MARGIN, DEFAULT_MARGIN, DEFAULT_MOD
 from models.errors import FitError
 from models.parallel import ProbePoint
 from models.registry import MIN_LEVELS, MODELS, PROBE_LEVELS, model_probes, next_probe_level
-from probes.ns2 import HELD_OUT, QUEUES, Ns2Config, Ns2Driver, probe_result, simulate
-from probes.plan import PlanEvent, ProbePlan, run_plan
+from probes.ns2 import HELD_OUT, QUEUES, Ns2Config, Ns2Driver, parse_ns2_output, probe_result, simulate
+from probes.plan import PLANS, ProbePlan, run_plan
 
 BUDGETS = (0.05, 0.1, 0.2, 0.3)
 FULL = dict(scenarios=(1, 2, 3, 4, 5, 6), ms=(5, 10, 15, 20, 25, 30), ns=tuple(range(1, 32)))
@@ -57,6 +59,13 @@ class Settings:
     probe_duration_s: float = ProbePlan.duration_s
     probe_omit_s: float = ProbePlan.omit_s
     probe_max_duration_s: float = ProbePlan.max_duration_s
+    # The cap on an adaptive probe's streams (ProbePlan.max_adaptive_streams): None, none.
+    probe_max_adaptive_streams: int | None = ProbePlan.max_adaptive_streams
+    # Score a refresh of each path instead of its first probing: the fixed levels probed again at another
+    # time, the adaptive probe re-used from the first probing (refresh_fixed_levels).
+    reuse_adaptive: bool = False
+    # Which probing of the path a probe belongs to (0 the first, 1 a later refresh): each has its own seed.
+    probe_round: int = 0
     queue: str = "DropTail"
     workers: int = 2
     cache_dir: Path = ROOT / "benchmarks" / "cache"
@@ -74,13 +83,71 @@ class Settings:
         return Ns2Config(scenario, m, n, self.seed, self.truth_duration_s, self.truth_omit_s, self.queue,
                          fractional_multiplier=fractional_multiplier)
 
-    def probe_driver(self, scenario: int, m: int) -> Ns2Driver:
+    def probe_driver(self, scenario: int, m: int) -> "RecordingNs2Driver":
         # Probes run at another time than the ground truth: a seed of their own.
-        return Ns2Driver(scenario, m, seed=1000 * self.seed + 7, queue=self.queue, cache_dir=self.cache_dir)
+        return RecordingNs2Driver(scenario, m, seed=1000 * self.seed + 7 + self.probe_round, queue=self.queue,
+                                  cache_dir=self.cache_dir)
 
     def probe_plan(self, levels) -> ProbePlan:
         return ProbePlan(levels=tuple(levels), duration_s=self.probe_duration_s, omit_s=self.probe_omit_s,
-                         max_duration_s=self.probe_max_duration_s)
+                         max_duration_s=self.probe_max_duration_s,
+                         max_adaptive_streams=self.probe_max_adaptive_streams)
+
+    def adaptive_n_max(self, n_max: int) -> int:
+        """The most streams an adaptive probe may take on a path whose advice reaches ``n_max``, under the plan's cap."""
+        cap = self.probe_max_adaptive_streams
+        return n_max if cap is None else min(n_max, cap)
+
+
+@dataclass(frozen=True)
+class ProbeRun:
+    """One simulator run of a probe (extensions and retries are runs of their own): the streams, the seconds
+    it lasted (``omit_s`` warm-up + ``duration_s`` measured) and the cross traffic's bits/s while measured."""
+
+    streams: int
+    duration_s: float
+    omit_s: float
+    cross_bps: float
+
+    @property
+    def seconds(self) -> float:
+        return self.omit_s + self.duration_s
+
+
+@dataclass
+class RecordingNs2Driver(Ns2Driver):
+    """The ns-2 driver, keeping a ProbeRun of every run it makes for the plan's cost."""
+
+    runs: list[ProbeRun] = field(default_factory=list)
+
+    def run(self, dest, streams, duration_s, omit_s, deadline_s, attempt=0, congestion_control=None):
+        result = super().run(dest, streams, duration_s, omit_s, deadline_s, attempt, congestion_control)
+        self.runs.append(ProbeRun(streams, duration_s, omit_s, parse_ns2_output(result.raw).cross_bps))
+        return result
+
+
+@dataclass(frozen=True)
+class ProbeCost:
+    """What probing one path cost: wall seconds of probing (warm-up, extensions and retries included; the idle
+    RTT left out), stream-seconds (streams x seconds summed over runs) and the cross traffic displaced.
+
+    Displaced bits: over each run, (the cross traffic alone, n = 0 of the ground truth on the same path -
+    the cross traffic while the run measured) x the run's seconds, its warm-up counted at its measured
+    rate; ``displaced_share`` is that over the cross traffic alone x the seconds (what the probing took
+    from the cross traffic, 0-1; negative where the cross traffic happened to do better than alone).
+    """
+
+    seconds: float
+    stream_seconds: float
+    displaced_bits: float
+    displaced_share: float
+
+    @classmethod
+    def of(cls, runs, cross0_bps: float) -> "ProbeCost":
+        seconds = sum(r.seconds for r in runs)
+        displaced = sum((cross0_bps - r.cross_bps) * r.seconds for r in runs)
+        return cls(seconds, sum(r.streams * r.seconds for r in runs), displaced,
+                   displaced / (cross0_bps * seconds) if seconds > 0 and cross0_bps > 0 else float("nan"))
 
 
 def _run(config: Ns2Config, cache_dir: Path):
@@ -111,8 +178,8 @@ class PathResult:
     cross_bps: np.ndarray
     cross0_bps: float
     probes: dict[int, ProbePoint] = field(default_factory=dict)
-    # simulated seconds spent probing each level, extensions included
-    probe_seconds: dict[int, float] = field(default_factory=dict)
+    # Every simulator run of each level's probe, extensions and retries included.
+    probe_runs: dict[int, list[ProbeRun]] = field(default_factory=dict)
     # The ground truth's own long transfers read as probes, by n (for form_scores).
     truth_points: dict[int, ProbePoint] = field(default_factory=dict)
 
@@ -156,24 +223,24 @@ class ModelScore:
     within_opened_without_whole: list[bool] = field(default_factory=list)
     opened_outcome_by_path: list[dict[float, tuple[float, float, float | None]]] = field(default_factory=list)
     probes_used: list[int] = field(default_factory=list)
-    probe_seconds: list[float] = field(default_factory=list)
+    # Per path, the stream counts of the probes the model was fitted to, and what they cost.
+    probe_levels: list[tuple[int, ...]] = field(default_factory=list)
+    probe_cost: list[ProbeCost] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
 
 
 def _probe_path(scenario: int, m: int, levels: tuple[int, ...], settings: Settings):
-    """Run the real probe plan on one simulated path: (probe points by level, simulated seconds by level).
+    """Run the real probe plan on one simulated path: (probe points by level, every run of each level).
 
-    Seconds count every run of a level, warm-up, the runs its extensions replaced and its attempts
-    again after idle streams included.
+    A level's runs are all it took: the runs its extensions replaced and its attempts again after idle
+    streams included.
     """
-    spent: dict[int, float] = {}
-
-    def cost(event: PlanEvent) -> None:
-        if event.kind in ("probe", "extend", "retry"):
-            spent[event.streams] = spent.get(event.streams, 0.0) + event.duration_s + settings.probe_omit_s
-
-    plan = run_plan(settings.probe_driver(scenario, m), f"s{scenario}m{m}", settings.probe_plan(levels), cost)
-    return scenario, m, levels, {p.streams: point_from_probe(p) for p in plan.probes}, spent
+    driver = settings.probe_driver(scenario, m)
+    plan = run_plan(driver, f"s{scenario}m{m}", settings.probe_plan(levels))
+    runs: dict[int, list[ProbeRun]] = {}
+    for run in driver.runs:
+        runs.setdefault(run.streams, []).append(run)
+    return scenario, m, levels, {p.streams: point_from_probe(p) for p in plan.probes}, runs
 
 
 def probe_all(requests: list[tuple[int, int, tuple[int, ...]]], settings: Settings) -> dict:
@@ -263,7 +330,9 @@ def score_model(name: str, path: PathResult, probes: list[ProbePoint], score: Mo
     score.advice_by_path.append(by_budget)
     score.opened_by_path.append(opened)
     score.probes_used.append(len(probes))
-    score.probe_seconds.append(sum(path.probe_seconds.get(p.streams, 0.0) for p in probes))
+    score.probe_levels.append(tuple(p.streams for p in probes))
+    score.probe_cost.append(ProbeCost.of([r for p in probes for r in path.probe_runs.get(p.streams, ())],
+                                         path.cross0_bps))
 
 
 def evaluate(settings: Settings) -> tuple[list[PathResult], dict[str, ModelScore]]:
@@ -289,25 +358,39 @@ def evaluate(settings: Settings) -> tuple[list[PathResult], dict[str, ModelScore
                 truth_points={n: point_from_probe(probe_result(r, f"s{s}m{m}", n, settings.truth_omit_s))
                               for n, r in zip(settings.ns, truth)},
             )
-            points, seconds = probed[(s, m)]
+            points, probe_runs = probed[(s, m)]
             path.probes.update(points)
-            path.probe_seconds.update(seconds)
+            path.probe_runs.update(probe_runs)
             paths.append(path)
     # Adaptive plans pick a further level from the first probes; those runs are made now.
     extra = set()
     for path in paths:
         for name in models:
-            level = next_probe_level(name, [path.probes[n] for n in PROBE_LEVELS[name]], max(settings.ns))
+            level = next_probe_level(name, [path.probes[n] for n in PROBE_LEVELS[name]],
+                                     settings.adaptive_n_max(max(settings.ns)))
             if level is not None and level not in path.probes:
                 extra.add((path.scenario, path.m, (level,)))
     if extra:
-        for (s, m, _), (points, seconds) in probe_all(sorted(extra), settings).items():
+        for (s, m, _), (points, probe_runs) in probe_all(sorted(extra), settings).items():
             path = next(p for p in paths if p.scenario == s and p.m == m)
             path.probes.update(points)
-            path.probe_seconds.update(seconds)
+            path.probe_runs.update(probe_runs)
+    if settings.reuse_adaptive:
+        refresh_fixed_levels(paths, tuple(first_levels), settings)
     scores = score_paths(paths, settings)
     score_opened(paths, scores, settings)
     return paths, scores
+
+
+def refresh_fixed_levels(paths: list[PathResult], levels: tuple[int, ...], settings: Settings) -> None:
+    """Each path probed again later (the next probe round's seed) at the fixed ``levels`` only, the adaptive
+    probe kept from the first probing: a refresh that re-uses the last fit's third probe. The fresh probes
+    replace the first ones, and the cost counts them alone."""
+    fresh = probe_all([(p.scenario, p.m, levels) for p in paths], replace(settings, probe_round=settings.probe_round + 1))
+    for path in paths:
+        points, runs = fresh[(path.scenario, path.m, levels)]
+        path.probes.update(points)
+        path.probe_runs = {n: runs.get(n, []) for n in path.probe_runs}
 
 
 def score_paths(paths: list[PathResult], settings: Settings) -> dict[str, ModelScore]:
@@ -316,7 +399,7 @@ def score_paths(paths: list[PathResult], settings: Settings) -> dict[str, ModelS
     scores = {name: ModelScore(name) for name in models}
     for path in paths:
         for name in models:
-            probes = model_probes(name, path.probes, max(path.ns))
+            probes = model_probes(name, path.probes, settings.adaptive_n_max(max(path.ns)))
             if len({p.streams for p in probes}) < MIN_LEVELS[name]:
                 scores[name].failures.append(f"s{path.scenario} m{path.m}: too few probe levels")
                 continue
@@ -369,7 +452,7 @@ def form_scores(paths: list[PathResult], settings: Settings) -> dict[str, ModelS
     for path in paths:
         for name in models:
             try:
-                points = model_probes(name, path.truth_points, max(path.ns))
+                points = model_probes(name, path.truth_points, settings.adaptive_n_max(max(path.ns)))
             except KeyError:
                 continue
             score_model(name, path, points, scores[name], settings)
@@ -439,6 +522,12 @@ def seed_floor(paths: list[PathResult], settings: Settings) -> dict:
             "in_sample": _floor_row(*errors["in_sample"], scenarios)}
 
 
+def _mean(values) -> float:
+    """Mean of ``values``, nan if there are none."""
+    values = list(values)
+    return float(np.mean(values)) if values else float("nan")
+
+
 def summary(scores: dict[str, ModelScore]) -> dict[str, dict[str, float]]:
     """The headline numbers of each model (the goals of issue 5 are stated against these)."""
     rows = {}
@@ -452,7 +541,13 @@ def summary(scores: dict[str, ModelScore]) -> dict[str, dict[str, float]]:
             "cross_p50": float(np.median(cross)) if cross.size else float("nan"),
             "cross_p90": float(np.quantile(cross, 0.9)) if cross.size else float("nan"),
             "probes": float(np.mean(sc.probes_used)) if sc.probes_used else float("nan"),
-            "probe_s": float(np.mean(sc.probe_seconds)) if sc.probe_seconds else float("nan"),
+            # Per path, mean over paths: seconds, stream-seconds, displaced Mbit and share (ProbeCost).
+            "probe_s": _mean(c.seconds for c in sc.probe_cost),
+            "probe_stream_s": _mean(c.stream_seconds for c in sc.probe_cost),
+            "displaced_mbit": _mean(c.displaced_bits / 1e6 for c in sc.probe_cost),
+            "displaced_share": _mean(c.displaced_share for c in sc.probe_cost),
+            "displaced_share_p90": (float(np.quantile([c.displaced_share for c in sc.probe_cost], 0.9))
+                                    if sc.probe_cost else float("nan")),
             "failures": len(sc.failures),
         }
         for suffix, ratios, exceeded in (("", sc.advice_ratio, sc.advice_exceeded),
@@ -502,11 +597,22 @@ def argument_parser(**kwargs) -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--truth-duration", type=float, default=80.0, help="ground-truth seconds measured")
     parser.add_argument("--truth-omit", type=float, default=10.0, help="ground-truth warm-up seconds")
-    parser.add_argument("--probe-duration", type=float, default=ProbePlan.duration_s,
-                        help="probe seconds measured (default: the service's probe plan's)")
-    parser.add_argument("--probe-max-duration", type=float, default=ProbePlan.max_duration_s,
-                        help="longest a probe is extended to while its rate has not settled")
-    parser.add_argument("--probe-omit", type=float, default=ProbePlan.omit_s, help="probe warm-up seconds")
+    parser.add_argument("--plan", choices=sorted(PLANS), default="standard",
+                        help="the named probe plan (probes.plan.PLANS) whose durations and adaptive cap the probes "
+                             "take unless the options below say otherwise (default: standard, the service's)")
+    parser.add_argument("--probe-duration", type=float, help="probe seconds measured (default: the plan's)")
+    parser.add_argument("--probe-max-duration", type=float,
+                        help="longest a probe is extended to while its rate has not settled (default: the plan's)")
+    parser.add_argument("--probe-omit", type=float, help="probe warm-up seconds (default: the plan's)")
+    parser.add_argument("--probe-max-adaptive", type=int, metavar="STREAMS",
+                        help="cap the adaptive probe's streams (default: the plan's; 0 for no cap)")
+    parser.add_argument("--probe-round", type=int, default=0, metavar="R",
+                        help="probe each path as at another time: the probes' seeds shifted by R (default 0), the "
+                             "ground truth unchanged; plans compared over several rounds tell their difference "
+                             "from the probes' own noise")
+    parser.add_argument("--reuse-adaptive", action="store_true",
+                        help="score a refresh: the fixed levels probed again at another time, the adaptive probe "
+                             "re-used from the first probing (the cost counts the fresh probes alone)")
     parser.add_argument("--queue", default="DropTail", choices=QUEUES)
     parser.add_argument("--floor-seed", metavar="SEED[,SEED...]",
                         help="also run the ground truth with these seeds and report how well their per-n median "
@@ -532,8 +638,13 @@ def settings_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     """The run's settings and report directory from options parsed by a parser built on :func:`argument_parser`."""
     if args.quick and args.holdout:
         parser.error("--quick and --holdout are different presets; give one")
+    if args.probe_round < 0:
+        parser.error(f"--probe-round must be 0 or more, got {args.probe_round}")
     preset = QUICK if args.quick else HOLDOUT if args.holdout else FULL
     ints = lambda text: tuple(int(x) for x in text.split(","))  # noqa: E731
+    plan = PLANS[args.plan]
+    given = lambda value, default: default if value is None else value  # noqa: E731
+    cap = given(args.probe_max_adaptive, plan.max_adaptive_streams)
     settings = Settings(
         scenarios=ints(args.scenarios) if args.scenarios else preset["scenarios"],
         ms=ints(args.ms) if args.ms else preset["ms"],
@@ -541,9 +652,12 @@ def settings_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         seed=args.seed,
         truth_duration_s=args.truth_duration,
         truth_omit_s=args.truth_omit,
-        probe_duration_s=args.probe_duration,
-        probe_max_duration_s=args.probe_max_duration,
-        probe_omit_s=args.probe_omit,
+        probe_duration_s=given(args.probe_duration, plan.duration_s),
+        probe_max_duration_s=given(args.probe_max_duration, plan.max_duration_s),
+        probe_omit_s=given(args.probe_omit, plan.omit_s),
+        probe_max_adaptive_streams=cap or None,
+        reuse_adaptive=args.reuse_adaptive,
+        probe_round=args.probe_round,
         queue=args.queue,
         workers=max(1, min(args.workers, 2)),
         cache_dir=args.cache,
@@ -586,7 +700,8 @@ def main(argv=None) -> int:
               f"[bare rule {row['adv_bare_all']:.2f}, {row['exc_bare_all']:.0%}]  "
               + ("" if np.isnan(row["adv_opened_all"]) else
                  f"[opened with its fractional stream {row['adv_opened_all']:.2f}, {row['exc_opened_all']:.0%}]  ")
-              + f"probes {row['probes']:.1f} ({row['probe_s']:.0f} s)")
+              + f"probes {row['probes']:.1f} ({row['probe_s']:.0f} s, {row['probe_stream_s']:.0f} stream-s, "
+              f"displaced {row['displaced_mbit']:.0f} Mbit = {row['displaced_share']:.0%} of the cross traffic)")
     if floor is not None:
         for label, row in ((f"seed(s) {','.join(map(str, floor['seeds']))} as a model", floor),
                            ("the same with this seed's in the median", floor["in_sample"])):

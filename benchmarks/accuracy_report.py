@@ -183,6 +183,18 @@ def _opened_rows(rows) -> list[str]:
     return lines + [""]
 
 
+def _cost_table(paths, score) -> list[str]:
+    """Per path, what the default model's probes cost (benchmarks.accuracy.ProbeCost)."""
+    lines = ["", f"## Probe cost per path ({score.name})", "",
+             "Seconds of probing, stream-seconds, cross traffic displaced (Mbit and share of what it carries alone), "
+             "and the streams of each probe.", "",
+             "| path | probes (streams) | seconds | stream-s | displaced Mbit | displaced share |", "|---" * 6 + "|"]
+    for p, cost, levels in zip(paths, score.probe_cost, score.probe_levels):
+        lines.append(f"| s{p.scenario} m{p.m} | {', '.join(map(str, levels))} | {cost.seconds:.0f} | {cost.stream_seconds:.0f} | "
+                     f"{cost.displaced_bits / 1e6:.0f} | {cost.displaced_share:.0%} |")
+    return lines
+
+
 def _opened_table(paths, score) -> list[str]:
     """Per path and budget, the default model's advice as opened: streams, FM, true throughput over the best."""
     lines = ["", f"## Advice per path as opened ({score.name}, with its fractional stream)", "",
@@ -235,7 +247,14 @@ def write_report(out: Path, settings, paths, scores, rows, elapsed_s: float, com
         f"{settings.truth_omit_s:g} s warm-up (n = 0 gives the cross traffic alone). Probes: separate runs of "
         f"the real probe plan (probes.plan.run_plan over the ns-2 driver): {settings.probe_duration_s:g} s after "
         f"{settings.probe_omit_s:g} s warm-up, re-run twice as long while the rate has not settled, up to "
-        f"{settings.probe_max_duration_s:g} s; a seed apart from the ground truth.",
+        f"{settings.probe_max_duration_s:g} s; "
+        + ("" if settings.probe_max_adaptive_streams is None
+           else f"the adaptive probe at most {settings.probe_max_adaptive_streams} streams; ")
+        + ("a refresh: the fixed levels probed again at another time (another seed), the adaptive probe re-used "
+           "from the first probing, the cost the fresh probes' alone; " if settings.reuse_adaptive else "")
+        + "a seed apart from the ground truth"
+        + (f" (probe round {settings.probe_round}: the seeds shifted by {settings.probe_round})"
+           if settings.probe_round else "") + ".",
         "",
         "Relative error = (predicted - measured) / measured (Lu eq. 14). Throughput: per path, the mean "
         "|relative error| over n; median and p90 over paths. Cross traffic: predicted = measured cross "
@@ -245,17 +264,24 @@ def write_report(out: Path, settings, paths, scores, rows, elapsed_s: float, com
         "advice as the service gives it, holding the budget to the predicted impact raised by the margin for its "
         f"error ({margin_text(settings.margin)}); the same under Lu's bare rule further down.",
         "",
+        "Probe cost, per path (mean over paths; benchmarks.accuracy.ProbeCost): seconds of probing (warm-up, "
+        "extensions and retries included, the idle RTT left out), stream-seconds (streams x seconds summed over "
+        "the probes' runs), and the cross traffic the probes displaced: the cross traffic alone (n = 0) minus "
+        "the cross traffic while each run measured, x the run's seconds (warm-up counted at the measured rate), "
+        "in Mbit and as a share of what the cross traffic alone would have carried meanwhile (mean; p90 over paths).",
+        "",
         "| model | paths | thr median | thr p90 | cross p50 | cross p90 | "
         + " | ".join(f"adv {b:g} (exc)" for b in BUDGETS)
-        + " | all budgets | probes | probe s | fit failures |",
-        "|---" * (10 + len(BUDGETS)) + "|",
+        + " | all budgets | probes | probe s | stream-s | displaced Mbit | displaced share (p90) | fit failures |",
+        "|---" * (13 + len(BUDGETS)) + "|",
     ]
     for name, r in rows.items():
         adv = " | ".join(f"{r[f'adv_{b}']:.2f} ({r[f'exc_{b}']:.0%})" for b in BUDGETS)
         lines.append(
             f"| {name} | {r['paths']} | {r['thr_median']:.3f} | {r['thr_p90']:.3f} | {r['cross_p50']:.3f} | "
             f"{r['cross_p90']:.3f} | {adv} | {r['adv_all']:.2f} ({r['exc_all']:.0%}) | {r['probes']:.1f} | "
-            f"{r['probe_s']:.0f} | {r['failures']} |"
+            f"{r['probe_s']:.0f} | {r['probe_stream_s']:.0f} | {r['displaced_mbit']:.0f} | "
+            f"{r['displaced_share']:.0%} ({r['displaced_share_p90']:.0%}) | {r['failures']} |"
         )
     lines += [
         "",
@@ -348,6 +374,7 @@ def write_report(out: Path, settings, paths, scores, rows, elapsed_s: float, com
         lines += _advice_table(paths, default)
         if default.opened_outcome_by_path:
             lines += _opened_table(paths, default)
+        lines += _cost_table(paths, default)
     lines += [
         "",
         "![per path](throughput_per_path.png)",

@@ -30,7 +30,8 @@ class ProbePlan:
     nothing (:func:`idle_streams`) measured fewer streams than asked: it is run again, at another
     time, up to ``idle_retries`` times, and the attempt with the fewest idle streams is kept.
     ``adaptive_probes`` more probes may follow, each at a level chosen from the results so far by
-    the ``next_level`` callable given to :func:`run_plan`.
+    the ``next_level`` callable given to :func:`run_plan`, at most ``max_adaptive_streams`` streams
+    (None: as many as the chooser picks).
     """
 
     levels: tuple[int, ...] = (1, 10)
@@ -50,6 +51,7 @@ class ProbePlan:
     deadline_slack_s: float = 20.0
     idle_rtt_deadline_s: float = 20.0
     adaptive_probes: int = 0
+    max_adaptive_streams: int | None = None
     # On ns-2's 10 Mbit/s held-out scenario 7, 8-28 of 31 streams started together carry nothing
     # for a whole 30 s probe (their first segments lost, their retransmission timers backing off),
     # while the long transfers of the ground truth carry on every stream; a later attempt mostly
@@ -73,6 +75,9 @@ class ProbePlan:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        cap = self.max_adaptive_streams
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+            raise ValueError(f"max_adaptive_streams must be an integer >= 1 or None, got {cap!r}")
         for name in ("duration_s", "max_duration_s", "deadline_slack_s", "idle_rtt_deadline_s"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
@@ -153,10 +158,10 @@ def run_plan(
     """Measure ``dest``: idle RTT, then every probe of ``plan`` in turn, never two at once.
 
     With ``plan.adaptive_probes`` > 0 and a ``next_level`` chooser, up to that many further probes
-    follow the schedule, each at the level the chooser picks from the results so far; a level
-    already probed, or None, ends the plan. Progress totals count the schedule; an adaptive
-    probe raises the total when it is chosen. A ProbeError from the driver propagates and
-    nothing measured so far is returned.
+    follow the schedule, each at the level the chooser picks from the results so far, capped at
+    ``plan.max_adaptive_streams``; a level already probed, or None, ends the plan. Progress totals
+    count the schedule; an adaptive probe raises the total when it is chosen. A ProbeError from
+    the driver propagates and nothing measured so far is returned.
     """
     plan = plan or ProbePlan()
     report = progress or (lambda event: None)
@@ -170,10 +175,13 @@ def run_plan(
             probes.append(_probed_level(driver, dest, streams, plan, index, len(schedule), report))
         for _ in range(plan.adaptive_probes if next_level is not None else 0):
             streams = next_level(tuple(probes))
-            if streams is None or streams in {p.streams for p in probes}:
+            if streams is None:
                 break
             if isinstance(streams, bool) or not isinstance(streams, int) or streams < 1:
                 raise ValueError(f"the adaptive level chooser returned {streams!r}, not a stream count >= 1")
+            streams = streams if plan.max_adaptive_streams is None else min(streams, plan.max_adaptive_streams)
+            if streams in {p.streams for p in probes}:
+                break
             total = len(probes) + 1
             probes.append(_probed_level(driver, dest, streams, plan, total, total, report))
     return PlanResult(dest=dest, idle_rtt_s=idle_rtt_s, probes=tuple(probes))
@@ -266,3 +274,9 @@ def judge(result: ProbeResult, plan: ProbePlan) -> ProbeResult:
                      window_throughput_bps=result.throughput_bps)
     settled = verdict.settled and result.duration_s >= cycles_needed_s(judged, plan)
     return replace(judged, settled=settled)
+
+
+# Named plans (`python -m benchmarks.accuracy --plan NAME`): "standard" is the service's default.
+PLANS: dict[str, ProbePlan] = {
+    "standard": ProbePlan(),
+}

@@ -101,7 +101,7 @@ def run(args) -> int:
     try:
         if args.once:
             _enqueue_due(service, read_destinations(args.dest_file))
-            store.recover_jobs(settings.max_probe_attempts)
+            store.recover_jobs(settings.max_probe_attempts, local_src=settings.site)
             while worker.run_once():
                 pass
             return 0

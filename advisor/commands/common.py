@@ -63,9 +63,9 @@ def site_name(text: str) -> str:
 
 
 def add_src_option(parser: argparse.ArgumentParser, what: str) -> None:
-    """--src SITE: the source site of the link (default: the service's own site, TAME_SITE or its host's name)."""
+    """--src SITE: the source site of the link (default: the service's own site, TAME_SITE, else local)."""
     parser.add_argument("--src", type=site_name, metavar="SITE", default=None,
-                        help=f"the site {what} (default: the service's own: TAME_SITE, else its host's name)")
+                        help=f"the site {what} (default: the service's own: TAME_SITE, else local)")
 
 
 def whole_number(low: int, high: int, what: str = "a whole number", why: str = ""):

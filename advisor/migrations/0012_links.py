@@ -4,8 +4,8 @@ The same destination seen from two sites has two bottlenecks, so each row of ``d
 link: it gains ``src`` (the site the probes and transfers ran from), and (src, dest) is unique instead of
 dest. Probe runs, fits, observations and curves keep pointing at their row, so they carry their link.
 Probe jobs gain ``src`` (the site whose agent must run them). Every existing row is a link from the site
-this process speaks for (TAME_SITE, else this host's name: advisor.settings.default_site), the one that
-probed it: nothing is lost. The schedulers' view ``current_advice`` gains ``src``.
+this process speaks for (TAME_SITE, else "local": advisor.settings.default_site), the one that probed it:
+nothing is lost. The schedulers' view ``current_advice`` gains ``src``.
 """
 
 from __future__ import annotations

@@ -30,16 +30,28 @@ def test_bad_site_options_exit_2_and_nothing_runs(tmp_path, argv, says):
     assert not (tmp_path / "never.sqlite3").exists()
 
 
-def test_a_server_that_refuses_the_site_stops_the_agent_with_2(tmp_path, service_factory):
-    """A destination outside the server's allow-list: the registration is refused (403), the agent says so and
-    exits 2 rather than trying again forever; nothing is stored."""
-    base, client, app = service_factory(start_worker=False)
+def test_a_server_that_refuses_the_agent_stops_it_with_2(tmp_path, service_factory):
+    """A wrong token: the registration is refused (401), the agent says so and exits 2 rather than trying again
+    forever; nothing is stored."""
+    base, client, app = service_factory(start_worker=False, token="s3cret")
     dests = tmp_path / "dests"
-    dests.write_text("192.0.2.1:5201\n")
-    env = {**os.environ, "TAME_ALLOWED_DESTINATIONS": "192.0.2.0/24"}
-    env.pop("TAME_TOKEN", None)
+    dests.write_text("127.0.0.1:5201\n")
+    env = {**os.environ, "TAME_TOKEN": "wrong"}
     done = subprocess.run([TAME, "agent", "--site", "dtn1", "--server", base, "--dest-file", str(dests)],
                           env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stderr
-    assert "403" in done.stderr and "allow" in done.stderr
+    assert "401" in done.stderr
+    assert client.get("/v1/links").json()["links"] == []
+
+
+def test_a_destination_the_server_refuses_is_reported_and_the_agent_goes_on(tmp_path, service_factory):
+    base, client, app = service_factory(start_worker=False)
+    dests = tmp_path / "dests"
+    dests.write_text("192.0.2.1:5201\n")
+    env = {**os.environ}
+    env.pop("TAME_TOKEN", None)
+    done = subprocess.run([TAME, "agent", "--site", "dtn1", "--server", base, "--dest-file", str(dests), "--once"],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "192.0.2.1:5201 left out" in done.stderr and "allow" in done.stderr
     assert client.get("/v1/links").json()["links"] == []

@@ -61,7 +61,7 @@ def test_an_agent_registers_claims_and_its_run_closes_the_job(service_factory, t
     registration = {"dests": [DEST, "127.0.0.2"], "max_probes": 1, "max_streams": 32, "probe_seconds_per_hour": 3600}
     site = client.put("/v1/sites/dtn2", json=registration)
     assert site.status_code == 200, site.text
-    assert site.json() == {"site": "dtn2", "links": 2, "queued": 2,
+    assert site.json() == {"site": "dtn2", "links": 2, "queued": 2, "deferred": 0, "refused": [],
                            "budget": {"max_probes": 1, "max_streams": 32, "probe_seconds_per_hour": 3600.0}}
     # Registering again (each round of the agent) queues nothing new: the probes are queued already.
     assert client.put("/v1/sites/dtn2", json=registration).json()["queued"] == 0
@@ -90,13 +90,14 @@ def test_an_agent_registers_claims_and_its_run_closes_the_job(service_factory, t
 @pytest.mark.parametrize("method, path, body, status, says", [
     ("PUT", "/v1/sites/bad%20site", {"dests": [DEST]}, 422, "must name a site"),
     ("PUT", "/v1/sites/" + "a" * 65, {"dests": [DEST]}, 422, "at most 64"),
-    ("PUT", "/v1/sites/dtn2", {"dests": ["evil.test"]}, 403, "allow"),
+    ("PUT", "/v1/sites/dtn2", {"dests": [DEST], "max_streams": 5}, 422, "give at least 10"),
+    ("PUT", "/v1/sites/dtn2", {"dests": [DEST], "probe_seconds_per_hour": 2}, 422, "give at least"),
+    ("POST", "/v1/probes", {"dest": DEST, "src": "never-registered"}, 422, "not registered"),
     ("PUT", "/v1/sites/dtn2", {"dests": [DEST], "max_probes": 0}, 422, "max_probes"),
     ("PUT", "/v1/sites/dtn2", {"dests": [DEST], "max_streams": 100000}, 422, "max_streams"),
     ("PUT", "/v1/sites/dtn2", {"dests": [DEST], "probe_seconds_per_hour": "lots"}, 422, "probe_seconds_per_hour"),
     ("PUT", "/v1/sites/dtn2", {"dests": [DEST] * 2001}, 422, "dests"),
     ("PUT", "/v1/sites/dtn2", {"dests": [DEST], "admin": True}, 422, "admin"),
-    ("PUT", "/v1/sites/dtn2", {"dests": ["127.0.0.1:99999"]}, 422, "port"),
     ("PUT", "/v1/sites/dtn2", {"dests": [DEST], "congestion_control": "tame"}, 422, "fractional"),
     ("POST", "/v1/sites/nowhere/claims", {"owner": "a"}, 422, "not registered"),
     ("POST", "/v1/sites/dtn2/claims", {"owner": ""}, 422, "owner"),
@@ -151,3 +152,50 @@ def test_a_recent_transfer_keeps_its_link_fresh_so_no_probe_is_queued(service_fa
     assert client.put("/v1/sites/dtn2", json={"dests": [DEST]}).json()["queued"] == 0
     clock.advance(0.8 * 600 + 1)  # due again before it goes stale
     assert client.put("/v1/sites/dtn2", json={"dests": [DEST]}).json()["queued"] == 1
+
+
+def test_a_refused_destination_is_left_out_and_the_rest_registered(service_factory):
+    base, client, app = service_factory(start_worker=False)
+    answer = client.put("/v1/sites/dtn2", json={"dests": ["evil.test", DEST, "nowhere.test", "127.0.0.1:99999"]}).json()
+    assert answer["links"] == 1 and answer["queued"] == 1
+    assert [r["dest"] for r in answer["refused"]] == ["evil.test", "nowhere.test", "127.0.0.1:99999"]
+    assert ["allow" in answer["refused"][0]["error"], "resolve" in answer["refused"][1]["error"],
+            "port 99999" in answer["refused"][2]["error"]] == [True, True, True]
+    claims = [client.post("/v1/sites/dtn2/claims", json={"owner": "a"}).json()["job"] for _ in range(2)]
+    assert claims[0]["dest"] == DEST and claims[1] is None
+
+
+def test_a_full_probe_queue_defers_the_rest_of_a_registration(service_factory):
+    base, client, app = service_factory(start_worker=False, max_queued_probes=3)
+    dests = [f"127.0.0.{i}:5201" for i in range(1, 6)]
+    first = client.put("/v1/sites/dtn2", json={"dests": dests}).json()
+    assert (first["links"], first["queued"], first["deferred"]) == (5, 3, 2)
+    job = client.post("/v1/sites/dtn2/claims", json={"owner": "a"}).json()["job"]
+    client.post("/v1/probe-runs", json={"src": "dtn2", "dest": job["dest"], "probes": PROBES, "job_id": job["id"],
+                                        "owner": "a"})
+    again = client.put("/v1/sites/dtn2", json={"dests": dests}).json()
+    assert (again["queued"], again["deferred"]) == (1, 1)
+
+
+def test_a_claimed_run_under_another_control_fails_its_job_and_is_kept_as_that_control_s(service_factory):
+    base, client, app = service_factory(start_worker=False, congestion_control="cubic")
+    client.put("/v1/sites/dtn2", json={"dests": [DEST], "congestion_control": "cubic"})
+    job = client.post("/v1/sites/dtn2/claims", json={"owner": "a"}).json()["job"]
+    assert job["congestion_control"] == "cubic"
+    ran = client.post("/v1/probe-runs", json={"src": "dtn2", "dest": DEST, "probes": PROBES, "job_id": job["id"],
+                                              "owner": "a", "congestion_control": "reno"}).json()
+    assert "asked to run under cubic but used reno" in ran["error"]
+    status = client.get(f"/v1/probes/{job['id']}").json()
+    assert status["status"] == "failed" and "reno" in status["error"]
+    assert client.get("/v1/advice", params={"src": "dtn2", "dest": DEST, "max_impact": 0.1, "cc": "reno"}).status_code == 200
+
+
+def test_a_destination_probed_from_one_site_waits_for_the_other_site(service_factory):
+    base, client, app = service_factory(start_worker=False)
+    for site in ("dtn2", "dtn3"):
+        client.put(f"/v1/sites/{site}", json={"dests": [DEST]})
+    first = client.post("/v1/sites/dtn2/claims", json={"owner": "a"}).json()["job"]
+    assert first["dest"] == DEST
+    assert client.post("/v1/sites/dtn3/claims", json={"owner": "b"}).json()["job"] is None
+    client.post("/v1/probe-runs", json={"src": "dtn2", "dest": DEST, "probes": PROBES, "job_id": first["id"], "owner": "a"})
+    assert client.post("/v1/sites/dtn3/claims", json={"owner": "b"}).json()["job"]["dest"] == DEST

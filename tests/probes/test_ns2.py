@@ -500,6 +500,70 @@ def test_margin_argument_is_parsed_or_explained():
     assert settings.fractional_margin == ImpactMargin(0.3, 0.04)
 
 
+def test_probe_cost_sums_seconds_stream_seconds_and_the_cross_traffic_displaced():
+    runs = [accuracy.ProbeRun(1, 30.0, 5.0, 90e6), accuracy.ProbeRun(10, 30.0, 5.0, 60e6),
+            accuracy.ProbeRun(10, 60.0, 5.0, 70e6)]
+    cost = accuracy.ProbeCost.of(runs, cross0_bps=100e6)
+    # 35 + 35 + 65 = 135 s; 1 x 35 + 10 x 35 + 10 x 65 = 1035 stream-s;
+    # displaced 10e6 x 35 + 40e6 x 35 + 30e6 x 65 = 3.7e9 bits, of 100e6 x 135 = 13.5e9 bits alone.
+    assert_allclose([cost.seconds, cost.stream_seconds, cost.displaced_bits], [135.0, 1035.0, 3.7e9])
+    assert_allclose(cost.displaced_share, 3.7 / 13.5)
+
+
+def test_probe_plan_options_take_the_named_plan_unless_told_otherwise():
+    from probes.plan import PLANS
+
+    settings, _ = accuracy.parse_args(["--quick"])
+    standard = PLANS["standard"]
+    assert (settings.probe_duration_s, settings.probe_max_duration_s, settings.probe_omit_s,
+            settings.probe_max_adaptive_streams) == (standard.duration_s, standard.max_duration_s, standard.omit_s,
+                                                     standard.max_adaptive_streams)
+    settings, _ = accuracy.parse_args(["--quick", "--probe-duration", "15", "--probe-max-duration", "30",
+                                       "--probe-max-adaptive", "16"])
+    assert (settings.probe_duration_s, settings.probe_max_duration_s, settings.probe_max_adaptive_streams) == (15, 30, 16)
+    assert settings.probe_plan((1, 10)).max_adaptive_streams == 16
+    # The cap bounds the adaptive level the scoring picks too; 0 lifts it.
+    assert settings.adaptive_n_max(31) == 16 and settings.adaptive_n_max(8) == 8
+    assert accuracy.parse_args(["--quick", "--probe-max-adaptive", "0"])[0].adaptive_n_max(31) == 31
+    # Another probe round probes at another time: the probes' seed moves, the ground truth's stays.
+    later, _ = accuracy.parse_args(["--quick", "--probe-round", "2"])
+    assert later.probe_driver(2, 5).seed == settings.probe_driver(2, 5).seed + 2
+    assert later.truth_config(2, 5, 3) == settings.truth_config(2, 5, 3)
+
+
+@pytest.mark.ns2
+def test_the_benchmark_counts_every_run_of_the_plan_and_what_it_displaced(tmp_path):
+    settings = _short_real_path_settings(accuracy, tmp_path, ns=(1, 2, 3, 4), models=("auto",),
+                                         fractional_models=())
+    paths, scores = accuracy.evaluate(settings)
+    (path,) = paths
+    # auto probes 1 and 10 streams, then its adaptive level: 4 x 10 capped at the sweep's n_max 4
+    # is below 10, so no third probe; each probe is one 1 + 5 s run unless an idle-stream retry adds one.
+    (cost,) = scores["auto"].probe_cost
+    runs = [r for n in (1, 10) for r in path.probe_runs[n]]
+    assert all(r.seconds == 6.0 for r in runs)
+    assert cost.seconds == 6.0 * len(runs)
+    assert cost.stream_seconds == sum(r.streams * 6.0 for r in runs)
+    assert_allclose(cost.displaced_bits, sum((path.cross0_bps - r.cross_bps) * 6.0 for r in runs))
+    # Ten streams against five cross flows on 100 Mbit/s take a large share from them.
+    assert 0.2 < cost.displaced_share < 1.0
+
+
+@pytest.mark.ns2
+def test_a_refresh_probes_the_fixed_levels_again_and_re_uses_the_adaptive_probe(tmp_path):
+    first_settings = _short_real_path_settings(accuracy, tmp_path, ns=(1, 12), models=("auto",), fractional_models=())
+    (first,), _ = accuracy.evaluate(first_settings)
+    (path,), scores = accuracy.evaluate(replace(first_settings, reuse_adaptive=True))
+    # n_max 12 < 4 x 10: the adaptive probe is at 12 streams, kept from the first probing; 1 and 10 are
+    # probed again with the next round's seed, so they differ, and the cost counts their runs alone.
+    assert sorted(path.probes) == [1, 10, 12]
+    assert path.probes[12] == first.probes[12]
+    assert path.probes[10] != first.probes[10]
+    assert path.probe_runs[12] == []
+    (cost,) = scores["auto"].probe_cost
+    assert cost.seconds == sum(r.seconds for n in (1, 10) for r in path.probe_runs[n])
+
+
 def test_fractional_models_argument_is_parsed_or_explained(capsys):
     assert accuracy.parse_args(["--quick"])[0].fractional_models == ("auto",)
     assert accuracy.parse_args(["--quick", "--fractional-models", "none"])[0].fractional_models == ()

@@ -167,6 +167,20 @@ def test_adaptive_step_ends_when_the_chooser_has_nothing_new(choice):
     assert [p.streams for p in result.probes] == [1, 10]
 
 
+@pytest.mark.parametrize("cap, probed", [(None, [1, 10, 31]), (16, [1, 10, 16]), (10, [1, 10])])
+def test_adaptive_probe_is_capped_at_the_plans_max_adaptive_streams(cap, probed):
+    # A cap at a level already probed ends the plan, as the chooser naming that level would.
+    plan = ProbePlan(levels=(1, 10), adaptive_probes=1, max_adaptive_streams=cap)
+    result = run_plan(FakeDriver(rate), DEST, plan, next_level=lambda r: 31)
+    assert [p.streams for p in result.probes] == probed
+
+
+@pytest.mark.parametrize("cap", [0, -3, 2.5, True])
+def test_max_adaptive_streams_must_be_a_positive_count(cap):
+    with pytest.raises(ValueError, match="max_adaptive_streams"):
+        ProbePlan(max_adaptive_streams=cap)
+
+
 def test_adaptive_probes_need_a_chooser_and_a_bad_level_is_refused():
     assert [p.streams for p in run_plan(FakeDriver(rate), DEST, ProbePlan(adaptive_probes=1)).probes] == [1, 10]
     with pytest.raises(ValueError, match="stream count"):
