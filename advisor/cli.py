@@ -9,7 +9,7 @@ import sys
 
 # Each name is a module advisor.commands.<name> with register(subparsers) that adds its parser
 # and sets `handler` (args -> exit code) as a default.
-COMMANDS = ("fit", "curve", "probe", "advise", "serve", "agent", "paths", "testbed", "cc", "transfer")
+COMMANDS = ("fit", "curve", "probe", "advise", "serve", "agent", "paths", "testbed", "cc", "transfer", "schedule")
 
 
 class UsageError(Exception):

@@ -29,6 +29,10 @@ class TransferFailed(ProbeError):
     """An iperf3 client of a transfer failed, or ran under another congestion control than it asked for."""
 
 
+class TransferCancelled(ProbeError):
+    """A transfer's caller cancelled it (e.g. a scheduler interrupted); its clients were stopped."""
+
+
 class SimulatorError(ProbeError):
     """The network simulator failed or produced output that cannot be read."""
 

@@ -306,15 +306,7 @@ def _build(spec: TestbedSpec, state: _State, binary: Path | None, state_dir: Pat
     allowed = Path("/proc/sys/net/ipv4/tcp_allowed_congestion_control").read_text().split()
     for role in _ROLES:
         ns = ns_name(spec.name, role)
-        run(["ip", "netns", "add", ns])
-        inode = netns_inode(ns)
-        if inode is None:
-            raise TestbedCommandFailed(f"namespace {ns} vanished right after it was created")
-        state.add_netns(ns, inode)
-        # The loopback carries the mark: it lives as long as the namespace, unlike veths, which vanish with their peer.
-        run(["ip", "-n", ns, "link", "set", "lo", "alias", state.data["token"]])
-        state.mark(ns, "lo")
-        run(["ip", "-n", ns, "link", "set", "lo", "up"])
+        _add_namespace(state, ns)
         # A namespace's default algorithm may only be one the host allows (tcp_allowed_congestion_control);
         # otherwise the kernel says EPERM and senders must ask per socket (iperf3 -C), as the cross traffic does.
         if spec.congestion_control in allowed:
@@ -364,6 +356,19 @@ def _build(spec: TestbedSpec, state: _State, binary: Path | None, state_dir: Pat
                 "-t", "86400", "-i", "0", "-C", spec.congestion_control])
         time.sleep(0.3)
         _check_alive(state)
+
+
+def _add_namespace(state: _State, ns: str) -> None:
+    """Create namespace ``ns``, record it and mark it (what down() checks before it deletes anything)."""
+    run(["ip", "netns", "add", ns])
+    inode = netns_inode(ns)
+    if inode is None:
+        raise TestbedCommandFailed(f"namespace {ns} vanished right after it was created")
+    state.add_netns(ns, inode)
+    # The loopback carries the mark: it lives as long as the namespace, unlike veths, which vanish with their peer.
+    run(["ip", "-n", ns, "link", "set", "lo", "alias", state.data["token"]])
+    state.mark(ns, "lo")
+    run(["ip", "-n", ns, "link", "set", "lo", "up"])
 
 
 def _spawn(state: _State, state_dir: Path, label: str, ns: str, argv: list[str], ready_line: str | None = None) -> None:

@@ -12,11 +12,12 @@ from __future__ import annotations
 import math
 import subprocess
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from typing import Sequence
 
-from probes.errors import ProbeDeadlineExceeded, TransferFailed
+from probes.errors import ProbeDeadlineExceeded, TransferCancelled, TransferFailed
 from probes.iperf_parse import parse_iperf_json
 from probes.lifetime import signal_on_parent_death
 from probes.result import ProbeResult
@@ -86,17 +87,21 @@ def client_argv(address: str, spec: ClientSpec, duration_s: float | None) -> lis
 
 
 def run_transfer(address: str, specs: Sequence[ClientSpec], duration_s: float | None,
-                 deadline_s: float) -> TransferResult:
+                 deadline_s: float, prefix: Sequence[str] = (),
+                 cancel: threading.Event | None = None) -> TransferResult:
     """Run the clients at once to ``address`` and return what they measured; nothing outlives the call.
 
     ``duration_s`` is the length of the clients without ``bytes``; ``deadline_s`` the wall-clock budget of
-    the whole transfer from the call. Raises ProbeDeadlineExceeded past it, TransferFailed (or the
-    ProbeError iperf3's error names, e.g. NothingListening) when a client fails."""
+    the whole transfer from the call. ``prefix`` runs each client through a command that must exec it in
+    the same process (e.g. ``ip netns exec NS``: the client runs on that namespace's host). Setting
+    ``cancel`` stops the clients (TransferCancelled), for a caller in another thread. Raises
+    ProbeDeadlineExceeded past the deadline, TransferFailed (or the ProbeError iperf3's error names, e.g.
+    NothingListening) when a client fails."""
     if not specs:
         raise ValueError("a transfer needs at least one client")
     if not (math.isfinite(deadline_s) and deadline_s > 0):
         raise ValueError(f"deadline_s must be > 0, got {deadline_s!r}")
-    argvs = [client_argv(address, spec, duration_s) for spec in specs]
+    argvs = [[*prefix, *client_argv(address, spec, duration_s)] for spec in specs]
     outputs = [tempfile.TemporaryFile() for _ in specs]
     procs: list[subprocess.Popen] = []
     try:
@@ -105,8 +110,9 @@ def run_transfer(address: str, specs: Sequence[ClientSpec], duration_s: float | 
                 procs.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                               start_new_session=True, preexec_fn=signal_on_parent_death))
             except OSError as exc:
-                raise TransferFailed(f"cannot start iperf3 ({exc.strerror}); run 'make deps'") from exc
-        failed = _wait_all(procs, specs, address, deadline_s)
+                raise TransferFailed(f"cannot start {argv[0]} ({exc.strerror})"
+                                     + ("; run 'make deps'" if argv[0] == "iperf3" else "")) from exc
+        failed = _wait_all(procs, specs, address, deadline_s, cancel)
         texts = []
         for out in outputs:
             out.seek(0)
@@ -136,7 +142,7 @@ def run_transfer(address: str, specs: Sequence[ClientSpec], duration_s: float | 
 
 
 def _wait_all(procs: list[subprocess.Popen], specs: Sequence[ClientSpec], address: str,
-              deadline_s: float) -> int | None:
+              deadline_s: float, cancel: threading.Event | None) -> int | None:
     """Until every client has exited (None) or one failed (its index; the caller kills the rest); raises
     ProbeDeadlineExceeded when the deadline passes first."""
     deadline = time.monotonic() + deadline_s
@@ -147,6 +153,8 @@ def _wait_all(procs: list[subprocess.Popen], specs: Sequence[ClientSpec], addres
             return failed[0]
         if all(code is not None for code in codes):
             return None
+        if cancel is not None and cancel.is_set():
+            raise TransferCancelled(f"the transfer to {address} was cancelled and stopped")
         if time.monotonic() > deadline:
             running = [str(s.port) for s, code in zip(specs, codes) if code is None]
             raise ProbeDeadlineExceeded(f"the transfer to {address} did not finish within {deadline_s:g} s "

@@ -10,7 +10,9 @@ import sys
 from dataclasses import asdict
 
 from advisor.cli import UsageError
-from probes import testbed
+from probes import sharedbed, testbed
+
+SHARED_SERVER_PORT = 5201
 
 _RATE = re.compile(r"^\s*([0-9.eE+-]+)\s*([kKMG]?)(?:bit|bps|bit/s|b/s)?\s*$")
 _TIME = re.compile(r"^\s*([0-9.eE+-]+)\s*(s|ms|us)?\s*$")
@@ -86,8 +88,12 @@ def register(subparsers) -> None:
     up.add_argument("--cc", default="cubic", help="TCP congestion control for the bed (default cubic)")
     up.add_argument("--name", default="tb0", help="test bed id: 1-12 lowercase letters/digits (default tb0)")
     up.add_argument("--json", action="store_true", help="print the handle as JSON")
+    up.add_argument("--shared", action="store_true",
+                    help="two sources and two destinations (each with iperf3 -s on 5201) behind one bottleneck, "
+                    "for tame schedule (--rate, --rtt, --queue and --name apply)")
     down = actions.add_parser("down", help="remove a test bed this tool built")
     down.add_argument("--name", default="tb0", help="test bed id (default tb0)")
+    down.add_argument("--shared", action="store_true", help="a bed built with up --shared")
     status = actions.add_parser("status", help="list test beds and whether their parts are alive")
     status.add_argument("--json", action="store_true")
     parser.set_defaults(handler=run)
@@ -112,9 +118,9 @@ def spec_from_args(args: argparse.Namespace) -> testbed.TestbedSpec:
 def run(args: argparse.Namespace) -> int:
     try:
         if args.action == "up":
-            return _up(args)
+            return _up_shared(args) if args.shared else _up(args)
         if args.action == "down":
-            testbed.down(args.name)
+            (sharedbed.down if args.shared else testbed.down)(args.name)
             print(f"test bed {args.name} removed")
             return 0
         return _status(args)
@@ -144,6 +150,33 @@ def _up(args: argparse.Namespace) -> int:
         print(f"  note: sockets that do not choose get {tb.default_congestion_control} here (this host only allows "
               f"some algorithms as namespace defaults); pass -C {spec.congestion_control} to iperf3")
     print(f"  remove with: tame testbed down --name {tb.name}")
+    return 0
+
+
+def _up_shared(args: argparse.Namespace) -> int:
+    if parse_loss(args.loss) or args.cross_flows != "0" or args.cc != "cubic":
+        raise UsageError("--shared takes --rate, --rtt, --queue and --name only (no loss, cross flows or --cc)")
+    tb = spec_from_args(args)
+    spec = sharedbed.SharedSpec(rate_bps=tb.rate_bps, queue_bytes=tb.queue_bytes, rtt_s=tb.rtt_s, name=tb.name)
+    bed = sharedbed.up(spec)
+    try:
+        for dest in sharedbed.DESTINATIONS:
+            sharedbed.start_server(bed, dest, SHARED_SERVER_PORT)
+    except BaseException:
+        sharedbed.down(spec.name)
+        raise
+    if args.json:
+        print(json.dumps({"name": bed.name, "spec": asdict(spec), "sources": bed.source_ns, "destinations": {
+            d: {"ns": bed.dest_ns[d], "addr": f"{bed.dest_addr[d]}:{SHARED_SERVER_PORT}"} for d in bed.dest_ns}},
+            indent=2))
+        return 0
+    print(f"shared test bed {bed.name} up: {spec.rate_bps / 1e6:g} Mbit/s, RTT {spec.rtt_s * 1e3:g} ms, "
+          f"queue {spec.queue_bytes} bytes, shared by every source -> destination link")
+    for src, ns in bed.source_ns.items():
+        print(f"  source      {ns:<16} {bed.source_addr[src]}   (tame schedule --netns SITE={ns})")
+    for dest, ns in bed.dest_ns.items():
+        print(f"  destination {ns:<16} {bed.dest_addr[dest]}:{SHARED_SERVER_PORT} (iperf3 -s running)")
+    print(f"  remove with: tame testbed down --shared --name {bed.name}")
     return 0
 
 

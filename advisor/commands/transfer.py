@@ -140,8 +140,7 @@ def plan_opening(advice: Advice, dest: Destination, rtt_s: float | None, standar
     if standard > MAX_PROBE_STREAMS:
         raise UsageError(f"the advice opens {standard} standard streams; iperf3 opens at most {MAX_PROBE_STREAMS}")
     if fm is None:
-        return Opened("standard", standard, 0, None, float(standard),
-                      (ClientSpec(dest.port, standard, standard_control, total_bytes),))
+        return standard_opening(dest.port, standard, standard_control, total_bytes)
     if fractional_port == dest.port:
         raise UsageError(f"--fractional-port {fractional_port} is DEST's own port: the tame stream needs a second "
                          "iperf3 server (iperf3 -s -p PORT) on DEST")
@@ -155,11 +154,26 @@ def plan_opening(advice: Advice, dest: Destination, rtt_s: float | None, standar
     return Opened("fractional", standard, 1, fm, n_star, clients)
 
 
+def standard_opening(port: int, streams: int, control: str, total_bytes: int | None) -> Opened:
+    """``streams`` standard streams of ``control`` to ``port`` (one iperf3 client), no tame stream."""
+    return Opened("standard", streams, 0, None, float(streams), (ClientSpec(port, streams, control, total_bytes),))
+
+
+def observation_of(opened: Opened, result: TransferResult, standard_control: str) -> Observation:
+    """What a transfer that opened ``opened`` reports: its totals and each stream's detail."""
+    return Observation.checked(
+        result.streams, result.throughput_bps, congestion_control=standard_control, stream_bps=result.stream_bps,
+        stream_retransmits=result.stream_retransmits, stream_congestion_controls=result.stream_congestion_controls,
+        fractional_multiplier=opened.fractional_multiplier, tcp_equivalent_streams=opened.tcp_equivalent_streams,
+        duration_s=result.duration_s)
+
+
 def run(args) -> int:
     dest = _destination(args.dest)
     address = cc.canonical_address(dest.host)
     server = os.environ.get("TAME_URL")
-    with _Reporter(server, dest, args.src) as reporter:
+    with Reporter(server) as service:
+        reporter = service.link(args.src, dest)
         payload = reporter.advice(args.max_impact)
         advice = Advice(**{k: v for k, v in payload.items() if k in Advice.__dataclass_fields__})
         rtt_s = (payload.get("open") or {}).get("rtt_s")
@@ -173,13 +187,9 @@ def run(args) -> int:
         except (ProbeError, CcError) as exc:
             print(f"tame transfer: {exc}", file=sys.stderr)
             return EXIT_TRANSFER_FAILED
-        observation = Observation.checked(
-            result.streams, result.throughput_bps, congestion_control=standard_control, stream_bps=result.stream_bps,
-            stream_retransmits=result.stream_retransmits, stream_congestion_controls=result.stream_congestion_controls,
-            fractional_multiplier=opened.fractional_multiplier, tcp_equivalent_streams=opened.tcp_equivalent_streams,
-            duration_s=result.duration_s)
-        stored, error = reporter.observe(observation)
-    out = {"src": payload.get("src"), "dest": dest.key, "advice": payload, "opened": opened.to_json(), "throughput_bps": result.throughput_bps,
+        stored, error = reporter.observe(observation_of(opened, result, standard_control))
+    out = {"src": payload.get("src"), "dest": dest.key, "advice": payload, "opened": opened.to_json(),
+           "throughput_bps": result.throughput_bps,
            "duration_s": result.duration_s, "observation_id": stored["id"] if stored else None}
     if args.json:
         print_json(out)
@@ -239,16 +249,16 @@ def _terminate(signum, frame):
     raise KeyboardInterrupt
 
 
-class _Reporter:
-    """Where the advice comes from and the observation goes: the local store, or the server at ``url``."""
+class Reporter:
+    """Where advice comes from and observations go: the local store, or the server at ``url`` (TAME_TOKEN, or
+    TAME_READ_TOKEN for reads only). ``link(src, dest)`` is one link's view of it."""
 
-    def __init__(self, url: str | None, dest: Destination, src: str | None):
+    def __init__(self, url: str | None, database_url: str | None = None):
         self.url = url
-        self.dest = dest
-        self.src = src  # the link's source site; None: the service's own
+        self.database_url = database_url
         self._store = self._service = self._client = None
 
-    def __enter__(self) -> "_Reporter":
+    def __enter__(self) -> "Reporter":
         if self.url:
             from api.client import TameClient  # the CLI is where the layers are wired together
 
@@ -259,6 +269,8 @@ class _Reporter:
             from advisor.service import AdviceService
 
             settings = load_settings()
+            if self.database_url:
+                settings = dataclasses.replace(settings, database_url=self.database_url)
             self._store = open_store(settings)
             self._service = AdviceService(self._store, settings)
         return self
@@ -269,37 +281,61 @@ class _Reporter:
         if self._store is not None:
             self._store.close()
 
-    def advice(self, max_impact: float) -> dict[str, Any]:
-        if self._client is not None:
+    def link(self, src: str | None, dest: Destination) -> "LinkReporter":
+        return LinkReporter(self, src, dest)
+
+
+@dataclass(frozen=True)
+class LinkReporter:
+    """The advice and observations of one link: ``src`` (a site; None: the service's own) to ``dest``."""
+
+    reporter: Reporter
+    src: str | None
+    dest: Destination
+
+    @property
+    def name(self) -> str:
+        return f"{self.src} -> {self.dest.key}" if self.src else self.dest.key
+
+    def advice(self, max_impact: float, cc_name: str | None = None) -> dict[str, Any]:
+        """The service's advice (UsageError when it has none or refuses)."""
+        rep = self.reporter
+        if rep._client is not None:
             from api.client import TameError
 
             try:
-                return self._client.advice(self.dest.key, max_impact, src=self.src)
+                payload = rep._client.advice(self.dest.key, max_impact, cc=cc_name, src=self.src)
             except TameError as exc:
-                raise UsageError(f"{self.url}: {exc}" + (
+                raise UsageError(f"{rep.url}: {self.name}: {exc}" + (
                     f"; probe it first (tame advise {self.dest.key} --max-impact {max_impact:g})"
                     if exc.status == 404 else "")) from exc
+            # A service without source sites ignores ?src= and answers for its own: not this link's advice.
+            if self.src is not None and payload.get("src") != self.src:
+                raise UsageError(f"{rep.url}: {self.name}: the service answered for source "
+                                 f"{payload.get('src')!r}, not {self.src!r}: it keeps no advice per source site")
+            return payload
         try:
-            payload = self._service.advice(self.dest.key, max_impact, src=self.src)
+            payload = rep._service.advice(self.dest.key, max_impact, cc_name, src=self.src)
             # Refused now, not after the transfer ran: the observation becomes advice, as for the service's probes.
-            self._service.check_allowed(self.dest)
+            rep._service.check_allowed(self.dest)
         except AdvisorError as exc:
-            raise UsageError(str(exc)) from exc
+            raise UsageError(f"{self.name}: {exc}") from exc
         return payload
 
     def observe(self, observation: Observation) -> tuple[dict[str, Any] | None, str | None]:
         """(the service's answer, None), or (None, why it was not stored)."""
         detail = observation.to_json()
         streams, throughput_bps = detail.pop("streams"), detail.pop("throughput_bps")
-        if self._client is not None:
+        rep = self.reporter
+        if rep._client is not None:
             from api.client import TameError
 
             try:
-                return self._client.observe(self.dest.key, streams, throughput_bps, src=self.src, **detail), None
+                return rep._client.observe(self.dest.key, streams, throughput_bps, src=self.src, **detail), None
             except TameError as exc:
-                return None, f"{self.url}: {exc}"
+                return None, f"{rep.url}: {exc}"
         try:
-            return self._service.observe(self.dest.key, streams, throughput_bps, src=self.src, **detail), None
+            return rep._service.observe(self.dest.key, streams, throughput_bps, src=self.src, **detail), None
         except AdvisorError as exc:
             return None, str(exc)
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 
 import pytest
 from numpy.testing import assert_allclose
@@ -65,3 +67,30 @@ def test_cli_up_status_down(capsys):
         assert main(["testbed", "down", "--name", name]) == 0
     assert main(["testbed", "down", "--name", name]) == 1
     assert "no test bed" in capsys.readouterr().err
+
+
+def test_the_shared_bed_takes_no_loss_cross_traffic_or_control(capsys):
+    for extra in (["--loss", "0.01"], ["--cross-flows", "2"], ["--cc", "reno"]):
+        assert main(["testbed", "up", "--shared", "--name", "nope", *extra]) == 2
+        assert "--shared takes --rate, --rtt, --queue and --name only" in capsys.readouterr().err
+
+
+@pytest.mark.netns
+def test_cli_up_down_shared(capsys):
+    name = f"s{os.getpid()}"[:12]
+    assert main(["testbed", "up", "--shared", "--rate", "20M", "--rtt", "0", "--name", name, "--json"]) == 0
+    try:
+        bed = json.loads(capsys.readouterr().out)
+        assert set(bed["sources"]) == {"s1", "s2"} and set(bed["destinations"]) == {"d1", "d2"}
+        for dest in bed["destinations"].values():
+            host, port = dest["addr"].split(":")
+            # Each destination's iperf3 answers from either source, through the one bottleneck.
+            for src_ns in bed["sources"].values():
+                done = subprocess.run(["ip", "netns", "exec", src_ns, "iperf3", "-c", host, "-p", port, "-t", "1",
+                                       "-J"], capture_output=True, text=True, timeout=30)
+                assert done.returncode == 0, done.stdout[-500:]
+                assert 0 < json.loads(done.stdout)["end"]["sum_received"]["bits_per_second"] < 21e6
+    finally:
+        assert main(["testbed", "down", "--shared", "--name", name]) == 0
+    assert not [ns for ns in os.listdir("/run/netns") if ns.startswith(f"tps-{name}-")]
+    assert main(["testbed", "down", "--shared", "--name", name]) == 1

@@ -73,7 +73,8 @@ def seeded(tmp_path, testbed_path):
 
 def _env(url: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TAME_")}
-    return {**env, "TAME_DATABASE_URL": url, "TAME_ALLOWED_DESTINATIONS": "10.201.0.0/16"}
+    # TAME_SITE kept: the transfer's link is the seeded one, from the site the tests run as.
+    return {**env, "TAME_DATABASE_URL": url, "TAME_ALLOWED_DESTINATIONS": "10.201.0.0/16", "TAME_SITE": SITE}
 
 
 def _transfer(tb_path, url: str, *args: str) -> tuple[dict, list[float]]:
@@ -117,7 +118,8 @@ def test_a_real_transfer_opens_the_advice_in_both_forms_and_stores_what_it_got(t
     with pathcheck.iperf3_server(testbed_path.testbed, FRACTIONAL_PORT):
         # Fractional form: 2 standard streams (the sender's own control) + 1 tame stream on the second port.
         got, seen = _transfer(testbed_path, settings.database_url, "--max-impact", str(FRACTIONAL_BUDGET))
-        assert set(got) == {"dest", "advice", "opened", "throughput_bps", "duration_s", "observation_id"}
+        assert set(got) == {"src", "dest", "advice", "opened", "throughput_bps", "duration_s", "observation_id"}
+        assert got["src"] == SITE
         assert set(got["opened"]) == {"standard_streams", "fractional_multiplier", "congestion_control", "streams"}
         n_star = got["advice"]["tcp_equivalent_streams"]
         assert n_star == pytest.approx(2.3747, abs=1e-3)

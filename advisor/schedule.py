@@ -1,0 +1,319 @@
+"""A reference scheduler's core: a queue of transfers over several links, read and checked; the schedulers'
+SQL read of the advice; and running the transfers concurrently.
+
+A link is (source site, destination): ``src`` names the site a transfer leaves from (None: the advice
+service's own site), ``dest`` is HOST:PORT. Each source has a command prefix that runs a program on it
+(``ip netns exec NS`` on the test bed, ``[]`` for this host); the transfer's iperf3 clients run through it.
+The command that wires these to the service and to iperf3 is `tame schedule` (advisor/commands/schedule.py).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence, TypeVar
+
+from advisor.db import Database
+from advisor.destinations import Destination, parse_destination
+from advisor.errors import InvalidRequest, StoreError, UnknownDestination
+from advisor.limits import check_congestion_control, check_site
+
+# A queue is the operator's file: bounded so that a wrong file fails fast rather than filling memory.
+MAX_QUEUE_BYTES = 1 << 20
+MAX_TRANSFERS = 1000
+MAX_SOURCES = 100
+MAX_PREFIX_ARGS = 32
+MAX_ARG_CHARS = 4096
+MAX_DURATION_S = 86400.0  # iperf3 runs a test for at most a day
+MAX_BYTES = 2**50
+_TRANSFER_KEYS = {"src", "dest", "max_impact", "duration_s", "bytes", "cc"}
+
+
+class QueueError(InvalidRequest):
+    """A queue file is malformed: the message names the line or entry and the field."""
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """One queued transfer: from site ``src`` (None: the service's own) to ``dest``, within ``max_impact``
+    (fraction above 0, at most 1), for ``duration_s`` seconds or ``bytes`` bytes, its standard streams under
+    ``cc`` (None: the service's default control)."""
+
+    index: int
+    src: str | None
+    dest: Destination
+    max_impact: float
+    duration_s: float | None = None
+    bytes: int | None = None
+    cc: str | None = None
+
+    @property
+    def link(self) -> tuple[str | None, str]:
+        return (self.src, self.dest.key)
+
+    @property
+    def link_name(self) -> str:
+        return f"{self.src} -> {self.dest.key}" if self.src else self.dest.key
+
+
+@dataclass(frozen=True)
+class Queue:
+    """The transfers in file order, and each source site's command prefix (``()``: this host)."""
+
+    transfers: tuple[Transfer, ...]
+    sources: Mapping[str, tuple[str, ...]]
+
+    def prefix(self, transfer: Transfer) -> tuple[str, ...]:
+        return () if transfer.src is None else self.sources[transfer.src]
+
+
+def parse_queue(text: str, sources: Mapping[str, Sequence[str]] | None = None) -> Queue:
+    """A queue from a file's text: JSON (``{"sources": {SITE: [ARGV...]}, "transfers": [...]}`` or a list of
+    transfers) or lines of ``key=value`` fields (``src=SITE dest=HOST:PORT max_impact=0.1 duration_s=30``;
+    ``#`` starts a comment). ``sources`` add to (and override) the file's. QueueError says what to fix."""
+    if len(text.encode("utf-8", errors="replace")) > MAX_QUEUE_BYTES:
+        raise QueueError(f"the queue file is larger than {MAX_QUEUE_BYTES} bytes")
+    stripped = text.lstrip()
+    if stripped.startswith(("{", "[")):
+        entries, file_sources = _json_entries(stripped)
+    else:
+        entries, file_sources = _line_entries(text), {}
+    given = {**file_sources, **{site: _prefix(argv, f"source {site!r}") for site, argv in (sources or {}).items()}}
+    merged = {_site(site, f"source {site!r:.80}"): argv for site, argv in given.items()}
+    if len(merged) > MAX_SOURCES:
+        raise QueueError(f"the queue names {len(merged)} sources; at most {MAX_SOURCES}")
+    if not entries:
+        raise QueueError("the queue holds no transfers")
+    if len(entries) > MAX_TRANSFERS:
+        raise QueueError(f"the queue holds {len(entries)} transfers; at most {MAX_TRANSFERS} a run")
+    transfers = tuple(_transfer(i, where, entry) for i, (where, entry) in enumerate(entries))
+    for transfer in transfers:
+        if transfer.src is not None and transfer.src not in merged:
+            raise QueueError(f"transfer {transfer.index + 1} ({transfer.link_name}): no way to run a command on "
+                             f"source {transfer.src!r}; give it in the file's \"sources\" (e.g. "
+                             f"\"{transfer.src}\": [\"ip\", \"netns\", \"exec\", \"NS\"], or [] for this host) "
+                             f"or with --netns {transfer.src}=NS")
+    return Queue(transfers, merged)
+
+
+def _json_entries(text: str) -> tuple[list[tuple[str, Any]], dict[str, tuple[str, ...]]]:
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise QueueError(f"the queue file is not valid JSON: {exc}") from None
+    sources: dict[str, tuple[str, ...]] = {}
+    if isinstance(doc, dict):
+        unknown = set(doc) - {"sources", "transfers"}
+        if unknown:
+            raise QueueError(f"unknown key(s) {', '.join(sorted(map(repr, unknown)))} at the top of the queue; "
+                             "it holds \"sources\" and \"transfers\"")
+        raw_sources = doc.get("sources", {})
+        if not isinstance(raw_sources, dict):
+            raise QueueError("\"sources\" must map each site to its command prefix, e.g. "
+                             "{\"siteA\": [\"ip\", \"netns\", \"exec\", \"ns-a\"]}")
+        sources = {site: _prefix(argv, f"source {site!r}") for site, argv in raw_sources.items()}
+        doc = doc.get("transfers")
+    if not isinstance(doc, list):
+        raise QueueError("\"transfers\" must be a list of transfers")
+    return [(f"transfer {i + 1}", entry) for i, entry in enumerate(doc)], sources
+
+
+def _line_entries(text: str) -> list[tuple[str, Any]]:
+    entries = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        fields: dict[str, str] = {}
+        for token in line.split():
+            key, sep, value = token.partition("=")
+            if not sep or not key or not value:
+                raise QueueError(f"line {number}: {token!r} is not key=value (e.g. src=siteA dest=10.0.0.1:5201 "
+                                 "max_impact=0.1 duration_s=30)")
+            if key in fields:
+                raise QueueError(f"line {number}: {key} is given twice")
+            fields[key] = value
+        for key in ("max_impact", "duration_s"):
+            if key in fields:
+                fields[key] = _float(fields[key], f"line {number}: {key}")
+        if "bytes" in fields:
+            fields["bytes"] = _int(fields["bytes"], f"line {number}: bytes")
+        entries.append((f"line {number}", fields))
+    return entries
+
+
+def _float(text: str, where: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise QueueError(f"{where}: {text!r} is not a number") from None
+
+
+def _int(text: str, where: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise QueueError(f"{where}: {text!r} is not a whole number") from None
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _site(value: Any, where: str) -> str:
+    try:
+        return check_site(value, "a source site")
+    except InvalidRequest as exc:
+        raise QueueError(f"{where}: {exc}") from None
+
+
+def _prefix(argv: Any, where: str) -> tuple[str, ...]:
+    if not isinstance(argv, (list, tuple)) or len(argv) > MAX_PREFIX_ARGS or not all(
+            isinstance(a, str) and a and len(a) <= MAX_ARG_CHARS and "\0" not in a for a in argv):
+        raise QueueError(f"{where}: the command prefix must be a list of at most {MAX_PREFIX_ARGS} non-empty "
+                         "strings, e.g. [\"ip\", \"netns\", \"exec\", \"ns-a\"] ([] for this host)")
+    return tuple(argv)
+
+
+def _transfer(index: int, where: str, entry: Any) -> Transfer:
+    if not isinstance(entry, dict):
+        raise QueueError(f"{where}: a transfer is an object with src, dest, max_impact and duration_s or bytes")
+    unknown = set(entry) - _TRANSFER_KEYS
+    if unknown:
+        raise QueueError(f"{where}: unknown field(s) {', '.join(sorted(repr(k)[:40] for k in unknown))}; "
+                         f"a transfer has {', '.join(sorted(_TRANSFER_KEYS))}")
+    src = entry.get("src")
+    if src is not None:
+        src = _site(src, f"{where}: src")
+    if "dest" not in entry:
+        raise QueueError(f"{where}: dest is missing (HOST:PORT)")
+    try:
+        dest = parse_destination(entry["dest"])
+    except InvalidRequest as exc:
+        raise QueueError(f"{where}: dest: {exc}") from None
+    budget = entry.get("max_impact")
+    if not _number(budget) or not 0.0 < budget <= 1.0:
+        raise QueueError(f"{where}: max_impact must be a fraction above 0 and at most 1 (0.1 for 10 %), "
+                         f"got {budget!r:.40}")
+    duration_s, size = entry.get("duration_s"), entry.get("bytes")
+    if (duration_s is None) == (size is None):
+        raise QueueError(f"{where}: give exactly one of duration_s (seconds) and bytes")
+    if duration_s is not None and (not _number(duration_s) or not 1.0 <= duration_s <= MAX_DURATION_S):
+        raise QueueError(f"{where}: duration_s must be 1..{MAX_DURATION_S:g} seconds, got {duration_s!r:.40}")
+    if size is not None and (not isinstance(size, int) or isinstance(size, bool) or not 1 <= size <= MAX_BYTES):
+        raise QueueError(f"{where}: bytes must be a whole number 1..2**50, got {size!r:.40}")
+    control = entry.get("cc")
+    if control is not None:
+        try:
+            control = check_congestion_control(control)
+        except InvalidRequest as exc:
+            raise QueueError(f"{where}: cc: {exc}") from None
+    return Transfer(index, src, dest, float(budget), None if duration_s is None else float(duration_s), size, control)
+
+
+# --- the schedulers' SQL read --------------------------------------------------------------------
+
+
+class SqlAdvice:
+    """The stream count for a link and budget, read from the advice store's ``current_advice`` view as a
+    scheduler on another machine would (docs/advice-service.md, "The store"): whole standard streams. A link
+    without a source is ``own_site``'s, as the service takes a request that names none."""
+
+    def __init__(self, database_url: str, own_site: str):
+        self.own_site = own_site
+        # A reader never creates a store: a mistyped SQLite path is an error, not a new empty file.
+        if database_url.startswith("sqlite:///") and not Path(database_url[len("sqlite:///"):]).is_file():
+            raise StoreError(f"no SQLite advice store at {database_url[len('sqlite:///'):]}")
+        self._db = Database(database_url)
+        self._has_src: bool | None = None
+
+    def close(self) -> None:
+        self._db.close()
+
+    def has_src(self) -> bool:
+        """Whether the view keys advice by source site (a ``src`` column)."""
+        if self._has_src is None:
+            try:
+                with self._db.transaction() as tx:
+                    tx.execute("SELECT src FROM current_advice WHERE 1 = 0").fetchall()
+                self._has_src = True
+            except StoreError:
+                self._has_src = False
+        return self._has_src
+
+    def streams(self, src: str | None, dest_key: str, control: str, max_impact: float) -> int:
+        """``coalesce(max(streams), 1)`` for the link under ``control`` (rows not recorded with a control
+        answer the default control when none are); UnknownDestination when the store has no fit for it."""
+        where, params = "dest = ?", [dest_key]
+        if self.has_src():
+            src = src or self.own_site
+            where, params = where + " AND src = ?", params + [src]
+        elif src is not None:
+            raise UnknownDestination(f"the advice store has no source sites (its current_advice has no src "
+                                     f"column, a store older than advice per link), so it has no advice for "
+                                     f"{src} -> {dest_key}")
+        with self._db.transaction() as tx:
+            for control_clause, control_params in (("congestion_control = ?", [control]),
+                                                   ("congestion_control IS NULL", [])):
+                fits = tx.execute(f"SELECT count(*) FROM current_fits WHERE {where} AND {control_clause}",
+                                  params + control_params).fetchone()[0]
+                if fits:
+                    return int(tx.execute(
+                        "SELECT coalesce(max(streams), 1) FROM current_advice "
+                        f"WHERE {where} AND {control_clause} AND impact_bound <= ?",
+                        params + control_params + [max_impact]).fetchone()[0])
+        raise UnknownDestination(f"the advice store has no advice for {'%s -> ' % src if src else ''}{dest_key} "
+                                 f"under {control}" + (" (a link without src is this host's site, TAME_SITE: name "
+                                                       "its src in the queue)" if src == self.own_site else ""))
+
+
+# --- running ------------------------------------------------------------------------------------
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def run_concurrently(items: Sequence[T], run: Callable[[T], R], limit: int,
+                     key: Callable[[T], Any] = lambda item: None, cancel: threading.Event | None = None) -> list[R]:
+    """``run(item)`` for each item, at most ``limit`` at once, never two items with one non-None ``key`` at
+    once (one destination's iperf3 server serves one test at a time), otherwise in the items' order; the
+    results in that order. An exception in ``run`` or here (KeyboardInterrupt) starts nothing more, sets
+    ``cancel`` (which ``run`` is to heed) and is re-raised when every started item has finished."""
+    if limit < 1:
+        raise ValueError(f"limit must be >= 1, got {limit!r}")
+    results: dict[int, R] = {}
+    waiting = list(range(len(items)))
+    running: dict[Future, int] = {}
+    with ThreadPoolExecutor(max_workers=limit, thread_name_prefix="transfer") as pool:
+        try:
+            _drive(items, run, limit, key, pool, waiting, running, results)
+        except BaseException:
+            if cancel is not None:
+                cancel.set()
+            raise
+    return [results[i] for i in range(len(items))]
+
+
+def _drive(items, run, limit, key, pool, waiting: list[int], running: dict[Future, int],
+           results: dict[int, Any]) -> None:
+    busy: set[Any] = set()
+    while waiting or running:
+        for i in list(waiting):
+            if len(running) >= limit:
+                break
+            k = key(items[i])
+            if k is not None and k in busy:
+                continue
+            waiting.remove(i)
+            if k is not None:
+                busy.add(k)
+            running[pool.submit(run, items[i])] = i
+        done, _ = wait(list(running), return_when=FIRST_COMPLETED)
+        for future in done:
+            i = running.pop(future)
+            busy.discard(key(items[i]))
+            results[i] = future.result()

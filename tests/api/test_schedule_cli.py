@@ -1,0 +1,151 @@
+"""`tame schedule` refuses bad and hostile input before anything runs: a clear one-line error, exit 2, no
+transfer started, nothing stored. Against a live server (the fake path of tests/api/conftest.py)."""
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from tests.api.conftest import free_port, probe_and_wait
+from tests.api.procs import start_iperf3, stop
+from tests.sites import SITE
+
+KNOWN = "127.0.0.1:5201"
+
+
+@pytest.fixture
+def served(service_factory, tmp_path):
+    """(base URL, SQLite URL, run) with advice for KNOWN only; run(queue, *args) -> CompletedProcess."""
+    base, client, app = service_factory(token="w")
+    probe_and_wait(client, dest=KNOWN, headers={"Authorization": "Bearer w"})
+    db_url = app.state.service.store.db.url
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TAME_")}
+    # The scheduler speaks for the service's own site (TAME_SITE), the source of links that name none.
+    env.update(TAME_TOKEN="w", TAME_DATABASE_URL=f"sqlite:///{tmp_path}/other.sqlite3", TAME_SITE=SITE)
+
+    def run(queue, *args, raw=False):
+        path = tmp_path / "queue"
+        if raw:
+            path.write_bytes(queue)
+        else:
+            path.write_text(queue if isinstance(queue, str) else json.dumps(queue))
+        return subprocess.run([sys.executable, "-m", "advisor", "schedule", str(path), *args], env=env,
+                              capture_output=True, text=True, timeout=120)
+
+    yield base, db_url, run
+
+
+def _observations(db_url):
+    with sqlite3.connect(db_url[len("sqlite:///"):]) as conn:
+        return conn.execute("SELECT count(*) FROM observations").fetchone()[0]
+
+
+def _refused(done, *says):
+    assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
+    assert done.stdout == ""
+    assert done.stderr.startswith("tame schedule: ") and done.stderr.count("\n") == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    for text in says:
+        assert text in done.stderr, done.stderr
+
+
+def _transfer(**fields):
+    return {"dest": KNOWN, "max_impact": 0.2, "duration_s": 1, **fields}
+
+
+@pytest.mark.parametrize("queue, says", [
+    ("{not json", "not valid JSON"),
+    ({"transfers": [_transfer(max_impact=0)]}, "max_impact must be a fraction above 0"),
+    ({"transfers": [_transfer(max_impact=1.01)]}, "max_impact must be a fraction above 0"),
+    ({"transfers": [_transfer(max_impact=-1)]}, "max_impact must be a fraction above 0"),
+    ("dest=127.0.0.1:5201 max_impact=NaN duration_s=1", "max_impact must be a fraction above 0"),
+    ("dest=127.0.0.1:5201 max_impact=inf duration_s=1", "max_impact must be a fraction above 0"),
+    ({"transfers": [_transfer(src="siteA")]}, "no way to run a command on source 'sitea'"),
+    ({"transfers": [_transfer(dest="127.0.0.1:5201; reboot")]}, "transfer 1: dest"),
+    ({"sources": {"a": "ip netns exec x"}, "transfers": [_transfer(src="a")]}, "command prefix must be a list"),
+    ({"transfers": [_transfer(), _transfer(duration_s=None)]}, "transfer 2: give exactly one of duration_s"),
+    # An explicit id: pytest puts the test's id in the environment (PYTEST_CURRENT_TEST) the CLI inherits.
+    pytest.param("x" * (2 << 20), "larger than", id="2MiB"),
+])
+def test_a_bad_queue_file_is_refused_and_nothing_is_stored(served, queue, says):
+    base, db_url, run = served
+    _refused(run(queue, "--server", base), says)
+    assert _observations(db_url) == 0
+
+
+def test_an_unreadable_queue_file_is_refused(served, tmp_path):
+    base, db_url, run = served
+    _refused(run(b"\xff\xfe\x00garbage", "--server", base, raw=True), "cannot read the queue file")
+    done = subprocess.run([sys.executable, "-m", "advisor", "schedule", str(tmp_path / "missing"), "--server", base],
+                          capture_output=True, text=True, timeout=60)
+    _refused(done, "cannot read the queue file", "No such file")
+
+
+def test_an_unknown_link_anywhere_in_the_queue_runs_nothing(served):
+    base, db_url, run = served
+    # The first transfer's link is known (and has no iperf3 server: had it run, it would fail, exit 1).
+    queue = {"transfers": [_transfer(), _transfer(dest="127.0.0.9:5201")]}
+    _refused(run(queue, "--server", base), "transfer 2 (127.0.0.9:5201)", "HTTP 404")
+    _refused(run(queue, "--database-url", db_url), "transfer 2 (127.0.0.9:5201)",
+             f"no advice for {SITE} -> 127.0.0.9:5201")
+    assert _observations(db_url) == 0
+
+
+def test_a_link_from_a_source_without_advice_runs_nothing(served):
+    base, db_url, run = served
+    # KNOWN has advice from the service's own site only; from siteA it is another link, with none.
+    queue = {"sources": {"siteA": []}, "transfers": [_transfer(), _transfer(src="siteA")]}
+    _refused(run(queue, "--server", base), "transfer 2 (sitea -> 127.0.0.1:5201)", "HTTP 404")
+    _refused(run(queue, "--database-url", db_url), "transfer 2 (sitea -> 127.0.0.1:5201)",
+             "no advice for sitea -> 127.0.0.1:5201")
+    assert _observations(db_url) == 0
+
+
+@pytest.mark.parametrize("args, says", [
+    (("--netns", "siteA"), "--netns 'siteA': give SITE=NAMESPACE"),
+    (("--netns", "siteA=../../etc"), "--netns"),
+    (("--concurrency", "0"), "--concurrency"),
+    (("--congestion-control", "Cubic!"), "--congestion-control"),
+    (("--database-url", "sqlite:////nonexistent/tame.sqlite3"), "no SQLite advice store at /nonexistent"),
+    (("--concurrency", "100000"), "--concurrency"),
+])
+def test_bad_options_are_refused(served, args, says):
+    base, db_url, run = served
+    _refused(run({"transfers": [_transfer()]}, "--server", base, *args), says)
+    assert _observations(db_url) == 0
+
+
+def test_the_plan_names_each_transfers_advice_and_runs_nothing(served):
+    base, db_url, run = served
+    queue = {"transfers": [_transfer(), _transfer(max_impact=0.05)]}
+    by_http, by_sql = (run(queue, "--plan", "--json", *read) for read in (("--server", base), ("--database-url", db_url)))
+    assert by_http.returncode == by_sql.returncode == 0, (by_http.stderr, by_sql.stderr)
+    http, sql = (json.loads(done.stdout)["transfers"] for done in (by_http, by_sql))
+    assert [t["advised_streams"] for t in http] == [t["advised_streams"] for t in sql]
+    assert [t["advice_read"] for t in http + sql] == ["http", "http", "sql", "sql"]
+    assert _observations(db_url) == 0
+
+
+def test_a_transfer_that_fails_is_reported_and_the_others_still_run_and_are_stored(served, tmp_path):
+    base, db_url, run = served
+    client = httpx.Client(base_url=base, headers={"Authorization": "Bearer w"}, timeout=30)
+    listening, silent = free_port(), free_port()
+    for port in (listening, silent):
+        probe_and_wait(client, dest=f"127.0.0.1:{port}", headers={"Authorization": "Bearer w"})
+    server = start_iperf3(tmp_path, listening)
+    try:
+        done = run(f"dest=127.0.0.1:{listening} max_impact=0.2 duration_s=1\n"
+                   f"dest=127.0.0.1:{silent} max_impact=0.2 duration_s=1\n", "--server", base, "--json")
+    finally:
+        stop(server)
+        client.close()
+    assert done.returncode == 1, done.stderr
+    ran, failed = json.loads(done.stdout)["transfers"]
+    assert ran["error"] is None and ran["opened_streams"] == ran["advised_streams"] and ran["observation_id"]
+    assert failed["observation_id"] is None and failed["throughput_bps"] is None
+    assert failed["error"].startswith("the transfer failed") and "transfer 2" in done.stderr
+    assert _observations(db_url) == 1
