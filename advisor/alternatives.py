@@ -32,11 +32,12 @@ def budget_met(advice: Advice) -> bool:
 
 def alternatives(dest: str, max_impact: float, control: str, advice: Advice,
                  measured: Mapping[str, tuple[Advice, float]],
-                 available: Iterable[str] | None = None) -> list[dict[str, Any]]:
+                 available: Iterable[str] | None = None, src: str | None = None) -> list[dict[str, Any]]:
     """What would meet ``max_impact`` on ``dest`` when ``advice`` (under ``control``) cannot; [] when it does.
 
     ``measured``: {other control: (its advice for the same budget from its stored fit, probed_at Unix s)}.
     ``available``: the controls a probe here could use (None: not known, every calibrated one is named).
+    ``src``: the link's source site, named in the probes to run (None: the service's own, left out).
     Ordered: measured controls that meet the budget (most n* first), the tame control, probes to run,
     measured controls that do not meet it.
     """
@@ -69,11 +70,13 @@ def alternatives(dest: str, max_impact: float, control: str, advice: Advice,
     for other in sorted(LAWS):
         if other == control or other in measured or (offered is not None and other not in offered):
             continue
-        command = ["tame", "advise", dest, "--max-impact", f"{max_impact:g}", "--congestion-control", other]
+        command = ["tame", "advise", dest, "--max-impact", f"{max_impact:g}", "--congestion-control", other,
+                   *(["--src", src] if src is not None else [])]
         out.append({
             "congestion_control": other, "kind": "probe", "meets_budget": None,
             "command": shlex.join(command),
-            "request": {"method": "POST", "path": "/v1/probes", "body": {"dest": dest, "congestion_control": other}},
+            "request": {"method": "POST", "path": "/v1/probes",
+                        "body": {"dest": dest, "congestion_control": other, **({"src": src} if src is not None else {})}},
             "note": f"{dest} has not been probed under {other}; this probe says whether it meets the budget",
         })
     return out + failing

@@ -344,12 +344,15 @@ class AdviceService:
             measured = {r.congestion_control: (self._advise_row(r, budget, r.congestion_control), r.probed_at)
                         for r in self.store.current_fits(dest.key, src=src)
                         if r.congestion_control is not None and r.congestion_control != control}
-            try:
-                offered = self.controls()
-            except OSError:
-                offered = None
+            offered = None  # another site's kernel: not known here, every calibrated control is named
+            if src == self.settings.site:
+                try:
+                    offered = self.controls()
+                except OSError:
+                    offered = None
+            remote = None if src == self.settings.site else src
             advice = dataclasses.replace(advice, alternatives=alternatives(dest.key, budget, control, advice,
-                                                                           measured, offered))
+                                                                           measured, offered, src=remote))
         payload = advice.to_json()
         payload.update(src=src, dest=dest.key, fitted_at=row.fitted_at, probed_at=row.probed_at,
                        observations_used=row.observations_used,

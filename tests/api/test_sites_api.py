@@ -199,3 +199,18 @@ def test_a_destination_probed_from_one_site_waits_for_the_other_site(service_fac
     assert client.post("/v1/sites/dtn3/claims", json={"owner": "b"}).json()["job"] is None
     client.post("/v1/probe-runs", json={"src": "dtn2", "dest": DEST, "probes": PROBES, "job_id": first["id"], "owner": "a"})
     assert client.post("/v1/sites/dtn3/claims", json={"owner": "b"}).json()["job"]["dest"] == DEST
+
+
+def test_alternatives_for_another_site_s_link_name_that_site(service_factory):
+    """When one stream breaks the budget on a remote site's link, the probes it suggests are of that link."""
+    base, client, app = service_factory(start_worker=False, congestion_control="bbr")
+    client.put("/v1/sites/dtn2", json={"dests": [DEST]})
+    # Two streams take nearly all: no budget below that is met at one stream.
+    steep = [{"streams": n, "throughput_bps": 1e9 * n / (n + 0.05)} for n in (1, 10)]
+    client.post("/v1/probe-runs", json={"src": "dtn2", "dest": DEST, "probes": steep, "congestion_control": "bbr"})
+    advice = client.get("/v1/advice", params={"src": "dtn2", "dest": DEST, "max_impact": 0.01}).json()
+    probes = [a for a in advice["alternatives"] if a["kind"] == "probe"]
+    assert probes and all(a["request"]["body"]["src"] == "dtn2" and a["command"].endswith("--src dtn2")
+                          for a in probes)
+    for a in probes:  # the suggested request is one the service takes for that site
+        assert client.post("/v1/probes", json=a["request"]["body"]).status_code == 202
