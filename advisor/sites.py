@@ -114,7 +114,7 @@ def site_use(store: Store, site: str) -> SiteUse:
 
 
 def claim_job(store: Store, site: str, owner: str, *, max_streams: int, adaptive: bool,
-              worst_case_s: Callable[[Job], float], lease_slack_s: float = 60.0) -> Claim:
+              worst_case_s: Callable[[Job], float], lease_slack_s: float = 15.0) -> Claim:
     """Claim the site's oldest queued job for ``owner`` if the site's budget allows it.
 
     The job holds its highest fixed level's streams of the site's stream budget; with an ``adaptive`` probe

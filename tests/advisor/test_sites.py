@@ -46,7 +46,7 @@ def test_a_site_s_probes_at_once_are_held_to_its_budget(store):
     assert third.job is None and "2 probe(s) of a running, at most 2" in third.waiting
     # Oldest first, each capped at the agent's 16 streams (above the job's highest level, 10).
     assert (first.job.dest, second.job.dest) == (DESTS[0].key, DESTS[1].key)
-    assert first.streams == 16 and first.lease_until == store.clock() + 100.0 + 60.0
+    assert first.streams == 16 and first.lease_until == store.clock() + 100.0 + 15.0
     assert site_use(store, "a").probes == 2 and site_use(store, "a").streams == 32
 
 
@@ -92,7 +92,7 @@ def test_a_lapsed_lease_goes_to_another_agent_of_the_site(store):
     first = claim_job(store, "a", "agent-gone", max_streams=64, adaptive=True, worst_case_s=worst)
     assert holds(store, first.job.id, "agent-gone", "a", DESTS[0].key)
     assert claim_job(store, "a", "agent-2", max_streams=64, adaptive=True, worst_case_s=worst).job is None
-    store.clock.advance(161)  # past 100 s + 60 s of slack
+    store.clock.advance(116)  # past 100 s + 15 s of slack
     assert store.recover_jobs(3, owner_is_dead=lambda owner: False) == 1
     second = claim_job(store, "a", "agent-2", max_streams=64, adaptive=True, worst_case_s=worst)
     assert second.job.id == first.job.id and second.job.attempts == 2

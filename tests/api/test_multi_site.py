@@ -115,7 +115,7 @@ def test_a_killed_agent_s_claim_goes_to_the_next_agent_of_its_site(tmp_path, pg_
                     row = conn.execute("SELECT status, attempts FROM probe_jobs WHERE id = %s", (job_id,)).fetchone()
                 return row if row[0] in ("done", "failed") else None
 
-            # A remote agent's claim is judged by its lease alone (the plan's longest time plus 60 s).
+            # A remote agent's claim is judged by its lease alone (the plan's longest time plus 15 s).
             status, attempts = wait_for(finished, timeout_s=300, what="the second agent to finish the job")
             # The same job, claimed a second time (the dead agent's attempt counted) and finished by the second agent.
             assert (status, attempts) == ("done", 2)

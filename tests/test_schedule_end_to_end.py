@@ -3,7 +3,9 @@ bottleneck (probes/sharedbed.py), a real `tame serve` on SQLite holding advice f
 runs, as `tame agent --push` stores them: real probes of four links would take minutes), and a queue of four
 transfers run concurrently with real iperf3 in the source namespaces.
 
-Root (network namespaces): CI runs it as root and it fails, never skips, when it cannot run.
+Root (network namespaces): CI runs it as root and it fails, never skips, when it cannot run. It sits at the top
+of tests/ so that it runs after tests/probes: run before them in one pytest process, the path test bed's RTT and
+rate checks (tests/probes/test_testbed.py) fail, for a reason not yet found (run apart, both pass).
 """
 
 from __future__ import annotations
