@@ -585,8 +585,7 @@ class AdviceService:
             job = self.store.job(job_id)
         except UnknownProbe:
             return None
-        held = job.status == "running" and holds(self.store, job_id, owner, src, dest.key)
-        return job if held and job.src == src and job.dest == dest.key else None
+        return job if holds(self.store, job_id, owner, src, dest.key) else None
 
     def worst_case_s(self, job: Job) -> float:
         """The longest a job's probe plan may take, seconds (its lease, and what it holds of a site's budget)."""

@@ -210,7 +210,7 @@ def create_app(settings: Settings, store: Store, driver: ProbeDriver | None = No
 
     @app.put("/v1/sites/{site}", response_model=schemas.SiteOut, responses={**_BODY_ERRORS, **_responses(403)})
     def put_site(site: str, body: schemas.SiteIn) -> Response:
-        budget = SiteBudget(body.max_probes, body.max_streams, body.probe_seconds_per_hour)
+        budget = SiteBudget.checked(body.max_probes, body.max_streams, body.probe_seconds_per_hour)
         return _json(service.register_site(site, budget, body.dests, body.congestion_control))
 
     @app.post("/v1/sites/{site}/claims", response_model=schemas.ClaimOut, responses=_BODY_ERRORS)

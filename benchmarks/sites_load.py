@@ -78,28 +78,32 @@ def agent_main(site: str, server: str, dests_file: str, seconds: float, probe_s:
     Path(out).write_text(json.dumps({"claims_s": timings, "pushed": pushed[0]}))
 
 
-def _monitor(database_url: str, ttl_s: float, stop: threading.Event, samples: list) -> None:
-    import psycopg
+def _monitor(database_url: str, ttl_s: float, sites: list[str], stop: threading.Event, samples: list) -> None:
+    """Each second: how many links are fresh (advisor.store.FitRow.evidence_at, as the service judges it) and what
+    each site's probes hold of its budget (advisor.sites.site_use, as a claim counts it)."""
+    from advisor.sites import site_use
+    from advisor.store import Store
 
-    with psycopg.connect(database_url, autocommit=True) as conn:
+    store = Store.open(database_url)
+    try:
         while not stop.is_set():
             now = time.time()
-            links = conn.execute(
-                "SELECT d.src, d.dest, (SELECT max(greatest(f.probed_at, CASE WHEN f.observations_used > 0 "
-                "THEN f.fitted_at ELSE 0 END)) FROM fits f WHERE f.destination_id = d.id) FROM destinations d "
-                "WHERE d.src <> 'central'").fetchall()
-            use = conn.execute("SELECT src, count(*), coalesce(sum(streams_reserved), 0) FROM probe_jobs "
-                               "WHERE status = 'running' GROUP BY src").fetchall()
-            seconds = conn.execute(
-                "SELECT src, coalesce(sum(CASE WHEN status = 'running' THEN seconds_reserved ELSE finished_at - started_at "
-                "END), 0) FROM probe_jobs WHERE started_at >= %s AND (status = 'running' OR (status IN ('done', 'failed') "
-                "AND finished_at IS NOT NULL)) GROUP BY src", (now - 3600,)).fetchall()
-            stats = conn.execute("SELECT xact_commit + xact_rollback, tup_returned + tup_fetched FROM pg_stat_database "
-                                 "WHERE datname = current_database()").fetchone()
-            samples.append({"t": now, "fresh": sum(1 for _, _, at in links if at is not None and now - at <= ttl_s),
-                            "links": len(links), "never": sum(1 for _, _, at in links if at is None),
-                            "use": {s: (p, st) for s, p, st in use}, "seconds": dict(seconds), "xacts": stats[0]})
+            newest: dict[tuple[str, str], float] = {}
+            for row in store.current_fits():
+                if row.src in sites:
+                    newest[(row.src, row.dest)] = max(newest.get((row.src, row.dest), 0.0), row.evidence_at)
+            with store.db.transaction() as tx:
+                links = tx.execute("SELECT count(*) FROM destinations WHERE src <> 'central'").fetchone()[0]
+                xacts = tx.execute("SELECT xact_commit + xact_rollback FROM pg_stat_database "
+                                   "WHERE datname = current_database()").fetchone()[0]
+            use = {site: site_use(store, site) for site in sites}
+            samples.append({"t": now, "fresh": sum(1 for at in newest.values() if now - at <= ttl_s),
+                            "links": links, "never": links - len(newest),
+                            "use": {site: (u.probes, u.streams) for site, u in use.items()},
+                            "seconds": {site: u.seconds for site, u in use.items()}, "xacts": xacts})
             stop.wait(1.0)
+    finally:
+        store.close()
 
 
 def _overlaps(database_url: str) -> int:
@@ -201,7 +205,7 @@ def main() -> int:
                     env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(f"{out}.err", "wb"))))
         samples: list[dict] = []
         stop = threading.Event()
-        monitor = threading.Thread(target=_monitor, args=(database_url, args.ttl, stop, samples), daemon=True)
+        monitor = threading.Thread(target=_monitor, args=(database_url, args.ttl, list(budgets), stop, samples), daemon=True)
         pg = _postgres_pids()
         cpu_before, started = _cpu_s(pg), time.monotonic()
         monitor.start()
