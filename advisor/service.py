@@ -65,7 +65,7 @@ class AdviceEntry:
     and observations_used. It owns the one serialisation every reader gets, with age_s and stale added."""
 
     payload: dict[str, Any]
-    probed_at: float  # FitRow.evidence_at: age_s and stale are judged by it
+    evidence_at: float  # FitRow.evidence_at: age_s and stale are judged by it (payload["probed_at"]: the probes')
     loaded_at: float
     generation: int
     fit_ids: tuple[int, ...]  # current fits of the destination, every control, when loaded (alternatives read them all)
@@ -89,12 +89,14 @@ REPROBE_AT_TTL = 0.8
 
 
 def fresh_destinations(paths: list[dict[str, Any]], control: str, max_age_s: float | None = None) -> set[str]:
-    """Destinations whose advice under ``control`` is fresh (GET /v1/paths rows of one site): not stale, and no older
-    than ``max_age_s`` when it is given. A destination with no fit under ``control`` counts its fit that recorded
-    no control, as the service's advice does for its default."""
+    """Destinations whose advice under ``control`` is fresh (GET /v1/paths rows of one site): not stale, not due for a
+    probe (``reprobe_due``: advisor.freshness), and no older than ``max_age_s`` when it is given. A destination with
+    no fit under ``control`` counts its fit that recorded no control, as the service's advice does for its default."""
     recorded = {p["dest"] for p in paths if p["congestion_control"] == control}
-    return {p["dest"] for p in paths if not p["stale"] and (max_age_s is None or p["age_s"] <= max_age_s) and (
-        p["congestion_control"] == control or (p["congestion_control"] is None and p["dest"] not in recorded))}
+    # .get: a service older than reprobe_due (an agent pushing to it) judges by stale alone.
+    return {p["dest"] for p in paths if not p["stale"] and not p.get("reprobe_due")
+            and (max_age_s is None or p["age_s"] <= max_age_s)
+            and (p["congestion_control"] == control or (p["congestion_control"] is None and p["dest"] not in recorded))}
 
 
 class AdviceService:
@@ -213,18 +215,25 @@ class AdviceService:
             )
         return row
 
-    def _stale(self, src: str, dest_key: str, control: str, probed_at: float, now: float) -> bool:
-        if now - probed_at <= self.settings.ttl_s:
-            return False
-        last = self._refresh_requested.get((src, dest_key, control))
-        if last is None or now - last >= _REFRESH_RETRY_S:
-            self._refresh_requested[(src, dest_key, control)] = now
-            try:
-                self.request_probe(dest_key, congestion_control=control, src=src)
-            except (DestinationNotAllowed, InvalidRequest, QueueFull) as exc:
-                # The stale advice is still the best answer; the re-probe is asked for again later.
-                log.info("stale advice from %s to %s under %s not re-probed: %s", src, dest_key, control, exc)
-        return True
+    def _reprobe_due(self, src: str, control: str, entry: AdviceEntry, now: float) -> str | None:
+        """Why the entry's link is due for a probe (advisor.freshness), unless its probe was asked for from the read
+        path within _REFRESH_RETRY_S: None then, and when it is not due."""
+        due = self.settings.freshness.due(entry.evidence_at, entry.payload["probed_at"], now)
+        last = self._refresh_requested.get((src, entry.payload["dest"], control))
+        return due if due is not None and (last is None or now - last >= _REFRESH_RETRY_S) else None
+
+    def _reprobe(self, src: str, control: str, entry: AdviceEntry, now: float) -> None:
+        """Queue the probe of the entry's link when it is due; the entry is served as it is meanwhile."""
+        due = self._reprobe_due(src, control, entry, now)
+        if due is None:
+            return
+        dest_key = entry.payload["dest"]
+        self._refresh_requested[(src, dest_key, control)] = now
+        try:
+            self.request_probe(dest_key, congestion_control=control, src=src)
+        except (DestinationNotAllowed, InvalidRequest, QueueFull) as exc:
+            # The advice is still the best answer; the re-probe is asked for again later.
+            log.info("advice from %s to %s under %s (%s) not re-probed: %s", src, dest_key, control, due, exc)
 
     def cached_entry(self, dest_text: str, max_impact: float, control: str | None = None,
                      src: str | None = None) -> tuple[AdviceEntry, float, bool] | None:
@@ -243,17 +252,15 @@ class AdviceService:
             return None  # the re-read is slow or failing: the route waits for it or reports why
         if not self._fresh(cached, now):
             self._refresh_in_background(key)
-        stale = now - cached.probed_at > self.settings.ttl_s
-        if stale:
-            last = self._refresh_requested.get((key[0], cached.payload["dest"], key[3]))
-            if last is None or now - last >= _REFRESH_RETRY_S:
-                return None
-        return cached, max(0.0, now - cached.probed_at), stale
+        if self._reprobe_due(key[0], key[3], cached, now) is not None:
+            return None  # the route queues the probe
+        return cached, max(0.0, now - cached.evidence_at), self.settings.freshness.stale(cached.evidence_at, now)
 
     def advice_entry(self, dest_text: str, max_impact: Any, control: Any = None,
                      src: Any = None) -> tuple[AdviceEntry, float, bool]:
         """(entry, age_s, stale) for a budget under a congestion control (None: the default) on the link from
-        ``src`` (None: this service's site), from the cache or the store; a stale one has its re-probe queued."""
+        ``src`` (None: this service's site), from the cache or the store; the probe of a link due for one
+        (advisor.freshness: stale, or its newest probe too old) is queued."""
         budget = check_max_impact(max_impact)
         cc = self.control(control)
         site = self.site(src)
@@ -264,8 +271,8 @@ class AdviceService:
             cached = self._refreshed(key)
         elif not self._fresh(cached, now):
             self._refresh_in_background(key)
-        return cached, max(0.0, now - cached.probed_at), self._stale(site, cached.payload["dest"], cc,
-                                                                      cached.probed_at, now)
+        self._reprobe(site, cc, cached, now)
+        return cached, max(0.0, now - cached.evidence_at), self.settings.freshness.stale(cached.evidence_at, now)
 
     def advice(self, dest_text: str, max_impact: Any, control: Any = None, src: Any = None) -> dict[str, Any]:
         """Advice.to_json() plus src, dest, fitted_at, probed_at, observations_used, age_s and stale."""
@@ -410,16 +417,19 @@ class AdviceService:
         payload.update(src=site, dest=dest.key, congestion_control=row.congestion_control or cc, regime=row.regime,
                        warnings=row.warnings, probes=row.probes,
                        fitted_at=row.fitted_at, probed_at=row.probed_at,
-                       stale=now - row.evidence_at > self.settings.ttl_s)
+                       stale=self.settings.freshness.stale(row.evidence_at, now))
         return payload
 
     def paths(self, src: Any = None) -> list[dict[str, Any]]:
-        """The newest fit of each (link, control), of the links from ``src`` when it is given (None: all)."""
+        """The newest fit of each (link, control), of the links from ``src`` when it is given (None: all), with
+        ``reprobe_due``: why the link is due for a probe under that control (advisor.freshness), or None."""
         now = self.clock()
+        freshness = self.settings.freshness
         return [
             {"src": row.src, "dest": row.dest, "congestion_control": row.congestion_control, "model": row.model, "regime": row.regime, "params": row.params,
              "fitted_at": row.fitted_at, "probed_at": row.probed_at, "age_s": max(0.0, now - row.evidence_at),
-             "stale": now - row.evidence_at > self.settings.ttl_s, "observations_used": row.observations_used}
+             "stale": freshness.stale(row.evidence_at, now), "reprobe_due": freshness.due(row.evidence_at, row.probed_at, now),
+             "observations_used": row.observations_used}
             for row in self.store.current_fits(src=None if src is None else check_site(src))
         ]
 
@@ -435,14 +445,15 @@ class AdviceService:
             link["evidence_at"] = max(link["evidence_at"], row.evidence_at)
         for link in links.values():
             link.update(age_s=max(0.0, now - link["evidence_at"]),
-                        stale=now - link["evidence_at"] > self.settings.ttl_s)
+                        stale=self.settings.freshness.stale(link["evidence_at"], now))
         return list(links.values())
 
     def staleness(self) -> tuple[int, int, float]:
         """(destinations, stale destinations, oldest probe age in seconds) for monitoring."""
         now = self.clock()
-        ages = [now - row.evidence_at for row in self.store.current_fits()]
-        return len(ages), sum(age > self.settings.ttl_s for age in ages), max(ages, default=0.0)
+        evidence = [row.evidence_at for row in self.store.current_fits()]
+        stale = sum(self.settings.freshness.stale(at, now) for at in evidence)
+        return len(evidence), stale, max((now - at for at in evidence), default=0.0)
 
     # -- probes ---------------------------------------------------------------------------
 
@@ -517,7 +528,8 @@ class AdviceService:
                       congestion_control: Any = None) -> dict[str, Any]:
         """Register (or refresh) an agent's site: its budget and its links to ``dests`` (each within the allow-list),
         and queue a probe under ``congestion_control`` (None: the default) for each of its links whose advice is
-        missing or REPROBE_AT_TTL of the TTL old (FitRow.evidence_at: a link with recent transfers needs none).
+        missing or REPROBE_AT_TTL of the TTL old (FitRow.evidence_at: a link with recent transfers needs none), or
+        whose newest probe is too old (advisor.freshness: /v1/paths' reprobe_due).
         A destination refused (outside the allow-list, or not resolving now) is reported in "refused" and left out,
         the others registered; when the probe queue is full the rest wait for the next registration ("deferred").
         Returns {"site", "links", "queued", "deferred", "refused": [{"dest", "error"}], "budget"}."""

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Mapping
 
 from advisor.allowlist import DEFAULT_ALLOWED, AllowList
 from advisor.errors import ConfigError, InvalidRequest
+from advisor.freshness import PROBE_MAX_AGE_TTLS, Freshness
 from advisor.limits import check_congestion_control, check_site
 from advisor.retention import Retention
 from advisor.store import REFIT_OBSERVATIONS
@@ -49,6 +51,9 @@ class Settings:
     read_token: str | None = None
     allowed: AllowList = field(default_factory=lambda: AllowList.parse(DEFAULT_ALLOWED))
     ttl_s: float = 3600.0
+    # A link whose newest probe is older is due for one even while transfers keep its advice fresh
+    # (advisor/freshness.py); None: PROBE_MAX_AGE_TTLS times ttl_s.
+    probe_max_age_s: float | None = None
     max_concurrent_probes: int = 1
     model: str = DEFAULT_MODEL
     n_max: int = DEFAULT_N_MAX
@@ -81,10 +86,17 @@ class Settings:
     # This service's own site: the source of the links it probes itself, and of requests that name none.
     site: str = field(default_factory=lambda: default_site(os.environ))
 
+    @cached_property  # read on every GET /v1/advice
+    def freshness(self) -> Freshness:
+        """When advice is stale and when a link is due for a probe."""
+        max_age = PROBE_MAX_AGE_TTLS * self.ttl_s if self.probe_max_age_s is None else self.probe_max_age_s
+        return Freshness(self.ttl_s, max_age)
+
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
         """TAME_DATABASE_URL, TAME_TOKEN, TAME_READ_TOKEN, TAME_ALLOWED_DESTINATIONS, TAME_TTL_S,
-        TAME_MAX_CONCURRENT_PROBES, TAME_MODEL, TAME_PROBE_LEVELS (e.g. "1,10"), TAME_PROBE_DURATION_S,
+        TAME_PROBE_MAX_AGE_S (a link whose newest probe is older is probed again even while finished transfers keep
+        its advice fresh; default 24 times TAME_TTL_S, at least TAME_TTL_S), TAME_MAX_CONCURRENT_PROBES, TAME_MODEL, TAME_PROBE_LEVELS (e.g. "1,10"), TAME_PROBE_DURATION_S,
         TAME_PROBE_MAX_DURATION_S, TAME_MAX_BATCH, TAME_MAX_QUEUED_PROBES,
         TAME_MAX_QUEUED_PROBES_PER_CLIENT (queued jobs one remote address may have), TAME_KEEPALIVE_TIMEOUT_S,
         TAME_HEADER_TIMEOUT_S, TAME_BODY_TIMEOUT_S, TAME_MAX_CONNECTIONS, TAME_BACKLOG, TAME_CONGESTION_CONTROL
@@ -135,6 +147,12 @@ class Settings:
             raise ConfigError("TAME_READ_TOKEN is set but TAME_TOKEN is empty, which would leave writes "
                               "(POST /v1/probes, /v1/probe-runs, /v1/observations) open to anyone: set TAME_TOKEN "
                               "to a write token too, or unset TAME_READ_TOKEN")
+        ttl_s = number("TAME_TTL_S", 3600.0, 1.0, 365 * 86400.0)
+        probe_max_age_s = number("TAME_PROBE_MAX_AGE_S", PROBE_MAX_AGE_TTLS * ttl_s, 1.0, 100 * 365 * 86400.0)
+        if probe_max_age_s < ttl_s:
+            # Below the TTL every link would be probed before its advice could go stale: TAME_TTL_S would mean nothing.
+            raise ConfigError(f"TAME_PROBE_MAX_AGE_S={env['TAME_PROBE_MAX_AGE_S']!r} must be at least TAME_TTL_S "
+                              f"({ttl_s:g} s): it bounds how long transfers alone may keep a link fresh")
         control = env.get("TAME_CONGESTION_CONTROL") or host_default_control()
         try:
             check_congestion_control(control, "TAME_CONGESTION_CONTROL")
@@ -147,7 +165,8 @@ class Settings:
             token=token,
             read_token=read_token,
             allowed=AllowList.parse(env.get("TAME_ALLOWED_DESTINATIONS") or DEFAULT_ALLOWED),
-            ttl_s=number("TAME_TTL_S", 3600.0, 1.0, 365 * 86400.0),
+            ttl_s=ttl_s,
+            probe_max_age_s=probe_max_age_s,
             max_concurrent_probes=number("TAME_MAX_CONCURRENT_PROBES", 1, 1, 64, int),
             model=model,
             default_levels=levels,

@@ -170,9 +170,13 @@ class PathOut(BaseModel):
     regime: str
     params: dict[str, float]
     fitted_at: float
-    probed_at: float
-    age_s: float
-    stale: bool
+    probed_at: float = Field(description="Unix seconds when its newest probes ran")
+    age_s: float = Field(description="seconds since its newest evidence: probes, or transfers that refitted it")
+    stale: bool = Field(description="true when its newest evidence is older than the TTL (TAME_TTL_S)")
+    reprobe_due: Literal["stale", "probe_max_age"] | None = Field(
+        description="why the link is due for a probe under this control: 'stale', or 'probe_max_age' when its newest "
+                    "probe is older than TAME_PROBE_MAX_AGE_S though transfers keep its advice fresh (its advice is "
+                    "served, not stale, until the probe is stored); null when none is due")
     observations_used: int
 
 

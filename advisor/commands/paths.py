@@ -26,9 +26,10 @@ def run(args) -> int:
     if not paths:
         print("no destinations yet: request a probe with `POST /v1/probes` or run `tame agent --dest-file FILE`")
         return 0
-    print(f"{'destination':<32} {'model':<6} {'regime':<12} {'age':>8}  stale")
+    print(f"{'destination':<32} {'model':<6} {'regime':<12} {'age':>8}  {'stale':<5}  probe due")
     for p in paths:
         age = p["age_s"]
         age_text = f"{age / 3600:.1f}h" if age >= 3600 else f"{age:.0f}s"
-        print(f"{p['dest']:<32} {p['model']:<6} {p['regime']:<12} {age_text:>8}  {'yes' if p['stale'] else 'no'}")
+        print(f"{p['dest']:<32} {p['model']:<6} {p['regime']:<12} {age_text:>8}  {'yes' if p['stale'] else 'no':<5}  "
+              f"{p['reprobe_due'] or '-'}")
     return 0

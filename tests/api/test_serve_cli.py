@@ -129,6 +129,14 @@ def test_serve_exits_2_naming_a_bad_allow_list_entry(tmp_path):
     assert "TAME_ALLOWED_DESTINATIONS: '10.0.0.0/33'" in done.stderr and "listening" not in done.stdout
 
 
+@pytest.mark.parametrize("value, says", [("1 day", "is not a number"), ("60", "at least TAME_TTL_S")])
+def test_serve_exits_2_naming_a_bad_probe_max_age(tmp_path, value, says):
+    done = run_serve(tmp_path, "--port", str(free_port()), env={"TAME_TTL_S": "3600", "TAME_PROBE_MAX_AGE_S": value})
+    assert done.returncode == 2, done
+    assert "TAME_PROBE_MAX_AGE_S" in done.stderr and says in done.stderr and "Traceback" not in done.stderr
+    assert "listening" not in done.stdout
+
+
 @pytest.mark.parametrize("control, says", [
     ("vegas_x", "does not offer"),  # a well-formed name this kernel has no module for
     ("tame", "the fractional stream's control"),

@@ -5,6 +5,7 @@ import sqlite3
 
 import pytest
 
+from advisor.service import fresh_destinations
 from tests.api.conftest import rate
 from tests.sites import SITE
 
@@ -151,6 +152,49 @@ def test_a_recent_transfer_keeps_its_link_fresh_so_no_probe_is_queued(service_fa
     assert [l["stale"] for l in client.get("/v1/links", params={"src": "dtn2"}).json()["links"]] == [False]
     assert client.put("/v1/sites/dtn2", json={"dests": [DEST]}).json()["queued"] == 0
     clock.advance(0.8 * 600 + 1)  # due again before it goes stale
+    assert client.put("/v1/sites/dtn2", json={"dests": [DEST]}).json()["queued"] == 1
+
+
+def test_transfers_keep_a_link_fresh_only_until_its_newest_probe_is_too_old(service_factory, clock):
+    """A busy link is probed again once its newest probe is TAME_PROBE_MAX_AGE_S old, though transfers keep its
+    advice fresh: /v1/paths says why, a site's registration queues the probe, and GET /v1/advice (also answered
+    warm, from the fast path) serves the advice, not stale, and queues the local link's probe."""
+    base, client, app = service_factory(start_worker=False, ttl_s=600.0, probe_max_age_s=1800.0)
+    control = app.state.settings.congestion_control
+    for src in (SITE, "dtn2"):
+        assert client.post("/v1/probe-runs", json={"src": src, "dest": DEST, "probes": PROBES,
+                                                   "congestion_control": control}).status_code == 201
+    probed_at = clock()
+    transfer = {"dest": DEST, "streams": 3, "throughput_bps": rate(3)}
+
+    def observe_both():
+        for src in (SITE, "dtn2"):
+            assert client.post("/v1/observations", json={**transfer, "src": src}).json()["refit"] is True
+
+    def advice():
+        return client.get("/v1/advice", params={"dest": DEST, "max_impact": 0.1}).json()
+
+    def paths(src):
+        return {p["dest"]: p for p in client.get("/v1/paths", params={"src": src}).json()["paths"]}
+
+    for step in (600, 600, 599.8):  # a transfer every TTL or so, up to just before the bound: nothing is due
+        clock.advance(step)
+        observe_both()
+        assert paths("dtn2")[DEST]["reprobe_due"] is None
+        assert client.put("/v1/sites/dtn2", json={"dests": [DEST]}).json()["queued"] == 0
+        assert advice()["stale"] is False
+    assert app.state.service.store.job_counts() == {}
+    # Read again just past the bound, within the cache's consistency bound: answered warm, from the fast path.
+    clock.advance(0.4)
+    assert clock() > probed_at + 1800
+    warm = advice()
+    assert warm["stale"] is False and warm["observations_used"] == 3
+    assert app.state.service.store.active_job(DEST, control, src=SITE).status == "queued"
+    here, there = paths(SITE)[DEST], paths("dtn2")[DEST]
+    assert (here["stale"], here["reprobe_due"]) == (False, "probe_max_age")
+    assert (there["stale"], there["reprobe_due"]) == (False, "probe_max_age")
+    # What a pushing `tame agent` reads over HTTP says the same.
+    assert DEST not in fresh_destinations(list(paths("dtn2").values()), control)
     assert client.put("/v1/sites/dtn2", json={"dests": [DEST]}).json()["queued"] == 1
 
 
