@@ -1,7 +1,8 @@
 """Database connections for the advice store: SQLite (default) or PostgreSQL, one SQL dialect.
 
 Queries are written with ``?`` placeholders and translated for psycopg. Every foreign
-exception (sqlite3, psycopg) is turned into :class:`advisor.errors.StoreError` here.
+exception (sqlite3, psycopg) is turned into :class:`advisor.errors.StoreError` here, or, for the views users
+build on the store, in advisor/userviews.py.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
+from advisor import userviews
 from advisor.errors import StoreError
 
 # Long enough that a writer's transaction (a probe run plus its curve, milliseconds) never
@@ -46,6 +48,11 @@ class Tx:
         if self._dialect == "postgresql":
             sql = sql.replace("?", "%s")
         self._cursor.execute(sql, tuple(params))
+        return self
+
+    def execute_raw(self, sql: str) -> "Tx":
+        """Run one statement as written: no placeholders (a user's saved view may hold '?' or '%')."""
+        self._cursor.execute(sql)
         return self
 
     def fetchone(self):
@@ -163,7 +170,8 @@ class Database:
     # -- migrations -------------------------------------------------------------------------
 
     def migrate(self) -> list[int]:
-        """Apply the migrations in advisor/migrations/ not yet recorded in schema_migrations."""
+        """Apply the migrations in advisor/migrations/ not yet recorded in schema_migrations, in one transaction that
+        keeps the views users built on the store (advisor/userviews.py)."""
         if self.dialect == "sqlite":
             # SQLite changes a table's constraints by making it again (migration 0012): with foreign keys off,
             # as SQLite documents for that, and checked before the migrations commit.
@@ -191,18 +199,26 @@ class Database:
                 raise StoreError(
                     f"the database schema is version {max(done)}, newer than this program knows ({newest}); upgrade tame"
                 )
-            for version, (name, sql) in sorted(known.items()):
-                if version in done:
-                    continue
-                if sql is None:
-                    importlib.import_module(f"advisor.migrations.{version:04d}_{name}").upgrade(tx)
-                else:
-                    for statement in _statements(sql.replace("{{ID}}", _ID[self.dialect])):
-                        tx.execute(statement)
+            pending = [(version, migration) for version, migration in sorted(known.items()) if version not in done]
+            if not pending:
+                return []
+            current, target = max(done, default=0), pending[-1][0]
+            saved = userviews.save(tx, current)
+            userviews.drop(tx, saved, current)
+            for version, (name, sql) in pending:
+                try:
+                    if sql is None:
+                        importlib.import_module(f"advisor.migrations.{version:04d}_{name}").upgrade(tx)
+                    else:
+                        for statement in _statements(sql.replace("{{ID}}", _ID[self.dialect])):
+                            tx.execute(statement)
+                except userviews.blocking_errors(self.dialect) as exc:
+                    raise userviews.blocked(exc, current, target) from exc
                 tx.execute("INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)",
                            (version, name, time.time()))
                 applied_now.append(version)
-            if self.dialect == "sqlite" and applied_now:
+            userviews.restore(tx, saved, current, target)
+            if self.dialect == "sqlite":
                 broken = tx.execute("PRAGMA foreign_key_check").fetchall()
                 if broken:
                     raise StoreError(f"the migrations would leave rows pointing at nothing ({broken[:3]}); "
