@@ -40,6 +40,16 @@ def default_site(env: Mapping[str, str]) -> str:
         raise ConfigError(str(exc)) from None
 
 
+def default_control(env: Mapping[str, str]) -> str:
+    """The congestion control probes and advice use when a request names none: TAME_CONGESTION_CONTROL, else
+    this host's (checked: advisor.limits.check_congestion_control)."""
+    control = env.get("TAME_CONGESTION_CONTROL") or host_default_control()
+    try:
+        return check_congestion_control(control, "TAME_CONGESTION_CONTROL")
+    except InvalidRequest as exc:
+        raise ConfigError(str(exc)) from None
+
+
 @dataclass(frozen=True)
 class Settings:
     """Plain values; see ``from_env`` for the variable behind each one."""
@@ -135,11 +145,7 @@ class Settings:
             raise ConfigError("TAME_READ_TOKEN is set but TAME_TOKEN is empty, which would leave writes "
                               "(POST /v1/probes, /v1/probe-runs, /v1/observations) open to anyone: set TAME_TOKEN "
                               "to a write token too, or unset TAME_READ_TOKEN")
-        control = env.get("TAME_CONGESTION_CONTROL") or host_default_control()
-        try:
-            check_congestion_control(control, "TAME_CONGESTION_CONTROL")
-        except InvalidRequest as exc:
-            raise ConfigError(str(exc)) from None
+        control = default_control(env)
         return cls(
             congestion_control=control,
             site=default_site(env),
