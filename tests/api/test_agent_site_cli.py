@@ -44,6 +44,21 @@ def test_a_server_that_refuses_the_agent_stops_it_with_2(tmp_path, service_facto
     assert client.get("/v1/links").json()["links"] == []
 
 
+def test_an_agent_with_another_site_s_token_is_refused_and_stops_with_2(tmp_path, service_factory):
+    """The agent's TAME_TOKEN is its site's token: with site-a's it cannot register as site-b (403, saying whose
+    token it is); nothing is stored."""
+    base, client, app = service_factory(start_worker=False, token="s3cret", site_tokens=(("site-a", "token-a"),))
+    dests = tmp_path / "dests"
+    dests.write_text("127.0.0.1:5201\n")
+    env = {**os.environ, "TAME_TOKEN": "token-a"}
+    done = subprocess.run([TAME, "agent", "--site", "site-b", "--server", base, "--dest-file", str(dests)],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "403" in done.stderr and "this token is site-a's" in done.stderr and "/v1/sites/site-a" in done.stderr
+    assert client.get("/v1/links").json()["links"] == []
+    assert app.state.service.store.job_counts() == {}
+
+
 def test_a_destination_the_server_refuses_is_reported_and_the_agent_goes_on(tmp_path, service_factory):
     base, client, app = service_factory(start_worker=False)
     dests = tmp_path / "dests"
