@@ -13,6 +13,10 @@ class DestinationNotAllowed(AdvisorError):
     """A probe was aimed at an address outside the operator's allow-list."""
 
 
+class WrongSite(AdvisorError):
+    """A site's token (TAME_SITE_TOKENS) was used to write for another site's links, or without naming its site."""
+
+
 class UnknownDestination(AdvisorError):
     """No fit is stored for the destination yet."""
 

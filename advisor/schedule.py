@@ -221,10 +221,13 @@ def _transfer(index: int, where: str, entry: Any) -> Transfer:
 class SqlAdvice:
     """The stream count for a link and budget, read from the advice store's ``current_advice`` view as a
     scheduler on another machine would (docs/advice-service.md, "The store"): whole standard streams. A link
-    without a source is ``own_site``'s, as the service takes a request that names none."""
+    without a source is ``own_site``'s, as the service takes a request that names none; rows stored before
+    controls were recorded stand for ``default_control`` (the service's, TAME_CONGESTION_CONTROL or the host's)
+    and for no other, as the service answers from them."""
 
-    def __init__(self, database_url: str, own_site: str):
+    def __init__(self, database_url: str, own_site: str, default_control: str):
         self.own_site = own_site
+        self.default_control = default_control
         # A reader never creates a store: a mistyped SQLite path is an error, not a new empty file.
         if database_url.startswith("sqlite:///") and not Path(database_url[len("sqlite:///"):]).is_file():
             raise StoreError(f"no SQLite advice store at {database_url[len('sqlite:///'):]}")
@@ -246,8 +249,9 @@ class SqlAdvice:
         return self._has_src
 
     def streams(self, src: str | None, dest_key: str, control: str, max_impact: float) -> int:
-        """``coalesce(max(streams), 1)`` for the link under ``control`` (rows not recorded with a control
-        answer the default control when none are); UnknownDestination when the store has no fit for it."""
+        """``coalesce(max(streams), 1)`` for the link under ``control`` (for the default control, rows not
+        recorded with a control when there are none recorded); UnknownDestination when the store has no fit
+        for it."""
         where, params = "dest = ?", [dest_key]
         if self.has_src():
             src = src or self.own_site
@@ -257,8 +261,8 @@ class SqlAdvice:
                                      f"column, a store older than advice per link), so it has no advice for "
                                      f"{src} -> {dest_key}")
         with self._db.transaction() as tx:
-            for control_clause, control_params in (("congestion_control = ?", [control]),
-                                                   ("congestion_control IS NULL", [])):
+            unrecorded = [("congestion_control IS NULL", [])] if control == self.default_control else []
+            for control_clause, control_params in [("congestion_control = ?", [control])] + unrecorded:
                 fits = tx.execute(f"SELECT count(*) FROM current_fits WHERE {where} AND {control_clause}",
                                   params + control_params).fetchone()[0]
                 if fits:

@@ -42,6 +42,72 @@ def default_site(env: Mapping[str, str]) -> str:
         raise ConfigError(str(exc)) from None
 
 
+def default_control(env: Mapping[str, str]) -> str:
+    """The congestion control probes and advice use when a request names none: TAME_CONGESTION_CONTROL, else
+    this host's (checked: advisor.limits.check_congestion_control)."""
+    control = env.get("TAME_CONGESTION_CONTROL") or host_default_control()
+    try:
+        return check_congestion_control(control, "TAME_CONGESTION_CONTROL")
+    except InvalidRequest as exc:
+        raise ConfigError(str(exc)) from None
+
+
+SITE_TOKENS_EXAMPLE = "site-a:TOKEN1,site-b:TOKEN2"
+
+
+def site_tokens(env: Mapping[str, str], token: str | None, read_token: str | None) -> tuple[tuple[str, str], ...]:
+    """TAME_SITE_TOKENS, or the file TAME_SITE_TOKENS_FILE names (one pair a line): (site, token) pairs, each token
+    writing only its site's links (api/boundary.py). A site may have several tokens, so one can replace another
+    without a gap. ConfigError names the variable and says what to write; no message shows a token."""
+    text, name = env.get("TAME_SITE_TOKENS") or None, "TAME_SITE_TOKENS"
+    path = env.get("TAME_SITE_TOKENS_FILE") or None
+    if text is not None and path is not None:
+        raise ConfigError("TAME_SITE_TOKENS and TAME_SITE_TOKENS_FILE are both set: keep one")
+    if path is not None:
+        name = f"TAME_SITE_TOKENS_FILE ({path})"
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"TAME_SITE_TOKENS_FILE={path!r} cannot be read: {getattr(exc, 'strerror', None) or exc}"
+                              ) from None
+    if text is None:
+        return ()
+    if not token:
+        # A site token limits what its holder writes; without TAME_TOKEN everyone else would write anything.
+        raise ConfigError(f"{name} is set but TAME_TOKEN is empty, which would leave writes (POST /v1/probes, "
+                          "/v1/probe-runs, /v1/observations, /v1/sites/) open to anyone: set TAME_TOKEN to the "
+                          f"operator's token for every site too, or unset {name}")
+    write = f"write SITE:TOKEN pairs separated by commas, e.g. {SITE_TOKENS_EXAMPLE}"
+    pairs: list[tuple[str, str]] = []
+    entries = [e.strip() for e in text.replace("\n", ",").split(",")]
+    for number, entry in enumerate((e for e in entries if e), 1):
+        site_text, colon, secret = entry.partition(":")
+        if not colon or not site_text:
+            raise ConfigError(f"{name}: pair {number} is not SITE:TOKEN; {write}")
+        try:
+            site = check_site(site_text, f"{name}: pair {number}'s site")
+        except InvalidRequest as exc:
+            raise ConfigError(str(exc)) from None
+        # A header carries printable ASCII (other bytes reach the boundary as Latin-1): another token never matches.
+        if not secret or not (secret.isascii() and secret.isprintable()) or any(c.isspace() for c in secret):
+            raise ConfigError(f"{name}: {site}'s token is {'empty' if not secret else 'not one word'}; a token is "
+                              f"printable ASCII without commas or white space (e.g. `openssl rand -hex 32`); {write}")
+        for other, known in pairs:
+            if known == secret:
+                raise ConfigError(f"{name}: {site}'s token is given twice" if other == site else
+                                  f"{name}: {other} and {site} have the same token; give each site its own")
+        if secret == token:
+            raise ConfigError(f"{name}: {site}'s token is TAME_TOKEN's, which writes for every site; "
+                              f"give {site} a token of its own")
+        if secret == read_token:
+            raise ConfigError(f"{name}: {site}'s token is TAME_READ_TOKEN's, so every reader could write for {site}; "
+                              f"give {site} a token of its own")
+        pairs.append((site, secret))
+    if not pairs:
+        raise ConfigError(f"{name} gives no SITE:TOKEN pair; {write}, or unset it")
+    return tuple(pairs)
+
+
 @dataclass(frozen=True)
 class Settings:
     """Plain values; see ``from_env`` for the variable behind each one."""
@@ -49,6 +115,8 @@ class Settings:
     database_url: str = "sqlite:///tame.sqlite3"
     token: str | None = None
     read_token: str | None = None
+    # (site, token) pairs: each token reads, and writes only its site's links (site_tokens, api/boundary.py).
+    site_tokens: tuple[tuple[str, str], ...] = ()
     allowed: AllowList = field(default_factory=lambda: AllowList.parse(DEFAULT_ALLOWED))
     ttl_s: float = 3600.0
     # A link whose newest probe is older is due for one even while transfers keep its advice fresh
@@ -94,9 +162,11 @@ class Settings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
-        """TAME_DATABASE_URL, TAME_TOKEN, TAME_READ_TOKEN, TAME_ALLOWED_DESTINATIONS, TAME_TTL_S,
+        """TAME_DATABASE_URL, TAME_TOKEN, TAME_READ_TOKEN, TAME_SITE_TOKENS (or TAME_SITE_TOKENS_FILE; see
+        site_tokens), TAME_ALLOWED_DESTINATIONS, TAME_TTL_S,
         TAME_PROBE_MAX_AGE_S (a link whose newest probe is older is probed again even while finished transfers keep
-        its advice fresh; default 24 times TAME_TTL_S, at least TAME_TTL_S), TAME_MAX_CONCURRENT_PROBES, TAME_MODEL, TAME_PROBE_LEVELS (e.g. "1,10"), TAME_PROBE_DURATION_S,
+        its advice fresh; default 24 times TAME_TTL_S, at least TAME_TTL_S),
+        TAME_MAX_CONCURRENT_PROBES, TAME_MODEL, TAME_PROBE_LEVELS (e.g. "1,10"), TAME_PROBE_DURATION_S,
         TAME_PROBE_MAX_DURATION_S, TAME_MAX_BATCH, TAME_MAX_QUEUED_PROBES,
         TAME_MAX_QUEUED_PROBES_PER_CLIENT (queued jobs one remote address may have), TAME_KEEPALIVE_TIMEOUT_S,
         TAME_HEADER_TIMEOUT_S, TAME_BODY_TIMEOUT_S, TAME_MAX_CONNECTIONS, TAME_BACKLOG, TAME_CONGESTION_CONTROL
@@ -153,17 +223,14 @@ class Settings:
             # Below the TTL every link would be probed before its advice could go stale: TAME_TTL_S would mean nothing.
             raise ConfigError(f"TAME_PROBE_MAX_AGE_S={env['TAME_PROBE_MAX_AGE_S']!r} must be at least TAME_TTL_S "
                               f"({ttl_s:g} s): it bounds how long transfers alone may keep a link fresh")
-        control = env.get("TAME_CONGESTION_CONTROL") or host_default_control()
-        try:
-            check_congestion_control(control, "TAME_CONGESTION_CONTROL")
-        except InvalidRequest as exc:
-            raise ConfigError(str(exc)) from None
+        control = default_control(env)
         return cls(
             congestion_control=control,
             site=default_site(env),
             database_url=url,
             token=token,
             read_token=read_token,
+            site_tokens=site_tokens(env, token, read_token),
             allowed=AllowList.parse(env.get("TAME_ALLOWED_DESTINATIONS") or DEFAULT_ALLOWED),
             ttl_s=ttl_s,
             probe_max_age_s=probe_max_age_s,

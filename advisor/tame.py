@@ -15,7 +15,7 @@ from models.buffer import per_stream_buffer_bytes
 from models.tame_share import MAX_CALIBRATED_FM, law_for
 from models.parallel import UNCONGESTED, ParallelFit, ProbePoint
 from models.registry import MODELS, fit
-from probes.result import PlanResult, ProbeResult
+from probes.result import PlanResult, ProbeResult, reported_controls
 
 DEFAULT_MODEL = "auto"
 DEFAULT_N_MAX = 64
@@ -306,7 +306,7 @@ def plan_control(probes: Sequence[ProbeResult], asked: str | None = None) -> str
     """The congestion control a run's probes used, as the driver reported it (``asked`` when none reported one).
 
     Raises ValueError when the probes report different controls: such a run measured no one control."""
-    reported = {p.congestion_control for p in probes if p.congestion_control}
+    reported = reported_controls(probes)
     if len(reported) > 1:
         raise ValueError(f"the probes report different congestion controls ({', '.join(sorted(reported))}); "
                          "probe again under one")

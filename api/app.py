@@ -1,11 +1,13 @@
 """The HTTP API: create_app(settings, store, driver) builds it; nothing is opened at import time.
 
 Error mapping to HTTP statuses lives here and only here:
-InvalidRequest -> 422, BatchTooLarge -> 413, DestinationNotAllowed -> 403, UnknownDestination and
+InvalidRequest -> 422, BatchTooLarge -> 413, DestinationNotAllowed and WrongSite -> 403, UnknownDestination and
 UnknownProbe -> 404, StoreError -> 503 (with a generic message; the detail is logged). Tokens,
 body caps and body deadlines are checked before any route, by api/boundary.py: when TAME_TOKEN is
 set, writes need ``Authorization: Bearer TOKEN``; when TAME_READ_TOKEN is set, reads (the docs
-included) need it or the write token. /healthz is always open. /docs serves Swagger UI from
+included) need it or the write token. A site's token (TAME_SITE_TOKENS) reads, and writes only links from
+its site: the boundary checks /v1/sites/SITE, the write routes a body's src (api.boundary.check_src). /healthz
+is always open. /docs serves Swagger UI from
 assets shipped in the fastapi-offline package, so it works offline.
 """
 
@@ -28,7 +30,7 @@ from starlette.staticfiles import StaticFiles
 from advisor.allowlist import Resolver, system_resolver
 from advisor.destinations import parse_destination
 from advisor.errors import (BatchTooLarge, DestinationNotAllowed, InvalidRequest, QueueFull, StoreError,
-                            UnknownDestination, UnknownProbe)
+                            UnknownDestination, UnknownProbe, WrongSite)
 from advisor.retention import Pruner
 from advisor.service import AdviceService
 from advisor.settings import Settings
@@ -36,7 +38,7 @@ from advisor.sites import SiteBudget
 from advisor.store import Store
 from advisor.worker import ProbeWorker
 from api import schemas
-from api.boundary import Boundary, body_caps
+from api.boundary import Boundary, body_caps, check_src
 from api.fastpath import ADVICE_PARAMETERS, AdviceFastPath, advice_query
 from api.metrics import Metrics, MetricsMiddleware
 from probes.base import ProbeDriver
@@ -45,6 +47,7 @@ from probes.result import ProbeResult
 _STATUS = {
     BatchTooLarge: 413,
     DestinationNotAllowed: 403,
+    WrongSite: 403,
     UnknownDestination: 404,
     UnknownProbe: 404,
     InvalidRequest: 422,
@@ -54,7 +57,8 @@ _STATUS = {
 STORE_UNAVAILABLE = "the advice store is unavailable; try again shortly"
 _ERROR_MEANING = {
     401: "a token is configured and the request did not carry it",
-    403: "the destination is outside the operator's allow-list (TAME_ALLOWED_DESTINATIONS)",
+    403: "the destination is outside the operator's allow-list (TAME_ALLOWED_DESTINATIONS), or the token is a "
+         "site's (TAME_SITE_TOKENS) and the request writes for another site's links or names no src",
     404: "unknown destination or probe",
     408: "the body did not arrive within TAME_BODY_TIMEOUT_S",
     413: "the body, or the batch, is larger than this route takes",
@@ -162,6 +166,7 @@ def create_app(settings: Settings, store: Store, driver: ProbeDriver | None = No
     @app.post("/v1/probes", status_code=202, response_model=schemas.ProbeAccepted,
               responses={**_BODY_ERRORS, **_responses(403, 429)})
     def post_probe(body: schemas.ProbeRequest, request: Request) -> Response:
+        check_src(request, body.src)
         client = request.client.host if request.client else None
         job, created = service.request_probe(body.dest, body.levels, body.duration_s, client=client,
                                              congestion_control=body.congestion_control, src=body.src)
@@ -186,12 +191,14 @@ def create_app(settings: Settings, store: Store, driver: ProbeDriver | None = No
 
     @app.post("/v1/observations", status_code=202, response_model=schemas.ObservationOut,
               responses={**_BODY_ERRORS, **_responses(403)})
-    def post_observation(body: schemas.ObservationIn) -> Response:
+    def post_observation(body: schemas.ObservationIn, request: Request) -> Response:
+        check_src(request, body.src)
         return _json(service.observe(body.dest, body.streams, body.throughput_bps, **body.detail()), 202)
 
     @app.post("/v1/probe-runs", status_code=201, response_model=schemas.ProbeRunOut,
               responses={**_BODY_ERRORS, **_responses(403)})
-    def post_probe_run(body: schemas.ProbeRunIn) -> Response:
+    def post_probe_run(body: schemas.ProbeRunIn, request: Request) -> Response:
+        check_src(request, body.src)
         dest = parse_destination(body.dest)
         # A pushed run becomes advice schedulers read, as an observation does: only where probes are allowed.
         service.check_allowed(dest)
@@ -213,7 +220,7 @@ def create_app(settings: Settings, store: Store, driver: ProbeDriver | None = No
         budget = SiteBudget.checked(body.max_probes, body.max_streams, body.probe_seconds_per_hour)
         return _json(service.register_site(site, budget, body.dests, body.congestion_control))
 
-    @app.post("/v1/sites/{site}/claims", response_model=schemas.ClaimOut, responses=_BODY_ERRORS)
+    @app.post("/v1/sites/{site}/claims", response_model=schemas.ClaimOut, responses={**_BODY_ERRORS, **_responses(403)})
     def post_claim(site: str, body: schemas.ClaimIn) -> Response:
         return _json(service.claim(site, body.owner, body.max_streams))
 
@@ -253,7 +260,7 @@ def create_app(settings: Settings, store: Store, driver: ProbeDriver | None = No
         metrics.requests.labels(method, path if path in caps else "unmatched", str(status)).inc()
 
     app.add_middleware(Boundary, token=settings.token, read_token=settings.read_token, caps=caps,
-                       body_timeout_s=settings.body_timeout_s, on_refused=refused)
+                       body_timeout_s=settings.body_timeout_s, site_tokens=settings.site_tokens, on_refused=refused)
     return app
 
 

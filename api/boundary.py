@@ -9,6 +9,11 @@ under TAME_BODY_TIMEOUT_S, and handed on whole, so the app never waits on a slow
 Access classes: POST /v1/probes, /v1/probe-runs and /v1/observations, and everything under /v1/sites/
 (an agent's registration and claims; any method on those paths) need TAME_TOKEN when it is set; /healthz is open; everything else, /docs and /openapi.json
 included, needs TAME_READ_TOKEN or TAME_TOKEN when TAME_READ_TOKEN is set.
+
+A site's token (TAME_SITE_TOKENS) reads, and writes only that site's links: under /v1/sites/ only its own site's
+paths (checked here, 403 otherwise), and the three write routes only a body whose src is its site (checked by the
+routes with check_src, as only they parse the body). The site is put in the request's state (``token_site``) for
+them; None there means a token for every site, or none needed.
 """
 
 from __future__ import annotations
@@ -16,9 +21,10 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
-from typing import Callable
+from typing import Any, Callable, Sequence
 
-from advisor.limits import MAX_PROBE_STREAMS
+from advisor.errors import InvalidRequest, WrongSite
+from advisor.limits import MAX_PROBE_STREAMS, check_site
 from api import schemas
 from probes.iperf_parse import RAW_MAX_CHARS
 
@@ -74,36 +80,90 @@ def route_of(path: str) -> str:
     return SITES_PREFIX if path.startswith(SITES_PREFIX) else path
 
 
+def bearer(header: str) -> bytes | None:
+    """The token of an Authorization header value ``Bearer T``, or None."""
+    scheme, _, given = header.partition(" ")
+    return given.encode("latin-1") if scheme.lower() == "bearer" and given else None
+
+
 def header_token_ok(header: str, *tokens: str | None) -> bool:
     """Whether an Authorization header value is ``Bearer T`` for one of ``tokens`` (constant-time compare)."""
-    scheme, _, given = header.partition(" ")
-    if scheme.lower() != "bearer" or not given:
-        return False
-    return any(t is not None and hmac.compare_digest(given.encode(), t.encode()) for t in tokens)
+    given = bearer(header)
+    return given is not None and any(t is not None and hmac.compare_digest(given, t.encode()) for t in tokens)
+
+
+# The key of the request's state the site of its token is kept under (None: a token for every site, or none needed).
+TOKEN_SITE = "token_site"
+
+
+def check_writer(token_site: str | None, src: Any, *, in_path: bool = False) -> None:
+    """Refuse (WrongSite) a write for links from ``src`` (a body's src, None when it names none, or the SITE of
+    /v1/sites/SITE when ``in_path``) made with site ``token_site``'s token; None: a token for every site."""
+    if token_site is None:
+        return
+    try:
+        named = None if src is None else check_site(src)
+    except InvalidRequest:
+        named = None
+    if named == token_site:
+        return
+    if in_path:
+        raise WrongSite(f"this token is {token_site}'s: it registers and claims only for {token_site}, not "
+                        f"{named or 'that name'}; use /v1/sites/{token_site}")
+    given = "the request names no src" if src is None else f"not from {named or 'that src'}"
+    raise WrongSite(f"this token is {token_site}'s: it writes only links from {token_site}, {given}; "
+                    f'give "src": "{token_site}"')
+
+
+def check_src(request, src: Any) -> None:
+    """check_writer for a route's request whose body names ``src``, with the site of the request's token."""
+    check_writer(getattr(request.state, TOKEN_SITE, None), src)
 
 
 class Boundary:
     """ASGI middleware: token check from the headers, then the body read whole within its cap and deadline."""
 
     def __init__(self, app, *, token: str | None, read_token: str | None, caps: dict[str, int],
-                 body_timeout_s: float, on_refused: Callable[[str, str, int], None] | None = None):
+                 body_timeout_s: float, site_tokens: Sequence[tuple[str, str]] = (),
+                 on_refused: Callable[[str, str, int], None] | None = None):
+        if site_tokens and not token:
+            raise ValueError("site tokens without a token for every site would leave writes open")
         self.app = app
         self.token = token
         self.read_token = read_token
+        self.site_tokens = tuple((site, secret.encode()) for site, secret in site_tokens)
         self.caps = caps
         self.body_timeout_s = body_timeout_s
         self.on_refused = on_refused
 
-    def _denied(self, path: str, authorization: bytes) -> str | None:
+    def _site_of(self, given: bytes | None) -> str | None:
+        """The site whose token ``given`` is, or None; every site token is compared (each in constant time)."""
+        found = None
+        for site, secret in self.site_tokens:
+            if given is not None and hmac.compare_digest(given, secret):
+                found = site
+        return found
+
+    def _decide(self, path: str, authorization: bytes) -> tuple[str | None, tuple[int, str] | None]:
+        """(the site of the request's token, or None; the refusal as (status, detail), or None)."""
         if path in OPEN_PATHS:
-            return None
+            return None, None
+        header = authorization.decode("latin-1")
+        site = self._site_of(bearer(header))
         if path in WRITE_PATHS or route_of(path) == SITES_PREFIX:
-            if self.token and not header_token_ok(authorization.decode("latin-1"), self.token):
-                return "writes need 'Authorization: Bearer TOKEN' (TAME_TOKEN is set)"
-            return None
-        if self.read_token and not header_token_ok(authorization.decode("latin-1"), self.read_token, self.token):
-            return "reads need 'Authorization: Bearer TOKEN' (TAME_READ_TOKEN is set)"
-        return None
+            if not self.token or header_token_ok(header, self.token):
+                return None, None
+            if site is None:
+                return None, (401, "writes need 'Authorization: Bearer TOKEN' (TAME_TOKEN is set)")
+            if route_of(path) == SITES_PREFIX:
+                try:
+                    check_writer(site, path[len(SITES_PREFIX):].split("/")[0], in_path=True)
+                except WrongSite as exc:
+                    return site, (403, str(exc))
+            return site, None
+        if self.read_token and site is None and not header_token_ok(header, self.read_token, self.token):
+            return None, (401, "reads need 'Authorization: Bearer TOKEN' (TAME_READ_TOKEN is set)")
+        return site, None
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -122,9 +182,13 @@ class Boundary:
             elif name == b"transfer-encoding":
                 chunked = True
         has_body = chunked or (length is not None and length != b"0")
-        denied = self._denied(path, authorization)
-        if denied is not None:
-            return await self._refuse(scope, send, path, 401, denied, has_body, {b"www-authenticate": b"Bearer"})
+        site, refusal = self._decide(path, authorization)
+        if refusal is not None:
+            status, detail = refusal
+            challenge = {b"www-authenticate": b"Bearer"} if status == 401 else None
+            return await self._refuse(scope, send, path, status, detail, has_body, challenge)
+        # A state of this request's own (uvicorn copies the app's per request; another server might not).
+        scope["state"] = {**scope.get("state", {}), TOKEN_SITE: site}
         if not has_body:
             return await self.app(scope, receive, send)
         cap = self.caps.get(route_of(path), OTHER_BODY_BYTES)

@@ -33,6 +33,9 @@ Site = Annotated[str, Field(max_length=256, description="the source site of the 
                                                         "site, TAME_SITE)"),
                  _checked(limits.check_site)]
 
+# What the write routes' src says about a site's token (api/boundary.py).
+SITE_TOKEN_SRC = "; a site's token (TAME_SITE_TOKENS) must give its own site here"
+
 Dest = Field(min_length=1, max_length=limits.MAX_DEST_LENGTH, description="HOST or HOST:PORT (default port 5201), IPv6 as [ADDR]:PORT")
 
 
@@ -125,7 +128,8 @@ class BatchOut(BaseModel):
 class ProbeRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     src: Site | None = Field(default=None, description="the site to probe from (default: the service's own, probed "
-                                                      "here; another site's probes wait for its agent)")
+                                                      "here; another site's probes wait for its agent)"
+                                                      f"{SITE_TOKEN_SRC}")
     dest: str = Dest
     levels: list[int] | None = Field(default=None, max_length=limits.MAX_PROBE_LEVELS,
                                      description="stream counts to probe (default: the service's, e.g. [1, 10])")
@@ -213,7 +217,8 @@ class ObservationIn(BaseModel):
     under the tame congestion control is stored with its detail but does not (advisor/observations.py)."""
 
     model_config = ConfigDict(extra="forbid")
-    src: Site | None = Field(default=None, description="the site the transfer ran from (default: the service's own)")
+    src: Site | None = Field(default=None, description="the site the transfer ran from (default: the service's own)"
+                                                      f"{SITE_TOKEN_SRC}")
     dest: str = Dest
     streams: int = Field(ge=1, le=limits.MAX_STREAMS)
     throughput_bps: float = Field(ge=limits.MIN_THROUGHPUT_BPS, lt=limits.MAX_THROUGHPUT_BPS, allow_inf_nan=False, description="achieved throughput, bits/s")
@@ -288,7 +293,8 @@ class ProbeRunIn(BaseModel):
     """A probe run measured elsewhere (``tame agent --push``)."""
 
     model_config = ConfigDict(extra="forbid")
-    src: Site | None = Field(default=None, description="the site the probes ran from (default: the service's own)")
+    src: Site | None = Field(default=None, description="the site the probes ran from (default: the service's own)"
+                                                      f"{SITE_TOKEN_SRC}")
     dest: str = Dest
     idle_rtt_s: float | None = Field(default=None, gt=0, lt=1e4, allow_inf_nan=False)
     started_at: float = Field(default=0.0, ge=0, lt=1e11, allow_inf_nan=False)

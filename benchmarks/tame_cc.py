@@ -379,6 +379,22 @@ PLAN_BUDGETS = (0.05, 0.1, 0.15, 0.2, 0.3)
 PLAN_TOLERANCE = 0.05
 
 
+def opened_groups(advice, rtt_s: float | None) -> tuple[int, tuple[Group, ...], float | None]:
+    """What `tame transfer` opens for ``advice`` (advisor.commands.transfer.plan_opening, the fractional form):
+    its standard streams, its groups of streams, and the tame stream's FM (None without one)."""
+    from advisor.cli import UsageError
+    from advisor.commands.transfer import plan_opening
+    from advisor.destinations import parse_destination
+
+    dest = parse_destination("10.0.0.1:5201")  # the ports only tell the two clients apart here
+    try:
+        opened = plan_opening(advice, dest, rtt_s, STANDARD, None, dest.port + 1, None)
+    except UsageError:  # the advice opens nothing: even the smallest tame stream breaks the budget
+        return 0, (), None
+    return (opened.standard_streams, tuple(Group(c.streams, c.congestion_control) for c in opened.clients),
+            opened.fractional_multiplier)
+
+
 def plan_runs(args) -> tuple[list[Run], list[dict]]:
     """Per path: probe with cubic (the service's plan), advise at each budget, open the advice as `tame
     transfer` does (floor(n*) cubic + one tame stream at its FM, or the tame stream alone below one), and
@@ -410,9 +426,7 @@ def plan_runs(args) -> tuple[list[Run], list[dict]]:
             for budget in args.budgets:
                 advice = tame_parallel_tcp(points, budget, DEFAULT_N_MAX, DEFAULT_MODEL, plan.idle_rtt_s,
                                            standard_control=STANDARD)
-                standard, fm = advice.opened_streams()
-                groups = tuple(g for g in (Group(standard, STANDARD) if standard else None,
-                                            Group(1, cc.NAME) if fm else None) if g)
+                standard, groups, fm = opened_groups(advice, plan.idle_rtt_s)
                 setting = cc.CcSetting(fm, scale_slow_start=cc.SCALE_SLOW_START_BY_DEFAULT) if fm else None
                 opened = once(groups, setting, f"advice {budget:g}")
                 n_star = advice.tcp_equivalent_streams

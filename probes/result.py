@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
 
 @dataclass(frozen=True)
@@ -65,3 +66,13 @@ class PlanResult:
     dest: str
     idle_rtt_s: float | None
     probes: tuple[ProbeResult, ...]
+
+    @property
+    def congestion_controls(self) -> set[str]:
+        """The congestion controls its probes report (the driver's reading; empty when none reported one)."""
+        return reported_controls(self.probes)
+
+
+def reported_controls(probes: Sequence[ProbeResult]) -> set[str]:
+    """The congestion controls ``probes`` report (empty when none reported one)."""
+    return {p.congestion_control for p in probes if p.congestion_control}

@@ -2,6 +2,7 @@
 
 import os
 import pwd
+import re
 import shlex
 import shutil
 import socket
@@ -18,6 +19,7 @@ from advisor.allowlist import AllowList
 from advisor.cli import build_parser
 from advisor.commands.agent import read_destinations
 from advisor.destinations import parse_destination
+from advisor.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -240,3 +242,30 @@ def test_multisite_compose_has_postgres_two_replicas_two_sites_two_iperf3_server
             assert dependency in services
     assert {tuple(read_destinations(ROOT / next(v for v in services[n]["volumes"]).split(":")[0])) for n in agents} \
         == {(f"{i}:5201",) for i in iperfs}
+
+
+def interpolated(env):
+    """A compose service's environment with each ${VAR:-default} as compose fills it when VAR is unset."""
+    return {k: re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", str(v)) for k, v in env.items()}
+
+
+def test_multisite_agents_each_hold_their_own_site_s_token():
+    services = multisite()["services"]
+    parser = build_parser()
+    replicas = [s for s in services.values() if s.get("command", [None, None])[1:2] == ["serve"]]
+    agents = {parser.parse_args(s["command"][1:]).site: s for s in services.values()
+              if s.get("command", [None, None])[1:2] == ["agent"]}
+    for replica in replicas:
+        raw = replica["environment"]
+        assert "${TAME_TOKEN:-" in raw["TAME_TOKEN"]  # the operator sets it; the defaults are placeholders
+        settings = Settings.from_env(interpolated(raw))  # ConfigError if TAME_SITE_TOKENS is malformed
+        tokens = dict((token, site) for site, token in settings.site_tokens)
+        assert sorted(tokens.values()) == sorted(agents)
+        for site, agent in agents.items():
+            env = interpolated(agent["environment"])
+            # An agent's TAME_TOKEN is its own site's token: neither the operator's nor another site's.
+            assert tokens.get(env["TAME_TOKEN"]) == site, site
+            assert "TAME_SITE_TOKENS" not in env and "TAME_DATABASE_URL" not in env
+            assert "${" in agent["environment"]["TAME_TOKEN"]  # set by the operator, not written in this file
+            # It probes within the replicas' allow-list.
+            assert Settings.from_env(env).allowed.describe() == settings.allowed.describe()

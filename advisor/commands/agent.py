@@ -39,7 +39,7 @@ def register(subparsers) -> None:
     parser.add_argument("--site", type=site_name, metavar="NAME",
                         help="with --server: the site this agent probes from; it registers the site's links (the "
                              "--dest-file) and budget with the server and claims the site's due probes, with the "
-                             "site's other agents")
+                             "site's other agents; its TAME_TOKEN is the site's token (the server's TAME_SITE_TOKENS)")
     parser.add_argument("--max-probes", type=whole_number(1, MAX_SITE_PROBES), default=SiteBudget.max_probes,
                         metavar="N", help=f"with --site: the site's probes at once (default {SiteBudget.max_probes})")
     parser.add_argument("--max-streams", type=whole_number(1, MAX_SITE_STREAMS), default=SiteBudget.max_streams,

@@ -29,7 +29,7 @@ class Setting:
 
 
 def setting_for(tcp_equivalent: float, streams: int | None = None, rtt_s: float | None = None,
-                standard_control: str | None = None) -> Setting:
+                standard_control: str | None = None, n_star_named: str = "--tcp-equivalent") -> Setting:
     """The FM that makes the transfer take ``tcp_equivalent`` (n*) standard streams' share.
 
     One tame stream at FM takes share(FM) = s1(RTT) x FM^-k of a ``standard_control`` stream, the law
@@ -37,6 +37,7 @@ def setting_for(tcp_equivalent: float, streams: int | None = None, rtt_s: float 
 
     Without ``streams`` (the fractional form, as the advice opens it): floor(n*) standard streams plus
     one tame stream carrying the remainder r at the FM whose share is r (advisor.tame.fractional_multiplier_for).
+    ``n_star_named`` is what the user knows n* as, for the errors (the option, or "the advice's n*").
 
     With ``streams`` = N (the aggregate form, for tools that open N streams of one control): each of the N
     streams runs tame at the FM whose share is n*/N, so that together they take n* streams' share.
@@ -54,11 +55,11 @@ def setting_for(tcp_equivalent: float, streams: int | None = None, rtt_s: float 
         return Setting(fm, standard_streams=math.floor(n_star), tame_streams=1, form="fractional")
     if streams < 1:
         raise UsageError(f"--streams {streams}: give the number of streams the transfer opens, at least 1")
-    if streams < n_star:
+    if streams < n_star - 1e-9:  # n* within rounding of a whole number is that number
         raise UsageError(
-            f"--streams {streams} is fewer than --tcp-equivalent {n_star:g}: tame only slows streams down "
+            f"--streams {streams} is fewer than {n_star_named} {n_star:g}: tame only slows streams down "
             f"(FM >= 1), so {streams} stream(s) cannot take what {n_star:g} standard streams would; "
-            f"open at least {math.ceil(n_star)}")
+            f"open at least {math.ceil(n_star - 1e-9)}")
     fm = round(law_for(standard_control).multiplier_for(n_star / streams, rtt_s), 3)
     if fm > cc.MAX_FM:
         raise UsageError(f"--streams {streams} for --tcp-equivalent {n_star:g} needs FM {fm:g}, "

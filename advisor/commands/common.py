@@ -145,13 +145,15 @@ def streams_text(count: int) -> str:
     return f"{count} stream{'' if count == 1 else 's'}"
 
 
-def opened_text(advice: Advice) -> str:
+def opened_text(advice: Advice, with_fm: bool = True) -> str:
     """How many sockets to open, once and plainly: the standard and fractional streams that carry n*
-    (Advice.opened_streams), and what to open instead when the tool cannot open a fractional stream."""
+    (Advice.opened_streams), and what to open instead when the tool cannot open a fractional stream.
+    ``with_fm`` False leaves the fractional stream's FM to the "how to open" line, which gives the FM the
+    tame control is set to."""
     standard, fm = advice.opened_streams()
     if fm is None:
         return f"open {streams_text(standard)}" + (" (standard)" if standard == 1 else " (all standard)")
-    fractional = f"1 fractional at FM {fm:.2f}"
+    fractional = f"1 fractional at FM {fm:.2f}" if with_fm else "1 fractional"
     opened = f"{standard} standard + {fractional}" if standard else fractional
     return (f"open {streams_text(standard + 1)}: {opened}, or {advice.num_flows} standard "
             f"stream{'' if advice.num_flows == 1 else 's'} if your tool cannot open a fractional stream")
@@ -172,7 +174,7 @@ def alternative_text(alternative: dict[str, Any]) -> str:
 def print_advice(advice: Advice, opening: dict[str, Any] | None = None) -> None:
     """The advice in a few lines; ``opening`` (advisor.opening.how_to_open) adds how to open it."""
     lines = [
-        f"streams:                    {opened_text(advice)}",
+        f"streams:                    {opened_text(advice, with_fm=opening is None)}",
         f"predicted throughput:       {format_bps(advice.max_nondisruptive_throughput_bps)} "
         f"on {advice.num_flows} standard stream{'' if advice.num_flows == 1 else 's'}",
         f"predicted impact on others: {advice.cross_traffic_impact:.1%} (budget {advice.max_impact:.1%})",

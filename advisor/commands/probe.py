@@ -161,7 +161,7 @@ def to_json(result: PlanResult) -> dict:
     rate and retransmitted segments over it;
     idle_streams: how many carried next to nothing, :func:`probes.plan.idle_streams`; interval_bps: the
     per-interval rate the settle rule read, measured at interval_side, "receiver" or "sender")."""
-    used = {p.congestion_control for p in result.probes if p.congestion_control}
+    used = result.congestion_controls
     return {
         "dest": result.dest,
         "congestion_control": used.pop() if len(used) == 1 else None,
@@ -236,7 +236,7 @@ def _print_progress(event: PlanEvent, command: str) -> None:
 
 def _print_table(result: PlanResult) -> None:
     rtt = "unknown" if result.idle_rtt_s is None else f"{result.idle_rtt_s * 1e3:.3f} ms"
-    controls = ", ".join(sorted({p.congestion_control for p in result.probes if p.congestion_control})) or "unknown"
+    controls = ", ".join(sorted(result.congestion_controls)) or "unknown"
     print(f"{result.dest}  idle RTT {rtt}  congestion control {controls}")
     print(f"{'streams':>7}  {'Mbit/s':>10}  {'± Mbit/s':>9}  {'retrans':>8}  {'RTT ms':>8}  {'seconds':>7}  settled")
     for p in result.probes:

@@ -27,7 +27,7 @@ from advisor.commands.transfer import (DEADLINE_SLACK_S, DEFAULT_BYTES_TIMEOUT_S
 from advisor.errors import AdvisorError, InvalidRequest
 from advisor.limits import MAX_PROBE_STREAMS, check_congestion_control
 from advisor.schedule import MAX_QUEUE_BYTES, SqlAdvice, Transfer, parse_queue, run_concurrently
-from advisor.settings import default_site
+from advisor.settings import default_control, default_site
 from probes.controls import available_controls, host_default_control
 from probes.errors import ProbeError
 from probes.transfer import run_transfer
@@ -93,7 +93,7 @@ def run(args) -> int:
             raise UsageError(str(exc)) from exc
     if args.database_url:
         try:
-            sql = SqlAdvice(args.database_url, default_site(os.environ))
+            sql = SqlAdvice(args.database_url, default_site(os.environ), default_control(os.environ))
         except AdvisorError as exc:
             raise UsageError(f"--database-url: {exc}") from exc
     else:

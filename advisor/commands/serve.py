@@ -18,6 +18,7 @@ def register(subparsers) -> None:
         "serve", help="run the HTTP advice API with its store and probe worker",
         description="Configuration comes from the environment: TAME_DATABASE_URL (default sqlite file "
                     "./tame.sqlite3 or $XDG_DATA_HOME/tame/tame.sqlite3), TAME_TOKEN, TAME_READ_TOKEN, "
+                    "TAME_SITE_TOKENS (site-a:TOKEN1,site-b:TOKEN2: each writes only its site's links), "
                     "TAME_ALLOWED_DESTINATIONS (default loopback only), TAME_TTL_S, TAME_MAX_CONCURRENT_PROBES; "
                     "the server's limits and timeouts are in docs/security.md.",
     )

@@ -127,10 +127,7 @@ def plan_opening(advice: Advice, dest: Destination, rtt_s: float | None, standar
         if not n_star > 0:
             raise UsageError(f"the advice for {dest.key} is n* {n_star:g}: no share to scale {streams} streams to; "
                              "leave out --streams to open what the advice says")
-        if streams < math.ceil(n_star - 1e-9):
-            raise UsageError(f"--streams {streams} is fewer than the advice's n* {n_star:g}: tame only slows streams "
-                             f"down, so open at least {math.ceil(n_star)}")
-        setting = setting_for(n_star, streams, rtt_s, standard_control)
+        setting = setting_for(n_star, streams, rtt_s, standard_control, n_star_named="the advice's n*")
         client = ClientSpec(dest.port, streams, cc.NAME, total_bytes)
         return Opened("aggregate", 0, streams, setting.fractional_multiplier, n_star, (client,))
     opening = how_to_open(dataclasses.replace(advice, congestion_control=standard_control), dest.key, rtt_s)

@@ -54,15 +54,19 @@ def test_fit_json_fields_and_values():
 def test_fit_human_output():
     result = tame("fit", *PROBE_ARGS, "--max-impact", "0.5", "--model", "lu", "--no-margin")
     assert result.returncode == 0
-    # n* = sqrt(12) = 3.46: three standard streams and one fractional stream of FM 1 / 0.4641^2 = 4.64,
-    # said once, with what to open when the tool has no fractional stream.
-    assert ("streams:                    open 4 streams: 3 standard + 1 fractional at FM 4.64, or 3 standard "
+    # n* = sqrt(12) = 3.46: three standard streams and one fractional stream, with what to open when the tool
+    # has no fractional stream. Its FM is said once, on the line that says how to open it: the FM the tame
+    # control is set to beside this host's control (models.tame_share), not the model's 1 / 0.4641^2 = 4.64.
+    assert ("streams:                    open 4 streams: 3 standard + 1 fractional, or 3 standard "
             "streams if your tool cannot open a fractional stream") in result.stdout
+    assert "how to open:                3 standard + 1 tame stream at FM " in result.stdout
+    assert result.stdout.count("FM") == 1
     assert "on 3 standard streams" in result.stdout and "n*:  3.46\n" in result.stdout
     # Below one stream the fractional stream is the transfer: n* = 0.657, FM 1 / 0.657^2 = 2.31.
     below = tame("fit", *PROBE_ARGS, "--max-impact", "0.05", "--model", "lu", "--no-margin")
-    assert ("open 1 stream: 1 fractional at FM 2.31, or 1 standard stream if your tool cannot open a "
+    assert ("open 1 stream: 1 fractional, or 1 standard stream if your tool cannot open a "
             "fractional stream") in below.stdout
+    assert "1 tame stream alone at FM " in below.stdout and "FM" not in below.stdout.splitlines()[0]
     # n* = 2 exactly (impact 1 - sqrt(4/8) = 0.2929 at 2 streams): no fractional stream to explain.
     whole = tame("fit", *PROBE_ARGS, "--max-impact", str(1 - math.sqrt(0.5) + 1e-6), "--model", "lu", "--no-margin")
     assert "streams:                    open 2 streams (all standard)\n" in whole.stdout

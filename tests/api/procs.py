@@ -11,6 +11,7 @@ import httpx
 from tests.api.conftest import free_port, wait_for
 
 TAME = str(Path(sys.executable).with_name("tame"))
+TOKEN_VARIABLES = ("TAME_TOKEN", "TAME_READ_TOKEN", "TAME_SITE_TOKENS")
 
 
 def start_iperf3(tmp_path, port):
@@ -28,9 +29,9 @@ def start_iperf3(tmp_path, port):
 def start_serve(tmp_path, db_path, env=None, args=()):
     """`tame serve` on a free port over ``db_path``: (Popen, base URL); its output goes to files in tmp_path."""
     port = free_port()
-    env = {**os.environ, "TAME_DATABASE_URL": f"sqlite:///{db_path}", **(env or {})}
-    env.pop("TAME_TOKEN", None)
-    env.pop("TAME_READ_TOKEN", None)
+    # Tokens only as the test gives them, never from the environment the tests run in.
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith(TOKEN_VARIABLES)}
+    env = {**inherited, "TAME_DATABASE_URL": f"sqlite:///{db_path}", **(env or {})}
     out = (tmp_path / f"serve-{port}.out").open("wb")
     err = (tmp_path / f"serve-{port}.err").open("wb")
     proc = subprocess.Popen([TAME, "serve", "--port", str(port), *args], env=env, stdout=out, stderr=err,

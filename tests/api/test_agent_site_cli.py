@@ -30,18 +30,24 @@ def test_bad_site_options_exit_2_and_nothing_runs(tmp_path, argv, says):
     assert not (tmp_path / "never.sqlite3").exists()
 
 
-def test_a_server_that_refuses_the_agent_stops_it_with_2(tmp_path, service_factory):
-    """A wrong token: the registration is refused (401), the agent says so and exits 2 rather than trying again
-    forever; nothing is stored."""
-    base, client, app = service_factory(start_worker=False, token="s3cret")
+@pytest.mark.parametrize("token, site, says", [
+    ("wrong", "dtn1", ["401"]),
+    # The agent's TAME_TOKEN is its site's token: with site-a's it cannot register as site-b.
+    ("token-a", "site-b", ["403", "this token is site-a's", "/v1/sites/site-a"]),
+])
+def test_a_server_that_refuses_the_agent_stops_it_with_2(tmp_path, service_factory, token, site, says):
+    """A wrong token, or another site's: the registration is refused, the agent says so and exits 2 rather than
+    trying again forever; nothing is stored."""
+    base, client, app = service_factory(start_worker=False, token="s3cret", site_tokens=(("site-a", "token-a"),))
     dests = tmp_path / "dests"
     dests.write_text("127.0.0.1:5201\n")
-    env = {**os.environ, "TAME_TOKEN": "wrong"}
-    done = subprocess.run([TAME, "agent", "--site", "dtn1", "--server", base, "--dest-file", str(dests)],
+    env = {**os.environ, "TAME_TOKEN": token}
+    done = subprocess.run([TAME, "agent", "--site", site, "--server", base, "--dest-file", str(dests)],
                           env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stderr
-    assert "401" in done.stderr
+    assert all(word in done.stderr for word in says), done.stderr
     assert client.get("/v1/links").json()["links"] == []
+    assert app.state.service.store.job_counts() == {}
 
 
 def test_a_destination_the_server_refuses_is_reported_and_the_agent_goes_on(tmp_path, service_factory):

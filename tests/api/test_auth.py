@@ -79,3 +79,38 @@ def test_warm_advice_on_the_fast_path_still_needs_the_read_token(service_factory
     assert client.get("/v1/advice", params=query).status_code == 401
     assert client.get("/v1/advice", params=query, headers={"Authorization": "Bearer nope"}).status_code == 401
     assert client.get("/metrics").status_code == 401
+
+
+def test_a_site_token_reads_as_the_read_token_does_and_a_wrong_token_is_401(service_factory):
+    from tests.api.conftest import rate
+
+    base, client, app = service_factory(token="s3cret", read_token="r3ad", site_tokens=(("site-a", "token-a"),),
+                                        start_worker=False)
+    site_a = {"Authorization": "Bearer token-a"}
+    run = {"src": "site-a", "dest": "127.0.0.1", "idle_rtt_s": 0.01,
+           "probes": [{"streams": 1, "throughput_bps": rate(1)}, {"streams": 10, "throughput_bps": rate(10)}]}
+    assert client.post("/v1/probe-runs", json=run, headers=site_a).status_code == 201
+    query = {"src": "site-a", "dest": "127.0.0.1:5201", "max_impact": 0.1}
+    for _ in range(3):  # the first from the route, then warm: answered by api/fastpath.py
+        assert client.get("/v1/advice", params=query, headers=site_a).status_code == 200
+    # Reads are not limited to the token's site.
+    assert client.get("/v1/links", headers=site_a).json()["links"][0]["src"] == "site-a"
+    assert client.get("/v1/paths", params={"src": "other"}, headers=site_a).status_code == 200
+    assert client.post("/v1/advice:batch", json=[{"dest": "127.0.0.1", "max_impact": 0.1}], headers=site_a
+                       ).status_code == 200
+    assert client.get("/metrics", headers=site_a).status_code == 200
+    for wrong in ({"Authorization": "Bearer token-b"}, {"Authorization": "Bearer token-a2"}, {"Authorization": "token-a"}):
+        assert client.get("/v1/advice", params=query, headers=wrong).status_code == 401
+        refused = client.post("/v1/probe-runs", json=run, headers=wrong)
+        assert refused.status_code == 401 and refused.headers["www-authenticate"] == "Bearer"
+    # The read token still does not write, for any site.
+    assert client.post("/v1/probe-runs", json=run, headers={"Authorization": "Bearer r3ad"}).status_code == 401
+    assert client.put("/v1/sites/site-a", json={"dests": ["127.0.0.1"]},
+                      headers={"Authorization": "Bearer r3ad"}).status_code == 401
+
+
+def test_site_tokens_without_a_token_for_every_site_are_refused_at_the_boundary():
+    from api.boundary import Boundary
+
+    with pytest.raises(ValueError, match="writes open"):
+        Boundary(None, token=None, read_token=None, caps={}, body_timeout_s=1.0, site_tokens=(("site-a", "t"),))

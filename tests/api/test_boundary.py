@@ -59,6 +59,21 @@ def test_a_huge_post_without_a_token_gets_401_before_its_body_is_read(service_fa
         assert sock.recv(1) == b""
 
 
+def test_a_site_token_on_another_site_s_path_gets_403_before_its_body_is_read(service_factory):
+    base, client, app = service_factory(token="s3cret", site_tokens=(("site-a", "token-a"),), start_worker=False)
+    with connect(base) as sock:
+        started = time.monotonic()
+        sock.sendall(request_head("PUT", "/v1/sites/site-b", {"Content-Type": "application/json",
+                                                               "Authorization": "Bearer token-a",
+                                                               "Content-Length": str(300 * 1024 * 1024)}) + b'{"dests"')
+        status, headers, body = read_response(sock)
+        assert status == 403, body
+        assert time.monotonic() - started < 5
+        assert json.loads(body)["detail"].startswith("this token is site-a's")
+        assert "connection: close" in headers and "www-authenticate" not in headers
+        assert sock.recv(1) == b""
+
+
 def test_bad_json_without_a_token_gets_401_not_422(service_factory):
     base, client, app = service_factory(token="s3cret", start_worker=False)
     response = client.post("/v1/probes", content=b"{not json", headers={"Content-Type": "application/json"})

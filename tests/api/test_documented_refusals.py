@@ -15,8 +15,12 @@ from tests.api.test_fuzz import CHECKS
 
 
 
-def case(name, method, path, status, *, body=None, headers=None, settings=None, before=None):
-    return pytest.param(method, path, status, body, headers or {}, settings or {}, before, id=name)
+def case(name, method, path, status, *, body=None, headers=None, settings=None, before=None, path_parameters=None):
+    return pytest.param(method, path, status, body, headers or {}, settings or {}, before, path_parameters or {},
+                        id=name)
+
+
+SITE_TOKENS = {"token": "w", "site_tokens": (("site-a", "token-a"),)}
 
 
 def fill_queue(client):
@@ -37,20 +41,27 @@ CASES = [
          body=[{"dest": "127.0.0.1", "max_impact": 0.1}] * 3, settings={"max_batch": 2}),
     case("observation-body-over-cap", "POST", "/v1/observations", 413,
          body={"dest": "127.0.0.1", "streams": 1, "throughput_bps": 1e6, "pad": "x" * (OBSERVATION_BODY_BYTES + 1)}),
+    case("site-token-for-another-site-s-observation", "POST", "/v1/observations", 403,
+         body={"src": "site-b", "dest": "127.0.0.1", "streams": 1, "throughput_bps": 1e6},
+         headers={"Authorization": "Bearer token-a"}, settings=SITE_TOKENS),
+    case("site-token-for-another-site-s-claims", "POST", "/v1/sites/{site}/claims", 403, body={"owner": "a"},
+         headers={"Authorization": "Bearer token-a"}, settings=SITE_TOKENS, path_parameters={"site": "site-b"}),
     case("probe-run-not-allowed", "POST", "/v1/probe-runs", 403,
          body={"dest": "evil.test", "probes": [{"streams": 1, "throughput_bps": 1e6},
                                                {"streams": 10, "throughput_bps": 5e6}]}),
 ]
 
 
-@pytest.mark.parametrize("method, path, status, body, headers, overrides, before", CASES)
-def test_a_refusal_is_documented(service_factory, method, path, status, body, headers, overrides, before):
+@pytest.mark.parametrize("method, path, status, body, headers, overrides, before, path_parameters", CASES)
+def test_a_refusal_is_documented(service_factory, method, path, status, body, headers, overrides, before,
+                                 path_parameters):
     base, client, app = service_factory(start_worker=False, **overrides)
     if before is not None:
         before(client)
     api = schemathesis.from_uri(f"{base}/openapi.json", base_url=base, force_schema_version="30",
                                 headers={"Authorization": "Bearer r"} if overrides.get("read_token") else {})
-    made = api[path][method].make_case(body=body, headers=headers, media_type="application/json")
+    made = api[path][method].make_case(body=body, headers=headers, media_type="application/json",
+                                       path_parameters=path_parameters)
     response = made.call(timeout=30)
     assert response.status_code == status, response.text
     made.validate_response(response, checks=CHECKS)

@@ -1,7 +1,8 @@
 """The multi-site shape of docker-compose.yml, run as processes: one PostgreSQL, two `tame serve` replicas without
 workers, two `tame agent --site` processes at different sites probing two real `iperf3 -s`, each through its
-own replica. Each site's link is probed by its own agent only, both replicas give the same advice for it, and
-the SQL view agrees; an agent killed mid-probe loses its claim to the next agent of its site."""
+own replica, each with its own site's token. Each site's link is probed by its own agent only, both replicas give
+the same advice for it, and the SQL view agrees; a site's token is refused for the other site's links; an agent
+killed mid-probe loses its claim to the next agent of its site."""
 
 import os
 import signal
@@ -18,14 +19,18 @@ pytestmark = [pytest.mark.iperf, pytest.mark.postgres]
 # Short plans (two 1 s probes after iperf3's 5 s warm-up, never extended, no adaptive probe): about 15 s each.
 PLAN_ENV = {"TAME_PROBE_DURATION_S": "1", "TAME_PROBE_MAX_DURATION_S": "1", "TAME_MODEL": "lu",
             "TAME_PROBE_LEVELS": "1,2", "TAME_ALLOWED_DESTINATIONS": "127.0.0.0/8"}
+# The replicas' tokens: the operator's for every site, and one for each site's agents.
+TOKENS = {"site-a": "token-a", "site-b": "token-b"}
+TOKEN_ENV = {"TAME_TOKEN": "operator-token", "TAME_SITE_TOKENS": ",".join(f"{s}:{t}" for s, t in TOKENS.items())}
 
 
 def start_agent(tmp_path, name, site, server, dests, *extra):
     dest_file = tmp_path / f"{name}.dests"
     dest_file.write_text("\n".join(dests) + "\n")
     log = (tmp_path / f"{name}.log").open("wb")
-    env = {**os.environ, **PLAN_ENV, "XDG_STATE_HOME": str(tmp_path / name)}
-    env.pop("TAME_TOKEN", None)
+    # The agent's TAME_TOKEN is its site's token.
+    env = {**os.environ, **PLAN_ENV, "XDG_STATE_HOME": str(tmp_path / name), "TAME_TOKEN": TOKENS[site]}
+    env.pop("TAME_SITE_TOKENS", None)
     proc = subprocess.Popen([TAME, "agent", "--site", site, "--server", server, "--dest-file", str(dest_file),
                              "--interval", "1", *extra], env=env, stdout=log, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL)
@@ -39,7 +44,7 @@ def test_two_sites_two_replicas_one_database(tmp_path, pg_url):
         (tmp_path / f"i{k}").mkdir()
     iperfs = [start_iperf3(tmp_path / f"i{k}", port) for k, port in enumerate(ports)]
     dests = [f"127.0.0.1:{p}" for p in ports]
-    env = {**PLAN_ENV, "TAME_DATABASE_URL": pg_url, "TAME_SITE": "central"}
+    env = {**PLAN_ENV, **TOKEN_ENV, "TAME_DATABASE_URL": pg_url, "TAME_SITE": "central"}
     replicas, agents = [], []
     try:
         for k in range(2):
@@ -63,6 +68,19 @@ def test_two_sites_two_replicas_one_database(tmp_path, pg_url):
                 assert http.get("/v1/advice", params={"dest": dests[0], "max_impact": 0.2}).status_code == 404
         strip = lambda a: {k: v for k, v in a.items() if k != "age_s"}
         assert [strip(a) for a in answers[0]] == [strip(a) for a in answers[1]]
+        # site-a's token writes nothing for site-b, nor without naming its site; the jobs and runs below are unchanged.
+        run = {"dest": dests[1], "probes": [{"streams": 1, "throughput_bps": 1e9}, {"streams": 2, "throughput_bps": 1e9}]}
+        with httpx.Client(base_url=replicas[0][1], timeout=30, headers={"Authorization": "Bearer token-a"}) as http:
+            for method, path, body in (("PUT", "/v1/sites/site-b", {"dests": [dests[1]]}),
+                                       ("POST", "/v1/sites/site-b/claims", {"owner": "intruder"}),
+                                       ("POST", "/v1/probe-runs", {**run, "src": "site-b"}),
+                                       ("POST", "/v1/probe-runs", run),
+                                       ("POST", "/v1/observations", {"src": "site-b", "dest": dests[1], "streams": 2,
+                                                                     "throughput_bps": 1e9})):
+                refused = http.request(method, path, json=body)
+                assert refused.status_code == 403 and "this token is site-a's" in refused.json()["detail"], refused.text
+            assert http.request("PUT", "/v1/sites/site-b", json={"dests": [dests[1]]},
+                                headers={"Authorization": "Bearer token-c"}).status_code == 401
         import psycopg
 
         with psycopg.connect(pg_url) as conn:
@@ -73,7 +91,11 @@ def test_two_sites_two_replicas_one_database(tmp_path, pg_url):
                     (advice["src"], advice["dest"], advice["congestion_control"])).fetchone()
                 assert flows == advice["num_flows"]
             jobs = conn.execute("SELECT src, dest, status, attempts FROM probe_jobs ORDER BY src").fetchall()
+            runs = conn.execute("SELECT d.src, d.dest, count(*) FROM probe_runs r JOIN destinations d "
+                                "ON d.id = r.destination_id GROUP BY d.src, d.dest ORDER BY d.src").fetchall()
+            (observations,) = conn.execute("SELECT count(*) FROM observations").fetchone()
         assert jobs == [("site-a", dests[0], "done", 1), ("site-b", dests[1], "done", 1)]
+        assert runs == [("site-a", dests[0], 1), ("site-b", dests[1], 1)] and observations == 0
     finally:
         for agent in agents:
             if agent.poll() is None:
@@ -91,7 +113,7 @@ def test_a_killed_agent_s_claim_goes_to_the_next_agent_of_its_site(tmp_path, pg_
     dest = f"127.0.0.1:{port}"
     (tmp_path / "r").mkdir()
     serve, base = start_serve(tmp_path / "r", tmp_path / "unused.sqlite3",
-                              env={**PLAN_ENV, "TAME_DATABASE_URL": pg_url}, args=("--no-worker",))
+                              env={**PLAN_ENV, **TOKEN_ENV, "TAME_DATABASE_URL": pg_url}, args=("--no-worker",))
     first = second = None
     try:
         first = start_agent(tmp_path, "first", "site-a", base, [dest])

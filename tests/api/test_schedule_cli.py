@@ -130,6 +130,25 @@ def test_the_plan_names_each_transfers_advice_and_runs_nothing(served):
     assert _observations(db_url) == 0
 
 
+def test_rows_stored_before_controls_were_recorded_answer_the_default_control_only_over_sql_as_over_http(served):
+    base, db_url, run = served
+    # A store from before controls were recorded: the link's fits carry no control. The service answers its
+    # default control (this host's, as the scheduler's: neither sets TAME_CONGESTION_CONTROL) from them, and
+    # no other control.
+    with sqlite3.connect(db_url[len("sqlite:///"):]) as conn:
+        conn.execute("UPDATE fits SET congestion_control = NULL")
+    default = httpx.get(f"{base}/v1/advice", params={"dest": KNOWN, "max_impact": 0.2}).json()["congestion_control"]
+    other = next(c for c in ("reno", "cubic") if c != default)
+    queue = {"transfers": [_transfer()]}
+    by_http, by_sql = (run(queue, "--plan", "--json", *read) for read in (("--server", base), ("--database-url", db_url)))
+    assert by_http.returncode == by_sql.returncode == 0, (by_http.stderr, by_sql.stderr)
+    assert [t["advised_streams"] for t in json.loads(by_http.stdout)["transfers"]] == \
+        [t["advised_streams"] for t in json.loads(by_sql.stdout)["transfers"]]
+    assert httpx.get(f"{base}/v1/advice", params={"dest": KNOWN, "max_impact": 0.2, "cc": other}).status_code == 404
+    _refused(run(queue, "--plan", "--database-url", db_url, "--congestion-control", other),
+             f"no advice for {SITE} -> {KNOWN} under {other}")
+
+
 def test_a_transfer_that_fails_is_reported_and_the_others_still_run_and_are_stored(served, tmp_path):
     base, db_url, run = served
     client = httpx.Client(base_url=base, headers={"Authorization": "Bearer w"}, timeout=30)

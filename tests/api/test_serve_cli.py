@@ -44,6 +44,63 @@ def test_serve_exits_2_on_a_read_token_without_a_write_token(tmp_path):
     assert "listening" not in done.stdout
 
 
+def test_site_tokens_are_read_as_site_token_pairs(tmp_path):
+    env = {"TAME_TOKEN": "w", "TAME_READ_TOKEN": "r"}
+    # Sites are canonicalised as check_site does (lowercase); spaces around pairs and a trailing comma are let pass;
+    # a site may have two tokens (one replacing the other); a token may hold a colon.
+    assert Settings.from_env({**env, "TAME_SITE_TOKENS": " Site-A:t1, site-b:t:2,site-a:t3,"}).site_tokens == (
+        ("site-a", "t1"), ("site-b", "t:2"), ("site-a", "t3"))
+    tokens = tmp_path / "site-tokens"
+    tokens.write_text("site-a:t1\n\nsite-b:t2\n")
+    assert Settings.from_env({**env, "TAME_SITE_TOKENS_FILE": str(tokens)}).site_tokens == (
+        ("site-a", "t1"), ("site-b", "t2"))
+    assert Settings.from_env(env).site_tokens == ()
+
+
+@pytest.mark.parametrize("value, says", [
+    ("site-a", "pair 1 is not SITE:TOKEN; write SITE:TOKEN pairs separated by commas, e.g. site-a:TOKEN1"),
+    ("site-a:t1,:t2", "pair 2 is not SITE:TOKEN"),
+    ("site a:t1", "pair 1's site must name a site"),
+    ("-a:t1", "pair 1's site must name a site"),
+    ("site-a:", "site-a's token is empty"),
+    ("site-a:t 1", "site-a's token is not one word"),
+    ("site-a:t\u00e91", "site-a's token is not one word; a token is printable ASCII"),
+    ("site-a:t1,site-b:t1", "site-a and site-b have the same token; give each site its own"),
+    ("site-a:t1,site-a:t1", "site-a's token is given twice"),
+    ("site-a:w", "site-a's token is TAME_TOKEN's, which writes for every site"),
+    ("site-a:r", "site-a's token is TAME_READ_TOKEN's"),
+    (",", "gives no SITE:TOKEN pair"),
+])
+def test_a_bad_site_token_value_is_refused_saying_what_to_write(value, says):
+    with pytest.raises(ConfigError) as raised:
+        Settings.from_env({"TAME_TOKEN": "w", "TAME_READ_TOKEN": "r", "TAME_SITE_TOKENS": value})
+    assert str(raised.value).startswith("TAME_SITE_TOKENS") and says in str(raised.value), raised.value
+    # The message names sites, never a token.
+    assert "t1" not in str(raised.value).replace("TOKEN1", "")
+
+
+def test_site_tokens_need_a_token_for_every_site_and_one_source(tmp_path):
+    with pytest.raises(ConfigError, match="TAME_SITE_TOKENS is set but TAME_TOKEN is empty"):
+        Settings.from_env({"TAME_SITE_TOKENS": "site-a:t1"})
+    with pytest.raises(ConfigError, match="both set"):
+        Settings.from_env({"TAME_TOKEN": "w", "TAME_SITE_TOKENS": "site-a:t1", "TAME_SITE_TOKENS_FILE": "/x"})
+    with pytest.raises(ConfigError, match="TAME_SITE_TOKENS_FILE=.* cannot be read"):
+        Settings.from_env({"TAME_TOKEN": "w", "TAME_SITE_TOKENS_FILE": str(tmp_path / "missing")})
+
+
+@pytest.mark.parametrize("env, says", [
+    ({"TAME_TOKEN": "w", "TAME_SITE_TOKENS": "site-a:w"}, "TAME_SITE_TOKENS: site-a's token is TAME_TOKEN's"),
+    ({"TAME_TOKEN": "", "TAME_SITE_TOKENS": "site-a:t1"}, "TAME_SITE_TOKENS is set but TAME_TOKEN is empty"),
+    ({"TAME_TOKEN": "w", "TAME_SITE_TOKENS": "site-a=t1"}, "write SITE:TOKEN pairs"),
+])
+def test_serve_exits_2_on_bad_site_tokens(tmp_path, env, says):
+    done = run_serve(tmp_path, "--port", str(free_port()), env=env)
+    assert done.returncode == 2, done
+    assert says in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert "listening" not in done.stdout
+    assert not (tmp_path / "t.sqlite3").exists()  # refused before the store was opened
+
+
 @pytest.mark.parametrize("port", ["99999", "0", "-1", "http"])
 def test_serve_refuses_a_port_outside_1_to_65535(tmp_path, port):
     done = run_serve(tmp_path, "--port", port)

@@ -258,3 +258,78 @@ def test_alternatives_for_another_site_s_link_name_that_site(service_factory):
                           for a in probes)
     for a in probes:  # the suggested request is one the service takes for that site
         assert client.post("/v1/probes", json=a["request"]["body"]).status_code == 202
+
+
+# -- site tokens (TAME_SITE_TOKENS): each writes only links from its own site ------------------------------------
+
+SITE_TOKENS = {"token": "s3cret", "site_tokens": (("site-a", "token-a"), ("site-b", "token-b"))}
+AS_SITE_A = {"Authorization": "Bearer token-a"}
+
+
+def test_a_site_token_registers_claims_and_pushes_for_its_own_site(service_factory, tmp_path):
+    base, client, app = service_factory(start_worker=False, **SITE_TOKENS)
+    # The path's site is canonicalised before it is compared: Site-A is site-a.
+    site = client.put("/v1/sites/Site-A", json={"dests": [DEST]}, headers=AS_SITE_A)
+    assert site.status_code == 200 and site.json()["site"] == "site-a" and site.json()["queued"] == 1, site.text
+    claim = client.post("/v1/sites/site-a/claims", json={"owner": "agent-a"}, headers=AS_SITE_A).json()
+    job = claim["job"]
+    assert job["src"] == "site-a"
+    ran = client.post("/v1/probe-runs", json={"src": "site-a", "dest": DEST, "probes": PROBES, "job_id": job["id"],
+                                              "owner": "agent-a"}, headers=AS_SITE_A)
+    assert ran.status_code == 201 and ran.json()["src"] == "site-a" and ran.json()["fitted"], ran.text
+    observed = client.post("/v1/observations", json={"src": "SITE-A", "dest": DEST, "streams": 2,
+                                                     "throughput_bps": rate(2)}, headers=AS_SITE_A)
+    assert observed.status_code == 202 and observed.json()["src"] == "site-a", observed.text
+    probe = client.post("/v1/probes", json={"src": "site-a", "dest": DEST}, headers=AS_SITE_A)
+    assert probe.status_code == 202 and probe.json()["src"] == "site-a", probe.text
+    with sqlite3.connect(tmp_path / "tame.sqlite3") as conn:
+        assert conn.execute("SELECT name FROM sites").fetchall() == [("site-a",)]
+        assert conn.execute("SELECT DISTINCT d.src FROM probe_runs r JOIN destinations d ON d.id = r.destination_id"
+                            ).fetchall() == [("site-a",)]
+        assert conn.execute("SELECT d.src, o.streams FROM observations o JOIN destinations d ON d.id = o.destination_id"
+                            ).fetchall() == [("site-a", 2)]
+        assert conn.execute("SELECT id, status FROM probe_jobs WHERE src = 'site-a' ORDER BY requested_at"
+                            ).fetchall()[0] == (job["id"], "done")
+
+
+@pytest.mark.parametrize("method, path, body, says", [
+    ("PUT", "/v1/sites/site-b", {"dests": [DEST]}, "registers and claims only for site-a, not site-b; "
+                                                   "use /v1/sites/site-a"),
+    ("PUT", "/v1/sites/Site-B", {"dests": [DEST]}, "not site-b"),
+    ("PUT", "/v1/sites/bad%20site", {"dests": [DEST]}, "not that name"),
+    ("POST", "/v1/sites/site-b/claims", {"owner": "agent-a"}, "use /v1/sites/site-a"),
+    ("POST", "/v1/probe-runs", {"src": "site-b", "dest": DEST, "probes": PROBES},
+     'it writes only links from site-a, not from site-b; give "src": "site-a"'),
+    ("POST", "/v1/probe-runs", {"dest": DEST, "probes": PROBES}, 'the request names no src; give "src": "site-a"'),
+    ("POST", "/v1/observations", {"src": "site-b", "dest": DEST, "streams": 2, "throughput_bps": 1e6}, "not from site-b"),
+    ("POST", "/v1/observations", {"dest": DEST, "streams": 2, "throughput_bps": 1e6}, "names no src"),
+    ("POST", "/v1/probes", {"src": "site-b", "dest": DEST}, "not from site-b"),
+    ("POST", "/v1/probes", {"dest": DEST}, "names no src"),
+])
+def test_a_site_token_is_refused_for_another_site_s_links_and_nothing_is_stored(service_factory, tmp_path, method,
+                                                                                 path, body, says):
+    base, client, app = service_factory(start_worker=False, **SITE_TOKENS)
+    # site-b is registered and has a claimable job: what site-a's token must not reach.
+    assert client.put("/v1/sites/site-b", json={"dests": [DEST]}, headers={"Authorization": "Bearer token-b"}
+                      ).status_code == 200
+    before = counts(tmp_path / "tame.sqlite3")
+    response = client.request(method, path, json=body, headers=AS_SITE_A)
+    assert response.status_code == 403, response.text
+    detail = response.json()["detail"]
+    assert detail.startswith("this token is site-a's: ") and says in detail, detail
+    assert counts(tmp_path / "tame.sqlite3") == before
+    with sqlite3.connect(tmp_path / "tame.sqlite3") as conn:
+        assert conn.execute("SELECT status, owner FROM probe_jobs").fetchall() == [("queued", None)]
+
+
+def test_the_token_for_every_site_writes_for_any_site(service_factory):
+    base, client, app = service_factory(start_worker=False, **SITE_TOKENS)
+    every = {"Authorization": "Bearer s3cret"}
+    for site in ("site-a", "site-b"):
+        assert client.put(f"/v1/sites/{site}", json={"dests": [DEST]}, headers=every).status_code == 200
+        job = client.post(f"/v1/sites/{site}/claims", json={"owner": "op"}, headers=every).json()["job"]
+        assert client.post("/v1/probe-runs", json={"src": site, "dest": DEST, "probes": PROBES, "job_id": job["id"],
+                                                   "owner": "op"}, headers=every).status_code == 201
+    # Without src: the service's own site, as before.
+    assert client.post("/v1/observations", json={"dest": DEST, "streams": 2, "throughput_bps": 1e6}, headers=every
+                       ).json()["src"] == SITE
