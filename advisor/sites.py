@@ -99,12 +99,16 @@ def _use(tx, site: str, now: float) -> SiteUse:
     running, streams = tx.execute(
         "SELECT count(*), coalesce(sum(streams_reserved), 0) FROM probe_jobs WHERE src = ? AND status = 'running'",
         (site,)).fetchone()
-    # A running job counts the longest it may take; a finished one what it took (started within the window).
+    # Attempts started within the window: a running job counts the longest it may take, a finished one what it
+    # took, and an attempt whose lease lapsed (its job re-queued) what Store.recover_jobs kept for it. One
+    # statement, so that a job recovered meanwhile is counted once (one snapshot on PostgreSQL).
+    since = now - BUDGET_WINDOW_S
     seconds = tx.execute(
-        "SELECT coalesce(sum(CASE WHEN status = 'running' THEN coalesce(seconds_reserved, 0) "
+        "SELECT (SELECT coalesce(sum(CASE WHEN status = 'running' THEN coalesce(seconds_reserved, 0) "
         "ELSE finished_at - started_at END), 0) FROM probe_jobs WHERE src = ? AND started_at >= ? "
-        "AND (status = 'running' OR (status IN ('done', 'failed') AND finished_at IS NOT NULL))",
-        (site, now - BUDGET_WINDOW_S)).fetchone()[0]
+        "AND (status = 'running' OR (status IN ('done', 'failed') AND finished_at IS NOT NULL))) + "
+        "(SELECT coalesce(sum(seconds), 0) FROM spent_attempts WHERE src = ? AND started_at >= ?)",
+        (site, since, site, since)).fetchone()[0]
     return SiteUse(int(running), int(streams), float(seconds))
 
 

@@ -148,3 +148,56 @@ def test_many_agents_claiming_at_once_never_share_a_job_nor_pass_the_budget(pg_u
     finally:
         for s in stores:
             s.close()
+
+
+def test_a_lapsed_attempt_s_probe_seconds_count_in_the_hour_it_started(store):
+    """An agent that dies mid-probe may have sent traffic until its lease ran out: that attempt counts from its start
+    to its lease's end (100 s plan + 15 s slack = 115 s), though the job goes back to the queue and its next claim
+    starts it again; so agents that keep dying cannot pass the site's probe-seconds."""
+    register_site(store, "a", SiteBudget(max_probes=1, max_streams=64, probe_seconds_per_hour=250), DESTS[:1])
+    queue(store, "a", DESTS[:1])
+    started = store.clock()
+    first = claim_job(store, "a", "agent-1", max_streams=64, adaptive=True, worst_case_s=worst)
+    store.clock.advance(116)
+    assert store.recover_jobs(3, owner_is_dead=lambda owner: False) == 1
+    assert store.job(first.job.id).status == "queued"
+    assert site_use(store, "a").seconds == pytest.approx(115)
+    # 115 s spent + 100 s for the next attempt fit in 250.
+    second = claim_job(store, "a", "agent-2", max_streams=64, adaptive=True, worst_case_s=worst)
+    assert second.job.id == first.job.id and site_use(store, "a").seconds == pytest.approx(215)
+    store.clock.advance(116)
+    assert store.recover_jobs(3, owner_is_dead=lambda owner: False) == 1
+    assert site_use(store, "a").seconds == pytest.approx(230)
+    third = claim_job(store, "a", "agent-3", max_streams=64, adaptive=True, worst_case_s=worst)
+    assert third.job is None and "230 of a's 250 probe-seconds" in third.waiting
+    # Each attempt leaves the window an hour after it started.
+    store.clock.now = started + 3600.5
+    assert site_use(store, "a").seconds == pytest.approx(115)
+    assert claim_job(store, "a", "agent-3", max_streams=64, adaptive=True, worst_case_s=worst).job is not None
+
+
+def test_a_job_failed_after_its_last_attempt_counts_that_attempt_to_its_lease_s_end(store):
+    """The last attempt of a job given up on counts as the others do (started_at to lease_until, 115 s), not until
+    whenever the lapse was noticed; the job's finished_at says when its lease ran out."""
+    register_site(store, "a", SiteBudget(max_probes=1, max_streams=64, probe_seconds_per_hour=3600), DESTS[:1])
+    queue(store, "a", DESTS[:1])
+    first = claim_job(store, "a", "agent-1", max_streams=64, adaptive=True, worst_case_s=worst)
+    store.clock.advance(116)
+    store.recover_jobs(2, owner_is_dead=lambda owner: False)
+    last = claim_job(store, "a", "agent-2", max_streams=64, adaptive=True, worst_case_s=worst)
+    store.clock.advance(1000)  # noticed long after the lease ran out
+    assert store.recover_jobs(2, owner_is_dead=lambda owner: False) == 1
+    job = store.job(first.job.id)
+    assert job.status == "failed" and "giving up" in job.error and job.finished_at == last.lease_until
+    assert site_use(store, "a").seconds == pytest.approx(115 + 115)
+
+
+def test_an_attempt_whose_owner_died_here_counts_until_it_was_found_dead(store):
+    """The service's own site's worker judges its owners on this host: one found dead before its lease ran out is
+    counted up to then (it sent nothing after dying)."""
+    register_site(store, "a", SiteBudget(max_probes=1, max_streams=64, probe_seconds_per_hour=3600), DESTS[:1])
+    queue(store, "a", DESTS[:1])
+    claim_job(store, "a", "agent-1", max_streams=64, adaptive=True, worst_case_s=worst)
+    store.clock.advance(40)
+    assert store.recover_jobs(3, owner_is_dead=lambda owner: True) == 1
+    assert site_use(store, "a").seconds == pytest.approx(40)
