@@ -2,6 +2,7 @@
 that says what to give."""
 
 import os
+import sqlite3
 import subprocess
 
 import pytest
@@ -61,3 +62,26 @@ def test_a_destination_the_server_refuses_is_reported_and_the_agent_goes_on(tmp_
     assert done.returncode == 0, done.stderr
     assert "192.0.2.1:5201 left out" in done.stderr and "allow" in done.stderr
     assert client.get("/v1/links").json()["links"] == []
+
+
+def test_an_agent_whose_budget_conflicts_with_the_site_s_stops_with_2(tmp_path, service_factory):
+    """Another agent of the site runs with max_probes 2: this one, started with the default budget, is told so
+    (409: the budget in force, who set it, what to do) and exits 2 rather than overwriting it every round; the
+    site's budget and links are as they were."""
+    base, client, app = service_factory(start_worker=False)
+    held = client.put("/v1/sites/dtn1", json={"dests": ["127.0.0.1:5201"], "max_probes": 2, "owner": "dtn1-agent-a"})
+    assert held.status_code == 200
+    dests = tmp_path / "dests"
+    dests.write_text("127.0.0.2:5201\n")
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")}
+    env.pop("TAME_TOKEN", None)
+    done = subprocess.run([TAME, "agent", "--site", "dtn1", "--server", base, "--dest-file", str(dests),
+                           "--interval", "1"], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "HTTP 409" in done.stderr and "max_probes=2" in done.stderr and "'dtn1-agent-a'" in done.stderr
+    assert "same budget" in done.stderr and "stopping" in done.stderr
+    again = client.put("/v1/sites/dtn1", json={"dests": ["127.0.0.1:5201"], "max_probes": 2, "owner": "dtn1-agent-a"})
+    assert again.json()["budget"]["max_probes"] == 2 and again.json()["links"] == 1
+    with sqlite3.connect(tmp_path / "tame.sqlite3") as conn:
+        assert conn.execute("SELECT src, dest FROM destinations").fetchall() == [("dtn1", "127.0.0.1:5201")]
+        assert conn.execute("SELECT max_probes, budget_set_by FROM sites").fetchall() == [(2, "dtn1-agent-a")]
