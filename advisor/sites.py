@@ -22,7 +22,7 @@ from advisor.store import JOB_COLUMNS, Job, Store, job_from_row
 
 # The window the probe-seconds budget is counted over, seconds.
 BUDGET_WINDOW_S = 3600.0
-# How long after its agents' last sign of life (a registration or a claim; a probe under a lease counts until the
+# How long after its agents' last sign of life (a registration or a claimed probe; one under a lease counts until the
 # lease runs out) a site's budget stays held against a different one, seconds. An agent registers every round
 # (`tame agent --interval`, default 60 s) and claims through it, so five quiet rounds mean it has gone; an agent
 # restarted with a new budget waits this long after its old process's last sign of life.

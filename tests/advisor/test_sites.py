@@ -4,9 +4,10 @@ the job to another agent of the site, and one site's claims never take another's
 
 import pytest
 
+import advisor.db
 from advisor.destinations import parse_destination
-from advisor.errors import InvalidRequest
-from advisor.sites import SiteBudget, claim_job, holds, register_site, site_use
+from advisor.errors import BudgetConflict, InvalidRequest
+from advisor.sites import BUDGET_HOLD_S, SiteBudget, claim_job, holds, register_site, site_budget, site_use
 from advisor.store import Store
 from tests.api.conftest import Clock
 from tests.together import run_together
@@ -211,9 +212,6 @@ OTHER = SiteBudget(max_probes=4, max_streams=64, probe_seconds_per_hour=1800)
 
 
 def test_another_agent_s_different_budget_is_refused_while_the_site_s_agents_are_alive(store):
-    from advisor.errors import BudgetConflict
-    from advisor.sites import BUDGET_HOLD_S, site_budget
-
     register_site(store, "a", BUDGET, DESTS[:1], owner="agent-1")
     with pytest.raises(BudgetConflict) as refused:
         register_site(store, "a", OTHER, DESTS[1:2], owner="agent-2")
@@ -240,26 +238,29 @@ def test_another_agent_s_different_budget_is_refused_while_the_site_s_agents_are
 
 
 def test_the_agent_that_set_a_budget_may_change_it(store):
-    from advisor.sites import site_budget
-
     register_site(store, "a", BUDGET, DESTS[:1], owner="agent-1")
     register_site(store, "a", OTHER, DESTS[:1], owner="agent-1")
     assert site_budget(store, "a") == OTHER
 
 
-def test_a_claim_or_a_running_probe_keeps_the_site_s_budget_held(store):
-    from advisor.errors import BudgetConflict
-    from advisor.sites import BUDGET_HOLD_S, site_budget
-
+def test_a_claimed_probe_keeps_the_site_s_budget_held(store):
     register_site(store, "a", BUDGET, DESTS[:2], owner="agent-1")
     queue(store, "a", DESTS[:2])
     store.clock.advance(BUDGET_HOLD_S - 10)
-    # A claim by one of the site's agents is a sign of life; its probe, under a lease, is another.
-    claim_job(store, "a", "agent-1", max_streams=64, adaptive=False, worst_case_s=lambda job: 1000.0)
-    store.clock.advance(BUDGET_HOLD_S - 10)
-    with pytest.raises(BudgetConflict):
+    claim_job(store, "a", "agent-1", max_streams=64, adaptive=False, worst_case_s=lambda job: 10.0)
+    store.clock.advance(BUDGET_HOLD_S - 1)  # its lease (25 s) ran out long ago; the claim was a sign of life
+    with pytest.raises(BudgetConflict, match="in 1 s"):
         register_site(store, "a", OTHER, DESTS[:1], owner="agent-2")
-    store.clock.advance(1000.0 + 15.0 - (BUDGET_HOLD_S - 10) - 1)  # a second before the lease runs out
+    store.clock.advance(1)
+    register_site(store, "a", OTHER, DESTS[:1], owner="agent-2")
+    assert site_budget(store, "a") == OTHER
+
+
+def test_a_probe_running_under_its_lease_keeps_the_site_s_budget_held(store):
+    register_site(store, "a", BUDGET, DESTS[:1], owner="agent-1")
+    queue(store, "a", DESTS[:1])
+    claim_job(store, "a", "agent-1", max_streams=64, adaptive=False, worst_case_s=lambda job: 1000.0)
+    store.clock.advance(1000.0 + 15.0 - 1)  # a second before the lease runs out, long after the claim
     with pytest.raises(BudgetConflict, match="in 1 s"):
         register_site(store, "a", OTHER, DESTS[:1], owner="agent-2")
     store.clock.advance(1)
@@ -268,8 +269,6 @@ def test_a_claim_or_a_running_probe_keeps_the_site_s_budget_held(store):
 
 
 def test_a_refused_registration_stores_nothing(store):
-    from advisor.errors import BudgetConflict
-
     register_site(store, "a", BUDGET, DESTS[:1], owner="agent-1")
     with store.db.transaction() as tx:
         before = tx.execute("SELECT * FROM sites").fetchall(), tx.execute("SELECT count(*) FROM destinations").fetchone()
@@ -285,9 +284,6 @@ def test_a_refused_registration_stores_nothing(store):
 def test_agents_registering_different_budgets_at_once_leave_one(pg_url):
     """12 agents of a new site register 12 different budgets at once on PostgreSQL: one sets it, the others are
     refused, and the site keeps the budget of the one that set it."""
-    from advisor.errors import BudgetConflict
-    from advisor.sites import site_budget
-
     stores = [Store.open(pg_url, clock=Clock()) for _ in range(12)]
 
     def register(i, _):
@@ -310,9 +306,6 @@ def test_agents_registering_different_budgets_at_once_leave_one(pg_url):
 def test_a_site_registered_before_setters_were_kept_holds_its_budget(tmp_path, request, monkeypatch, backend):
     """Migration 0015 on a store with a site registered before it: who set the budget is not known, and the budget
     is held as any other while the site's agents are alive."""
-    import advisor.db
-    from advisor.errors import BudgetConflict
-
     url = f"sqlite:///{tmp_path}/s.sqlite3" if backend == "sqlite" else request.getfixturevalue("pg_url")
     clock = Clock()
     everything = advisor.db.migrations()
