@@ -243,24 +243,18 @@ def test_the_agent_that_set_a_budget_may_change_it(store):
     assert site_budget(store, "a") == OTHER
 
 
-def test_a_claimed_probe_keeps_the_site_s_budget_held(store):
-    register_site(store, "a", BUDGET, DESTS[:2], owner="agent-1")
-    queue(store, "a", DESTS[:2])
-    store.clock.advance(BUDGET_HOLD_S - 10)
-    claim_job(store, "a", "agent-1", max_streams=64, adaptive=False, worst_case_s=lambda job: 10.0)
-    store.clock.advance(BUDGET_HOLD_S - 1)  # its lease (25 s) ran out long ago; the claim was a sign of life
-    with pytest.raises(BudgetConflict, match="in 1 s"):
-        register_site(store, "a", OTHER, DESTS[:1], owner="agent-2")
-    store.clock.advance(1)
-    register_site(store, "a", OTHER, DESTS[:1], owner="agent-2")
-    assert site_budget(store, "a") == OTHER
-
-
-def test_a_probe_running_under_its_lease_keeps_the_site_s_budget_held(store):
+@pytest.mark.parametrize("before_claim_s, plan_s, after_claim_s", [
+    # The claim is the sign of life: its lease (10 s + 15 s) ran out long before the hold does.
+    (BUDGET_HOLD_S - 10, 10.0, BUDGET_HOLD_S - 1),
+    # The probe runs under its lease long after the claim: a second before the lease (1,000 s + 15 s) runs out.
+    (0.0, 1000.0, 1000.0 + 15.0 - 1),
+], ids=["claimed", "running"])
+def test_a_claimed_or_running_probe_keeps_the_site_s_budget_held(store, before_claim_s, plan_s, after_claim_s):
     register_site(store, "a", BUDGET, DESTS[:1], owner="agent-1")
     queue(store, "a", DESTS[:1])
-    claim_job(store, "a", "agent-1", max_streams=64, adaptive=False, worst_case_s=lambda job: 1000.0)
-    store.clock.advance(1000.0 + 15.0 - 1)  # a second before the lease runs out, long after the claim
+    store.clock.advance(before_claim_s)
+    claim_job(store, "a", "agent-1", max_streams=64, adaptive=False, worst_case_s=lambda job: plan_s)
+    store.clock.advance(after_claim_s)
     with pytest.raises(BudgetConflict, match="in 1 s"):
         register_site(store, "a", OTHER, DESTS[:1], owner="agent-2")
     store.clock.advance(1)
