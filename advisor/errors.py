@@ -37,6 +37,10 @@ class BatchTooLarge(InvalidRequest):
     """A batch request holds more items than the service accepts in one call."""
 
 
+class BudgetConflict(AdvisorError):
+    """An agent registered its site with a budget other than the one the site's live agents run with."""
+
+
 class QueueFull(AdvisorError):
     """The probe queue holds as many jobs as the service accepts; ``retry_after_s`` says when to ask again."""
 

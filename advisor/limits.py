@@ -42,10 +42,17 @@ MAX_SITE_STREAMS = 4096
 MAX_SITE_LINKS = 2000
 # Probe runs pushed at once (``tame agent --push``): the levels plus adaptive ones and re-runs.
 MAX_PROBES_PER_RUN = 16
+# An agent's name: its claims' owner, and who set its site's budget (tame agent gives host:pid:boot:start:nonce).
+MAX_OWNER_LENGTH = 200
 
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _shown(value: Any) -> Any:
+    """A value as an error message quotes it: a long text cut to its first 40 characters."""
+    return value if not isinstance(value, str) or len(value) <= 40 else value[:40] + "…"
 
 
 def check_max_impact(value: Any) -> float:
@@ -117,10 +124,9 @@ def check_congestion_control(value: Any, name: str = "congestion_control") -> st
     letters, digits or underscores, at most MAX_CONTROL_NAME characters in all (e.g. "cubic", "bbr", "reno");
     not the tame control, which only ever carries a fraction of a standard stream."""
     if not is_control_name(value):
-        shown = value if not isinstance(value, str) or len(value) <= 40 else value[:40] + "…"
         raise InvalidRequest(f"{name} must name a TCP congestion control as the kernel does (lowercase letters, "
                              f"digits and underscores, starting with a letter, at most {MAX_CONTROL_NAME} "
-                             f"characters), e.g. cubic, bbr or reno; got {shown!r}")
+                             f"characters), e.g. cubic, bbr or reno; got {_shown(value)!r}")
     if value == TAME:
         # Advice counts standard streams; a tame stream is a fraction of one of them, never the unit.
         raise InvalidRequest(f"{name} {TAME!r} is the fractional stream's control, not a standard one: name the "
@@ -144,8 +150,15 @@ def check_site(value: Any, name: str = "src") -> str:
     digit, at most MAX_SITE_LENGTH characters (a host name fits)."""
     text = value.lower() if isinstance(value, str) else value
     if not isinstance(text, str) or len(text) > MAX_SITE_LENGTH or not _SITE.fullmatch(text):
-        shown = value if not isinstance(value, str) or len(value) <= 40 else value[:40] + "…"
         raise InvalidRequest(f"{name} must name a site: letters, digits, '.', '_' and '-', starting with a letter or "
                              f"digit, at most {MAX_SITE_LENGTH} characters (e.g. a host name such as dtn1.example.org); "
-                             f"got {shown!r}")
+                             f"got {_shown(value)!r}")
     return text
+
+
+def check_owner(value: Any, name: str = "owner") -> str:
+    """An agent's name: 1 to MAX_OWNER_LENGTH printable characters (other agents of its site are shown it)."""
+    if not isinstance(value, str) or not 1 <= len(value) <= MAX_OWNER_LENGTH or not value.isprintable():
+        raise InvalidRequest(f"{name} must name the agent: 1 to {MAX_OWNER_LENGTH} printable characters, unique to it "
+                             f"(tame agent gives host:pid:boot:start:nonce); got {_shown(value)!r}")
+    return value

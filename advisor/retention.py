@@ -7,7 +7,8 @@ any kept fit rests on (fits.probe_run_id) and the newest run with results under 
 base an observation refits on, :meth:`advisor.store.Store.latest_run_points`); the newest ``keep_observations`` observations
 (never fewer than the refit window, :data:`advisor.store.REFIT_OBSERVATIONS`, so the
 observations the current fit used stay); queued and running probe jobs, and the newest
-``keep_runs`` finished ones, within the same age. Destinations are never deleted. The SQL views
+``keep_runs`` finished ones, within the same age; the probe-seconds of lapsed attempts (``spent_attempts``) for
+as long as a site's budget counts them (:data:`advisor.sites.BUDGET_WINDOW_S`). Destinations are never deleted. The SQL views
 (current_fits, current_advice) read only the newest fit and its curve, which are never pruned.
 
 Each batch is one short write transaction of at most ``batch`` parent rows (and their children:
@@ -28,6 +29,7 @@ from typing import Callable
 
 from advisor.db import Tx
 from advisor.errors import AdvisorError
+from advisor.sites import BUDGET_WINDOW_S
 from advisor.store import REFIT_OBSERVATIONS, Store
 
 log = logging.getLogger(__name__)
@@ -184,8 +186,17 @@ def prune(store: Store, retention: Retention, *, pause_s: float = 0.0, max_batch
         counts.add("probe_jobs", len(ids))
         return len(ids)
 
+    def spent(tx: Tx) -> int:
+        # Counted in a site's budget by the hour they started in; nothing else reads them.
+        ids = [r[0] for r in tx.execute("SELECT id FROM spent_attempts WHERE started_at < ? ORDER BY id LIMIT ?",
+                                        (now - BUDGET_WINDOW_S, b)).fetchall()]
+        if ids:
+            tx.execute(f"DELETE FROM spent_attempts WHERE id IN ({_placeholders(ids)})", ids)
+        counts.add("spent_attempts", len(ids))
+        return len(ids)
+
     # Fits first: a run is kept while a fit rests on it.
-    for step in (fits, runs, observations, jobs):
+    for step in (fits, runs, observations, jobs, spent):
         batches(step)
     return counts
 

@@ -27,7 +27,7 @@ from advisor.errors import (AdvisorError, BatchTooLarge, DestinationNotAllowed, 
                             UnknownDestination, UnknownProbe)
 from advisor.fitcodec import fit_from_stored, fit_to_record
 from advisor.limits import (check_available_control, check_congestion_control, check_max_impact, check_probe_duration_s,
-                            check_probe_levels, check_site, MAX_SITE_STREAMS)
+                            check_owner, check_probe_levels, check_site, MAX_SITE_STREAMS)
 from advisor.observations import Observation
 from advisor.opening import how_to_open
 from advisor.plan_runner import adaptive_probes, plan_for
@@ -525,8 +525,9 @@ class AdviceService:
     # -- sites and their agents --------------------------------------------------------
 
     def register_site(self, site: Any, budget: SiteBudget, dests: Sequence[Any],
-                      congestion_control: Any = None) -> dict[str, Any]:
-        """Register (or refresh) an agent's site: its budget and its links to ``dests`` (each within the allow-list),
+                      congestion_control: Any = None, owner: Any = None) -> dict[str, Any]:
+        """Register (or refresh) agent ``owner``'s site: its budget (BudgetConflict when the site's live agents run
+        with another: advisor.sites.register_site) and its links to ``dests`` (each within the allow-list),
         and queue a probe under ``congestion_control`` (None: the default) for each of its links whose advice is
         missing or REPROBE_AT_TTL of the TTL old (FitRow.evidence_at: a link with recent transfers needs none), or
         whose newest probe is too old (advisor.freshness: /v1/paths' reprobe_due).
@@ -534,6 +535,7 @@ class AdviceService:
         the others registered; when the probe queue is full the rest wait for the next registration ("deferred").
         Returns {"site", "links", "queued", "deferred", "refused": [{"dest", "error"}], "budget"}."""
         name = check_site(site, "site")
+        agent = None if owner is None else check_owner(owner)
         control = self.control(congestion_control)
         self._check_budget_fits(budget)
         parsed, refused = {}, []
@@ -545,7 +547,7 @@ class AdviceService:
                 refused.append({"dest": str(text), "error": str(exc)})
                 continue
             parsed[dest.key] = dest
-        register_site(self.store, name, budget, list(parsed.values()))
+        register_site(self.store, name, budget, list(parsed.values()), agent)
         fresh = fresh_destinations(self.paths(name), control, REPROBE_AT_TTL * self.settings.ttl_s)
         due = [dest for key, dest in parsed.items() if key not in fresh]
         queued = deferred = 0
@@ -575,8 +577,7 @@ class AdviceService:
         {"site", "job": the job (as GET /v1/probes/ID shows it) or None, "max_streams", "lease_until", "waiting",
         "use"}; jobs whose agent's lease ran out are queued again first."""
         name = check_site(site, "site")
-        if not isinstance(owner, str) or not 1 <= len(owner) <= 200:
-            raise InvalidRequest("owner must name the agent (1 to 200 characters)")
+        check_owner(owner)
         cap = max_streams if isinstance(max_streams, int) and not isinstance(max_streams, bool) else None
         if cap is None or not 1 <= cap <= MAX_SITE_STREAMS:
             raise InvalidRequest(f"max_streams must be a whole number from 1 to {MAX_SITE_STREAMS}; got {max_streams!r}")

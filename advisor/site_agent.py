@@ -58,7 +58,8 @@ class SiteAgent:
 
     def register(self, dests: list[str]) -> dict[str, Any]:
         """PUT /v1/sites/NAME: the site's links and budget; the service queues the probes that are due."""
-        return self.client.register_site(self.site, dests, self.budget.to_json(), self.settings.congestion_control)
+        return self.client.register_site(self.site, dests, self.budget.to_json(), self.settings.congestion_control,
+                                         owner=self.owner)
 
     def round(self, dests: list[str]) -> int:
         """Register, then claim and run the site's due probes (up to the budget's at once) until none is left

@@ -1,7 +1,7 @@
 """Sites and their agents' claims: which agent probes which link, within its site's probe budget.
 
 An agent at a site registers the site with its links and budget (PUT /v1/sites/NAME, every round: the site's
-heartbeat), then claims the site's queued probe jobs (POST /v1/sites/NAME/claims). A claim is a lease: the job
+heartbeat; one budget per site, held by its live agents: :func:`register_site`), then claims the site's queued probe jobs (POST /v1/sites/NAME/claims). A claim is a lease: the job
 is the agent's until ``lease_until``; an agent that goes away loses it when the lease runs out
 (:meth:`advisor.store.Store.recover_jobs` re-queues it) and another agent of the site claims it. The claims of
 one site are serialised on its ``sites`` row (``SELECT ... FOR UPDATE`` on PostgreSQL; SQLite's write
@@ -16,12 +16,17 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from advisor.destinations import Destination
-from advisor.errors import InvalidRequest
+from advisor.errors import BudgetConflict, InvalidRequest
 from advisor.limits import MAX_SITE_PROBES, MAX_SITE_STREAMS
 from advisor.store import JOB_COLUMNS, Job, Store, job_from_row
 
 # The window the probe-seconds budget is counted over, seconds.
 BUDGET_WINDOW_S = 3600.0
+# How long after its agents' last sign of life (a registration or a claimed probe; one under a lease counts until the
+# lease runs out) a site's budget stays held against a different one, seconds. An agent registers every round
+# (`tame agent --interval`, default 60 s) and claims through it, so five quiet rounds mean it has gone; an agent
+# restarted with a new budget waits this long after its old process's last sign of life.
+BUDGET_HOLD_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,10 @@ class SiteBudget:
         return {"max_probes": self.max_probes, "max_streams": self.max_streams,
                 "probe_seconds_per_hour": self.probe_seconds_per_hour}
 
+    def __str__(self) -> str:
+        return (f"max_probes={self.max_probes}, max_streams={self.max_streams}, "
+                f"probe_seconds_per_hour={self.probe_seconds_per_hour:g}")
+
 
 @dataclass(frozen=True)
 class SiteUse:
@@ -73,18 +82,55 @@ class Claim:
     waiting: str | None = None  # why nothing was claimed: "no queued probe" or the budget that is spent
 
 
-def register_site(store: Store, site: str, budget: SiteBudget, dests: Sequence[Destination]) -> None:
-    """Create or update the site (its budget, last_seen_at) and its links to ``dests``, in one transaction."""
+def register_site(store: Store, site: str, budget: SiteBudget, dests: Sequence[Destination],
+                  owner: str | None = None) -> None:
+    """Create or refresh the site (its budget, last_seen_at) and its links to ``dests`` for agent ``owner``, in one
+    transaction.
+
+    A site runs with one budget. The same budget is taken from any agent; a different one only from the agent that
+    set the one in force (an agent that gives no ``owner`` never did), or once the site's agents have been quiet for
+    BUDGET_HOLD_S and none holds a lease; otherwise BudgetConflict, and nothing is stored. So two agents started
+    with different budgets do not overwrite each other's every round: the later one is told, and stops."""
     now = store.clock()
+    lock = " FOR UPDATE" if store.db.dialect == "postgresql" else ""
     with store.db.transaction(write=True) as tx:
-        tx.execute(
-            "INSERT INTO sites (name, max_probes, max_streams, probe_seconds_per_hour, registered_at, last_seen_at) "
-            "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET max_probes = excluded.max_probes, "
-            "max_streams = excluded.max_streams, probe_seconds_per_hour = excluded.probe_seconds_per_hour, "
-            "last_seen_at = excluded.last_seen_at",
-            (site, budget.max_probes, budget.max_streams, budget.probe_seconds_per_hour, now, now))
+        created = tx.execute(
+            "INSERT INTO sites (name, max_probes, max_streams, probe_seconds_per_hour, registered_at, last_seen_at, "
+            "budget_set_by, budget_set_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO NOTHING RETURNING name",
+            (site, budget.max_probes, budget.max_streams, budget.probe_seconds_per_hour, now, now, owner, now)
+        ).fetchone()
+        if created is None:
+            # Serialised on the site's row (SQLite's write transactions are serial), so that of two agents
+            # registering different budgets at once one sets it and the other is refused.
+            row = tx.execute("SELECT max_probes, max_streams, probe_seconds_per_hour, budget_set_by, budget_set_at, "
+                             f"last_seen_at FROM sites WHERE name = ?{lock}", (site,)).fetchone()
+            held, set_by, set_at, seen_at = SiteBudget(*row[:3]), row[3], row[4], row[5]
+            if held == budget:
+                tx.execute("UPDATE sites SET last_seen_at = ? WHERE name = ?", (now, site))
+            else:
+                if owner is None or owner != set_by:
+                    lease = tx.execute("SELECT max(lease_until) FROM probe_jobs WHERE src = ? AND status = 'running'",
+                                       (site,)).fetchone()[0]
+                    held_until = max(seen_at + BUDGET_HOLD_S, lease or 0.0)
+                    if now < held_until:
+                        raise BudgetConflict(_conflict(site, held, set_by, set_at, budget, now, seen_at, held_until))
+                tx.execute("UPDATE sites SET max_probes = ?, max_streams = ?, probe_seconds_per_hour = ?, "
+                           "budget_set_by = ?, budget_set_at = ?, last_seen_at = ? WHERE name = ?",
+                           (budget.max_probes, budget.max_streams, budget.probe_seconds_per_hour, owner, now, now,
+                            site))
         for dest in dests:
             store.link_id(tx, site, dest)
+
+
+def _conflict(site: str, held: SiteBudget, set_by: str | None, set_at: float | None, asked: SiteBudget,
+              now: float, seen_at: float, held_until: float) -> str:
+    who = f"agent {set_by!r}" if set_by else "an agent that gave no owner"
+    when = f" {max(0.0, now - set_at):.0f} s ago" if set_at is not None else ""
+    return (f"site {site!r} runs with budget {held}, set by {who}{when}, and its agents are alive (last seen "
+            f"{max(0.0, now - seen_at):.0f} s ago); this agent asked for {asked}. Run every agent of a site with the "
+            f"same budget (--max-probes, --max-streams, --probe-seconds-per-hour), or stop the other one: a new budget "
+            f"is taken once the site's agents have been quiet for {BUDGET_HOLD_S:.0f} s and hold no probe "
+            f"(in {math.ceil(held_until - now):.0f} s if none is seen meanwhile)")
 
 
 def site_budget(store: Store, site: str) -> SiteBudget | None:
@@ -99,12 +145,16 @@ def _use(tx, site: str, now: float) -> SiteUse:
     running, streams = tx.execute(
         "SELECT count(*), coalesce(sum(streams_reserved), 0) FROM probe_jobs WHERE src = ? AND status = 'running'",
         (site,)).fetchone()
-    # A running job counts the longest it may take; a finished one what it took (started within the window).
+    # Attempts started within the window: a running job counts the longest it may take, a finished one what it
+    # took, and an attempt whose lease lapsed (its job re-queued) what Store.recover_jobs kept for it. One
+    # statement, so that a job recovered meanwhile is counted once (one snapshot on PostgreSQL).
+    since = now - BUDGET_WINDOW_S
     seconds = tx.execute(
-        "SELECT coalesce(sum(CASE WHEN status = 'running' THEN coalesce(seconds_reserved, 0) "
+        "SELECT (SELECT coalesce(sum(CASE WHEN status = 'running' THEN coalesce(seconds_reserved, 0) "
         "ELSE finished_at - started_at END), 0) FROM probe_jobs WHERE src = ? AND started_at >= ? "
-        "AND (status = 'running' OR (status IN ('done', 'failed') AND finished_at IS NOT NULL))",
-        (site, now - BUDGET_WINDOW_S)).fetchone()[0]
+        "AND (status = 'running' OR (status IN ('done', 'failed') AND finished_at IS NOT NULL))) + "
+        "(SELECT coalesce(sum(seconds), 0) FROM spent_attempts WHERE src = ? AND started_at >= ?)",
+        (site, since, site, since)).fetchone()[0]
     return SiteUse(int(running), int(streams), float(seconds))
 
 

@@ -604,27 +604,32 @@ class Store:
                      local_src: str | None = None) -> int:
         """Re-queue running jobs whose owner died or whose lease ran out (failed after ``max_attempts``).
 
-        With ``local_src``, only that site's jobs are judged by ``owner_is_dead`` (their owners are processes that
+        The probe-seconds a re-queued attempt may have spent are kept in ``spent_attempts`` in the same transaction
+        (its site's hourly budget counts them: :mod:`advisor.sites`); a job given up on keeps its last attempt in its
+        own row, finished when that attempt stopped. With ``local_src``, only that site's jobs are judged by ``owner_is_dead`` (their owners are processes that
         share this host's view); other sites' jobs were claimed by remote agents, whose owner names are theirs to
         choose, and are judged by their lease alone. A job changed since it was read here (claimed again by
         another process meanwhile) is left alone."""
         now = self.clock()
         with self.db.transaction(write=True) as tx:
             rows = tx.execute(
-                "SELECT id, owner, lease_until, attempts, src FROM probe_jobs WHERE status = 'running'"
+                "SELECT id, owner, lease_until, attempts, src, started_at FROM probe_jobs WHERE status = 'running'"
             ).fetchall()
             orphans = [r for r in rows if (r[2] is not None and r[2] < now)
                        or ((local_src is None or r[4] == local_src) and owner_is_dead(r[1]))]
             recovered = 0
-            for job_id, owner, lease_until, attempts, _src in orphans:
+            for job_id, owner, lease_until, attempts, src, started_at in orphans:
                 unchanged = ("id = ? AND status = 'running' AND owner IS NOT DISTINCT FROM ? "
                              "AND lease_until IS NOT DISTINCT FROM ?")
+                # When the attempt stopped is not known: an owner found dead here stopped by now, a remote one
+                # may have sent until its lease ran out (the longest it was allowed).
+                stopped = now if lease_until is None else min(now, lease_until)
                 if attempts >= max_attempts:
                     done = tx.execute(
                         "UPDATE probe_jobs SET status = 'failed', finished_at = ?, owner = NULL, lease_until = NULL, "
                         f"error = ? WHERE {unchanged} RETURNING id",
-                        (now, f"interrupted {attempts} times (the probing process stopped); giving up", job_id, owner,
-                         lease_until),
+                        (stopped, f"interrupted {attempts} times (the probing process stopped); giving up", job_id,
+                         owner, lease_until),
                     ).fetchone()
                 else:
                     done = tx.execute(
@@ -633,6 +638,9 @@ class Store:
                         f"error = 'interrupted: the probing process stopped; re-queued' WHERE {unchanged} RETURNING id",
                         (job_id, owner, lease_until),
                     ).fetchone()
+                    if done is not None and started_at is not None:
+                        tx.execute("INSERT INTO spent_attempts (src, job_id, started_at, seconds) VALUES (?, ?, ?, ?)",
+                                   (src, job_id, started_at, max(0.0, stopped - started_at)))
                 recovered += done is not None
         return recovered
 

@@ -2,7 +2,7 @@
 
 Error mapping to HTTP statuses lives here and only here:
 InvalidRequest -> 422, BatchTooLarge -> 413, DestinationNotAllowed and WrongSite -> 403, UnknownDestination and
-UnknownProbe -> 404, StoreError -> 503 (with a generic message; the detail is logged). Tokens,
+UnknownProbe -> 404, BudgetConflict -> 409, StoreError -> 503 (with a generic message; the detail is logged). Tokens,
 body caps and body deadlines are checked before any route, by api/boundary.py: when TAME_TOKEN is
 set, writes need ``Authorization: Bearer TOKEN``; when TAME_READ_TOKEN is set, reads (the docs
 included) need it or the write token. A site's token (TAME_SITE_TOKENS) reads, and writes only links from
@@ -29,8 +29,8 @@ from starlette.staticfiles import StaticFiles
 
 from advisor.allowlist import Resolver, system_resolver
 from advisor.destinations import parse_destination
-from advisor.errors import (BatchTooLarge, DestinationNotAllowed, InvalidRequest, QueueFull, StoreError,
-                            UnknownDestination, UnknownProbe, WrongSite)
+from advisor.errors import (BatchTooLarge, BudgetConflict, DestinationNotAllowed, InvalidRequest, QueueFull,
+                            StoreError, UnknownDestination, UnknownProbe, WrongSite)
 from advisor.retention import Pruner
 from advisor.service import AdviceService
 from advisor.settings import Settings
@@ -50,6 +50,7 @@ _STATUS = {
     WrongSite: 403,
     UnknownDestination: 404,
     UnknownProbe: 404,
+    BudgetConflict: 409,
     InvalidRequest: 422,
     QueueFull: 429,
     StoreError: 503,
@@ -61,6 +62,8 @@ _ERROR_MEANING = {
          "site's (TAME_SITE_TOKENS) and the request writes for another site's links or names no src",
     404: "unknown destination or probe",
     408: "the body did not arrive within TAME_BODY_TIMEOUT_S",
+    409: "the site's live agents run with another budget (the detail names it and who set it): run every agent "
+         "of a site with the same budget, or stop the other one",
     413: "the body, or the batch, is larger than this route takes",
     422: "malformed input; the detail says what to give instead",
     429: "the probe queue is full, in total or for this client; ask again after Retry-After seconds",
@@ -215,10 +218,10 @@ def create_app(settings: Settings, store: Store, driver: ProbeDriver | None = No
         return _json({"src": src, "dest": dest.key, "probe_run_id": run_id, "congestion_control": body.congestion_control,
                       "fitted": error is None, "error": error}, 201)
 
-    @app.put("/v1/sites/{site}", response_model=schemas.SiteOut, responses={**_BODY_ERRORS, **_responses(403)})
+    @app.put("/v1/sites/{site}", response_model=schemas.SiteOut, responses={**_BODY_ERRORS, **_responses(403, 409)})
     def put_site(site: str, body: schemas.SiteIn) -> Response:
         budget = SiteBudget.checked(body.max_probes, body.max_streams, body.probe_seconds_per_hour)
-        return _json(service.register_site(site, budget, body.dests, body.congestion_control))
+        return _json(service.register_site(site, budget, body.dests, body.congestion_control, body.owner))
 
     @app.post("/v1/sites/{site}/claims", response_model=schemas.ClaimOut, responses={**_BODY_ERRORS, **_responses(403)})
     def post_claim(site: str, body: schemas.ClaimIn) -> Response:

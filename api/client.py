@@ -91,9 +91,10 @@ class TameClient:
         return self._call("POST", "/v1/probe-runs", json=payload)
 
     def register_site(self, site: str, dests: Sequence[str], budget: dict[str, Any],
-                      congestion_control: str | None = None) -> dict[str, Any]:
-        """PUT /v1/sites/SITE: the site's links (dests) and probe budget (advisor.sites.SiteBudget.to_json())."""
-        body = {"dests": list(dests), **budget, **_given(congestion_control=congestion_control)}
+                      congestion_control: str | None = None, owner: str | None = None) -> dict[str, Any]:
+        """PUT /v1/sites/SITE: the site's links (dests) and probe budget (advisor.sites.SiteBudget.to_json()), from
+        agent ``owner`` (409 when the site's live agents run with another budget)."""
+        body = {"dests": list(dests), **budget, **_given(congestion_control=congestion_control, owner=owner)}
         return self._call("PUT", f"/v1/sites/{httpx.URL(path=site).raw_path.decode()}", json=body)
 
     def claim(self, site: str, owner: str, max_streams: int) -> dict[str, Any]:

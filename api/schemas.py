@@ -8,6 +8,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 
 from advisor import limits
 from advisor.errors import InvalidRequest
+from advisor.sites import BUDGET_HOLD_S
 from probes.controls import CONTROL_NAME, MAX_CONTROL_NAME
 from probes.iperf_parse import RAW_MAX_CHARS
 
@@ -35,6 +36,9 @@ Site = Annotated[str, Field(max_length=256, description="the source site of the 
 
 # What the write routes' src says about a site's token (api/boundary.py).
 SITE_TOKEN_SRC = "; a site's token (TAME_SITE_TOKENS) must give its own site here"
+
+# An agent's name; max_length here only bounds what is parsed, check_owner says what a name may be.
+Owner = Annotated[str, Field(max_length=limits.MAX_OWNER_LENGTH), _checked(limits.check_owner)]
 
 Dest = Field(min_length=1, max_length=limits.MAX_DEST_LENGTH, description="HOST or HOST:PORT (default port 5201), IPv6 as [ADDR]:PORT")
 
@@ -349,6 +353,11 @@ class SiteIn(BaseModel):
     probe_seconds_per_hour: float = Field(default=1800.0, ge=1.0, le=3600.0 * limits.MAX_SITE_PROBES,
                                           allow_inf_nan=False, description="probe-seconds in any hour")
     congestion_control: Control | None = Field(default=None, description="the control its probes run under")
+    owner: Owner | None = Field(default=None, description=(
+        "the agent registering (tame agent gives its claims' owner). The site keeps one budget: a different one is "
+        f"taken from the agent that set it, or once the site's agents have been quiet for {BUDGET_HOLD_S:.0f} s and "
+        "hold no probe; otherwise 409. Without an owner the budget in force can be confirmed but not changed while "
+        "they are alive"))
 
 
 class RefusedDest(BaseModel):
@@ -367,7 +376,7 @@ class SiteOut(BaseModel):
 
 class ClaimIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    owner: str = Field(min_length=1, max_length=200, description="the agent claiming (a name unique to it)")
+    owner: Owner = Field(description="the agent claiming (a name unique to it)")
     max_streams: int = Field(default=64, ge=1, le=limits.MAX_SITE_STREAMS,
                              description="the most streams this agent's probe may open")
 

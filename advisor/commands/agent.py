@@ -39,7 +39,9 @@ def register(subparsers) -> None:
     parser.add_argument("--site", type=site_name, metavar="NAME",
                         help="with --server: the site this agent probes from; it registers the site's links (the "
                              "--dest-file) and budget with the server and claims the site's due probes, with the "
-                             "site's other agents; its TAME_TOKEN is the site's token (the server's TAME_SITE_TOKENS)")
+                             "site's other agents, all with the same budget (the server refuses another while they "
+                             "are alive, and the agent stops with exit status 2); its TAME_TOKEN is the site's token "
+                             "(the server's TAME_SITE_TOKENS)")
     parser.add_argument("--max-probes", type=whole_number(1, MAX_SITE_PROBES), default=SiteBudget.max_probes,
                         metavar="N", help=f"with --site: the site's probes at once (default {SiteBudget.max_probes})")
     parser.add_argument("--max-streams", type=whole_number(1, MAX_SITE_STREAMS), default=SiteBudget.max_streams,
@@ -215,9 +217,12 @@ def _run_site(args, settings, driver) -> int:
             try:
                 agent.round(read_destinations(args.dest_file))
             except TameError as exc:
-                print(f"tame agent: site {args.site}: {exc}", file=sys.stderr, flush=True)
-                if 400 <= exc.status < 500 and exc.status not in _RETRY_STATUSES:
-                    return 2  # refused (bad token, a destination outside the allow-list): not worth retrying
+                # Refused (a bad token, another budget the site's agents run with: 409): asking again cannot help.
+                refused = 400 <= exc.status < 500 and exc.status not in _RETRY_STATUSES
+                print(f"tame agent: site {args.site}: {exc}" + ("; stopping" if refused else ""), file=sys.stderr,
+                      flush=True)
+                if refused:
+                    return 2
             if args.once:
                 break
             agent.stop.wait(args.interval)

@@ -240,3 +240,33 @@ def test_tame_transfers_do_not_push_out_the_observations_a_fit_rests_on(tmp_path
         assert service.store.current_fit(dest, control, src=SITE).observations_used == OBSERVATIONS_PER_RUN + 1
     finally:
         service.store.close()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def test_spent_attempts_go_once_older_than_the_budget_window(tmp_path, request, backend):
+    """The probe-seconds of lapsed attempts are counted over the last hour (advisor.sites): older ones are pruned,
+    newer ones kept, whatever the other retention settings."""
+    from advisor.sites import BUDGET_WINDOW_S, SiteBudget, claim_job, register_site, site_use
+    from tests.api.conftest import Clock as SteppedClock
+
+    url = f"sqlite:///{tmp_path}/tame.sqlite3" if backend == "sqlite" else request.getfixturevalue("pg_url")
+    store = Store.open(url, clock=SteppedClock())
+    try:
+        dest = parse_destination(DESTS[0])
+        register_site(store, "dtn2", SiteBudget(probe_seconds_per_hour=3600), [dest])
+        store.enqueue_job(dest, [1, 10], 5.0, src="dtn2")
+        for _ in range(2):  # two attempts lapse, 2,000 s apart
+            claim_job(store, "dtn2", "agent-gone", max_streams=64, adaptive=False, worst_case_s=lambda job: 100.0)
+            store.clock.advance(2000)
+            assert store.recover_jobs(10, owner_is_dead=lambda owner: False) == 1
+        assert site_use(store, "dtn2").seconds == pytest.approx(115)  # the first started 4,000 s ago
+        counts = prune(store, replace(RETENTION, keep_runs=1, run_max_age_s=1))
+        assert counts.deleted["spent_attempts"] == 1
+        with store.db.transaction() as tx:
+            kept = tx.execute("SELECT started_at FROM spent_attempts").fetchall()
+        assert [started for (started,) in kept] == [pytest.approx(store.clock() - 2000)]
+        assert site_use(store, "dtn2").seconds == pytest.approx(115)
+        store.clock.advance(BUDGET_WINDOW_S)
+        assert prune(store, RETENTION).deleted["spent_attempts"] == 1
+    finally:
+        store.close()

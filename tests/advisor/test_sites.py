@@ -4,9 +4,10 @@ the job to another agent of the site, and one site's claims never take another's
 
 import pytest
 
+import advisor.db
 from advisor.destinations import parse_destination
-from advisor.errors import InvalidRequest
-from advisor.sites import SiteBudget, claim_job, holds, register_site, site_use
+from advisor.errors import BudgetConflict, InvalidRequest
+from advisor.sites import BUDGET_HOLD_S, SiteBudget, claim_job, holds, register_site, site_budget, site_use
 from advisor.store import Store
 from tests.api.conftest import Clock
 from tests.together import run_together
@@ -51,12 +52,13 @@ def test_a_site_s_probes_at_once_are_held_to_its_budget(store):
 
 
 def test_streams_at_once_are_held_to_the_budget(store):
-    register_site(store, "a", SiteBudget(max_probes=2, max_streams=24, probe_seconds_per_hour=36000), DESTS)
+    register_site(store, "a", SiteBudget(max_probes=2, max_streams=24, probe_seconds_per_hour=36000), DESTS, "x")
     queue(store, "a")
     claims = [claim_job(store, "a", "x", max_streams=16, adaptive=True, worst_case_s=worst) for _ in range(2)]
     # An adaptive probe may open its share of the budget (24 / 2 probes), never less than its highest level (10).
     assert [c.streams for c in claims] == [12, 12]
-    register_site(store, "a", SiteBudget(max_probes=3, max_streams=24, probe_seconds_per_hour=36000), DESTS)
+    # The agent that set the budget changes it (another agent could not while the site's probes run).
+    register_site(store, "a", SiteBudget(max_probes=3, max_streams=24, probe_seconds_per_hour=36000), DESTS, "x")
     third = claim_job(store, "a", "x", max_streams=16, adaptive=True, worst_case_s=worst)
     assert third.job is None and "24 of a's 24 streams are probing; the next probe needs 10" in third.waiting
     assert site_use(store, "a").streams == 24
@@ -148,3 +150,173 @@ def test_many_agents_claiming_at_once_never_share_a_job_nor_pass_the_budget(pg_u
     finally:
         for s in stores:
             s.close()
+
+
+def test_a_lapsed_attempt_s_probe_seconds_count_in_the_hour_it_started(store):
+    """An agent that dies mid-probe may have sent traffic until its lease ran out: that attempt counts from its start
+    to its lease's end (100 s plan + 15 s slack = 115 s), though the job goes back to the queue and its next claim
+    starts it again; so agents that keep dying cannot pass the site's probe-seconds."""
+    register_site(store, "a", SiteBudget(max_probes=1, max_streams=64, probe_seconds_per_hour=250), DESTS[:1])
+    queue(store, "a", DESTS[:1])
+    started = store.clock()
+    first = claim_job(store, "a", "agent-1", max_streams=64, adaptive=True, worst_case_s=worst)
+    store.clock.advance(116)
+    assert store.recover_jobs(3, owner_is_dead=lambda owner: False) == 1
+    assert store.job(first.job.id).status == "queued"
+    assert site_use(store, "a").seconds == pytest.approx(115)
+    # 115 s spent + 100 s for the next attempt fit in 250.
+    second = claim_job(store, "a", "agent-2", max_streams=64, adaptive=True, worst_case_s=worst)
+    assert second.job.id == first.job.id and site_use(store, "a").seconds == pytest.approx(215)
+    store.clock.advance(116)
+    assert store.recover_jobs(3, owner_is_dead=lambda owner: False) == 1
+    assert site_use(store, "a").seconds == pytest.approx(230)
+    third = claim_job(store, "a", "agent-3", max_streams=64, adaptive=True, worst_case_s=worst)
+    assert third.job is None and "230 of a's 250 probe-seconds" in third.waiting
+    # Each attempt leaves the window an hour after it started.
+    store.clock.now = started + 3600.5
+    assert site_use(store, "a").seconds == pytest.approx(115)
+    assert claim_job(store, "a", "agent-3", max_streams=64, adaptive=True, worst_case_s=worst).job is not None
+
+
+def test_a_job_failed_after_its_last_attempt_counts_that_attempt_to_its_lease_s_end(store):
+    """The last attempt of a job given up on counts as the others do (started_at to lease_until, 115 s), not until
+    whenever the lapse was noticed; the job's finished_at says when its lease ran out."""
+    register_site(store, "a", SiteBudget(max_probes=1, max_streams=64, probe_seconds_per_hour=3600), DESTS[:1])
+    queue(store, "a", DESTS[:1])
+    first = claim_job(store, "a", "agent-1", max_streams=64, adaptive=True, worst_case_s=worst)
+    store.clock.advance(116)
+    store.recover_jobs(2, owner_is_dead=lambda owner: False)
+    last = claim_job(store, "a", "agent-2", max_streams=64, adaptive=True, worst_case_s=worst)
+    store.clock.advance(1000)  # noticed long after the lease ran out
+    assert store.recover_jobs(2, owner_is_dead=lambda owner: False) == 1
+    job = store.job(first.job.id)
+    assert job.status == "failed" and "giving up" in job.error and job.finished_at == last.lease_until
+    assert site_use(store, "a").seconds == pytest.approx(115 + 115)
+
+
+def test_an_attempt_whose_owner_died_here_counts_until_it_was_found_dead(store):
+    """The service's own site's worker judges its owners on this host: one found dead before its lease ran out is
+    counted up to then (it sent nothing after dying)."""
+    register_site(store, "a", SiteBudget(max_probes=1, max_streams=64, probe_seconds_per_hour=3600), DESTS[:1])
+    queue(store, "a", DESTS[:1])
+    claim_job(store, "a", "agent-1", max_streams=64, adaptive=True, worst_case_s=worst)
+    store.clock.advance(40)
+    assert store.recover_jobs(3, owner_is_dead=lambda owner: True) == 1
+    assert site_use(store, "a").seconds == pytest.approx(40)
+
+
+# -- a site's budget is the one its live agents run with ---------------------------------------------------------
+
+BUDGET = SiteBudget(max_probes=2, max_streams=64, probe_seconds_per_hour=1800)
+OTHER = SiteBudget(max_probes=4, max_streams=64, probe_seconds_per_hour=1800)
+
+
+def test_another_agent_s_different_budget_is_refused_while_the_site_s_agents_are_alive(store):
+    register_site(store, "a", BUDGET, DESTS[:1], owner="agent-1")
+    with pytest.raises(BudgetConflict) as refused:
+        register_site(store, "a", OTHER, DESTS[1:2], owner="agent-2")
+    says = str(refused.value)
+    for part in ("max_probes=2", "max_streams=64", "probe_seconds_per_hour=1800", "'agent-1'", "max_probes=4",
+                 "same budget", "stop the other"):
+        assert part in says, (part, says)
+    assert site_budget(store, "a") == BUDGET
+    # The same budget from any agent is fine (and keeps the site alive); an agent that gives no owner never set it.
+    store.clock.advance(BUDGET_HOLD_S / 2)
+    register_site(store, "a", BUDGET, DESTS[1:2], owner="agent-2")
+    with pytest.raises(BudgetConflict, match="agent-1"):
+        register_site(store, "a", OTHER, DESTS[:1])
+    store.clock.advance(BUDGET_HOLD_S - 1)
+    with pytest.raises(BudgetConflict, match=r"in 1 s"):
+        register_site(store, "a", OTHER, DESTS[:1], owner="agent-3")
+    # Quiet for the hold: the new budget takes over, and now holds against the old one.
+    store.clock.advance(1)
+    register_site(store, "a", OTHER, DESTS[:1], owner="agent-3")
+    assert site_budget(store, "a") == OTHER
+    with pytest.raises(BudgetConflict, match="agent-3"):
+        register_site(store, "a", BUDGET, DESTS[:1], owner="agent-1")
+    assert site_budget(store, "a") == OTHER
+
+
+def test_the_agent_that_set_a_budget_may_change_it(store):
+    register_site(store, "a", BUDGET, DESTS[:1], owner="agent-1")
+    register_site(store, "a", OTHER, DESTS[:1], owner="agent-1")
+    assert site_budget(store, "a") == OTHER
+
+
+@pytest.mark.parametrize("before_claim_s, plan_s, after_claim_s", [
+    # The claim is the sign of life: its lease (10 s + 15 s) ran out long before the hold does.
+    (BUDGET_HOLD_S - 10, 10.0, BUDGET_HOLD_S - 1),
+    # The probe runs under its lease long after the claim: a second before the lease (1,000 s + 15 s) runs out.
+    (0.0, 1000.0, 1000.0 + 15.0 - 1),
+], ids=["claimed", "running"])
+def test_a_claimed_or_running_probe_keeps_the_site_s_budget_held(store, before_claim_s, plan_s, after_claim_s):
+    register_site(store, "a", BUDGET, DESTS[:1], owner="agent-1")
+    queue(store, "a", DESTS[:1])
+    store.clock.advance(before_claim_s)
+    claim_job(store, "a", "agent-1", max_streams=64, adaptive=False, worst_case_s=lambda job: plan_s)
+    store.clock.advance(after_claim_s)
+    with pytest.raises(BudgetConflict, match="in 1 s"):
+        register_site(store, "a", OTHER, DESTS[:1], owner="agent-2")
+    store.clock.advance(1)
+    register_site(store, "a", OTHER, DESTS[:1], owner="agent-2")
+    assert site_budget(store, "a") == OTHER
+
+
+def test_a_refused_registration_stores_nothing(store):
+    register_site(store, "a", BUDGET, DESTS[:1], owner="agent-1")
+    with store.db.transaction() as tx:
+        before = tx.execute("SELECT * FROM sites").fetchall(), tx.execute("SELECT count(*) FROM destinations").fetchone()
+    store.clock.advance(5)
+    with pytest.raises(BudgetConflict):
+        register_site(store, "a", OTHER, DESTS[1:], owner="agent-2")
+    with store.db.transaction() as tx:
+        after = tx.execute("SELECT * FROM sites").fetchall(), tx.execute("SELECT count(*) FROM destinations").fetchone()
+    assert after == before  # not its links, and not a sign of life either
+
+
+@pytest.mark.postgres
+def test_agents_registering_different_budgets_at_once_leave_one(pg_url):
+    """12 agents of a new site register 12 different budgets at once on PostgreSQL: one sets it, the others are
+    refused, and the site keeps the budget of the one that set it."""
+    stores = [Store.open(pg_url, clock=Clock()) for _ in range(12)]
+
+    def register(i, _):
+        try:
+            register_site(stores[i], "a", SiteBudget(max_probes=i + 1), DESTS[:2], owner=f"agent-{i}")
+            return i
+        except BudgetConflict:
+            return None
+
+    try:
+        won = [i for i in run_together(register, 12) if i is not None]
+        assert len(won) == 1
+        assert site_budget(stores[0], "a") == SiteBudget(max_probes=won[0] + 1)
+    finally:
+        for s in stores:
+            s.close()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def test_a_site_registered_before_setters_were_kept_holds_its_budget(tmp_path, request, monkeypatch, backend):
+    """Migration 0015 on a store with a site registered before it: who set the budget is not known, and the budget
+    is held as any other while the site's agents are alive."""
+    url = f"sqlite:///{tmp_path}/s.sqlite3" if backend == "sqlite" else request.getfixturevalue("pg_url")
+    clock = Clock()
+    everything = advisor.db.migrations()
+    monkeypatch.setattr(advisor.db, "migrations", lambda: {v: m for v, m in everything.items() if v < 15})
+    old = advisor.db.Database(url)
+    old.migrate()
+    with old.transaction(write=True) as tx:
+        tx.execute("INSERT INTO sites (name, max_probes, max_streams, probe_seconds_per_hour, registered_at, "
+                   "last_seen_at) VALUES ('a', 2, 64, 1800, ?, ?)", (clock() - 100, clock() - 10))
+    old.close()
+    monkeypatch.setattr(advisor.db, "migrations", lambda: everything)
+    store = Store(advisor.db.Database(url), clock=clock)
+    try:
+        assert store.db.migrate() == [15]
+        with pytest.raises(BudgetConflict, match=r"max_probes=2, .* set by an agent that gave no owner, and its agents "
+                                                 r"are alive \(last seen 10 s ago\)"):
+            register_site(store, "a", OTHER, DESTS[:1], owner="agent-1")
+        register_site(store, "a", BUDGET, DESTS[:1], owner="agent-1")
+    finally:
+        store.close()

@@ -1,12 +1,15 @@
-"""`tame agent --site` refuses bad input before it probes or registers anything: exit status 2 and a message
-that says what to give."""
+"""`tame agent --site` refuses bad input before it probes or registers anything, and stops when the server refuses
+it (a wrong token, another budget the site's agents run with): exit status 2 and a message that says what to do."""
 
 import os
+import sqlite3
 import subprocess
 
+import psycopg
 import pytest
 
-from tests.api.procs import TAME
+from tests.api.conftest import wait_for
+from tests.api.procs import TAME, start_serve, stop
 
 
 @pytest.mark.parametrize("argv, says", [
@@ -61,3 +64,60 @@ def test_a_destination_the_server_refuses_is_reported_and_the_agent_goes_on(tmp_
     assert done.returncode == 0, done.stderr
     assert "192.0.2.1:5201 left out" in done.stderr and "allow" in done.stderr
     assert client.get("/v1/links").json()["links"] == []
+
+
+def test_an_agent_whose_budget_conflicts_with_the_site_s_stops_with_2(tmp_path, service_factory):
+    """Another agent of the site runs with max_probes 2: this one, started with the default budget, is told so
+    (409: the budget in force, who set it, what to do) and exits 2 rather than overwriting it every round; the
+    site's budget and links are as they were."""
+    base, client, app = service_factory(start_worker=False)
+    held = client.put("/v1/sites/dtn1", json={"dests": ["127.0.0.1:5201"], "max_probes": 2, "owner": "dtn1-agent-a"})
+    assert held.status_code == 200
+    dests = tmp_path / "dests"
+    dests.write_text("127.0.0.2:5201\n")
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")}
+    env.pop("TAME_TOKEN", None)
+    done = subprocess.run([TAME, "agent", "--site", "dtn1", "--server", base, "--dest-file", str(dests),
+                           "--interval", "1"], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "HTTP 409" in done.stderr and "max_probes=2" in done.stderr and "'dtn1-agent-a'" in done.stderr
+    assert "same budget" in done.stderr and "stopping" in done.stderr
+    again = client.put("/v1/sites/dtn1", json={"dests": ["127.0.0.1:5201"], "max_probes": 2, "owner": "dtn1-agent-a"})
+    assert again.json()["budget"]["max_probes"] == 2 and again.json()["links"] == 1
+    with sqlite3.connect(tmp_path / "tame.sqlite3") as conn:
+        assert conn.execute("SELECT src, dest FROM destinations").fetchall() == [("dtn1", "127.0.0.1:5201")]
+        assert conn.execute("SELECT max_probes, budget_set_by FROM sites").fetchall() == [(2, "dtn1-agent-a")]
+
+
+@pytest.mark.postgres
+def test_two_agents_of_a_site_with_different_budgets_through_tame_serve(tmp_path, pg_url):
+    """The multi-site shape as processes: `tame serve` on PostgreSQL, one `tame agent` of site-a running with
+    --max-probes 2, then a second started with the default budget: the second is refused and exits 2 naming the
+    first, which runs on with the site's budget unchanged."""
+    (tmp_path / "serve").mkdir()
+    serve, base = start_serve(tmp_path / "serve", tmp_path / "unused.sqlite3", env={"TAME_DATABASE_URL": pg_url},
+                              args=("--no-worker",))
+    dests = tmp_path / "dests"
+    dests.write_text("# nothing to probe: the agents only register and claim\n")
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")}
+    env.pop("TAME_TOKEN", None)
+    agent = [TAME, "agent", "--site", "site-a", "--server", base, "--dest-file", str(dests), "--interval", "1"]
+    first = subprocess.Popen([*agent, "--max-probes", "2"], env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+
+    def site():
+        with psycopg.connect(pg_url) as conn:
+            return conn.execute("SELECT max_probes, budget_set_by FROM sites WHERE name = 'site-a'").fetchone()
+
+    try:
+        max_probes, set_by = wait_for(site, timeout_s=60, what="the first agent's registration")
+        assert max_probes == 2 and f":{first.pid}:" in set_by
+        second = subprocess.run(agent, env=env, capture_output=True, text=True, timeout=60)
+        assert second.returncode == 2, second.stderr
+        assert "HTTP 409" in second.stderr and "max_probes=2" in second.stderr and repr(set_by) in second.stderr
+        assert first.poll() is None
+        assert site() == (2, set_by)
+    finally:
+        first.kill()
+        first.wait(30)
+        stop(serve)

@@ -27,6 +27,10 @@ def fill_queue(client):
     assert client.post("/v1/probes", json={"dest": "127.0.0.1:5201"}).status_code == 202
 
 
+def hold_budget(client):
+    assert client.put("/v1/sites/dtn2", json={"dests": ["127.0.0.1:5201"], "owner": "agent-1"}).status_code == 200
+
+
 CASES = [
     case("read-without-token", "GET", "/v1/paths", 401, settings={"token": "w", "read_token": "r"}),
     case("write-without-token", "POST", "/v1/observations", 401,
@@ -49,6 +53,8 @@ CASES = [
     case("probe-run-not-allowed", "POST", "/v1/probe-runs", 403,
          body={"dest": "evil.test", "probes": [{"streams": 1, "throughput_bps": 1e6},
                                                {"streams": 10, "throughput_bps": 5e6}]}),
+    case("site-budget-conflict", "PUT", "/v1/sites/{site}", 409, path_parameters={"site": "dtn2"},
+         body={"dests": ["127.0.0.1:5201"], "max_probes": 2, "owner": "agent-2"}, before=hold_budget),
 ]
 
 

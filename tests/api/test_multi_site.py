@@ -122,10 +122,10 @@ def test_a_killed_agent_s_claim_goes_to_the_next_agent_of_its_site(tmp_path, pg_
 
             def running():
                 with psycopg.connect(pg_url) as conn:
-                    return conn.execute("SELECT id, owner FROM probe_jobs WHERE src = 'site-a' AND status = 'running'"
-                                        ).fetchone()
+                    return conn.execute("SELECT id, owner, started_at, lease_until FROM probe_jobs "
+                                        "WHERE src = 'site-a' AND status = 'running'").fetchone()
 
-            job_id, owner = wait_for(running, timeout_s=60, what="the first agent's claim")
+            job_id, owner, started_at, lease_until = wait_for(running, timeout_s=60, what="the first agent's claim")
             assert f":{first.pid}:" in owner
             first.send_signal(signal.SIGKILL)
             first.wait(30)
@@ -141,6 +141,11 @@ def test_a_killed_agent_s_claim_goes_to_the_next_agent_of_its_site(tmp_path, pg_
             status, attempts = wait_for(finished, timeout_s=300, what="the second agent to finish the job")
             # The same job, claimed a second time (the dead agent's attempt counted) and finished by the second agent.
             assert (status, attempts) == ("done", 2)
+            # The dead agent's attempt still counts in the site's probe-seconds: from its start to its lease's end.
+            with psycopg.connect(pg_url) as conn:
+                spent = conn.execute("SELECT src, started_at, seconds FROM spent_attempts WHERE job_id = %s",
+                                     (job_id,)).fetchall()
+            assert spent == [("site-a", started_at, pytest.approx(lease_until - started_at))]
             assert http.get("/v1/advice", params={"src": "site-a", "dest": dest, "max_impact": 0.2}).status_code == 200
     finally:
         for agent in (first, second):

@@ -109,6 +109,13 @@ def test_an_agent_registers_claims_and_its_run_closes_the_job(service_factory, t
     ("POST", "/v1/probes", {"dest": DEST, "src": "é"}, 422, "site"),
     ("GET", "/v1/advice?dest=127.0.0.1&max_impact=0.1&src=a%00b", None, 422, "site"),
     ("GET", "/v1/links?src=" + "b" * 300, None, 422, "src"),
+    ("PUT", "/v1/sites/dtn2", {"dests": [DEST], "owner": "x" * 201}, 422, "owner"),
+    ("PUT", "/v1/sites/dtn2", {"dests": [DEST], "owner": ""}, 422, "owner"),
+    ("PUT", "/v1/sites/dtn2", {"dests": [DEST], "owner": 12}, 422, "owner"),
+    ("PUT", "/v1/sites/dtn2", {"dests": [DEST], "owner": ["agent-1"]}, 422, "owner"),
+    ("PUT", "/v1/sites/dtn2", {"dests": [DEST], "owner": "agent\x1b[2J"}, 422, "printable"),
+    ("PUT", "/v1/sites/dtn2", {"dests": [DEST], "owner": "agent\u202e1"}, 422, "printable"),
+    ("POST", "/v1/sites/dtn2/claims", {"owner": "agent\n1"}, 422, "printable"),
 ])
 def test_bad_site_input_is_refused_and_nothing_is_stored(service_factory, tmp_path, method, path, body, status, says):
     base, client, app = service_factory(start_worker=False)
@@ -333,3 +340,38 @@ def test_the_token_for_every_site_writes_for_any_site(service_factory):
     # Without src: the service's own site, as before.
     assert client.post("/v1/observations", json={"dest": DEST, "streams": 2, "throughput_bps": 1e6}, headers=every
                        ).json()["src"] == SITE
+
+
+def test_a_site_keeps_the_budget_its_live_agents_run_with(service_factory, tmp_path, clock):
+    """Two agents of one site with different budgets: the second is refused with 409 naming the budget in force and
+    who set it, and nothing of its registration is stored; the same budget from any agent is taken; once the site's
+    agents are quiet, a new budget is."""
+    from advisor.sites import BUDGET_HOLD_S
+
+    base, client, app = service_factory(start_worker=False)
+    db = tmp_path / "tame.sqlite3"
+    first = {"dests": [DEST], "max_probes": 1, "max_streams": 32, "probe_seconds_per_hour": 3600, "owner": "agent-1"}
+    assert client.put("/v1/sites/dtn2", json=first).status_code == 200
+    before = counts(db)
+    other = {**first, "dests": ["127.0.0.2"], "max_probes": 2, "owner": "agent-2"}
+    refused = client.put("/v1/sites/dtn2", json=other)
+    assert refused.status_code == 409, refused.text
+    detail = refused.json()["detail"]
+    assert "max_probes=1, max_streams=32, probe_seconds_per_hour=3600" in detail and "'agent-1'" in detail
+    assert "asked for max_probes=2" in detail and "same budget" in detail and "stop the other one" in detail
+    assert counts(db) == before
+    without_owner = {k: v for k, v in other.items() if k != "owner"}
+    assert client.put("/v1/sites/dtn2", json=without_owner).status_code == 409
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT max_probes, budget_set_by FROM sites").fetchall() == [(1, "agent-1")]
+    # The same budget from another agent (or one without an owner, as agents before owners were sent) is fine.
+    assert client.put("/v1/sites/dtn2", json={**first, "owner": "agent-2"}).status_code == 200
+    assert client.put("/v1/sites/dtn2", json={k: v for k, v in first.items() if k != "owner"}).status_code == 200
+    clock.advance(BUDGET_HOLD_S)
+    taken = client.put("/v1/sites/dtn2", json=other)
+    assert taken.status_code == 200 and taken.json()["budget"]["max_probes"] == 2
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT max_probes, budget_set_by, budget_set_at FROM sites").fetchall() == [
+            (2, "agent-2", clock())]
+    # The old budget is now the one refused.
+    assert "'agent-2'" in client.put("/v1/sites/dtn2", json=first).json()["detail"]
