@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 import yaml
 
 from advisor.allowlist import AllowList
@@ -244,9 +245,32 @@ def test_multisite_compose_has_postgres_two_replicas_two_sites_two_iperf3_server
         == {(f"{i}:5201",) for i in iperfs}
 
 
-def interpolated(env):
-    """A compose service's environment with each ${VAR:-default} as compose fills it when VAR is unset."""
-    return {k: re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", str(v)) for k, v in env.items()}
+# What the operator exports before `docker compose -f docker-compose.multisite.yml up` (openssl rand -hex 32 each).
+OPERATOR_TOKENS = {"TAME_TOKEN": "a" * 64, "TAME_SITE_A_TOKEN": "b" * 64, "TAME_SITE_B_TOKEN": "c" * 64}
+# Compose's ${VAR:?message}: the value of VAR, and when it is unset or empty compose refuses to start, saying message.
+REQUIRED = re.compile(r"\$\{([A-Z_]+):\?([^}]*)\}")
+
+
+def interpolated(env, given):
+    """A compose service's environment as compose fills it from ``given``: ${VAR:-default} falls back to its
+    default, ${VAR:?message} must be given (KeyError otherwise, as compose refuses to start)."""
+    def one(value):
+        value = REQUIRED.sub(lambda m: given[m.group(1)], str(value))
+        return re.sub(r"\$\{([A-Z_]+):-([^}]*)\}", lambda m: given.get(m.group(1), m.group(2)), value)
+    return {k: one(v) for k, v in env.items()}
+
+
+def test_multisite_compose_has_no_token_of_its_own():
+    # Every token comes from the operator, with no default to fall back to: compose refuses to start without it.
+    for name, service in multisite()["services"].items():
+        for key, value in service.get("environment", {}).items():
+            if "TOKEN" in key:
+                assert ":-" not in value and "${" in value, (name, key, value)
+                for variable, message in REQUIRED.findall(value):
+                    assert message == f"set {variable} to a secret token, e.g. openssl rand -hex 32", message
+                assert REQUIRED.sub("", value) in ("", "site-a:,site-b:"), (name, key, value)
+                with pytest.raises(KeyError):
+                    interpolated({key: value}, {})
 
 
 def test_multisite_agents_each_hold_their_own_site_s_token():
@@ -257,15 +281,14 @@ def test_multisite_agents_each_hold_their_own_site_s_token():
               if s.get("command", [None, None])[1:2] == ["agent"]}
     for replica in replicas:
         raw = replica["environment"]
-        assert "${TAME_TOKEN:-" in raw["TAME_TOKEN"]  # the operator sets it; the defaults are placeholders
-        settings = Settings.from_env(interpolated(raw))  # ConfigError if TAME_SITE_TOKENS is malformed
+        settings = Settings.from_env(interpolated(raw, OPERATOR_TOKENS))  # ConfigError if TAME_SITE_TOKENS is bad
+        assert settings.token == OPERATOR_TOKENS["TAME_TOKEN"]
         tokens = dict((token, site) for site, token in settings.site_tokens)
         assert sorted(tokens.values()) == sorted(agents)
         for site, agent in agents.items():
-            env = interpolated(agent["environment"])
+            env = interpolated(agent["environment"], OPERATOR_TOKENS)
             # An agent's TAME_TOKEN is its own site's token: neither the operator's nor another site's.
             assert tokens.get(env["TAME_TOKEN"]) == site, site
             assert "TAME_SITE_TOKENS" not in env and "TAME_DATABASE_URL" not in env
-            assert "${" in agent["environment"]["TAME_TOKEN"]  # set by the operator, not written in this file
             # It probes within the replicas' allow-list.
             assert Settings.from_env(env).allowed.describe() == settings.allowed.describe()
