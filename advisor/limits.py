@@ -36,6 +36,8 @@ MAX_PROBE_DURATION_S = 300.0
 # starting with a letter or digit (a host name fits).
 MAX_SITE_LENGTH = 64
 _SITE = re.compile(r"[a-z0-9][a-z0-9._-]*")
+SITE_RULE = (f"letters, digits, '.', '_' and '-', starting with a letter or digit, at most {MAX_SITE_LENGTH} "
+             "characters")
 # A site's probe budget (advisor.sites.SiteBudget) and how many links one registration may name.
 MAX_SITE_PROBES = 64
 MAX_SITE_STREAMS = 4096
@@ -150,8 +152,7 @@ def check_site(value: Any, name: str = "src") -> str:
     digit, at most MAX_SITE_LENGTH characters (a host name fits)."""
     text = value.lower() if isinstance(value, str) else value
     if not isinstance(text, str) or len(text) > MAX_SITE_LENGTH or not _SITE.fullmatch(text):
-        raise InvalidRequest(f"{name} must name a site: letters, digits, '.', '_' and '-', starting with a letter or "
-                             f"digit, at most {MAX_SITE_LENGTH} characters (e.g. a host name such as dtn1.example.org); "
+        raise InvalidRequest(f"{name} must name a site: {SITE_RULE} (e.g. a host name such as dtn1.example.org); "
                              f"got {_shown(value)!r}")
     return text
 

@@ -11,7 +11,7 @@ from typing import Mapping
 from advisor.allowlist import DEFAULT_ALLOWED, AllowList
 from advisor.errors import ConfigError, InvalidRequest
 from advisor.freshness import PROBE_MAX_AGE_TTLS, Freshness
-from advisor.limits import check_congestion_control, check_site
+from advisor.limits import SITE_RULE, check_congestion_control, check_site
 from advisor.retention import Retention
 from advisor.store import REFIT_OBSERVATIONS
 from advisor.tame import DEFAULT_MODEL, DEFAULT_N_MAX
@@ -53,12 +53,17 @@ def default_control(env: Mapping[str, str]) -> str:
 
 
 SITE_TOKENS_EXAMPLE = "site-a:TOKEN1,site-b:TOKEN2"
+# The fewest characters a site token may have. TAME_TOKEN and TAME_READ_TOKEN have no minimum: deployments run with
+# the short ones they were given, and a new rule for them would stop those services at their next start.
+MIN_SITE_TOKEN_LENGTH = 16
+MAKE_TOKEN = "make one with `openssl rand -hex 32`"
 
 
 def site_tokens(env: Mapping[str, str], token: str | None, read_token: str | None) -> tuple[tuple[str, str], ...]:
     """TAME_SITE_TOKENS, or the file TAME_SITE_TOKENS_FILE names (one pair a line): (site, token) pairs, each token
     writing only its site's links (api/boundary.py). A site may have several tokens, so one can replace another
-    without a gap. ConfigError names the variable and says what to write; no message shows a token."""
+    without a gap. ConfigError names the variable and the pair by its number, and says what to write; no message
+    repeats what a pair gives, site or token: a pair written TOKEN:SITE has its secret where the site belongs."""
     text, name = env.get("TAME_SITE_TOKENS") or None, "TAME_SITE_TOKENS"
     path = env.get("TAME_SITE_TOKENS_FILE") or None
     if text is not None and path is not None:
@@ -78,33 +83,45 @@ def site_tokens(env: Mapping[str, str], token: str | None, read_token: str | Non
                           "/v1/probe-runs, /v1/observations, /v1/sites/) open to anyone: set TAME_TOKEN to the "
                           f"operator's token for every site too, or unset {name}")
     write = f"write SITE:TOKEN pairs separated by commas, e.g. {SITE_TOKENS_EXAMPLE}"
+    site_first = "write each pair SITE:TOKEN, the site first"
     pairs: list[tuple[str, str]] = []
     entries = [e.strip() for e in text.replace("\n", ",").split(",")]
     for number, entry in enumerate((e for e in entries if e), 1):
+        pair = f"{name}: pair {number}"
         site_text, colon, secret = entry.partition(":")
         if not colon or not site_text:
-            raise ConfigError(f"{name}: pair {number} is not SITE:TOKEN; {write}")
+            raise ConfigError(f"{pair} is not SITE:TOKEN; {write}")
         try:
-            site = check_site(site_text, f"{name}: pair {number}'s site")
-        except InvalidRequest as exc:
-            raise ConfigError(str(exc)) from None
+            site = check_site(site_text)
+        except InvalidRequest:
+            raise ConfigError(f"{pair}'s site is not a site name ({SITE_RULE}); {site_first}") from None
         # A header carries printable ASCII (other bytes reach the boundary as Latin-1): another token never matches.
         if not secret or not (secret.isascii() and secret.isprintable()) or any(c.isspace() for c in secret):
-            raise ConfigError(f"{name}: {site}'s token is {'empty' if not secret else 'not one word'}; a token is "
-                              f"printable ASCII without commas or white space (e.g. `openssl rand -hex 32`); {write}")
-        for other, known in pairs:
+            raise ConfigError(f"{pair}'s token is {'empty' if not secret else 'not one word'}; a token is printable "
+                              f"ASCII without commas or white space; {MAKE_TOKEN}; {site_first}")
+        if len(secret) < MIN_SITE_TOKEN_LENGTH:
+            raise ConfigError(f"{pair}'s token has fewer than {MIN_SITE_TOKEN_LENGTH} characters; {MAKE_TOKEN}, "
+                              f"and {site_first}")
+        for other, (other_site, known) in enumerate(pairs, 1):
             if known == secret:
-                raise ConfigError(f"{name}: {site}'s token is given twice" if other == site else
-                                  f"{name}: {other} and {site} have the same token; give each site its own")
+                raise ConfigError(f"{pair} gives pair {other}'s site and token again" if other_site == site else
+                                  f"{name}: pairs {other} and {number} have the same token; give each site its own")
         if secret == token:
-            raise ConfigError(f"{name}: {site}'s token is TAME_TOKEN's, which writes for every site; "
-                              f"give {site} a token of its own")
+            raise ConfigError(f"{pair}'s token is TAME_TOKEN's, which writes for every site; give each site a token "
+                              "of its own")
         if secret == read_token:
-            raise ConfigError(f"{name}: {site}'s token is TAME_READ_TOKEN's, so every reader could write for {site}; "
-                              f"give {site} a token of its own")
+            raise ConfigError(f"{pair}'s token is TAME_READ_TOKEN's, so every reader could write for its site; give "
+                              "each site a token of its own")
         pairs.append((site, secret))
     if not pairs:
         raise ConfigError(f"{name} gives no SITE:TOKEN pair; {write}, or unset it")
+    # A site's name is no secret: a token equal to one (a pair written TOKEN:SITE, say) is a guess away.
+    names = {site: f"pair {number}'s" for number, (site, _) in reversed(list(enumerate(pairs, 1)))}
+    names.setdefault(default_site(env), "TAME_SITE")
+    for number, (_, secret) in enumerate(pairs, 1):
+        if secret.lower() in names:
+            raise ConfigError(f"{name}: pair {number}'s token is the name of a site ({names[secret.lower()]}); "
+                              f"{MAKE_TOKEN}, and {site_first}")
     return tuple(pairs)
 
 

@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.iperf, pytest.mark.postgres]
 PLAN_ENV = {"TAME_PROBE_DURATION_S": "1", "TAME_PROBE_MAX_DURATION_S": "1", "TAME_MODEL": "lu",
             "TAME_PROBE_LEVELS": "1,2", "TAME_ALLOWED_DESTINATIONS": "127.0.0.0/8"}
 # The replicas' tokens: the operator's for every site, and one for each site's agents.
-TOKENS = {"site-a": "token-a", "site-b": "token-b"}
+TOKENS = {"site-a": "token-a-0123456789abcdef", "site-b": "token-b-0123456789abcdef"}
 TOKEN_ENV = {"TAME_TOKEN": "operator-token", "TAME_SITE_TOKENS": ",".join(f"{s}:{t}" for s, t in TOKENS.items())}
 
 
@@ -70,7 +70,8 @@ def test_two_sites_two_replicas_one_database(tmp_path, pg_url):
         assert [strip(a) for a in answers[0]] == [strip(a) for a in answers[1]]
         # site-a's token writes nothing for site-b, nor without naming its site; the jobs and runs below are unchanged.
         run = {"dest": dests[1], "probes": [{"streams": 1, "throughput_bps": 1e9}, {"streams": 2, "throughput_bps": 1e9}]}
-        with httpx.Client(base_url=replicas[0][1], timeout=30, headers={"Authorization": "Bearer token-a"}) as http:
+        site_a = {"Authorization": f"Bearer {TOKENS['site-a']}"}
+        with httpx.Client(base_url=replicas[0][1], timeout=30, headers=site_a) as http:
             for method, path, body in (("PUT", "/v1/sites/site-b", {"dests": [dests[1]]}),
                                        ("POST", "/v1/sites/site-b/claims", {"owner": "intruder"}),
                                        ("POST", "/v1/probe-runs", {**run, "src": "site-b"}),

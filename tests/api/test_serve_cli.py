@@ -44,39 +44,79 @@ def test_serve_exits_2_on_a_read_token_without_a_write_token(tmp_path):
     assert "listening" not in done.stdout
 
 
+# Site tokens as an operator would make them (`openssl rand -hex 32` is 64 characters; 16 is the least taken).
+T1, T2, T3 = "1" * 32, "2" * 32, "3" * 32
+# TAME_TOKEN and TAME_READ_TOKEN keep their old rules (any length): deployments already run with short ones.
+OPERATOR = {"TAME_TOKEN": "w", "TAME_READ_TOKEN": "r"}
+
+
 def test_site_tokens_are_read_as_site_token_pairs(tmp_path):
-    env = {"TAME_TOKEN": "w", "TAME_READ_TOKEN": "r"}
     # Sites are canonicalised as check_site does (lowercase); spaces around pairs and a trailing comma are let pass;
     # a site may have two tokens (one replacing the other); a token may hold a colon.
-    assert Settings.from_env({**env, "TAME_SITE_TOKENS": " Site-A:t1, site-b:t:2,site-a:t3,"}).site_tokens == (
-        ("site-a", "t1"), ("site-b", "t:2"), ("site-a", "t3"))
+    assert Settings.from_env({**OPERATOR, "TAME_SITE_TOKENS": f" Site-A:{T1}, site-b:t:{T2},site-a:{T3},"}
+                             ).site_tokens == (("site-a", T1), ("site-b", f"t:{T2}"), ("site-a", T3))
     tokens = tmp_path / "site-tokens"
-    tokens.write_text("site-a:t1\n\nsite-b:t2\n")
-    assert Settings.from_env({**env, "TAME_SITE_TOKENS_FILE": str(tokens)}).site_tokens == (
-        ("site-a", "t1"), ("site-b", "t2"))
-    assert Settings.from_env(env).site_tokens == ()
+    tokens.write_text(f"site-a:{T1}\n\nsite-b:{T2}\n")
+    assert Settings.from_env({**OPERATOR, "TAME_SITE_TOKENS_FILE": str(tokens)}).site_tokens == (
+        ("site-a", T1), ("site-b", T2))
+    assert Settings.from_env(OPERATOR).site_tokens == ()
 
 
 @pytest.mark.parametrize("value, says", [
     ("site-a", "pair 1 is not SITE:TOKEN; write SITE:TOKEN pairs separated by commas, e.g. site-a:TOKEN1"),
-    ("site-a:t1,:t2", "pair 2 is not SITE:TOKEN"),
-    ("site a:t1", "pair 1's site must name a site"),
-    ("-a:t1", "pair 1's site must name a site"),
-    ("site-a:", "site-a's token is empty"),
-    ("site-a:t 1", "site-a's token is not one word"),
-    ("site-a:t\u00e91", "site-a's token is not one word; a token is printable ASCII"),
-    ("site-a:t1,site-b:t1", "site-a and site-b have the same token; give each site its own"),
-    ("site-a:t1,site-a:t1", "site-a's token is given twice"),
-    ("site-a:w", "site-a's token is TAME_TOKEN's, which writes for every site"),
-    ("site-a:r", "site-a's token is TAME_READ_TOKEN's"),
+    (f"site-a:{T1},:{T2}", "pair 2 is not SITE:TOKEN"),
+    (f"site a:{T1}", "pair 1's site is not a site name (letters, digits, '.', '_' and '-'"),
+    (f"-a:{T1}", "pair 1's site is not a site name"),
+    ("site-a:", "pair 1's token is empty"),
+    (f"site-a:{T1} 1", "pair 1's token is not one word"),
+    (f"site-a:{T1}\u00e9", "pair 1's token is not one word; a token is printable ASCII"),
+    (f"site-a:{T1},site-b:{T1}", "pairs 1 and 2 have the same token; give each site its own"),
+    (f"site-a:{T1},site-a:{T1}", "pair 2 gives pair 1's site and token again"),
+    ("site-a:" + "x" * 15, "pair 1's token has fewer than 16 characters"),
     (",", "gives no SITE:TOKEN pair"),
 ])
 def test_a_bad_site_token_value_is_refused_saying_what_to_write(value, says):
     with pytest.raises(ConfigError) as raised:
-        Settings.from_env({"TAME_TOKEN": "w", "TAME_READ_TOKEN": "r", "TAME_SITE_TOKENS": value})
+        Settings.from_env({**OPERATOR, "TAME_SITE_TOKENS": value})
     assert str(raised.value).startswith("TAME_SITE_TOKENS") and says in str(raised.value), raised.value
-    # The message names sites, never a token.
-    assert "t1" not in str(raised.value).replace("TOKEN1", "")
+    # The message names pairs by number, never a token.
+    assert T1 not in str(raised.value)
+
+
+@pytest.mark.parametrize("env, says", [
+    ({"TAME_TOKEN": T1}, "pair 1's token is TAME_TOKEN's, which writes for every site"),
+    ({"TAME_TOKEN": "w", "TAME_READ_TOKEN": T1}, "pair 1's token is TAME_READ_TOKEN's"),
+])
+def test_a_site_token_equal_to_the_operator_s_is_refused(env, says):
+    with pytest.raises(ConfigError) as raised:
+        Settings.from_env({**env, "TAME_SITE_TOKENS": f"site-a:{T1}"})
+    assert str(raised.value).startswith("TAME_SITE_TOKENS: ") and says in str(raised.value), raised.value
+    assert T1 not in str(raised.value)
+
+
+# A pair written the wrong way round, or a secret with characters a site name cannot have, must not be echoed:
+# what stands in either position may be the secret (docs/security.md).
+TOKEN_FIRST = "0123456789abcdef0123456789abcdef:site-a"
+GIVEN_ECHO_CASES = [
+    ({}, TOKEN_FIRST, "pair 1's token has fewer than 16 characters; make one with `openssl rand -hex 32`"),
+    ({}, "Zm9vYmFyYmF6cXV4+/secretpart==:site-a", "pair 1's site is not a site name"),
+    # A token that is a site's name (its own pair's, another's or the service's) is a guess away.
+    ({}, "dtn1.example.org:dtn2.example.org,dtn2.example.org:DTN1.EXAMPLE.ORG",
+     "pair 1's token is the name of a site (pair 2's)"),
+    ({"TAME_SITE": "central-0123456789"}, "site-a:central-0123456789",
+     "pair 1's token is the name of a site (TAME_SITE)"),
+]
+
+
+@pytest.mark.parametrize("extra, value, says", GIVEN_ECHO_CASES)
+def test_a_refused_site_token_pair_is_never_repeated(extra, value, says):
+    with pytest.raises(ConfigError) as raised:
+        Settings.from_env({**OPERATOR, **extra, "TAME_SITE_TOKENS": value})
+    message = str(raised.value)
+    assert says in message, message
+    for pair in value.split(","):
+        for given in pair.split(":", 1):
+            assert given.lower() not in message.lower(), (given, message)
 
 
 def test_site_tokens_need_a_token_for_every_site_and_one_source(tmp_path):
@@ -89,9 +129,10 @@ def test_site_tokens_need_a_token_for_every_site_and_one_source(tmp_path):
 
 
 @pytest.mark.parametrize("env, says", [
-    ({"TAME_TOKEN": "w", "TAME_SITE_TOKENS": "site-a:w"}, "TAME_SITE_TOKENS: site-a's token is TAME_TOKEN's"),
-    ({"TAME_TOKEN": "", "TAME_SITE_TOKENS": "site-a:t1"}, "TAME_SITE_TOKENS is set but TAME_TOKEN is empty"),
-    ({"TAME_TOKEN": "w", "TAME_SITE_TOKENS": "site-a=t1"}, "write SITE:TOKEN pairs"),
+    ({"TAME_TOKEN": T1, "TAME_SITE_TOKENS": f"site-a:{T1}"}, "TAME_SITE_TOKENS: pair 1's token is TAME_TOKEN's"),
+    ({"TAME_TOKEN": "", "TAME_SITE_TOKENS": f"site-a:{T1}"}, "TAME_SITE_TOKENS is set but TAME_TOKEN is empty"),
+    ({"TAME_TOKEN": "w", "TAME_SITE_TOKENS": f"site-a={T1}"}, "write SITE:TOKEN pairs"),
+    ({"TAME_TOKEN": "w", "TAME_SITE_TOKENS": TOKEN_FIRST}, "pair 1's token has fewer than 16 characters"),
 ])
 def test_serve_exits_2_on_bad_site_tokens(tmp_path, env, says):
     done = run_serve(tmp_path, "--port", str(free_port()), env=env)
@@ -99,6 +140,7 @@ def test_serve_exits_2_on_bad_site_tokens(tmp_path, env, says):
     assert says in done.stderr and "Traceback" not in done.stderr, done.stderr
     assert "listening" not in done.stdout
     assert not (tmp_path / "t.sqlite3").exists()  # refused before the store was opened
+    assert T1 not in done.stderr and "0123456789abcdef" not in done.stderr
 
 
 @pytest.mark.parametrize("port", ["99999", "0", "-1", "http"])
