@@ -130,10 +130,11 @@ class Settings:
     """Plain values; see ``from_env`` for the variable behind each one."""
 
     database_url: str = "sqlite:///tame.sqlite3"
-    token: str | None = None
-    read_token: str | None = None
+    # The tokens are secrets: kept out of repr, which reaches logs, tracebacks and debuggers.
+    token: str | None = field(default=None, repr=False)
+    read_token: str | None = field(default=None, repr=False)
     # (site, token) pairs: each token reads, and writes only its site's links (site_tokens, api/boundary.py).
-    site_tokens: tuple[tuple[str, str], ...] = ()
+    site_tokens: tuple[tuple[str, str], ...] = field(default=(), repr=False)
     allowed: AllowList = field(default_factory=lambda: AllowList.parse(DEFAULT_ALLOWED))
     ttl_s: float = 3600.0
     # A link whose newest probe is older is due for one even while transfers keep its advice fresh

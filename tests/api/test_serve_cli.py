@@ -119,6 +119,15 @@ def test_a_refused_site_token_pair_is_never_repeated(extra, value, says):
             assert given.lower() not in message.lower(), (given, message)
 
 
+def test_settings_repr_shows_no_token():
+    # A repr ends up in logs, tracebacks and debuggers: it must not carry a secret.
+    env = {"TAME_TOKEN": "operator-" + T2, "TAME_READ_TOKEN": "reader-" + T3, "TAME_SITE_TOKENS": f"site-a:{T1}"}
+    text = repr(Settings.from_env(env))
+    assert text.startswith("Settings(") and "ttl_s=3600.0" in text
+    for secret in (T1, T2, T3):
+        assert secret not in text, text
+
+
 def test_site_tokens_need_a_token_for_every_site_and_one_source(tmp_path):
     with pytest.raises(ConfigError, match="TAME_SITE_TOKENS is set but TAME_TOKEN is empty"):
         Settings.from_env({"TAME_SITE_TOKENS": "site-a:t1"})
