@@ -13,7 +13,8 @@ included, needs TAME_READ_TOKEN or TAME_TOKEN when TAME_READ_TOKEN is set.
 A site's token (TAME_SITE_TOKENS) reads, and writes only that site's links: under /v1/sites/ only its own site's
 paths (checked here, 403 otherwise), and the three write routes only a body whose src is its site (checked by the
 routes with check_src, as only they parse the body). The site is put in the request's state (``token_site``) for
-them; None there means a token for every site, or none needed.
+them; None there means a token for every site, or none needed. A request whose state has no ``token_site`` was not
+seen by the boundary, and check_src refuses it: its absence never stands for "every site".
 """
 
 from __future__ import annotations
@@ -93,7 +94,9 @@ def header_token_ok(header: str, *tokens: str | None) -> bool:
 
 
 # The key of the request's state the site of its token is kept under (None: a token for every site, or none needed).
+# The boundary sets it on every request it lets through; a request without it did not pass the boundary.
 TOKEN_SITE = "token_site"
+_UNDECIDED = object()
 
 
 def check_writer(token_site: str | None, src: Any, *, in_path: bool = False) -> None:
@@ -116,8 +119,14 @@ def check_writer(token_site: str | None, src: Any, *, in_path: bool = False) -> 
 
 
 def check_src(request, src: Any) -> None:
-    """check_writer for a route's request whose body names ``src``, with the site of the request's token."""
-    check_writer(getattr(request.state, TOKEN_SITE, None), src)
+    """check_writer for a route's request whose body names ``src``, with the site of the request's token;
+    RuntimeError when the boundary did not decide that site (the app was assembled without it)."""
+    token_site = getattr(request.state, TOKEN_SITE, _UNDECIDED)
+    if token_site is _UNDECIDED:
+        # A server bug, not the client's: it is answered 500 and logged with its traceback, and nothing is written.
+        raise RuntimeError(f"a write route was reached without api.boundary.Boundary's {TOKEN_SITE!r}: the app "
+                           "must run behind the boundary, which decides whose token the request carries")
+    check_writer(token_site, src)
 
 
 class Boundary:
@@ -187,7 +196,8 @@ class Boundary:
             status, detail = refusal
             challenge = {b"www-authenticate": b"Bearer"} if status == 401 else None
             return await self._refuse(scope, send, path, status, detail, has_body, challenge)
-        # A state of this request's own (uvicorn copies the app's per request; another server might not).
+        # A state of this request's own (uvicorn copies the app's per request; another server might not). The site
+        # is set even when it is None (TAME_TOKEN, or no token needed): check_src refuses a request without it.
         scope["state"] = {**scope.get("state", {}), TOKEN_SITE: site}
         if not has_body:
             return await self.app(scope, receive, send)

@@ -114,3 +114,58 @@ def test_site_tokens_without_a_token_for_every_site_are_refused_at_the_boundary(
 
     with pytest.raises(ValueError, match="writes open"):
         Boundary(None, token=None, read_token=None, caps={}, body_timeout_s=1.0, site_tokens=(("site-a", "t"),))
+
+
+# -- the boundary's verdict is required: a write route never takes its absence for "a token for every site" ---------
+
+def test_check_src_refuses_a_request_the_boundary_did_not_decide():
+    from types import SimpleNamespace
+
+    from starlette.datastructures import State
+
+    from advisor.errors import WrongSite
+    from api.boundary import TOKEN_SITE, check_src
+
+    with pytest.raises(RuntimeError, match="api.boundary.Boundary"):
+        check_src(SimpleNamespace(state=State()), "site-a")
+    check_src(SimpleNamespace(state=State({TOKEN_SITE: None})), "site-b")  # TAME_TOKEN, or no token needed
+    check_src(SimpleNamespace(state=State({TOKEN_SITE: "site-a"})), "site-a")
+    with pytest.raises(WrongSite):
+        check_src(SimpleNamespace(state=State({TOKEN_SITE: "site-a"})), "site-b")
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/probes", {"dest": "127.0.0.1"}),
+    ("/v1/observations", {"dest": "127.0.0.1", "streams": 1, "throughput_bps": 1e6}),
+    ("/v1/probe-runs", {"dest": "127.0.0.1", "idle_rtt_s": 0.01,
+                        "probes": [{"streams": 1, "throughput_bps": 1e6}, {"streams": 10, "throughput_bps": 2e6}]}),
+])
+def test_a_write_route_reached_without_the_boundary_writes_nothing(tmp_path, clock, path, body):
+    from dataclasses import replace
+
+    import httpx
+
+    from advisor.allowlist import AllowList
+    from advisor.settings import Settings
+    from advisor.store import Store
+    from api.app import create_app
+    from api.boundary import Boundary
+    from tests.api.conftest import live_server, resolver
+
+    settings = replace(Settings(database_url=f"sqlite:///{tmp_path}/t.sqlite3", allowed=AllowList.parse("127.0.0.0/8")),
+                       token="s3cret", site_tokens=(("site-a", "token-a-0123456789"),))
+    store = Store.open(settings.database_url, clock=clock)
+    try:
+        app = create_app(settings, store, clock=clock, resolver=resolver)
+        # An app assembled without its boundary (a refactor that drops or reorders it): nothing decided the token.
+        app.user_middleware = [m for m in app.user_middleware if m.cls is not Boundary]
+        with live_server(app) as base:
+            # site-a's token writing for the service's own site: the boundary would let the route refuse it (403).
+            response = httpx.post(base + path, json={**body, "src": settings.site},
+                                  headers={"Authorization": "Bearer token-a-0123456789"}, timeout=30)
+        assert response.status_code == 500, response.text
+        with store.db.transaction() as tx:
+            for table in ("probe_jobs", "observations", "probe_runs"):
+                assert tx.execute(f"SELECT count(*) FROM {table}").fetchone()[0] == 0, table
+    finally:
+        store.close()
