@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -125,6 +126,27 @@ def site_tokens(env: Mapping[str, str], token: str | None, read_token: str | Non
     return tuple(pairs)
 
 
+def forwarded_allow_ips(env: Mapping[str, str]) -> tuple[str, ...]:
+    """TAME_FORWARDED_ALLOW_IPS: the trusted proxies (addresses and CIDR networks, comma-separated) whose
+    X-Forwarded-For names the client; () when unset, and then no request's header is believed (api/server.py)."""
+    text = env.get("TAME_FORWARDED_ALLOW_IPS") or ""
+    proxies = []
+    for item in (i.strip() for i in text.split(",")):
+        if not item:
+            continue
+        where = f"TAME_FORWARDED_ALLOW_IPS: {item!r}"
+        if item == "*":
+            # Every client could name any address, and with it dodge the per-client probe-queue cap.
+            raise ConfigError(f"{where} would let every client say who it is; list the proxies' addresses or "
+                              "networks (0.0.0.0/0,::/0 if every address really is a trusted proxy)")
+        try:
+            proxies.append(str(ipaddress.ip_network(item, strict=True)))
+        except ValueError as exc:
+            raise ConfigError(f"{where} is not an address or CIDR network of a trusted proxy ({exc}); e.g. "
+                              "10.0.0.5 or 10.0.0.0/24, comma-separated") from None
+    return tuple(proxies)
+
+
 @dataclass(frozen=True)
 class Settings:
     """Plain values; see ``from_env`` for the variable behind each one."""
@@ -153,6 +175,9 @@ class Settings:
     # Queued probe jobs in total (all clients); POST /v1/probes past it answers 429.
     max_queued_probes: int = 500
     max_queued_probes_per_client: int = 50
+    # The reverse proxies whose X-Forwarded-For gives the client's address (CIDR networks); none: the client is the
+    # address that connected, whatever a header says (api/server.py).
+    forwarded_allow_ips: tuple[str, ...] = ()
     # Advice cached in memory is re-read after this long even without a local write, so writes
     # made by another process (an agent sharing the database) show up.
     cache_max_age_s: float = 1.0
@@ -186,9 +211,10 @@ class Settings:
         its advice fresh; default 24 times TAME_TTL_S, at least TAME_TTL_S),
         TAME_MAX_CONCURRENT_PROBES, TAME_MODEL, TAME_PROBE_LEVELS (e.g. "1,10"), TAME_PROBE_DURATION_S,
         TAME_PROBE_MAX_DURATION_S, TAME_MAX_BATCH, TAME_MAX_QUEUED_PROBES,
-        TAME_MAX_QUEUED_PROBES_PER_CLIENT (queued jobs one remote address may have), TAME_KEEPALIVE_TIMEOUT_S,
-        TAME_HEADER_TIMEOUT_S, TAME_BODY_TIMEOUT_S, TAME_MAX_CONNECTIONS, TAME_BACKLOG, TAME_CONGESTION_CONTROL
-        (the control probes and advice use when a request names none; default this host's,
+        TAME_MAX_QUEUED_PROBES_PER_CLIENT (queued jobs one remote address may have), TAME_FORWARDED_ALLOW_IPS
+        (trusted proxies whose X-Forwarded-For names the remote address; see forwarded_allow_ips),
+        TAME_KEEPALIVE_TIMEOUT_S, TAME_HEADER_TIMEOUT_S, TAME_BODY_TIMEOUT_S, TAME_MAX_CONNECTIONS, TAME_BACKLOG,
+        TAME_CONGESTION_CONTROL (the control probes and advice use when a request names none; default this host's,
         net.ipv4.tcp_congestion_control), TAME_SITE (this service's site, the source of the links it probes;
         default "local").
         Retention (advisor/retention.py), per destination: TAME_KEEP_FITS (newest fits kept with their
@@ -260,6 +286,7 @@ class Settings:
             max_batch=number("TAME_MAX_BATCH", 1000, 1, 100_000, int),
             max_queued_probes=number("TAME_MAX_QUEUED_PROBES", 500, 1, 1_000_000, int),
             max_queued_probes_per_client=number("TAME_MAX_QUEUED_PROBES_PER_CLIENT", 50, 1, 1_000_000, int),
+            forwarded_allow_ips=forwarded_allow_ips(env),
             keepalive_timeout_s=number("TAME_KEEPALIVE_TIMEOUT_S", 5.0, 0.1, 300.0),
             header_timeout_s=number("TAME_HEADER_TIMEOUT_S", 10.0, 0.1, 300.0),
             body_timeout_s=number("TAME_BODY_TIMEOUT_S", 30.0, 0.1, 3600.0),

@@ -98,9 +98,13 @@ def uvicorn_config(app, host: str, port: int, log_level: str = "warning") -> uvi
     loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
     http = "httptools" if importlib.util.find_spec("httptools") else "h11"
     protocol = header_deadline_protocol(http, settings.header_timeout_s)
+    # uvicorn believes X-Forwarded-For from 127.0.0.1 unless told otherwise: a client on this host could name any
+    # address and with it a fresh per-client probe-queue cap. Only the operator's proxies are believed, if any.
+    proxies = list(settings.forwarded_allow_ips)
     return uvicorn.Config(app, host=host, port=port, loop=loop, http=protocol, access_log=False, log_level=log_level,
                           lifespan="on", timeout_graceful_shutdown=5, timeout_keep_alive=settings.keepalive_timeout_s,
-                          limit_concurrency=settings.max_connections, backlog=settings.backlog)
+                          limit_concurrency=settings.max_connections, backlog=settings.backlog,
+                          proxy_headers=bool(proxies), forwarded_allow_ips=proxies)
 
 
 def bind(host: str, port: int, backlog: int) -> socket.socket:

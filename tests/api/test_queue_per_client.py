@@ -1,6 +1,13 @@
 """One client cannot fill the probe queue: queued jobs are bounded per remote address as well as in total."""
 
+import sqlite3
+
 import httpx
+import pytest
+
+from advisor.errors import ConfigError
+from advisor.settings import Settings
+from tests.api.procs import start_serve, stop
 
 
 def queued_by_client(app):
@@ -25,3 +32,51 @@ def test_a_client_gets_429_past_its_share_and_others_still_queue(service_factory
     finally:
         other.close()
     assert queued_by_client(app) == {"127.0.0.1": 2, "127.0.0.2": 1}
+
+
+# -- the client is the address that connected, unless the operator names its proxies (TAME_FORWARDED_ALLOW_IPS) ----
+
+def post_probes_as(base, count):
+    """``count`` probe requests from loopback, each for its own destination and claiming its own X-Forwarded-For."""
+    with httpx.Client(base_url=base, timeout=30) as client:
+        return [client.post("/v1/probes", json={"dest": f"127.0.0.{n}"},
+                            headers={"X-Forwarded-For": f"203.0.113.{n}"}).status_code for n in range(1, count + 1)]
+
+
+def clients_in(db_path):
+    with sqlite3.connect(db_path) as conn:
+        return dict(conn.execute("SELECT client, count(*) FROM probe_jobs GROUP BY client").fetchall())
+
+
+@pytest.mark.parametrize("trusted, statuses, clients", [
+    # By default no header is believed: 60 requests from one address are one client, capped at 50.
+    ("", [202] * 50 + [429] * 10, {"127.0.0.1": 50}),
+    # The operator's proxy (here loopback) is believed: each request is the client its header names.
+    ("127.0.0.1", [202] * 60, {f"203.0.113.{n}": 1 for n in range(1, 61)}),
+])
+def test_x_forwarded_for_counts_only_from_a_trusted_proxy(tmp_path, monkeypatch, trusted, statuses, clients):
+    monkeypatch.delenv("FORWARDED_ALLOW_IPS", raising=False)  # uvicorn's own variable, which tame serve ignores
+    db_path = tmp_path / "t.sqlite3"
+    proc, base = start_serve(tmp_path, db_path, env={"TAME_FORWARDED_ALLOW_IPS": trusted}, args=("--no-worker",))
+    try:
+        assert post_probes_as(base, 60) == statuses
+    finally:
+        stop(proc)
+    assert clients_in(db_path) == clients
+
+
+@pytest.mark.parametrize("value, says", [
+    ("*", "would let every client say who it is"),
+    ("10.0.0.1/8", "is not an address or CIDR network of a trusted proxy"),
+    ("proxy.example.org", "is not an address or CIDR network"),
+])
+def test_a_bad_forwarded_allow_ips_is_refused_naming_the_variable(value, says):
+    with pytest.raises(ConfigError) as raised:
+        Settings.from_env({"TAME_FORWARDED_ALLOW_IPS": value})
+    assert str(raised.value).startswith(f"TAME_FORWARDED_ALLOW_IPS: {value!r}") and says in str(raised.value)
+
+
+def test_forwarded_allow_ips_are_read_as_networks():
+    assert Settings.from_env({}).forwarded_allow_ips == ()
+    assert Settings.from_env({"TAME_FORWARDED_ALLOW_IPS": " 127.0.0.1, 10.0.0.0/24,::1,"}).forwarded_allow_ips == (
+        "127.0.0.1/32", "10.0.0.0/24", "::1/128")
