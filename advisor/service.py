@@ -471,7 +471,7 @@ class AdviceService:
         """Queue a probe of the link from ``src`` (None: this service's site, probed here; another site's
         probes wait for that site's agent) under a congestion control (None: the default; for this site one
         this kernel offers), or return the link's active one under it: (job, created). ``client`` (the API's
-        remote address) is held to settings.max_queued_probes_per_client queued jobs."""
+        remote address), and another site, are each held to settings.max_queued_probes_per_client queued jobs."""
         dest = parse_destination(dest_text)
         control = self.control(congestion_control)
         site = self.site(src)
@@ -499,7 +499,11 @@ class AdviceService:
         job, created = self.store.enqueue_job(dest, levels, float(duration), max_queued=self.settings.max_queued_probes,
                                               retry_after_s=retry_after_s, client=client,
                                               max_queued_per_client=self.settings.max_queued_probes_per_client,
-                                              src=site, congestion_control=control)
+                                              src=site, congestion_control=control,
+                                              # Another site's jobs wait for its agents: one site (one token) must
+                                              # not fill the queue all sites share.
+                                              max_queued_per_src=(None if site == self.settings.site
+                                                                  else self.settings.max_queued_probes_per_client))
         if created:
             for listener in self._listeners:
                 listener()

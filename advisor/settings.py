@@ -211,10 +211,11 @@ class Settings:
         its advice fresh; default 24 times TAME_TTL_S, at least TAME_TTL_S),
         TAME_MAX_CONCURRENT_PROBES, TAME_MODEL, TAME_PROBE_LEVELS (e.g. "1,10"), TAME_PROBE_DURATION_S,
         TAME_PROBE_MAX_DURATION_S, TAME_MAX_BATCH, TAME_MAX_QUEUED_PROBES,
-        TAME_MAX_QUEUED_PROBES_PER_CLIENT (queued jobs one remote address may have), TAME_FORWARDED_ALLOW_IPS
-        (trusted proxies whose X-Forwarded-For names the remote address; see forwarded_allow_ips),
-        TAME_KEEPALIVE_TIMEOUT_S, TAME_HEADER_TIMEOUT_S, TAME_BODY_TIMEOUT_S, TAME_MAX_CONNECTIONS, TAME_BACKLOG,
-        TAME_CONGESTION_CONTROL (the control probes and advice use when a request names none; default this host's,
+        TAME_MAX_QUEUED_PROBES_PER_CLIENT (queued jobs one remote address, or one other site, may have),
+        TAME_FORWARDED_ALLOW_IPS (trusted proxies whose X-Forwarded-For names the remote address; see
+        forwarded_allow_ips), TAME_KEEPALIVE_TIMEOUT_S, TAME_HEADER_TIMEOUT_S, TAME_BODY_TIMEOUT_S,
+        TAME_MAX_CONNECTIONS, TAME_BACKLOG, TAME_CONGESTION_CONTROL
+        (the control probes and advice use when a request names none; default this host's,
         net.ipv4.tcp_congestion_control), TAME_SITE (this service's site, the source of the links it probes;
         default "local").
         Retention (advisor/retention.py), per destination: TAME_KEEP_FITS (newest fits kept with their

@@ -163,6 +163,20 @@ def site_use(store: Store, site: str) -> SiteUse:
         return _use(tx, site, store.clock())
 
 
+# Whether candidate job ``j`` must wait its turn: another site seen within BUDGET_HOLD_S (its agents alive; the
+# parameter is that time) has a job queued for the same destination and last started a probe of it before j's site
+# did (never counts as earliest; on a tie, the one queued first goes first, as the queue orders them). Sites so take turns at a destination
+# they share: one site's agents cannot keep it busy (claiming it again and again, or holding claims they never
+# finish) while another's probe of it waits.
+_LAST_TURN = "coalesce((SELECT max(t.started_at) FROM probe_jobs t WHERE t.src = {src} AND t.dest = j.dest), -1)"
+_TURN_WAITS = (
+    "EXISTS (SELECT 1 FROM probe_jobs o JOIN sites s ON s.name = o.src WHERE o.dest = j.dest AND o.status = 'queued' "
+    "AND o.src <> j.src AND s.last_seen_at >= ? AND ("
+    f"{_LAST_TURN.format(src='o.src')} < {_LAST_TURN.format(src='j.src')} OR "
+    f"({_LAST_TURN.format(src='o.src')} = {_LAST_TURN.format(src='j.src')} AND (o.requested_at < j.requested_at OR "
+    "(o.requested_at = j.requested_at AND o.id < j.id)))))")
+
+
 def claim_job(store: Store, site: str, owner: str, *, max_streams: int, adaptive: bool,
               worst_case_s: Callable[[Job], float], lease_slack_s: float = 15.0) -> Claim:
     """Claim the site's oldest queued job for ``owner`` if the site's budget allows it.
@@ -185,13 +199,18 @@ def claim_job(store: Store, site: str, owner: str, *, max_streams: int, adaptive
         if use.probes >= budget.max_probes:
             return Claim(None, waiting=f"{use.probes} probe(s) of {site} running, at most {budget.max_probes}")
         # A destination being probed from any site waits (an iperf3 server runs one test at a time, and two
-        # probes through one bottleneck would measure each other).
+        # probes through one bottleneck would measure each other); one that another live site also waits for goes
+        # to that site first when its turn is older (:data:`_TURN_WAITS`).
         row = tx.execute(
-            f"SELECT {JOB_COLUMNS} FROM probe_jobs WHERE src = ? AND status = 'queued' AND dest NOT IN "
-            "(SELECT dest FROM probe_jobs WHERE status = 'running') "
-            f"ORDER BY requested_at, id LIMIT 1{skip}", (site,)).fetchone()
+            f"SELECT {JOB_COLUMNS} FROM probe_jobs j WHERE j.src = ? AND j.status = 'queued' AND j.dest NOT IN "
+            f"(SELECT dest FROM probe_jobs WHERE status = 'running') AND NOT {_TURN_WAITS} "
+            f"ORDER BY j.requested_at, j.id LIMIT 1{skip}", (site, now - BUDGET_HOLD_S)).fetchone()
         if row is None:
-            return Claim(None, waiting="no queued probe")
+            queued = tx.execute("SELECT count(*) FROM probe_jobs WHERE src = ? AND status = 'queued'",
+                                (site,)).fetchone()[0]
+            return Claim(None, waiting="no queued probe" if not queued else (
+                f"{queued} queued probe(s) of {site} wait: their destinations are being probed, or another site that "
+                "probed them less recently waits for them too"))
         job = job_from_row(row)
         streams_left = budget.max_streams - use.streams
         needed = max(job.levels)

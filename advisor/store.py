@@ -469,12 +469,13 @@ class Store:
     def enqueue_job(self, dest: Destination, levels: Sequence[int], duration_s: float,
                     max_queued: int | None = None, retry_after_s: float = 60.0, client: str | None = None,
                     max_queued_per_client: int | None = None, *, src: str,
-                    congestion_control: str | None = None) -> tuple[Job, bool]:
+                    congestion_control: str | None = None, max_queued_per_src: int | None = None) -> tuple[Job, bool]:
         """A new queued job probing the link from site ``src`` under ``congestion_control``, or the link's active
         one under that control: (job, created).
 
-        Raises QueueFull (with ``retry_after_s``) when ``max_queued`` jobs are queued already, or
-        ``max_queued_per_client`` of them were asked for by ``client``."""
+        Raises QueueFull (with ``retry_after_s``) when ``max_queued`` jobs are queued already,
+        ``max_queued_per_client`` of them were asked for by ``client``, or ``max_queued_per_src`` of them are
+        links from ``src``."""
         job_id = uuid.uuid4().hex
         job_where, job_params = same_control("congestion_control", congestion_control)
         try:
@@ -500,6 +501,13 @@ class Store:
                     if mine >= max_queued_per_client:
                         raise QueueFull(f"you have {mine} probes waiting, at most {max_queued_per_client} per client; "
                                         f"ask again in {retry_after_s:.0f} s", retry_after_s)
+                if max_queued_per_src is not None:
+                    theirs = tx.execute("SELECT count(*) FROM probe_jobs WHERE src = ? AND status = 'queued'",
+                                        (src,)).fetchone()[0]
+                    if theirs >= max_queued_per_src:
+                        raise QueueFull(f"site {src} has {theirs} probes waiting for its agents to claim them, at most "
+                                        f"{max_queued_per_src} per site; ask again in {retry_after_s:.0f} s",
+                                        retry_after_s)
                 tx.execute(
                     "INSERT INTO probe_jobs (id, src, dest, status, levels_json, duration_s, requested_at, client, "
                     "congestion_control) VALUES (?, ?, ?, 'queued', ?, ?, ?, ?, ?)",

@@ -103,16 +103,67 @@ def test_a_lapsed_lease_goes_to_another_agent_of_the_site(store):
     assert not holds(store, first.job.id, "agent-2", "b", DESTS[0].key)
 
 
+def _claim(store, site):
+    return claim_job(store, site, f"agent-{site}", max_streams=64, adaptive=True, worst_case_s=worst)
+
+
+def _finish(store, claim):
+    store.record_run(parse_destination(claim.job.dest), src=claim.job.src, source="push", idle_rtt_s=None, results=[],
+                     started_at=store.clock(), fit=None, job_id=claim.job.id)
+
+
 def test_sites_never_take_each_other_s_jobs(store):
     register_site(store, "a", SiteBudget(max_probes=4), DESTS[:2])
     register_site(store, "b", SiteBudget(max_probes=4), DESTS[:2])
     queue(store, "a", DESTS[:2])
-    claims = [claim_job(store, "b", "agent-b", max_streams=64, adaptive=True, worst_case_s=worst) for _ in range(2)]
+    claims = [_claim(store, "b") for _ in range(2)]
     assert all(c.job is None and c.waiting == "no queued probe" for c in claims)
-    queue(store, "b", DESTS[:1])
-    got = claim_job(store, "b", "agent-b", max_streams=64, adaptive=True, worst_case_s=worst)
-    assert (got.job.src, got.job.dest) == ("b", DESTS[0].key)
+    queue(store, "b", DESTS[2:3])
+    got = _claim(store, "b")
+    assert (got.job.src, got.job.dest) == ("b", DESTS[2].key)
     assert site_use(store, "a").probes == 0
+
+
+def test_sites_take_turns_at_a_destination_they_share(store):
+    for site in ("a", "b"):
+        register_site(store, site, SiteBudget(max_probes=4), DESTS[:1])
+    queue(store, "a", DESTS[:1])
+    queue(store, "b", DESTS[:1])
+    # Neither probed it yet: the one queued first goes first, and b's waits, told why.
+    waiting = _claim(store, "b")
+    assert waiting.job is None and "1 queued probe(s) of b wait" in waiting.waiting
+    first = _claim(store, "a")
+    assert first.job.src == "a"
+    assert _claim(store, "b").job is None  # the destination is being probed
+    _finish(store, first)
+    # a probed it last and queues it again at once; b's turn comes first all the same.
+    queue(store, "a", DESTS[:1])
+    assert _claim(store, "a").job is None
+    second = _claim(store, "b")
+    assert second.job.src == "b"
+    # An agent of a that claims and never finishes holds the destination one lease at a time: when it lapses, b
+    # (whose turn is now older) goes first again.
+    _finish(store, second)
+    queue(store, "b", DESTS[:1])
+    held = _claim(store, "a")
+    assert held.job.src == "a"
+    store.clock.advance(116)
+    assert store.recover_jobs(3, owner_is_dead=lambda owner: False) == 1
+    register_site(store, "a", SiteBudget(max_probes=4), DESTS[:1])
+    register_site(store, "b", SiteBudget(max_probes=4), DESTS[:1])
+    assert _claim(store, "a").job is None
+    assert _claim(store, "b").job.src == "b"
+
+
+def test_a_site_whose_agents_went_quiet_does_not_hold_others_turn(store):
+    for site in ("a", "b"):
+        register_site(store, site, SiteBudget(max_probes=4), DESTS[:1])
+    queue(store, "a", DESTS[:1])
+    queue(store, "b", DESTS[:1])
+    assert _claim(store, "b").job is None
+    store.clock.advance(BUDGET_HOLD_S + 1)  # a's agents have not been seen since; b's registers
+    register_site(store, "b", SiteBudget(max_probes=4), DESTS[:1])
+    assert _claim(store, "b").job.src == "b"
 
 
 def test_an_unregistered_site_cannot_claim(store):
@@ -139,8 +190,9 @@ def test_many_agents_claiming_at_once_never_share_a_job_nor_pass_the_budget(pg_u
     try:
         register_site(stores[0], "a", SiteBudget(max_probes=5, max_streams=1000, probe_seconds_per_hour=36000), DESTS)
         register_site(stores[0], "b", SiteBudget(max_probes=3, max_streams=1000, probe_seconds_per_hour=36000), DESTS)
-        queue(stores[0], "a")
-        queue(stores[0], "b")
+        # Destinations of their own: on a shared one the sites take turns (test_sites_take_turns_...).
+        queue(stores[0], "a", DESTS[:6])
+        queue(stores[0], "b", DESTS[6:])
         sites = ["a"] * 20 + ["b"] * 10
         claims = run_together(lambda i, _: claim_job(stores[i], sites[i], f"agent-{i}", max_streams=10, adaptive=True,
                                                      worst_case_s=worst), 30)

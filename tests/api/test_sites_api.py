@@ -228,6 +228,39 @@ def test_a_full_probe_queue_defers_the_rest_of_a_registration(service_factory):
     assert (again["queued"], again["deferred"]) == (1, 1)
 
 
+def test_one_site_cannot_fill_the_probe_queue_all_sites_share(service_factory):
+    # The queue takes 20 jobs, each client or other site 5: a site registering 30 links (one host, many ports)
+    # queues 5 and is told the rest wait; another site and the service's own probes still get in.
+    base, client, app = service_factory(start_worker=False, max_queued_probes=20, max_queued_probes_per_client=5)
+    flood = client.put("/v1/sites/site-a", json={"dests": [f"127.0.0.9:{p}" for p in range(1000, 1030)]}).json()
+    assert (flood["links"], flood["queued"], flood["deferred"]) == (30, 5, 25)
+    again = client.put("/v1/sites/site-a", json={"dests": [f"127.0.0.9:{p}" for p in range(1000, 1030)]}).json()
+    assert (again["queued"], again["deferred"]) == (0, 25)
+    asked = client.post("/v1/probes", json={"src": "site-a", "dest": "127.0.0.9:2000"})
+    assert asked.status_code == 429 and "site site-a has 5 probes waiting" in asked.json()["detail"]
+    assert client.put("/v1/sites/site-b", json={"dests": ["127.0.0.5:5201"]}).json()["queued"] == 1
+    assert client.post("/v1/probes", json={"dest": "127.0.0.6:5201"}).status_code == 202
+    with sqlite3.connect(app.state.service.store.db.url[len("sqlite:///"):]) as conn:
+        counts = dict(conn.execute("SELECT src, count(*) FROM probe_jobs WHERE status = 'queued' GROUP BY src"))
+    assert counts == {"site-a": 5, "site-b": 1, SITE: 1}
+
+
+def test_sites_sharing_a_destination_take_turns_and_a_waiting_claim_says_why(service_factory, clock):
+    base, client, app = service_factory(start_worker=False)
+    for site in ("dtn2", "dtn3"):
+        assert client.put(f"/v1/sites/{site}", json={"dests": [DEST]}).json()["queued"] == 1
+        clock.advance(1)
+    # dtn2's job was queued first: dtn3's waits for it, and says so.
+    waiting = client.post("/v1/sites/dtn3/claims", json={"owner": "b"}).json()
+    assert waiting["job"] is None and "1 queued probe(s) of dtn3 wait" in waiting["waiting"]
+    first = client.post("/v1/sites/dtn2/claims", json={"owner": "a"}).json()["job"]
+    assert first["dest"] == DEST
+    # A destination being probed from one site waits for it at the other.
+    assert client.post("/v1/sites/dtn3/claims", json={"owner": "b"}).json()["job"] is None
+    client.post("/v1/probe-runs", json={"src": "dtn2", "dest": DEST, "probes": PROBES, "job_id": first["id"], "owner": "a"})
+    assert client.post("/v1/sites/dtn3/claims", json={"owner": "b"}).json()["job"]["dest"] == DEST
+
+
 def test_a_claimed_run_under_another_control_fails_its_job_and_is_kept_as_that_control_s(service_factory):
     base, client, app = service_factory(start_worker=False, congestion_control="cubic")
     client.put("/v1/sites/dtn2", json={"dests": [DEST], "congestion_control": "cubic"})
@@ -239,17 +272,6 @@ def test_a_claimed_run_under_another_control_fails_its_job_and_is_kept_as_that_c
     status = client.get(f"/v1/probes/{job['id']}").json()
     assert status["status"] == "failed" and "reno" in status["error"]
     assert client.get("/v1/advice", params={"src": "dtn2", "dest": DEST, "max_impact": 0.1, "cc": "reno"}).status_code == 200
-
-
-def test_a_destination_probed_from_one_site_waits_for_the_other_site(service_factory):
-    base, client, app = service_factory(start_worker=False)
-    for site in ("dtn2", "dtn3"):
-        client.put(f"/v1/sites/{site}", json={"dests": [DEST]})
-    first = client.post("/v1/sites/dtn2/claims", json={"owner": "a"}).json()["job"]
-    assert first["dest"] == DEST
-    assert client.post("/v1/sites/dtn3/claims", json={"owner": "b"}).json()["job"] is None
-    client.post("/v1/probe-runs", json={"src": "dtn2", "dest": DEST, "probes": PROBES, "job_id": first["id"], "owner": "a"})
-    assert client.post("/v1/sites/dtn3/claims", json={"owner": "b"}).json()["job"]["dest"] == DEST
 
 
 def test_alternatives_for_another_site_s_link_name_that_site(service_factory):
