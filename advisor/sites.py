@@ -82,6 +82,11 @@ class Claim:
     waiting: str | None = None  # why nothing was claimed: "no queued probe" or the budget that is spent
 
 
+def _row_lock(store: Store, clause: str = "FOR UPDATE") -> str:
+    """``clause`` for the end of a SELECT on PostgreSQL; nothing on SQLite, whose write transactions are serial."""
+    return f" {clause}" if store.db.dialect == "postgresql" else ""
+
+
 def register_site(store: Store, site: str, budget: SiteBudget, dests: Sequence[Destination],
                   owner: str | None = None) -> None:
     """Create or refresh the site (its budget, last_seen_at) and its links to ``dests`` for agent ``owner``, in one
@@ -92,7 +97,7 @@ def register_site(store: Store, site: str, budget: SiteBudget, dests: Sequence[D
     BUDGET_HOLD_S and none holds a lease; otherwise BudgetConflict, and nothing is stored. So two agents started
     with different budgets do not overwrite each other's every round: the later one is told, and stops."""
     now = store.clock()
-    lock = " FOR UPDATE" if store.db.dialect == "postgresql" else ""
+    lock = _row_lock(store)
     with store.db.transaction(write=True) as tx:
         created = tx.execute(
             "INSERT INTO sites (name, max_probes, max_streams, probe_seconds_per_hour, registered_at, last_seen_at, "
@@ -187,8 +192,7 @@ def claim_job(store: Store, site: str, owner: str, *, max_streams: int, adaptive
     ``worst_case_s(job)`` seconds of the hourly budget while it runs, and its lease lasts that long plus
     ``lease_slack_s``."""
     now = store.clock()
-    lock = " FOR UPDATE" if store.db.dialect == "postgresql" else ""
-    skip = " FOR UPDATE SKIP LOCKED" if store.db.dialect == "postgresql" else ""
+    lock, skip = _row_lock(store), _row_lock(store, "FOR UPDATE SKIP LOCKED")
     with store.db.transaction(write=True) as tx:
         row = tx.execute(f"SELECT max_probes, max_streams, probe_seconds_per_hour FROM sites WHERE name = ?{lock}",
                          (site,)).fetchone()
