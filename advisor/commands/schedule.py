@@ -24,7 +24,7 @@ from advisor.cli import UsageError
 from advisor.commands.common import format_bps, print_json, whole_number
 from advisor.commands.transfer import (DEADLINE_SLACK_S, DEFAULT_BYTES_TIMEOUT_S, Reporter, observation_of,
                                        standard_opening)
-from advisor.errors import AdvisorError, InvalidRequest
+from advisor.errors import AdvisorError, ConfigError, InvalidRequest
 from advisor.limits import MAX_PROBE_STREAMS, check_congestion_control
 from advisor.schedule import MAX_QUEUE_BYTES, SqlAdvice, Transfer, parse_queue, run_concurrently
 from advisor.settings import default_control, default_site
@@ -92,8 +92,12 @@ def run(args) -> int:
         except InvalidRequest as exc:
             raise UsageError(str(exc)) from exc
     if args.database_url:
+        try:  # the environment's own errors name their variable
+            own_site, own_control = default_site(os.environ), default_control(os.environ)
+        except ConfigError as exc:
+            raise UsageError(str(exc)) from exc
         try:
-            sql = SqlAdvice(args.database_url, default_site(os.environ), default_control(os.environ))
+            sql = SqlAdvice(args.database_url, own_site, own_control)
         except AdvisorError as exc:
             raise UsageError(f"--database-url: {exc}") from exc
     else:

@@ -119,6 +119,19 @@ def test_bad_options_are_refused(served, args, says):
     assert _observations(db_url) == 0
 
 
+@pytest.mark.parametrize("name, value", [("TAME_CONGESTION_CONTROL", "Cubic!"), ("TAME_CONGESTION_CONTROL", "x" * 5000),
+                                         ("TAME_SITE", "site a"), ("TAME_SITE", "../etc")])
+def test_a_bad_environment_for_the_sql_reader_is_refused_naming_the_variable(served, tmp_path, name, value):
+    base, db_url, run = served
+    path = tmp_path / "queue"
+    path.write_text(json.dumps({"transfers": [_transfer()]}))
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("TAME_")}, name: value}
+    done = subprocess.run([sys.executable, "-m", "advisor", "schedule", str(path), "--plan", "--database-url", db_url],
+                          env=env, capture_output=True, text=True, timeout=120)
+    _refused(done, f"tame schedule: {name}")
+    assert _observations(db_url) == 0
+
+
 def test_the_plan_names_each_transfers_advice_and_runs_nothing(served):
     base, db_url, run = served
     queue = {"transfers": [_transfer(), _transfer(max_impact=0.05)]}
