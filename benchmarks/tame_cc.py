@@ -335,12 +335,17 @@ def aggregate_runs(args) -> list[Run]:
             runs.append(ref)
             print(f"{int(n_star)} cubic: {ref.ours_bps() / 1e6:.2f} Mbit/s", file=sys.stderr, flush=True)
             for n in args.streams:
-                setting = cc.CcSetting(setting_for(n_star, n, rtt_s, STANDARD).fractional_multiplier,
-                                       scale_slow_start=cc.SCALE_SLOW_START_BY_DEFAULT)
-                r = measure(tb, [Group(n, cc.NAME)], args.seconds, args.omit, setting, label=f"N={n}")
+                fm = setting_for(n_star, n, rtt_s, STANDARD).fractional_multiplier
+                if fm is None:  # N standard streams are n*'s share: tame is not opened
+                    setting, group = None, Group(n, STANDARD)
+                else:
+                    setting = cc.CcSetting(fm, scale_slow_start=cc.SCALE_SLOW_START_BY_DEFAULT)
+                    group = Group(n, cc.NAME)
+                r = measure(tb, [group], args.seconds, args.omit, setting, label=f"N={n}")
                 r.service_rtt_s = rtt_s
                 runs.append(r)
-                print(f"{n} tame at FM {setting.fractional_multiplier:g}: {r.ours_bps() / 1e6:.2f} Mbit/s "
+                what = f"{STANDARD}" if fm is None else f"tame at FM {fm:g}"
+                print(f"{n} {what}: {r.ours_bps() / 1e6:.2f} Mbit/s "
                       f"({r.ours_bps() / ref.ours_bps():.2f} of {int(n_star)} cubic)", file=sys.stderr, flush=True)
     return runs
 
@@ -354,8 +359,8 @@ def aggregate_report(runs: list[Run], command: str, n_star: float) -> list[str]:
              f"{spec.cross_flows} cubic cross flows. Reference: {n_star:g} cubic streams, "
              f"{ref / 1e6:.2f} Mbit/s (median of {len(refs)}). Each of N tame streams at the FM `tame cc apply "
              f"--tcp-equivalent {n_star:g} --streams N --rtt R --standard-control cubic` sets, R the RTT the service "
-             f"measured ({', '.join(sorted({f'{r.service_rtt_s * 1000:.1f} ms' for r in runs if r.service_rtt_s}))}). "
-             "Goal: within ±10 %; the range over repeats in brackets.", "",
+             f"measured ({', '.join(sorted({f'{r.service_rtt_s * 1000:.1f} ms' for r in runs if r.service_rtt_s}))}); "
+             "FM none: it sets no tame stream, N standard streams being n*'s share. Goal: within ±10 %; the range over repeats in brackets.", "",
              "| N | FM | Mbit/s (median) | / reference | within ±10 % |", "|---|---|---|---|---|"]
     for label in sorted({r.label for r in runs if r.label != "reference"}, key=lambda s: int(s[2:])):
         sel = [r for r in runs if r.label == label]
@@ -363,7 +368,8 @@ def aggregate_report(runs: list[Run], command: str, n_star: float) -> list[str]:
         ratio = got / ref
         spread = f" [{min(r.ours_bps() for r in sel) / ref:.2f}-{max(r.ours_bps() for r in sel) / ref:.2f}]" \
             if len(sel) > 1 else ""
-        lines.append(f"| {label[2:]} | {sel[0].setting['fractional_multiplier']:g} | {got / 1e6:.2f} | {ratio:.2f}{spread} | "
+        opened = f"{sel[0].setting['fractional_multiplier']:g}" if sel[0].setting else f"none ({STANDARD})"
+        lines.append(f"| {label[2:]} | {opened} | {got / 1e6:.2f} | {ratio:.2f}{spread} | "
                      f"{'yes' if abs(ratio - 1) <= 0.10 else 'no'} |")
     return lines
 

@@ -20,12 +20,13 @@ from probes.errors import CcError, CcNotRoot, CcRouteConflict
 
 @dataclass(frozen=True)
 class Setting:
-    """What `apply` writes for one destination: its FM and the streams the transfer should open."""
+    """What `apply` writes for one destination: its FM (None when no stream runs tame) and the streams the
+    transfer should open."""
 
-    fractional_multiplier: float
+    fractional_multiplier: float | None
     standard_streams: int
     tame_streams: int
-    form: str  # "fractional" or "aggregate"
+    form: str  # "fractional", "aggregate", or "standard" (N streams of the standard control, no tame)
 
 
 def setting_for(tcp_equivalent: float, streams: int | None = None, rtt_s: float | None = None,
@@ -40,7 +41,10 @@ def setting_for(tcp_equivalent: float, streams: int | None = None, rtt_s: float 
     ``n_star_named`` is what the user knows n* as, for the errors (the option, or "the advice's n*").
 
     With ``streams`` = N (the aggregate form, for tools that open N streams of one control): each of the N
-    streams runs tame at the FM whose share is n*/N, so that together they take n* streams' share.
+    streams runs tame at the FM whose share is n*/N, so that together they take n* streams' share. Tame at
+    FM 1 is Reno, which beside cubic takes less than a standard stream (s1 < 1): when even FM 1 falls short of
+    n*/N and N standard streams come at least as close to n* as N tame streams at FM 1 would (N = n*, in the
+    main), the setting is N standard streams (``form`` "standard", no FM).
     """
     n_star = float(tcp_equivalent)
     if not math.isfinite(n_star) or n_star <= 0:
@@ -60,7 +64,10 @@ def setting_for(tcp_equivalent: float, streams: int | None = None, rtt_s: float 
             f"--streams {streams} is fewer than {n_star_named} {n_star:g}: tame only slows streams down "
             f"(FM >= 1), so {streams} stream(s) cannot take what {n_star:g} standard streams would; "
             f"open at least {math.ceil(n_star - 1e-9)}")
-    fm = round(law_for(standard_control).multiplier_for(n_star / streams, rtt_s), 3)
+    law = law_for(standard_control)
+    fm = round(law.multiplier_for(n_star / streams, rtt_s), 3)
+    if fm <= 1.0 and abs(streams - n_star) <= abs(streams * law.share(1.0, rtt_s) - n_star):
+        return Setting(None, standard_streams=streams, tame_streams=0, form="standard")
     if fm > cc.MAX_FM:
         raise UsageError(f"--streams {streams} for --tcp-equivalent {n_star:g} needs FM {fm:g}, "
                          f"above the largest the control holds ({cc.MAX_FM:g})")
@@ -176,6 +183,11 @@ def _apply(args) -> int:
     except InvalidRequest as exc:
         raise UsageError(str(exc)) from None
     setting = setting_for(n_star, args.streams, rtt_s, control)
+    if setting.fractional_multiplier is None:
+        raise UsageError(
+            f"--streams {setting.standard_streams} for --tcp-equivalent {n_star:g}: {setting.standard_streams} "
+            f"standard ({control}) streams take n*'s share, no tame stream is needed: open them with {control} "
+            f"(tame cc clear {addr} removes what an earlier apply set)")
     beyond = calibration_warning(setting.fractional_multiplier, control)
     if beyond:
         print(f"tame cc apply: warning: {beyond}", file=sys.stderr)

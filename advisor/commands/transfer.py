@@ -87,7 +87,7 @@ def register(subparsers) -> None:
                       help="move N bytes (the fractional form splits them in proportion to each part's share of n*)")
     parser.add_argument("--streams", type=_stream_count, metavar="N",
                         help="aggregate form: open N streams, all tame, scaled to take n*'s share together "
-                        "(N at least ceil(n*))")
+                        "(N at least ceil(n*); N standard streams when that is n*'s share)")
     parser.add_argument("--fractional-port", type=port_number, default=DEFAULT_FRACTIONAL_PORT, metavar="PORT",
                         help=f"DEST's second iperf3 server, for the tame stream (default {DEFAULT_FRACTIONAL_PORT})")
     parser.add_argument("--timeout", type=_seconds, metavar="SECONDS",
@@ -128,6 +128,8 @@ def plan_opening(advice: Advice, dest: Destination, rtt_s: float | None, standar
             raise UsageError(f"the advice for {dest.key} is n* {n_star:g}: no share to scale {streams} streams to; "
                              "leave out --streams to open what the advice says")
         setting = setting_for(n_star, streams, rtt_s, standard_control, n_star_named="the advice's n*")
+        if setting.fractional_multiplier is None:  # N standard streams are n*'s share
+            return standard_opening(dest.port, streams, standard_control, total_bytes)
         client = ClientSpec(dest.port, streams, cc.NAME, total_bytes)
         return Opened("aggregate", 0, streams, setting.fractional_multiplier, n_star, (client,))
     opening = how_to_open(dataclasses.replace(advice, congestion_control=standard_control), dest.key, rtt_s)

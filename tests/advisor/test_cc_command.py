@@ -28,9 +28,26 @@ def test_aggregate_form_scales_each_of_n_streams_to_fm_n_over_nstar_squared_for_
     s = setting_for(2.0, streams=8)
     assert (s.form, s.standard_streams, s.tame_streams) == ("aggregate", 0, 8)
     assert_allclose(s.fractional_multiplier, 16.0)
-    # N = n*: FM 1, plain Reno.
-    assert_allclose(setting_for(3.0, streams=3).fractional_multiplier, 1.0)
     assert_allclose(setting_for(1.5, streams=3).fractional_multiplier, 4.0)
+
+
+@pytest.mark.parametrize("control", [None, "cubic", "reno"])
+def test_aggregate_form_at_n_equal_to_n_star_opens_standard_streams_not_tame(control):
+    # N = n*: each stream is to take a whole standard stream's share; tame at FM 1 is Reno, which beside
+    # cubic or reno takes s1 < 1 of one, so N standard streams are the exact answer.
+    s = setting_for(3.0, streams=3, rtt_s=0.066, standard_control=control)
+    assert (s.form, s.fractional_multiplier, s.standard_streams, s.tame_streams) == ("standard", None, 3, 0)
+
+
+def test_aggregate_form_keeps_tame_at_fm_one_when_that_comes_closer_to_n_star_than_standard_streams():
+    law = law_for("cubic")
+    s1 = law.share(1.0, 0.066)  # 0.93 or so: one tame stream at FM 1 beside cubic
+    # n* 1.9 on 2 streams: share 0.95 > s1, so FM 1; 2 x s1 = 1.86 is closer to 1.9 than 2 standard streams.
+    assert abs(2 * s1 - 1.9) < abs(2 - 1.9)
+    s = setting_for(1.9, streams=2, rtt_s=0.066, standard_control="cubic")
+    assert (s.form, s.fractional_multiplier, s.tame_streams) == ("aggregate", 1.0, 2)
+    # n* 1.99: 2 standard streams (off by 0.01) beat 2 x s1 (off by about 0.13).
+    assert setting_for(1.99, streams=2, rtt_s=0.066, standard_control="cubic").form == "standard"
 
 
 @pytest.mark.parametrize("rtt_s", [0.01, 0.04])
@@ -69,6 +86,8 @@ def test_setting_for_refuses_input_that_needs_fm_below_one_or_is_not_a_number(n_
     (["apply", "10.0.0.2", "--tcp-equivalent", "1.5", "--standard-control", "Cubic;rm"], "as the kernel does"),
     (["apply", "10.0.0.2", "--tcp-equivalent", "1.5", "--standard-control", "c" * 5000], "as the kernel does"),
     (["clear", "not-an-address"], "not an IPv4 or IPv6 address"),
+    (["apply", "10.0.0.2", "--tcp-equivalent", "2", "--streams", "2", "--standard-control", "cubic"],
+     "no tame stream is needed: open them with cubic"),
 ])
 def test_bad_input_exits_2_with_a_clear_message(argv, says, capsys, monkeypatch):
     monkeypatch.setattr(cc, "run", _no_system_calls)

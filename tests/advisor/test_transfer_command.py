@@ -143,3 +143,16 @@ def test_the_fractional_form_splits_bytes_by_each_part_s_share_of_n_star():
     assert opened.fractional_multiplier == 4.0
     assert opened.to_json() == {"standard_streams": 2, "fractional_multiplier": 4.0, "congestion_control": "tame",
                                 "streams": 3}
+
+
+def test_the_aggregate_form_with_as_many_streams_as_n_star_opens_standard_streams_of_the_probed_control():
+    from advisor.advice import Advice
+
+    advice = Advice(num_flows=3, fractional_multiplier=None, tcp_equivalent_streams=3.0,
+                    max_nondisruptive_throughput_bps=1e8, cross_traffic_impact=0.05, max_impact=0.1,
+                    per_stream_buffer_bytes=None, model="lu", params={}, regime="congested")
+    opened = transfer.plan_opening(advice, parse_destination(DEST), 0.04, "cubic", 3, 5202, 1_000_000)
+    # Tame at FM 1 (Reno) would take less than a cubic stream each: three cubic streams are n*'s share.
+    assert [(c.port, c.streams, c.congestion_control, c.bytes) for c in opened.clients] == [(5201, 3, "cubic", 1_000_000)]
+    assert opened.to_json() == {"standard_streams": 3, "fractional_multiplier": None, "congestion_control": "cubic",
+                                "streams": 3}
