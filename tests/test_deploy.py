@@ -260,17 +260,38 @@ def interpolated(env, given):
     return {k: one(v) for k, v in env.items()}
 
 
-def test_multisite_compose_has_no_token_of_its_own():
+COMPOSE_FILES = ("docker-compose.yml", "docker-compose.multisite.yml")
+# Compose's ${VAR:-default} and ${VAR-default}: the value of VAR, else the default written in the file.
+FALLBACK = re.compile(r"\$\{([A-Z_]+):?-([^}]*)\}")
+
+
+def environments(name):
+    """(service, key, value) of every environment entry of every service in compose file ``name``, anchors merged."""
+    services = yaml.safe_load((ROOT / name).read_text())["services"]
+    return [(service, key, str(value)) for service, body in services.items()
+            for key, value in body.get("environment", {}).items()]
+
+
+@pytest.mark.parametrize("name", COMPOSE_FILES)
+def test_compose_has_no_token_of_its_own(name):
     # Every token comes from the operator, with no default to fall back to: compose refuses to start without it.
-    for name, service in multisite()["services"].items():
-        for key, value in service.get("environment", {}).items():
-            if "TOKEN" in key:
-                assert ":-" not in value and "${" in value, (name, key, value)
-                for variable, message in REQUIRED.findall(value):
-                    assert message == f"set {variable} to a secret token, e.g. openssl rand -hex 32", message
-                assert REQUIRED.sub("", value) in ("", "site-a:,site-b:"), (name, key, value)
-                with pytest.raises(KeyError):
-                    interpolated({key: value}, {})
+    tokens = [(service, key, value) for service, key, value in environments(name) if "TOKEN" in key]
+    assert tokens, name
+    for service, key, value in tokens:
+        assert not FALLBACK.search(value) and "${" in value, (service, key, value)
+        for variable, message in REQUIRED.findall(value):
+            assert message == f"set {variable} to a secret token, e.g. openssl rand -hex 32", message
+        assert REQUIRED.sub("", value) in ("", "site-a:,site-b:"), (service, key, value)
+        with pytest.raises(KeyError):
+            interpolated({key: value}, {})
+
+
+@pytest.mark.parametrize("name", COMPOSE_FILES)
+def test_compose_file_says_how_to_set_its_tokens(name):
+    # The header comment, the first thing an operator reads, says what to export before `docker compose up`.
+    header = "".join(line for line in (ROOT / name).read_text().splitlines(True) if line.startswith("#"))
+    for variable in sorted({v for _, _, value in environments(name) for v, _ in REQUIRED.findall(value)}):
+        assert f"{variable}=$(openssl rand -hex 32)" in header, variable
 
 
 def test_multisite_agents_each_hold_their_own_site_s_token():
