@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import os
 from dataclasses import dataclass, field
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Mapping
 
 from advisor.allowlist import DEFAULT_ALLOWED, AllowList
+from advisor.db import redact_url
 from advisor.errors import ConfigError, InvalidRequest
 from advisor.freshness import PROBE_MAX_AGE_TTLS, Freshness
 from advisor.limits import SITE_RULE, check_congestion_control, check_site
@@ -197,6 +199,13 @@ class Settings:
     # This service's own site: the source of the links it probes itself, and of requests that name none.
     site: str = field(default_factory=lambda: default_site(os.environ))
 
+    def __repr__(self) -> str:
+        # A repr reaches logs, tracebacks and debuggers: the tokens are left out (repr=False), and the database URL,
+        # which may hold PostgreSQL's password, is shown without it.
+        shown = (f"{f.name}={redact_url(self.database_url) if f.name == 'database_url' else getattr(self, f.name)!r}"
+                 for f in dataclasses.fields(self) if f.repr)
+        return f"{type(self).__name__}({', '.join(shown)})"
+
     @cached_property  # read on every GET /v1/advice
     def freshness(self) -> Freshness:
         """When advice is stale and when a link is due for a probe."""
@@ -243,7 +252,7 @@ class Settings:
         url = env.get("TAME_DATABASE_URL") or default_database_url(env)
         if not url.startswith(("sqlite:///", "postgresql://", "postgres://")):
             raise ConfigError(
-                f"TAME_DATABASE_URL={url!r}: use sqlite:///PATH or postgresql://USER@HOST:PORT/DB"
+                f"TAME_DATABASE_URL={redact_url(url)!r}: use sqlite:///PATH or postgresql://USER@HOST:PORT/DB"
             )
         model = env.get("TAME_MODEL") or DEFAULT_MODEL
         if model not in MODELS:

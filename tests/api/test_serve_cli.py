@@ -11,8 +11,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from advisor.db import redact_url
 from advisor.errors import ConfigError
 from advisor.settings import Settings
+from tests.advisor.test_db import UNREACHABLE
 from tests.api.conftest import free_port, wait_for
 
 TAME = str(Path(sys.executable).with_name("tame"))
@@ -119,13 +121,35 @@ def test_a_refused_site_token_pair_is_never_repeated(extra, value, says):
             assert given.lower() not in message.lower(), (given, message)
 
 
-def test_settings_repr_shows_no_token():
+def test_settings_repr_shows_no_token_and_no_database_password():
     # A repr ends up in logs, tracebacks and debuggers: it must not carry a secret.
-    env = {"TAME_TOKEN": "operator-" + T2, "TAME_READ_TOKEN": "reader-" + T3, "TAME_SITE_TOKENS": f"site-a:{T1}"}
-    text = repr(Settings.from_env(env))
+    env = {"TAME_TOKEN": "operator-" + T2, "TAME_READ_TOKEN": "reader-" + T3, "TAME_SITE_TOKENS": f"site-a:{T1}",
+           "TAME_DATABASE_URL": "postgresql://tame:pg-s3cret@db:5432/tame?password=pg-other"}
+    settings = Settings.from_env(env)
+    text = repr(settings)
     assert text.startswith("Settings(") and "ttl_s=3600.0" in text
-    for secret in (T1, T2, T3):
+    assert "database_url='postgresql://tame:***@db:5432/tame?password=***'" in text, text
+    for secret in (T1, T2, T3, "pg-s3cret", "pg-other"):
         assert secret not in text, text
+    assert settings.database_url == env["TAME_DATABASE_URL"]  # the URL itself is kept whole, to connect with
+
+
+def test_a_database_url_of_another_kind_is_refused_without_its_password():
+    with pytest.raises(ConfigError) as raised:
+        Settings.from_env({"TAME_DATABASE_URL": "mysql://tame:pg-s3cret@db/tame"})
+    assert str(raised.value).startswith("TAME_DATABASE_URL='mysql://tame:***@db/tame': use sqlite:///PATH or "
+                                        "postgresql://"), raised.value
+    assert "pg-s3cret" not in str(raised.value)
+
+
+@pytest.mark.parametrize("url, secrets, says", UNREACHABLE)
+def test_serve_exits_2_on_a_database_it_cannot_open_without_printing_its_password(tmp_path, url, secrets, says):
+    done = run_serve(tmp_path, "--port", str(free_port()), env={"TAME_DATABASE_URL": url})
+    assert done.returncode == 2, done
+    assert f"tame serve: cannot open the advice store {redact_url(url)}: " in done.stderr and says in done.stderr
+    assert "Traceback" not in done.stderr and "listening" not in done.stdout, done.stderr
+    for secret in secrets:
+        assert secret not in done.stdout + done.stderr, (secret, done.stderr)
 
 
 def test_site_tokens_need_a_token_for_every_site_and_one_source(tmp_path):
