@@ -59,6 +59,7 @@ def test_site_tokens_are_read_as_site_token_pairs(tmp_path):
                              ).site_tokens == (("site-a", T1), ("site-b", f"t:{T2}"), ("site-a", T3))
     tokens = tmp_path / "site-tokens"
     tokens.write_text(f"site-a:{T1}\n\nsite-b:{T2}\n")
+    tokens.chmod(0o600)
     assert Settings.from_env({**OPERATOR, "TAME_SITE_TOKENS_FILE": str(tokens)}).site_tokens == (
         ("site-a", T1), ("site-b", T2))
     assert Settings.from_env(OPERATOR).site_tokens == ()
@@ -159,6 +160,76 @@ def test_site_tokens_need_a_token_for_every_site_and_one_source(tmp_path):
         Settings.from_env({"TAME_TOKEN": "w", "TAME_SITE_TOKENS": "site-a:t1", "TAME_SITE_TOKENS_FILE": "/x"})
     with pytest.raises(ConfigError, match="TAME_SITE_TOKENS_FILE=.* cannot be read"):
         Settings.from_env({"TAME_TOKEN": "w", "TAME_SITE_TOKENS_FILE": str(tmp_path / "missing")})
+
+
+def site_tokens_file(tmp_path, mode, name="site-tokens"):
+    """A file of site tokens as an operator writes it, with ``mode``."""
+    path = tmp_path / name
+    path.write_text(f"site-a:{T1}\nsite-b:{T2}\n")
+    path.chmod(mode)
+    return path
+
+
+@pytest.mark.parametrize("mode", [0o600, 0o400, 0o700])
+def test_a_site_tokens_file_only_its_owner_may_use_is_read(tmp_path, mode):
+    path = site_tokens_file(tmp_path, mode)
+    assert Settings.from_env({**OPERATOR, "TAME_SITE_TOKENS_FILE": str(path)}).site_tokens == (
+        ("site-a", T1), ("site-b", T2))
+
+
+# The tests run as root, who may read any file: what is checked is the mode's bits, not whether this user can read.
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o660, 0o606, 0o620, 0o602, 0o610, 0o601, 0o777])
+def test_a_site_tokens_file_group_or_others_may_use_is_refused(tmp_path, mode):
+    path = site_tokens_file(tmp_path, mode, name="site tokens")  # a space: the chmod line must still work pasted
+    with pytest.raises(ConfigError) as raised:
+        Settings.from_env({**OPERATOR, "TAME_SITE_TOKENS_FILE": str(path)})
+    message = str(raised.value)
+    assert message.startswith(f"TAME_SITE_TOKENS_FILE={str(path)!r} is open to group or others (mode {mode:04o})")
+    assert message.endswith(f"chmod 600 '{path}', owned by the service's user"), message
+    assert T1 not in message and T2 not in message
+
+
+def test_a_site_tokens_file_is_checked_where_a_link_points(tmp_path):
+    link = tmp_path / "link"
+    link.symlink_to(site_tokens_file(tmp_path, 0o644))
+    with pytest.raises(ConfigError, match="is open to group or others"):
+        Settings.from_env({**OPERATOR, "TAME_SITE_TOKENS_FILE": str(link)})
+    (tmp_path / "site-tokens").chmod(0o600)
+    assert len(Settings.from_env({**OPERATOR, "TAME_SITE_TOKENS_FILE": str(link)}).site_tokens) == 2
+
+
+@pytest.mark.parametrize("kind", ["directory", "fifo", "device"])
+def test_a_site_tokens_file_that_is_not_a_regular_file_is_refused(tmp_path, kind):
+    path = tmp_path / kind
+    if kind == "directory":
+        path.mkdir(mode=0o700)
+    elif kind == "fifo":
+        os.mkfifo(path, 0o600)  # nothing ever writes to it: reading it would wait for ever
+    else:
+        path = Path("/dev/null")
+    with pytest.raises(ConfigError) as raised:
+        Settings.from_env({**OPERATOR, "TAME_SITE_TOKENS_FILE": str(path)})
+    assert str(raised.value) == (f"TAME_SITE_TOKENS_FILE={str(path)!r} is not a regular file; point "
+                                 "TAME_SITE_TOKENS_FILE at a file that holds the secrets")
+
+
+def test_a_site_tokens_file_that_is_not_text_is_refused_without_quoting_it(tmp_path):
+    path = tmp_path / "site-tokens"
+    path.write_bytes(b"site-a:" + T1.encode() + b"\xff\xfe")
+    path.chmod(0o600)
+    with pytest.raises(ConfigError) as raised:
+        Settings.from_env({**OPERATOR, "TAME_SITE_TOKENS_FILE": str(path)})
+    assert str(raised.value) == f"TAME_SITE_TOKENS_FILE={str(path)!r} is not UTF-8 text"
+
+
+def test_serve_exits_2_on_a_site_tokens_file_others_may_read(tmp_path):
+    path = site_tokens_file(tmp_path, 0o644)
+    done = run_serve(tmp_path, "--port", str(free_port()), env={"TAME_TOKEN": "w", "TAME_SITE_TOKENS_FILE": str(path)})
+    assert done.returncode == 2, done
+    assert f"TAME_SITE_TOKENS_FILE={str(path)!r} is open to group or others (mode 0644)" in done.stderr
+    assert f"chmod 600 {path}" in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert "listening" not in done.stdout and T1 not in done.stderr
+    assert not (tmp_path / "t.sqlite3").exists()  # refused before the store was opened
 
 
 @pytest.mark.parametrize("env, says", [
