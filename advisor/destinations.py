@@ -57,13 +57,19 @@ def parse_destination(text: str) -> Destination:
 
 
 def canonical_host(host: str) -> str:
-    """One spelling per host: lower-case names without the trailing dot, compressed addresses (an IPv6
-    zone keeps its interface name's case), and an IPv4-mapped IPv6 address (::ffff:a.b.c.d) as the IPv4
-    address it is."""
+    """One spelling per host: lower-case names without the trailing dot, IP addresses as canonical_address spells
+    them."""
+    address = canonical_address(host)
+    return host.lower().rstrip(".") if address is None else address
+
+
+def canonical_address(host: str) -> str | None:
+    """An IP address in its one spelling: compressed, an IPv4-mapped IPv6 address (::ffff:a.b.c.d) as the IPv4
+    address it is, an IPv6 zone keeping its interface name's case; None when ``host`` is not an IP address."""
     try:
         address = ipaddress.ip_address(host)
     except ValueError:
-        return host.lower().rstrip(".")
+        return None
     if isinstance(address, ipaddress.IPv6Address):
         if address.scope_id:
             return f"{ipaddress.IPv6Address(host.partition('%')[0]).compressed}%{address.scope_id}"

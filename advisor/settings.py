@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import os
+import shlex
+import stat
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Mapping
 
 from advisor.allowlist import DEFAULT_ALLOWED, AllowList
+from advisor.db import redact_url
 from advisor.errors import ConfigError, InvalidRequest
 from advisor.freshness import PROBE_MAX_AGE_TTLS, Freshness
 from advisor.limits import SITE_RULE, check_congestion_control, check_site
@@ -60,6 +64,36 @@ MIN_SITE_TOKEN_LENGTH = 16
 MAKE_TOKEN = "make one with `openssl rand -hex 32`"
 
 
+def read_secret_file(variable: str, path: str) -> str:
+    """The text of the file of secrets ``variable`` names. As ssh does with keys, ConfigError refuses a file that is
+    not a regular file, or that group or others may use (mode & 0o077: others could read the secrets, or write their
+    own), saying to chmod 600 it."""
+    where = f"{variable}={path!r}"
+    try:
+        # Opened first and checked by its descriptor, so what is checked is what is read; O_NONBLOCK: a FIFO is
+        # refused below instead of holding start-up until something writes to it.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ConfigError(f"{where} cannot be read: {exc.strerror or exc}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise ConfigError(f"{where} is not a regular file; point {variable} at a file that holds the secrets")
+        if mode & 0o077:
+            raise ConfigError(f"{where} is open to group or others (mode {stat.S_IMODE(mode):04o}), and it holds "
+                              f"secrets: chmod 600 {shlex.quote(path)}, owned by the service's user")
+        data = b"".join(iter(lambda: os.read(fd, 1 << 16), b""))
+    except OSError as exc:
+        raise ConfigError(f"{where} cannot be read: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        # Not the decoder's message: it quotes a byte of the file.
+        raise ConfigError(f"{where} is not UTF-8 text") from None
+
+
 def site_tokens(env: Mapping[str, str], token: str | None, read_token: str | None) -> tuple[tuple[str, str], ...]:
     """TAME_SITE_TOKENS, or the file TAME_SITE_TOKENS_FILE names (one pair a line): (site, token) pairs, each token
     writing only its site's links (api/boundary.py). A site may have several tokens, so one can replace another
@@ -71,11 +105,7 @@ def site_tokens(env: Mapping[str, str], token: str | None, read_token: str | Non
         raise ConfigError("TAME_SITE_TOKENS and TAME_SITE_TOKENS_FILE are both set: keep one")
     if path is not None:
         name = f"TAME_SITE_TOKENS_FILE ({path})"
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"TAME_SITE_TOKENS_FILE={path!r} cannot be read: {getattr(exc, 'strerror', None) or exc}"
-                              ) from None
+        text = read_secret_file("TAME_SITE_TOKENS_FILE", path)
     if text is None:
         return ()
     if not token:
@@ -197,6 +227,13 @@ class Settings:
     # This service's own site: the source of the links it probes itself, and of requests that name none.
     site: str = field(default_factory=lambda: default_site(os.environ))
 
+    def __repr__(self) -> str:
+        # A repr reaches logs, tracebacks and debuggers: the tokens are left out (repr=False), and the database URL,
+        # which may hold PostgreSQL's password, is shown without it.
+        shown = (f"{f.name}={redact_url(self.database_url) if f.name == 'database_url' else getattr(self, f.name)!r}"
+                 for f in dataclasses.fields(self) if f.repr)
+        return f"{type(self).__name__}({', '.join(shown)})"
+
     @cached_property  # read on every GET /v1/advice
     def freshness(self) -> Freshness:
         """When advice is stale and when a link is due for a probe."""
@@ -243,7 +280,7 @@ class Settings:
         url = env.get("TAME_DATABASE_URL") or default_database_url(env)
         if not url.startswith(("sqlite:///", "postgresql://", "postgres://")):
             raise ConfigError(
-                f"TAME_DATABASE_URL={url!r}: use sqlite:///PATH or postgresql://USER@HOST:PORT/DB"
+                f"TAME_DATABASE_URL={redact_url(url)!r}: use sqlite:///PATH or postgresql://USER@HOST:PORT/DB"
             )
         model = env.get("TAME_MODEL") or DEFAULT_MODEL
         if model not in MODELS:

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -246,7 +247,8 @@ def test_multisite_compose_has_postgres_two_replicas_two_sites_two_iperf3_server
 
 
 # What the operator exports before `docker compose -f docker-compose.multisite.yml up` (openssl rand -hex 32 each).
-OPERATOR_TOKENS = {"TAME_TOKEN": "a" * 64, "TAME_SITE_A_TOKEN": "b" * 64, "TAME_SITE_B_TOKEN": "c" * 64}
+OPERATOR_TOKENS = {"TAME_TOKEN": "a" * 64, "TAME_SITE_A_TOKEN": "b" * 64, "TAME_SITE_B_TOKEN": "c" * 64,
+                   "TAME_PG_PASSWORD": "d" * 64}
 # Compose's ${VAR:?message}: the value of VAR, and when it is unset or empty compose refuses to start, saying message.
 REQUIRED = re.compile(r"\$\{([A-Z_]+):\?([^}]*)\}")
 
@@ -260,17 +262,57 @@ def interpolated(env, given):
     return {k: one(v) for k, v in env.items()}
 
 
-def test_multisite_compose_has_no_token_of_its_own():
+COMPOSE_FILES = ("docker-compose.yml", "docker-compose.multisite.yml")
+# Compose's ${VAR:-default} and ${VAR-default}: the value of VAR, else the default written in the file.
+FALLBACK = re.compile(r"\$\{([A-Z_]+):?-([^}]*)\}")
+
+
+def environments(name):
+    """(service, key, value) of every environment entry of every service in compose file ``name``, anchors merged."""
+    services = yaml.safe_load((ROOT / name).read_text())["services"]
+    return [(service, key, str(value)) for service, body in services.items()
+            for key, value in body.get("environment", {}).items()]
+
+
+@pytest.mark.parametrize("name", COMPOSE_FILES)
+def test_compose_has_no_token_of_its_own(name):
     # Every token comes from the operator, with no default to fall back to: compose refuses to start without it.
-    for name, service in multisite()["services"].items():
-        for key, value in service.get("environment", {}).items():
-            if "TOKEN" in key:
-                assert ":-" not in value and "${" in value, (name, key, value)
-                for variable, message in REQUIRED.findall(value):
-                    assert message == f"set {variable} to a secret token, e.g. openssl rand -hex 32", message
-                assert REQUIRED.sub("", value) in ("", "site-a:,site-b:"), (name, key, value)
-                with pytest.raises(KeyError):
-                    interpolated({key: value}, {})
+    tokens = [(service, key, value) for service, key, value in environments(name) if "TOKEN" in key]
+    assert tokens, name
+    for service, key, value in tokens:
+        assert not FALLBACK.search(value) and "${" in value, (service, key, value)
+        for variable, message in REQUIRED.findall(value):
+            assert message == f"set {variable} to a secret token, e.g. openssl rand -hex 32", message
+        assert REQUIRED.sub("", value) in ("", "site-a:,site-b:"), (service, key, value)
+        with pytest.raises(KeyError):
+            interpolated({key: value}, {})
+
+
+@pytest.mark.parametrize("name", COMPOSE_FILES)
+def test_compose_has_no_password_of_its_own(name):
+    # A password written in the file, or a default for one, is known to everyone who can read the repository.
+    passwords = [(service, key, value) for service, key, value in environments(name)
+                 if "PASSWORD" in key or urlsplit(value).password is not None]
+    assert passwords, name
+    for service, key, value in passwords:
+        for variable, default in FALLBACK.findall(value):
+            # Only an empty one, for a service of an optional profile: compose reads every service, so requiring
+            # the password there would stop the set-up without it; the postgres image refuses an empty password.
+            assert default == "" and yaml.safe_load((ROOT / name).read_text())["services"][service].get("profiles"), \
+                (service, key, value)
+        literal = FALLBACK.sub("", REQUIRED.sub("", value))
+        assert literal == "" if "PASSWORD" in key else not urlsplit(literal).password, (service, key, value)
+    # Commented examples too: every user:PASSWORD@ in the file takes its password from the operator.
+    for password in re.findall(r"://[^:/@\s]+:([^@\s]+)@", (ROOT / name).read_text()):
+        assert password.startswith("${TAME_PG_PASSWORD"), password
+
+
+@pytest.mark.parametrize("name", COMPOSE_FILES)
+def test_compose_file_says_how_to_set_its_secrets(name):
+    # The header comment, the first thing an operator reads, says what to export before `docker compose up`.
+    header = "".join(line for line in (ROOT / name).read_text().splitlines(True) if line.startswith("#"))
+    for variable in sorted({v for _, _, value in environments(name) for v, _ in REQUIRED.findall(value)}):
+        assert f"{variable}=$(openssl rand -hex 32)" in header, variable
 
 
 def test_multisite_agents_each_hold_their_own_site_s_token():
@@ -290,5 +332,7 @@ def test_multisite_agents_each_hold_their_own_site_s_token():
             # An agent's TAME_TOKEN is its own site's token: neither the operator's nor another site's.
             assert tokens.get(env["TAME_TOKEN"]) == site, site
             assert "TAME_SITE_TOKENS" not in env and "TAME_DATABASE_URL" not in env
+            # Nor PostgreSQL's password: it shares the compose network, and would otherwise write past the API.
+            assert OPERATOR_TOKENS["TAME_PG_PASSWORD"] not in "".join(env.values())
             # It probes within the replicas' allow-list.
             assert Settings.from_env(env).allowed.describe() == settings.allowed.describe()

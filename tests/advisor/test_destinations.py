@@ -1,6 +1,6 @@
 import pytest
 
-from advisor.destinations import parse_destination
+from advisor.destinations import canonical_address, parse_destination
 from advisor.errors import InvalidRequest
 
 
@@ -28,3 +28,21 @@ def test_keys_are_canonical(text, key):
 def test_aliases_and_urls_are_refused_with_what_to_give(text, hint):
     with pytest.raises(InvalidRequest, match=hint):
         parse_destination(text)
+
+
+@pytest.mark.parametrize("host, address", [
+    ("10.0.0.5", "10.0.0.5"),
+    ("::ffff:10.0.0.5", "10.0.0.5"),
+    ("::FFFF:a00:5", "10.0.0.5"),
+    ("0:0::1", "::1"),
+    ("0000:0000:0000:0000:0000:0000:0000:0001", "::1"),
+    ("2001:DB8:0:0::7", "2001:db8::7"),
+    ("fe80::0:1%Eth0", "fe80::1%Eth0"),
+])
+def test_canonical_address_spells_each_address_one_way(host, address):
+    assert canonical_address(host) == address
+
+
+@pytest.mark.parametrize("host", ["gateway", "", "10.0.0.5:80", "[::1]", "010.0.0.5", "0x0a000005", "10.5", " 10.0.0.5"])
+def test_canonical_address_is_none_for_what_is_not_an_address(host):
+    assert canonical_address(host) is None

@@ -65,6 +65,43 @@ def test_x_forwarded_for_counts_only_from_a_trusted_proxy(tmp_path, monkeypatch,
     assert clients_in(db_path) == clients
 
 
+# Spellings of one client, as a proxy may write them in X-Forwarded-For; each group holds 3 requests, one past the cap
+# of 2. A host that is not an address is kept as the header gives it.
+SPELLINGS = [("10.0.0.5", "::ffff:10.0.0.5", "[::FFFF:a00:5]:4321"), ("::1", "0:0::1", "0000:0000:0000::0001"),
+             ("2001:DB8::7", "2001:db8:0:0::7", "[2001:db8::0:7]"), ("gateway", "gateway", "gateway")]
+
+
+def test_a_client_behind_a_trusted_proxy_cannot_escape_its_cap_by_spelling_its_address_again(tmp_path, monkeypatch):
+    monkeypatch.delenv("FORWARDED_ALLOW_IPS", raising=False)
+    db_path = tmp_path / "t.sqlite3"
+    proc, base = start_serve(tmp_path, db_path, args=("--no-worker",),
+                             env={"TAME_FORWARDED_ALLOW_IPS": "127.0.0.1", "TAME_MAX_QUEUED_PROBES_PER_CLIENT": "2"})
+    try:
+        with httpx.Client(base_url=base, timeout=30) as client:
+            statuses = [[client.post("/v1/probes", json={"dest": f"127.0.{group}.{n}"},
+                                     headers={"X-Forwarded-For": spelling}).status_code
+                         for n, spelling in enumerate(spellings, 1)] for group, spellings in enumerate(SPELLINGS)]
+    finally:
+        stop(proc)
+    assert statuses == [[202, 202, 429]] * len(SPELLINGS)
+    assert clients_in(db_path) == {"10.0.0.5": 2, "::1": 2, "2001:db8::7": 2, "gateway": 2}
+
+
+def test_a_dual_stack_listener_counts_an_ipv4_client_under_its_ipv4_address(tmp_path):
+    # Listening on ::, the kernel hands IPv4 connections over as ::ffff:127.0.0.1; no header is involved.
+    db_path = tmp_path / "t.sqlite3"
+    proc, base = start_serve(tmp_path, db_path, args=("--no-worker", "--host", "::"),
+                             env={"TAME_MAX_QUEUED_PROBES_PER_CLIENT": "2"})
+    try:
+        with httpx.Client(timeout=30) as client:
+            statuses = [client.post(f"{root}/v1/probes", json={"dest": f"127.0.0.{n}"}).status_code
+                        for n, root in enumerate([base, base, base.replace("127.0.0.1", "[::1]"), base], 1)]
+    finally:
+        stop(proc)
+    assert statuses == [202, 202, 202, 429]
+    assert clients_in(db_path) == {"127.0.0.1": 2, "::1": 1}
+
+
 @pytest.mark.parametrize("value, says", [
     ("*", "would let every client say who it is"),
     ("10.0.0.1/8", "is not an address or CIDR network of a trusted proxy"),

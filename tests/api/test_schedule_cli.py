@@ -10,6 +10,8 @@ import sys
 import httpx
 import pytest
 
+from advisor.db import redact_url
+from tests.advisor.test_db import UNREACHABLE
 from tests.api.conftest import free_port, probe_and_wait
 from tests.api.procs import start_iperf3, stop
 from tests.sites import SITE
@@ -117,6 +119,21 @@ def test_bad_options_are_refused(served, args, says):
     base, db_url, run = served
     _refused(run({"transfers": [_transfer()]}, "--server", base, *args), says)
     assert _observations(db_url) == 0
+
+
+@pytest.mark.parametrize("url, secrets, says", [*UNREACHABLE, ("mysql://tame:s3cretPW@db/tame", ["s3cretPW"],
+                                                                 "--database-url: unsupported database URL")])
+def test_a_database_url_that_cannot_be_read_is_refused_without_its_password(tmp_path, url, secrets, says):
+    path = tmp_path / "queue"
+    path.write_text(json.dumps({"transfers": [_transfer()]}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TAME_")}
+    done = subprocess.run([sys.executable, "-m", "advisor", "schedule", str(path), "--plan", "--database-url", url],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stdout == "", done
+    assert done.stderr.startswith("tame schedule: ") and redact_url(url) in done.stderr and says in done.stderr
+    assert "Traceback" not in done.stderr
+    for secret in secrets:
+        assert secret not in done.stderr, (secret, done.stderr)
 
 
 @pytest.mark.parametrize("name, value", [("TAME_CONGESTION_CONTROL", "Cubic!"), ("TAME_CONGESTION_CONTROL", "x" * 5000),

@@ -11,8 +11,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from advisor.db import redact_url
 from advisor.errors import ConfigError
 from advisor.settings import Settings
+from tests.advisor.test_db import UNREACHABLE
 from tests.api.conftest import free_port, wait_for
 
 TAME = str(Path(sys.executable).with_name("tame"))
@@ -57,6 +59,7 @@ def test_site_tokens_are_read_as_site_token_pairs(tmp_path):
                              ).site_tokens == (("site-a", T1), ("site-b", f"t:{T2}"), ("site-a", T3))
     tokens = tmp_path / "site-tokens"
     tokens.write_text(f"site-a:{T1}\n\nsite-b:{T2}\n")
+    tokens.chmod(0o600)
     assert Settings.from_env({**OPERATOR, "TAME_SITE_TOKENS_FILE": str(tokens)}).site_tokens == (
         ("site-a", T1), ("site-b", T2))
     assert Settings.from_env(OPERATOR).site_tokens == ()
@@ -119,13 +122,35 @@ def test_a_refused_site_token_pair_is_never_repeated(extra, value, says):
             assert given.lower() not in message.lower(), (given, message)
 
 
-def test_settings_repr_shows_no_token():
+def test_settings_repr_shows_no_token_and_no_database_password():
     # A repr ends up in logs, tracebacks and debuggers: it must not carry a secret.
-    env = {"TAME_TOKEN": "operator-" + T2, "TAME_READ_TOKEN": "reader-" + T3, "TAME_SITE_TOKENS": f"site-a:{T1}"}
-    text = repr(Settings.from_env(env))
+    env = {"TAME_TOKEN": "operator-" + T2, "TAME_READ_TOKEN": "reader-" + T3, "TAME_SITE_TOKENS": f"site-a:{T1}",
+           "TAME_DATABASE_URL": "postgresql://tame:pg-s3cret@db:5432/tame?password=pg-other"}
+    settings = Settings.from_env(env)
+    text = repr(settings)
     assert text.startswith("Settings(") and "ttl_s=3600.0" in text
-    for secret in (T1, T2, T3):
+    assert "database_url='postgresql://tame:***@db:5432/tame?password=***'" in text, text
+    for secret in (T1, T2, T3, "pg-s3cret", "pg-other"):
         assert secret not in text, text
+    assert settings.database_url == env["TAME_DATABASE_URL"]  # the URL itself is kept whole, to connect with
+
+
+def test_a_database_url_of_another_kind_is_refused_without_its_password():
+    with pytest.raises(ConfigError) as raised:
+        Settings.from_env({"TAME_DATABASE_URL": "mysql://tame:pg-s3cret@db/tame"})
+    assert str(raised.value).startswith("TAME_DATABASE_URL='mysql://tame:***@db/tame': use sqlite:///PATH or "
+                                        "postgresql://"), raised.value
+    assert "pg-s3cret" not in str(raised.value)
+
+
+@pytest.mark.parametrize("url, secrets, says", UNREACHABLE)
+def test_serve_exits_2_on_a_database_it_cannot_open_without_printing_its_password(tmp_path, url, secrets, says):
+    done = run_serve(tmp_path, "--port", str(free_port()), env={"TAME_DATABASE_URL": url})
+    assert done.returncode == 2, done
+    assert f"tame serve: cannot open the advice store {redact_url(url)}: " in done.stderr and says in done.stderr
+    assert "Traceback" not in done.stderr and "listening" not in done.stdout, done.stderr
+    for secret in secrets:
+        assert secret not in done.stdout + done.stderr, (secret, done.stderr)
 
 
 def test_site_tokens_need_a_token_for_every_site_and_one_source(tmp_path):
@@ -135,6 +160,76 @@ def test_site_tokens_need_a_token_for_every_site_and_one_source(tmp_path):
         Settings.from_env({"TAME_TOKEN": "w", "TAME_SITE_TOKENS": "site-a:t1", "TAME_SITE_TOKENS_FILE": "/x"})
     with pytest.raises(ConfigError, match="TAME_SITE_TOKENS_FILE=.* cannot be read"):
         Settings.from_env({"TAME_TOKEN": "w", "TAME_SITE_TOKENS_FILE": str(tmp_path / "missing")})
+
+
+def site_tokens_file(tmp_path, mode, name="site-tokens"):
+    """A file of site tokens as an operator writes it, with ``mode``."""
+    path = tmp_path / name
+    path.write_text(f"site-a:{T1}\nsite-b:{T2}\n")
+    path.chmod(mode)
+    return path
+
+
+@pytest.mark.parametrize("mode", [0o600, 0o400, 0o700])
+def test_a_site_tokens_file_only_its_owner_may_use_is_read(tmp_path, mode):
+    path = site_tokens_file(tmp_path, mode)
+    assert Settings.from_env({**OPERATOR, "TAME_SITE_TOKENS_FILE": str(path)}).site_tokens == (
+        ("site-a", T1), ("site-b", T2))
+
+
+# The tests run as root, who may read any file: what is checked is the mode's bits, not whether this user can read.
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o660, 0o606, 0o620, 0o602, 0o610, 0o601, 0o777])
+def test_a_site_tokens_file_group_or_others_may_use_is_refused(tmp_path, mode):
+    path = site_tokens_file(tmp_path, mode, name="site tokens")  # a space: the chmod line must still work pasted
+    with pytest.raises(ConfigError) as raised:
+        Settings.from_env({**OPERATOR, "TAME_SITE_TOKENS_FILE": str(path)})
+    message = str(raised.value)
+    assert message.startswith(f"TAME_SITE_TOKENS_FILE={str(path)!r} is open to group or others (mode {mode:04o})")
+    assert message.endswith(f"chmod 600 '{path}', owned by the service's user"), message
+    assert T1 not in message and T2 not in message
+
+
+def test_a_site_tokens_file_is_checked_where_a_link_points(tmp_path):
+    link = tmp_path / "link"
+    link.symlink_to(site_tokens_file(tmp_path, 0o644))
+    with pytest.raises(ConfigError, match="is open to group or others"):
+        Settings.from_env({**OPERATOR, "TAME_SITE_TOKENS_FILE": str(link)})
+    (tmp_path / "site-tokens").chmod(0o600)
+    assert len(Settings.from_env({**OPERATOR, "TAME_SITE_TOKENS_FILE": str(link)}).site_tokens) == 2
+
+
+@pytest.mark.parametrize("kind", ["directory", "fifo", "device"])
+def test_a_site_tokens_file_that_is_not_a_regular_file_is_refused(tmp_path, kind):
+    path = tmp_path / kind
+    if kind == "directory":
+        path.mkdir(mode=0o700)
+    elif kind == "fifo":
+        os.mkfifo(path, 0o600)  # nothing ever writes to it: reading it would wait for ever
+    else:
+        path = Path("/dev/null")
+    with pytest.raises(ConfigError) as raised:
+        Settings.from_env({**OPERATOR, "TAME_SITE_TOKENS_FILE": str(path)})
+    assert str(raised.value) == (f"TAME_SITE_TOKENS_FILE={str(path)!r} is not a regular file; point "
+                                 "TAME_SITE_TOKENS_FILE at a file that holds the secrets")
+
+
+def test_a_site_tokens_file_that_is_not_text_is_refused_without_quoting_it(tmp_path):
+    path = tmp_path / "site-tokens"
+    path.write_bytes(b"site-a:" + T1.encode() + b"\xff\xfe")
+    path.chmod(0o600)
+    with pytest.raises(ConfigError) as raised:
+        Settings.from_env({**OPERATOR, "TAME_SITE_TOKENS_FILE": str(path)})
+    assert str(raised.value) == f"TAME_SITE_TOKENS_FILE={str(path)!r} is not UTF-8 text"
+
+
+def test_serve_exits_2_on_a_site_tokens_file_others_may_read(tmp_path):
+    path = site_tokens_file(tmp_path, 0o644)
+    done = run_serve(tmp_path, "--port", str(free_port()), env={"TAME_TOKEN": "w", "TAME_SITE_TOKENS_FILE": str(path)})
+    assert done.returncode == 2, done
+    assert f"TAME_SITE_TOKENS_FILE={str(path)!r} is open to group or others (mode 0644)" in done.stderr
+    assert f"chmod 600 {path}" in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert "listening" not in done.stdout and T1 not in done.stderr
+    assert not (tmp_path / "t.sqlite3").exists()  # refused before the store was opened
 
 
 @pytest.mark.parametrize("env, says", [

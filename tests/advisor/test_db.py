@@ -1,0 +1,57 @@
+"""A database URL's password never reaches a message: redact_url, and the errors of opening a store (real psycopg)."""
+
+import pytest
+
+from advisor.db import Database, redact_url
+from advisor.errors import StoreError
+from advisor.store import Store
+
+
+@pytest.mark.parametrize("url, shown", [
+    ("postgresql://tame:s3cretPW@db:5432/tame", "postgresql://tame:***@db:5432/tame"),
+    ("postgres://tame:s3cretPW@db/tame", "postgres://tame:***@db/tame"),
+    # libpq takes a password as a parameter too, in a URL or in its key=value form.
+    ("postgresql://tame@db/tame?sslmode=require&password=s3cretPW",
+     "postgresql://tame@db/tame?sslmode=require&password=***"),
+    ("postgresql://tame:s3cretPW@db/tame?PASSWORD=other", "postgresql://tame:***@db/tame?PASSWORD=***"),
+    ("host=db password='s3cret PW' user=tame", "host=db password=*** user=tame"),
+    # A password holding @ or / (not percent-encoded) is hidden whole, up to the last @ before the query.
+    ("postgresql://tame:s3cr@t/PW@db:5432/tame", "postgresql://tame:***@db:5432/tame"),
+    ("mysql://tame:s3cretPW@db/tame", "mysql://tame:***@db/tame"),
+    # Nothing to hide: no password, a port after the host, an empty password, a SQLite path with : and @.
+    ("postgresql://tame@db:5432/tame", "postgresql://tame@db:5432/tame"),
+    ("postgresql://db:5432/tame", "postgresql://db:5432/tame"),
+    ("sqlite:////data/a:b@c.sqlite3", "sqlite:////data/a:b@c.sqlite3"),
+])
+def test_redact_url_shows_every_password_as_stars(url, shown):
+    assert redact_url(url) == shown
+
+
+# Hostile and broken PostgreSQL URLs, each with the password pieces that must not be printed. Port 1 on loopback
+# refuses at once; libpq repeats a password it cannot percent-decode, and reads the part of a password after an @
+# as the host.
+UNREACHABLE = [
+    ("postgresql://tame:s3cretPW@127.0.0.1:1/tame", ["s3cretPW"], "Connection refused"),
+    ("postgresql://tame:s3cr%zzetPW@127.0.0.1:1/tame", ["s3cr", "zzetPW"], "invalid percent-encoded token"),
+    ("postgresql://tame:s3cr@tPWxx@127.0.0.1:1/tame", ["s3cr", "tPWxx"], "failed to resolve host"),
+    ("postgresql://tame@127.0.0.1:1/tame?password=s3cretPW&x=1", ["s3cretPW"], "invalid URI query parameter"),
+    ("postgres://tame:s3cretPW@127.0.0.1:notaport/tame", ["s3cretPW"], "notaport"),
+]
+
+
+@pytest.mark.parametrize("url, secrets, says", UNREACHABLE)
+def test_a_store_that_cannot_be_opened_is_reported_without_its_password(url, secrets, says):
+    with pytest.raises(StoreError) as raised:
+        Store.open(url)
+    message = str(raised.value)
+    assert message.startswith(f"cannot open the advice store {redact_url(url)}: ") and says in message, message
+    # Nor is it in a chained exception, which a logged traceback would print.
+    for error in (raised.value, raised.value.__cause__):
+        for secret in secrets:
+            assert secret not in str(error or ""), (secret, message)
+
+
+def test_an_unsupported_url_is_refused_without_its_password():
+    with pytest.raises(StoreError) as raised:
+        Database("mysql://tame:s3cretPW@db/tame")
+    assert "'mysql://tame:***@db/tame'" in str(raised.value) and "s3cretPW" not in str(raised.value)
