@@ -17,11 +17,9 @@ from typing import Any, Callable, Sequence
 
 from advisor.destinations import Destination
 from advisor.errors import BudgetConflict, InvalidRequest
-from advisor.limits import MAX_SITE_PROBES, MAX_SITE_STREAMS
+from advisor.limits import BUDGET_WINDOW_S, MAX_SITE_PROBE_SECONDS_PER_HOUR, MAX_SITE_PROBES, MAX_SITE_STREAMS
 from advisor.store import JOB_COLUMNS, Job, Store, job_from_row
 
-# The window the probe-seconds budget is counted over, seconds.
-BUDGET_WINDOW_S = 3600.0
 # How long after its agents' last sign of life (a registration or a claimed probe; one under a lease counts until the
 # lease runs out) a site's budget stays held against a different one, seconds. An agent registers every round
 # (`tame agent --interval`, default 60 s) and claims through it, so five quiet rounds mean it has gone; an agent
@@ -46,8 +44,8 @@ class SiteBudget:
                 raise InvalidRequest(f"{name} must be a whole number from 1 to {high}; got {value!r}")
         seconds = probe_seconds_per_hour
         if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) \
-                or not 1.0 <= seconds <= BUDGET_WINDOW_S * MAX_SITE_PROBES:
-            raise InvalidRequest(f"probe_seconds_per_hour must be seconds from 1 to {BUDGET_WINDOW_S * MAX_SITE_PROBES:g}; "
+                or not 1.0 <= seconds <= MAX_SITE_PROBE_SECONDS_PER_HOUR:
+            raise InvalidRequest(f"probe_seconds_per_hour must be seconds from 1 to {MAX_SITE_PROBE_SECONDS_PER_HOUR:g}; "
                                  f"got {seconds!r}")
         return cls(max_probes, max_streams, float(seconds))
 

@@ -350,7 +350,7 @@ class SiteIn(BaseModel):
     dests: list[Annotated[str, Dest]] = Field(max_length=limits.MAX_SITE_LINKS)
     max_probes: int = Field(default=1, ge=1, le=limits.MAX_SITE_PROBES, description="probes at once")
     max_streams: int = Field(default=64, ge=1, le=limits.MAX_SITE_STREAMS, description="probe streams at once")
-    probe_seconds_per_hour: float = Field(default=1800.0, ge=1.0, le=3600.0 * limits.MAX_SITE_PROBES,
+    probe_seconds_per_hour: float = Field(default=1800.0, ge=1.0, le=limits.MAX_SITE_PROBE_SECONDS_PER_HOUR,
                                           allow_inf_nan=False, description="probe-seconds in any hour")
     congestion_control: Control | None = Field(default=None, description="the control its probes run under")
     owner: Owner | None = Field(default=None, description=(
