@@ -30,7 +30,7 @@ from advisor.limits import (check_available_control, check_congestion_control, c
                             check_owner, check_probe_levels, check_site, MAX_SITE_STREAMS)
 from advisor.observations import Observation
 from advisor.opening import how_to_open
-from advisor.plan_runner import adaptive_probes, plan_for
+from advisor.plan_runner import adaptive_probes, plan_for, plan_needs
 from advisor.settings import Settings
 from advisor.sites import SiteBudget, claim_job, holds, register_site, site_budget, site_use
 from advisor.store import FitRow, Job, NewFit, Store
@@ -567,8 +567,7 @@ class AdviceService:
 
     def _check_budget_fits(self, budget: SiteBudget) -> None:
         """Refuse a site budget no probe of the configured plan fits (its probes would wait forever)."""
-        needed = max(self.settings.default_levels)
-        seconds = plan_for(self.settings, self.settings.default_levels, self.settings.default_duration_s).worst_case_s
+        needed, seconds = plan_needs(self.settings)
         if budget.max_streams < needed:
             raise InvalidRequest(f"max_streams {budget.max_streams} is below the probe plan's {needed} streams "
                                  f"(TAME_PROBE_LEVELS): give at least {needed}")

@@ -58,6 +58,11 @@ class SiteBudget:
                 f"probe_seconds_per_hour={self.probe_seconds_per_hour:g}")
 
 
+# The most any site's budget may be (SiteBudget.checked): the operator's ceiling when none is set
+# (advisor.settings.Settings.site_ceiling).
+SITE_HARD_CAPS = SiteBudget(MAX_SITE_PROBES, MAX_SITE_STREAMS, MAX_SITE_PROBE_SECONDS_PER_HOUR)
+
+
 @dataclass(frozen=True)
 class SiteUse:
     """What a site's probes hold of its budget now: running probes, their streams, probe-seconds in the last hour."""
