@@ -387,6 +387,8 @@ class ClaimOut(BaseModel):
     max_streams: int | None = Field(description="the most streams the claimed probe may open, its adaptive one too")
     lease_until: float | None = Field(description="Unix seconds: the job goes back to the queue if not done by then")
     waiting: str | None = Field(description="why nothing was claimed")
+    budget: dict[str, float] = Field(description="the site's budget in force: as registered, held to the operator's "
+                                                 "ceiling (TAME_MAX_SITE_PROBES, _STREAMS, _PROBE_SECONDS_PER_HOUR)")
     use: dict[str, float] = Field(description="what the site's probes hold of its budget now")
 
 
