@@ -38,9 +38,12 @@ MAX_SITE_LENGTH = 64
 _SITE = re.compile(r"[a-z0-9][a-z0-9._-]*")
 SITE_RULE = (f"letters, digits, '.', '_' and '-', starting with a letter or digit, at most {MAX_SITE_LENGTH} "
              "characters")
-# A site's probe budget (advisor.sites.SiteBudget) and how many links one registration may name.
+# A site's probe budget (advisor.sites.SiteBudget) and how many links one registration may name. Its probe-seconds
+# are counted over BUDGET_WINDOW_S; the most a site may have is every one of its probes running all that time.
+BUDGET_WINDOW_S = 3600.0
 MAX_SITE_PROBES = 64
 MAX_SITE_STREAMS = 4096
+MAX_SITE_PROBE_SECONDS_PER_HOUR = BUDGET_WINDOW_S * MAX_SITE_PROBES
 MAX_SITE_LINKS = 2000
 # Probe runs pushed at once (``tame agent --push``): the levels plus adaptive ones and re-runs.
 MAX_PROBES_PER_RUN = 16

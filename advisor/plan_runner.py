@@ -24,6 +24,12 @@ def plan_for(settings: Settings, levels: Sequence[int], duration_s: float,
     )
 
 
+def plan_needs(settings: Settings) -> tuple[int, float]:
+    """What one probe of the configured plan takes of a site's budget: its most streams, and its longest time, s."""
+    return max(settings.default_levels), plan_for(settings, settings.default_levels,
+                                                  settings.default_duration_s).worst_case_s
+
+
 def adaptive_probes(model: str) -> int:
     """How many probes the model adds after the fixed levels (0 or 1)."""
     return 1 if model in ADAPTIVE_LEVEL else 0

@@ -30,8 +30,8 @@ from advisor.limits import (check_available_control, check_congestion_control, c
                             check_owner, check_probe_levels, check_site, MAX_SITE_STREAMS)
 from advisor.observations import Observation
 from advisor.opening import how_to_open
-from advisor.plan_runner import adaptive_probes, plan_for
-from advisor.settings import Settings
+from advisor.plan_runner import adaptive_probes, plan_for, plan_needs
+from advisor.settings import SITE_CEILING_VARIABLES, Settings
 from advisor.sites import SiteBudget, claim_job, holds, register_site, site_budget, site_use
 from advisor.store import FitRow, Job, NewFit, Store
 from advisor.tame import advise, plan_control, point_from_probe, representative_rtt_s, stored_curve
@@ -556,7 +556,7 @@ class AdviceService:
                 refused.append({"dest": str(text), "error": str(exc)})
                 continue
             parsed[dest.key] = dest
-        register_site(self.store, name, budget, list(parsed.values()), agent)
+        register_site(self.store, name, budget, list(parsed.values()), agent, ceiling=self.settings.site_ceiling)
         fresh = fresh_destinations(self.paths(name), control, REPROBE_AT_TTL * self.settings.ttl_s)
         due = [dest for key, dest in parsed.items() if key not in fresh]
         queued = deferred = 0
@@ -571,9 +571,16 @@ class AdviceService:
                 "budget": budget.to_json()}
 
     def _check_budget_fits(self, budget: SiteBudget) -> None:
-        """Refuse a site budget no probe of the configured plan fits (its probes would wait forever)."""
-        needed = max(self.settings.default_levels)
-        seconds = plan_for(self.settings, self.settings.default_levels, self.settings.default_duration_s).worst_case_s
+        """Refuse a site budget above the operator's ceiling (settings.site_ceiling), or one no probe of the
+        configured plan fits (its probes would wait forever)."""
+        ceiling = self.settings.site_ceiling
+        above = budget.above(ceiling)
+        if above:
+            raise InvalidRequest("; ".join(
+                f"{name} {getattr(budget, name):g} is above {getattr(ceiling, name):g}, the most this service gives "
+                f"any site ({SITE_CEILING_VARIABLES[name]}, set by its operator): give at most "
+                f"{getattr(ceiling, name):g} (tame agent --{name.replace('_', '-')})" for name in above))
+        needed, seconds = plan_needs(self.settings)
         if budget.max_streams < needed:
             raise InvalidRequest(f"max_streams {budget.max_streams} is below the probe plan's {needed} streams "
                                  f"(TAME_PROBE_LEVELS): give at least {needed}")
@@ -584,7 +591,7 @@ class AdviceService:
     def claim(self, site: Any, owner: Any, max_streams: Any) -> dict[str, Any]:
         """Claim the site's next queued probe for agent ``owner``, within the site's budget (advisor.sites.claim_job):
         {"site", "job": the job (as GET /v1/probes/ID shows it) or None, "max_streams", "lease_until", "waiting",
-        "use"}; jobs whose agent's lease ran out are queued again first."""
+        "budget": the budget in force, "use"}; jobs whose agent's lease ran out are queued again first."""
         name = check_site(site, "site")
         check_owner(owner)
         cap = max_streams if isinstance(max_streams, int) and not isinstance(max_streams, bool) else None
@@ -592,10 +599,11 @@ class AdviceService:
             raise InvalidRequest(f"max_streams must be a whole number from 1 to {MAX_SITE_STREAMS}; got {max_streams!r}")
         self.store.recover_jobs(self.settings.max_probe_attempts, local_src=self.settings.site)
         claimed = claim_job(self.store, name, owner, max_streams=cap, adaptive=adaptive_probes(self.settings.model) > 0,
-                            worst_case_s=self.worst_case_s)
+                            worst_case_s=self.worst_case_s, ceiling=self.settings.site_ceiling)
         return {"site": name, "job": None if claimed.job is None else self.probe_status(claimed.job.id),
                 "max_streams": claimed.streams or None, "lease_until": claimed.lease_until,
-                "waiting": claimed.waiting, "use": site_use(self.store, name).to_json()}
+                "waiting": claimed.waiting, "budget": claimed.budget.to_json(),
+                "use": site_use(self.store, name).to_json()}
 
     def claimed_job(self, job_id: str | None, owner: str | None, src: str, dest: Destination) -> Job | None:
         """The running job ``job_id`` if ``owner`` holds it as a probe of the link from ``src`` to ``dest``, else

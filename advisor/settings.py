@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import math
 import os
 import shlex
 import stat
@@ -18,6 +19,7 @@ from advisor.errors import ConfigError, InvalidRequest
 from advisor.freshness import PROBE_MAX_AGE_TTLS, Freshness
 from advisor.limits import SITE_RULE, check_congestion_control, check_site
 from advisor.retention import Retention
+from advisor.sites import SITE_HARD_CAPS, SiteBudget
 from advisor.store import REFIT_OBSERVATIONS
 from advisor.tame import DEFAULT_MODEL, DEFAULT_N_MAX
 from models.registry import MODELS
@@ -55,6 +57,29 @@ def default_control(env: Mapping[str, str]) -> str:
         return check_congestion_control(control, "TAME_CONGESTION_CONTROL")
     except InvalidRequest as exc:
         raise ConfigError(str(exc)) from None
+
+
+# The operator's ceiling on every site's budget (Settings.site_ceiling): the variable behind each field.
+SITE_CEILING_VARIABLES = {"max_probes": "TAME_MAX_SITE_PROBES", "max_streams": "TAME_MAX_SITE_STREAMS",
+                          "probe_seconds_per_hour": "TAME_MAX_SITE_PROBE_SECONDS_PER_HOUR"}
+
+
+def check_site_ceiling(settings: Settings, env: Mapping[str, str]) -> None:
+    """ConfigError when a ceiling the operator set leaves no room for one probe of the configured plan: every
+    site's registration would be refused, whatever its agents asked for."""
+    from advisor.plan_runner import plan_needs  # deferred: plan_runner builds its plans from Settings
+
+    streams, seconds = plan_needs(settings)
+    ceiling = settings.site_ceiling
+    for name, need, shown, plan in (
+            ("max_streams", streams, f"the probe plan's {streams} streams", "TAME_PROBE_LEVELS"),
+            ("probe_seconds_per_hour", seconds, f"one probe plan's longest time, {seconds:.0f} s",
+             "TAME_PROBE_LEVELS, TAME_PROBE_DURATION_S, TAME_PROBE_MAX_DURATION_S, TAME_MODEL")):
+        variable = SITE_CEILING_VARIABLES[name]
+        if env.get(variable) and getattr(ceiling, name) < need:
+            raise ConfigError(f"{variable}={env[variable]!r} is below {shown} ({plan}): no site's probe would fit, "
+                              f"so every registration would be refused; give at least {math.ceil(need)}, or a "
+                              f"smaller plan")
 
 
 SITE_TOKENS_EXAMPLE = "site-a:TOKEN1,site-b:TOKEN2"
@@ -226,6 +251,9 @@ class Settings:
     congestion_control: str = field(default_factory=host_default_control)
     # This service's own site: the source of the links it probes itself, and of requests that name none.
     site: str = field(default_factory=lambda: default_site(os.environ))
+    # The most any site's budget may be (advisor.sites.SiteBudget): a registration above it is refused, and a budget
+    # stored before it was lowered is held to it when its probes are claimed.
+    site_ceiling: SiteBudget = SITE_HARD_CAPS
 
     def __repr__(self) -> str:
         # A repr reaches logs, tracebacks and debuggers: the tokens are left out (repr=False), and the database URL,
@@ -254,7 +282,8 @@ class Settings:
         TAME_MAX_CONNECTIONS, TAME_BACKLOG, TAME_CONGESTION_CONTROL
         (the control probes and advice use when a request names none; default this host's,
         net.ipv4.tcp_congestion_control), TAME_SITE (this service's site, the source of the links it probes;
-        default "local").
+        default "local"), TAME_MAX_SITE_PROBES, TAME_MAX_SITE_STREAMS, TAME_MAX_SITE_PROBE_SECONDS_PER_HOUR (the
+        most any site's budget may be: site_ceiling; default and at most advisor.sites.SITE_HARD_CAPS).
         Retention (advisor/retention.py), per destination: TAME_KEEP_FITS (newest fits kept with their
         curves, default 20), TAME_KEEP_RUNS (newest probe runs and finished probe jobs kept, default 20),
         TAME_RUN_MAX_AGE_S (runs and finished jobs older than this go even within TAME_KEEP_RUNS;
@@ -306,7 +335,9 @@ class Settings:
             raise ConfigError(f"TAME_PROBE_MAX_AGE_S={env['TAME_PROBE_MAX_AGE_S']!r} must be at least TAME_TTL_S "
                               f"({ttl_s:g} s): it bounds how long transfers alone may keep a link fresh")
         control = default_control(env)
-        return cls(
+        # Each ceiling from 1 to its hard cap, which is its default: unset, a site may ask for what it always could.
+        caps = SITE_HARD_CAPS.to_json()
+        settings = cls(
             congestion_control=control,
             site=default_site(env),
             database_url=url,
@@ -338,4 +369,8 @@ class Settings:
                 interval_s=number("TAME_PRUNE_INTERVAL_S", 60.0, 0.0, 7 * 86400.0),
                 batch=number("TAME_PRUNE_BATCH", 500, 1, 100_000, int),
             ),
+            site_ceiling=SiteBudget(**{name: number(variable, caps[name], 1, caps[name], type(caps[name]))
+                                       for name, variable in SITE_CEILING_VARIABLES.items()}),
         )
+        check_site_ceiling(settings, env)
+        return settings

@@ -12,16 +12,14 @@ transactions are serial) so that checking the budget and taking the job are one 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Callable, Sequence
 
 from advisor.destinations import Destination
 from advisor.errors import BudgetConflict, InvalidRequest
-from advisor.limits import MAX_SITE_PROBES, MAX_SITE_STREAMS
+from advisor.limits import BUDGET_WINDOW_S, MAX_SITE_PROBE_SECONDS_PER_HOUR, MAX_SITE_PROBES, MAX_SITE_STREAMS
 from advisor.store import JOB_COLUMNS, Job, Store, job_from_row
 
-# The window the probe-seconds budget is counted over, seconds.
-BUDGET_WINDOW_S = 3600.0
 # How long after its agents' last sign of life (a registration or a claimed probe; one under a lease counts until the
 # lease runs out) a site's budget stays held against a different one, seconds. An agent registers every round
 # (`tame agent --interval`, default 60 s) and claims through it, so five quiet rounds mean it has gone; an agent
@@ -46,10 +44,18 @@ class SiteBudget:
                 raise InvalidRequest(f"{name} must be a whole number from 1 to {high}; got {value!r}")
         seconds = probe_seconds_per_hour
         if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) \
-                or not 1.0 <= seconds <= BUDGET_WINDOW_S * MAX_SITE_PROBES:
-            raise InvalidRequest(f"probe_seconds_per_hour must be seconds from 1 to {BUDGET_WINDOW_S * MAX_SITE_PROBES:g}; "
+                or not 1.0 <= seconds <= MAX_SITE_PROBE_SECONDS_PER_HOUR:
+            raise InvalidRequest(f"probe_seconds_per_hour must be seconds from 1 to {MAX_SITE_PROBE_SECONDS_PER_HOUR:g}; "
                                  f"got {seconds!r}")
         return cls(max_probes, max_streams, float(seconds))
+
+    def above(self, ceiling: "SiteBudget") -> list[str]:
+        """The fields of this budget that are above ``ceiling``'s."""
+        return [f.name for f in fields(self) if getattr(self, f.name) > getattr(ceiling, f.name)]
+
+    def capped(self, ceiling: "SiteBudget") -> "SiteBudget":
+        """This budget held to ``ceiling``, field by field: the budget in force."""
+        return SiteBudget(*(min(getattr(self, f.name), getattr(ceiling, f.name)) for f in fields(self)))
 
     def to_json(self) -> dict[str, Any]:
         return {"max_probes": self.max_probes, "max_streams": self.max_streams,
@@ -58,6 +64,11 @@ class SiteBudget:
     def __str__(self) -> str:
         return (f"max_probes={self.max_probes}, max_streams={self.max_streams}, "
                 f"probe_seconds_per_hour={self.probe_seconds_per_hour:g}")
+
+
+# The most any site's budget may be (SiteBudget.checked): the operator's ceiling when none is set
+# (advisor.settings.Settings.site_ceiling).
+SITE_HARD_CAPS = SiteBudget(MAX_SITE_PROBES, MAX_SITE_STREAMS, MAX_SITE_PROBE_SECONDS_PER_HOUR)
 
 
 @dataclass(frozen=True)
@@ -77,6 +88,7 @@ class Claim:
     """A claimed job (None when there is none the budget allows) and why not, when not."""
 
     job: Job | None
+    budget: SiteBudget  # the budget in force: the site's, held to the operator's ceiling
     streams: int = 0  # the most streams the job may open (its adaptive probe included)
     lease_until: float | None = None
     waiting: str | None = None  # why nothing was claimed: "no queued probe" or the budget that is spent
@@ -88,14 +100,16 @@ def _row_lock(store: Store, clause: str = "FOR UPDATE") -> str:
 
 
 def register_site(store: Store, site: str, budget: SiteBudget, dests: Sequence[Destination],
-                  owner: str | None = None) -> None:
+                  owner: str | None = None, *, ceiling: SiteBudget = SITE_HARD_CAPS) -> None:
     """Create or refresh the site (its budget, last_seen_at) and its links to ``dests`` for agent ``owner``, in one
     transaction.
 
     A site runs with one budget. The same budget is taken from any agent; a different one only from the agent that
     set the one in force (an agent that gives no ``owner`` never did), or once the site's agents have been quiet for
     BUDGET_HOLD_S and none holds a lease; otherwise BudgetConflict, and nothing is stored. So two agents started
-    with different budgets do not overwrite each other's every round: the later one is told, and stops."""
+    with different budgets do not overwrite each other's every round: the later one is told, and stops. A budget
+    held above the operator's ``ceiling`` (lowered since it was set) holds nothing: the service refuses it to every
+    agent now, so the site's agents restarted within the ceiling are not made to wait."""
     now = store.clock()
     lock = _row_lock(store)
     with store.db.transaction(write=True) as tx:
@@ -113,7 +127,7 @@ def register_site(store: Store, site: str, budget: SiteBudget, dests: Sequence[D
             if held == budget:
                 tx.execute("UPDATE sites SET last_seen_at = ? WHERE name = ?", (now, site))
             else:
-                if owner is None or owner != set_by:
+                if (owner is None or owner != set_by) and not held.above(ceiling):
                     lease = tx.execute("SELECT max(lease_until) FROM probe_jobs WHERE src = ? AND status = 'running'",
                                        (site,)).fetchone()[0]
                     held_until = max(seen_at + BUDGET_HOLD_S, lease or 0.0)
@@ -183,8 +197,10 @@ _TURN_WAITS = (
 
 
 def claim_job(store: Store, site: str, owner: str, *, max_streams: int, adaptive: bool,
-              worst_case_s: Callable[[Job], float], lease_slack_s: float = 15.0) -> Claim:
-    """Claim the site's oldest queued job for ``owner`` if the site's budget allows it.
+              worst_case_s: Callable[[Job], float], lease_slack_s: float = 15.0,
+              ceiling: SiteBudget = SITE_HARD_CAPS) -> Claim:
+    """Claim the site's oldest queued job for ``owner`` if the site's budget, held to the operator's ``ceiling``,
+    allows it (a budget stored before the ceiling was lowered never takes effect above it).
 
     The job holds its highest fixed level's streams of the site's stream budget; with an ``adaptive`` probe
     (the model adds one above its fixed levels) it may open, and holds, up to ``max_streams`` (the agent's own
@@ -198,10 +214,10 @@ def claim_job(store: Store, site: str, owner: str, *, max_streams: int, adaptive
                          (site,)).fetchone()
         if row is None:
             raise InvalidRequest(f"site {site!r} is not registered: PUT /v1/sites/{site} first (tame agent does)")
-        budget = SiteBudget(*row)
+        budget = SiteBudget(*row).capped(ceiling)
         use = _use(tx, site, now)
         if use.probes >= budget.max_probes:
-            return Claim(None, waiting=f"{use.probes} probe(s) of {site} running, at most {budget.max_probes}")
+            return Claim(None, budget, waiting=f"{use.probes} probe(s) of {site} running, at most {budget.max_probes}")
         # A destination being probed from any site waits (an iperf3 server runs one test at a time, and two
         # probes through one bottleneck would measure each other); one that another live site also waits for goes
         # to that site first when its turn is older (:data:`_TURN_WAITS`).
@@ -212,19 +228,19 @@ def claim_job(store: Store, site: str, owner: str, *, max_streams: int, adaptive
         if row is None:
             queued = tx.execute("SELECT count(*) FROM probe_jobs WHERE src = ? AND status = 'queued'",
                                 (site,)).fetchone()[0]
-            return Claim(None, waiting="no queued probe" if not queued else (
+            return Claim(None, budget, waiting="no queued probe" if not queued else (
                 f"{queued} queued probe(s) of {site} wait: their destinations are being probed, or another site that "
                 "probed them less recently waits for them too"))
         job = job_from_row(row)
         streams_left = budget.max_streams - use.streams
         needed = max(job.levels)
         if streams_left < needed:
-            return Claim(None, waiting=f"{use.streams} of {site}'s {budget.max_streams} streams are probing; the next "
-                                       f"probe needs {needed}")
+            return Claim(None, budget, waiting=f"{use.streams} of {site}'s {budget.max_streams} streams are probing; "
+                                               f"the next probe needs {needed}")
         seconds = worst_case_s(job)
         if use.seconds + seconds > budget.probe_seconds_per_hour:
-            return Claim(None, waiting=f"{use.seconds:.0f} of {site}'s {budget.probe_seconds_per_hour:g} probe-seconds "
-                                       f"this hour are spent; the next probe may take {seconds:.0f}")
+            return Claim(None, budget, waiting=f"{use.seconds:.0f} of {site}'s {budget.probe_seconds_per_hour:g} "
+                                               f"probe-seconds this hour are spent; the next probe may take {seconds:.0f}")
         share = budget.max_streams // budget.max_probes
         streams = max(needed, min(max_streams, streams_left, share)) if adaptive else needed
         lease_until = now + seconds + lease_slack_s
@@ -234,7 +250,7 @@ def claim_job(store: Store, site: str, owner: str, *, max_streams: int, adaptive
             "seconds_reserved = ? WHERE id = ?",
             (now, owner, lease_until, streams, seconds, job.id))
         tx.execute("UPDATE sites SET last_seen_at = ? WHERE name = ?", (now, site))
-    return Claim(store.job(job.id), streams, lease_until)
+    return Claim(store.job(job.id), budget, streams, lease_until)
 
 
 def holds(store: Store, job_id: str, owner: str, src: str, dest_key: str) -> bool:

@@ -65,7 +65,8 @@ _ERROR_MEANING = {
     409: "the site's live agents run with another budget (the detail names it and who set it): run every agent "
          "of a site with the same budget, or stop the other one",
     413: "the body, or the batch, is larger than this route takes",
-    422: "malformed input; the detail says what to give instead",
+    422: "malformed input, or a site's budget above the operator's ceiling (TAME_MAX_SITE_PROBES, "
+         "TAME_MAX_SITE_STREAMS, TAME_MAX_SITE_PROBE_SECONDS_PER_HOUR); the detail says what to give instead",
     429: "the probe queue is full, in total or for this client; ask again after Retry-After seconds",
     503: "the advice store is unavailable, or the server is at its connection limit",
 }

@@ -350,7 +350,7 @@ class SiteIn(BaseModel):
     dests: list[Annotated[str, Dest]] = Field(max_length=limits.MAX_SITE_LINKS)
     max_probes: int = Field(default=1, ge=1, le=limits.MAX_SITE_PROBES, description="probes at once")
     max_streams: int = Field(default=64, ge=1, le=limits.MAX_SITE_STREAMS, description="probe streams at once")
-    probe_seconds_per_hour: float = Field(default=1800.0, ge=1.0, le=3600.0 * limits.MAX_SITE_PROBES,
+    probe_seconds_per_hour: float = Field(default=1800.0, ge=1.0, le=limits.MAX_SITE_PROBE_SECONDS_PER_HOUR,
                                           allow_inf_nan=False, description="probe-seconds in any hour")
     congestion_control: Control | None = Field(default=None, description="the control its probes run under")
     owner: Owner | None = Field(default=None, description=(
@@ -387,6 +387,8 @@ class ClaimOut(BaseModel):
     max_streams: int | None = Field(description="the most streams the claimed probe may open, its adaptive one too")
     lease_until: float | None = Field(description="Unix seconds: the job goes back to the queue if not done by then")
     waiting: str | None = Field(description="why nothing was claimed")
+    budget: dict[str, float] = Field(description="the site's budget in force: as registered, held to the operator's "
+                                                 "ceiling (TAME_MAX_SITE_PROBES, _STREAMS, _PROBE_SECONDS_PER_HOUR)")
     use: dict[str, float] = Field(description="what the site's probes hold of its budget now")
 
 

@@ -25,7 +25,7 @@ from advisor.site_agent import SiteAgent, run_payload
 from advisor.sites import SiteBudget
 from advisor.store import process_owner
 from advisor.commands.common import site_name, whole_number
-from advisor.limits import MAX_SITE_PROBES, MAX_SITE_STREAMS
+from advisor.limits import MAX_SITE_PROBE_SECONDS_PER_HOUR, MAX_SITE_PROBES, MAX_SITE_STREAMS
 from advisor.worker import ProbeWorker, probe_target
 from probes.errors import ProbeError
 
@@ -47,7 +47,7 @@ def register(subparsers) -> None:
     parser.add_argument("--max-streams", type=whole_number(1, MAX_SITE_STREAMS), default=SiteBudget.max_streams,
                         metavar="N", help=f"with --site: the site's probe streams at once (default "
                                           f"{SiteBudget.max_streams}; an adaptive probe is capped to fit)")
-    parser.add_argument("--probe-seconds-per-hour", type=whole_number(1, 3600 * MAX_SITE_PROBES),
+    parser.add_argument("--probe-seconds-per-hour", type=whole_number(1, int(MAX_SITE_PROBE_SECONDS_PER_HOUR)),
                         default=int(SiteBudget.probe_seconds_per_hour), metavar="S",
                         help=f"with --site: the site's probe-seconds in any hour (default "
                              f"{SiteBudget.probe_seconds_per_hour:g})")

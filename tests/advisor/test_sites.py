@@ -295,6 +295,43 @@ def test_the_agent_that_set_a_budget_may_change_it(store):
     assert site_budget(store, "a") == OTHER
 
 
+def test_a_budget_held_above_a_lowered_ceiling_gives_way_to_one_within_it(store):
+    """The operator lowered the ceiling below the budget agent-1 set: the service refuses that budget now, so it
+    holds nothing, and agent-2 with a budget within the ceiling takes over at once, while agent-1 looks alive."""
+    register_site(store, "a", OTHER, DESTS[:1], owner="agent-1")
+    with pytest.raises(BudgetConflict, match="agent-1"):
+        register_site(store, "a", BUDGET, DESTS[:1], owner="agent-2")
+    lowered = SiteBudget(2, 4096, 3600)
+    register_site(store, "a", BUDGET, DESTS[:1], owner="agent-2", ceiling=lowered)
+    assert site_budget(store, "a") == BUDGET
+    # A budget within the ceiling holds as ever.
+    with pytest.raises(BudgetConflict, match="agent-2"):
+        register_site(store, "a", SiteBudget(1, 64, 1800), DESTS[:1], owner="agent-3", ceiling=lowered)
+
+
+def test_a_ceiling_lowered_after_registration_holds_the_site_s_claims(store):
+    """A budget stored before the operator lowered the ceiling never takes effect above it: claims are held to the
+    smaller of the two, field by field, and the claim says which budget is in force."""
+    register_site(store, "a", SiteBudget(max_probes=4, max_streams=64, probe_seconds_per_hour=3600), DESTS)
+    queue(store, "a")
+    ceiling = SiteBudget(max_probes=2, max_streams=24, probe_seconds_per_hour=250)
+    claims = [claim_job(store, "a", "x", max_streams=64, adaptive=True, worst_case_s=worst, ceiling=ceiling)
+              for _ in range(3)]
+    # The adaptive probe's share is the ceiling's 24 streams over its 2 probes, not the site's 64 over 4.
+    assert [c.streams for c in claims[:2]] == [12, 12]
+    assert claims[2].job is None and "2 probe(s) of a running, at most 2" in claims[2].waiting
+    assert all(c.budget == SiteBudget(2, 24, 250) for c in claims)
+    # The seconds: 2 probes of 100 s hold 200 of the ceiling's 250.
+    roomy = SiteBudget(max_probes=64, max_streams=4096, probe_seconds_per_hour=250)
+    spent = claim_job(store, "a", "x", max_streams=10, adaptive=False, worst_case_s=worst, ceiling=roomy)
+    assert spent.job is None and "200 of a's 250 probe-seconds this hour are spent" in spent.waiting
+    assert spent.budget == SiteBudget(4, 64, 250)
+    # Under the hard caps the stored budget is the one in force: a third probe is claimed.
+    third = claim_job(store, "a", "x", max_streams=10, adaptive=False, worst_case_s=worst)
+    assert third.job is not None and third.budget == SiteBudget(4, 64, 3600)
+    assert site_budget(store, "a") == SiteBudget(4, 64, 3600)  # the stored budget is left as its agent set it
+
+
 @pytest.mark.parametrize("before_claim_s, plan_s, after_claim_s", [
     # The claim is the sign of life: its lease (10 s + 15 s) ran out long before the hold does.
     (BUDGET_HOLD_S - 10, 10.0, BUDGET_HOLD_S - 1),

@@ -89,6 +89,39 @@ def test_an_agent_whose_budget_conflicts_with_the_site_s_stops_with_2(tmp_path, 
         assert conn.execute("SELECT max_probes, budget_set_by FROM sites").fetchall() == [(2, "dtn1-agent-a")]
 
 
+def test_an_agent_asking_for_more_than_the_operator_s_ceiling_stops_with_2(tmp_path):
+    """`tame serve` with TAME_MAX_SITE_PROBES=2: an agent started with --max-probes 4 is refused (422 naming the
+    field, the ceiling and the variable) and exits 2 rather than asking again every round; nothing of its
+    registration is stored. Started within the ceiling, it registers (no link: it has nothing to probe here)."""
+    (tmp_path / "serve").mkdir()
+    db = tmp_path / "tame.sqlite3"
+    serve, base = start_serve(tmp_path / "serve", db, env={"TAME_MAX_SITE_PROBES": "2"}, args=("--no-worker",))
+    dests = tmp_path / "dests"
+    dests.write_text("127.0.0.1:5201\n")
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")}
+    env.pop("TAME_TOKEN", None)
+    nothing = tmp_path / "nothing"
+    nothing.write_text("# no destination\n")
+    agent = [TAME, "agent", "--site", "dtn1", "--server", base, "--interval", "1"]
+    try:
+        done = subprocess.run([*agent, "--dest-file", str(dests), "--max-probes", "4"], env=env, capture_output=True,
+                              text=True, timeout=60)
+        assert done.returncode == 2, done.stderr
+        assert "HTTP 422" in done.stderr and "max_probes 4 is above 2" in done.stderr, done.stderr
+        assert "(TAME_MAX_SITE_PROBES, set by its operator): give at most 2 (tame agent --max-probes)" in done.stderr
+        assert "stopping" in done.stderr
+        with sqlite3.connect(db) as conn:
+            assert [conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
+                    for t in ("sites", "destinations")] == [0, 0]
+        within = subprocess.run([*agent, "--dest-file", str(nothing), "--max-probes", "2", "--once"], env=env,
+                                capture_output=True, text=True, timeout=60)
+        assert within.returncode == 0, within.stderr
+        with sqlite3.connect(db) as conn:
+            assert conn.execute("SELECT name, max_probes FROM sites").fetchall() == [("dtn1", 2)]
+    finally:
+        stop(serve)
+
+
 @pytest.mark.postgres
 def test_two_agents_of_a_site_with_different_budgets_through_tame_serve(tmp_path, pg_url):
     """The multi-site shape as processes: `tame serve` on PostgreSQL, one `tame agent` of site-a running with

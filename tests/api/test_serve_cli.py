@@ -340,6 +340,16 @@ def test_serve_exits_2_naming_a_bad_probe_max_age(tmp_path, value, says):
     assert "listening" not in done.stdout
 
 
+@pytest.mark.parametrize("env, says", [
+    ({"TAME_MAX_SITE_PROBES": "100"}, "TAME_MAX_SITE_PROBES='100' must be between 1 and 64"),
+    ({"TAME_MAX_SITE_STREAMS": "5"}, "TAME_MAX_SITE_STREAMS='5' is below the probe plan's 10 streams"),
+])
+def test_serve_exits_2_naming_a_bad_site_ceiling(tmp_path, env, says):
+    done = run_serve(tmp_path, "--port", str(free_port()), env={"TAME_PROBE_LEVELS": "1,10", **env})
+    assert done.returncode == 2, done
+    assert says in done.stderr and "Traceback" not in done.stderr and "listening" not in done.stdout
+
+
 @pytest.mark.parametrize("control, says", [
     ("vegas_x", "does not offer"),  # a well-formed name this kernel has no module for
     ("tame", "the fractional stream's control"),

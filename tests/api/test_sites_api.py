@@ -6,11 +6,27 @@ import sqlite3
 import pytest
 
 from advisor.service import fresh_destinations
+from advisor.sites import SiteBudget
 from tests.api.conftest import rate
 from tests.sites import SITE
 
 DEST = "127.0.0.1:5201"
 PROBES = [{"streams": n, "throughput_bps": rate(n)} for n in (1, 10)]
+
+
+# The store each test of the operator's ceiling runs on.
+DATABASES = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+
+
+def database_url(database, request, tmp_path):
+    return request.getfixturevalue("pg_url") if database == "postgres" else f"sqlite:///{tmp_path}/tame.sqlite3"
+
+
+def stored(store):
+    """The sites, links and probe jobs a store holds, on either database."""
+    with store.db.transaction() as tx:
+        return [tx.execute(f"SELECT * FROM {table} ORDER BY 1").fetchall()
+                for table in ("sites", "destinations", "probe_jobs")]
 
 
 def counts(db_path):
@@ -397,3 +413,63 @@ def test_a_site_keeps_the_budget_its_live_agents_run_with(service_factory, tmp_p
             (2, "agent-2", clock())]
     # The old budget is now the one refused.
     assert "'agent-2'" in client.put("/v1/sites/dtn2", json=first).json()["detail"]
+
+
+# -- the operator's ceiling on every site's budget (TAME_MAX_SITE_*) ---------------------------------------------
+
+CEILING = SiteBudget(max_probes=2, max_streams=32, probe_seconds_per_hour=3600)
+AT_CEILING = {"dests": [DEST], "max_probes": 2, "max_streams": 32, "probe_seconds_per_hour": 3600, "owner": "agent-1"}
+
+
+@pytest.mark.parametrize("database", DATABASES)
+def test_a_registration_above_the_operator_s_ceiling_is_refused_naming_it(database, request, tmp_path,
+                                                                           service_factory):
+    """A site's token holder cannot give its site more probing than the operator allows any site: 422 naming the
+    field, the ceiling and the variable that sets it, and nothing stored, for a new site and a registered one (even
+    from the agent that set its budget, which may otherwise change it)."""
+    base, client, app = service_factory(start_worker=False, url=database_url(database, request, tmp_path),
+                                        site_ceiling=CEILING)
+    store = app.state.service.store
+    taken = client.put("/v1/sites/dtn2", json=AT_CEILING)
+    assert taken.status_code == 200 and taken.json()["budget"] == CEILING.to_json(), taken.text
+    before = stored(store)
+    for site in ("dtn2", "dtn3"):
+        for asked, says in (
+                ({"max_probes": 3}, ["max_probes 3 is above 2, the most this service gives any site "
+                                     "(TAME_MAX_SITE_PROBES, set by its operator): give at most 2 "
+                                     "(tame agent --max-probes)"]),
+                ({"max_streams": 33}, ["max_streams 33 is above 32", "TAME_MAX_SITE_STREAMS", "--max-streams"]),
+                ({"probe_seconds_per_hour": 3600.5}, ["probe_seconds_per_hour 3600.5 is above 3600",
+                                                      "TAME_MAX_SITE_PROBE_SECONDS_PER_HOUR",
+                                                      "--probe-seconds-per-hour"]),
+                ({"max_probes": 64, "max_streams": 4096}, ["max_probes 64 is above 2",
+                                                           "; max_streams 4096 is above 32"]),
+        ):
+            refused = client.put(f"/v1/sites/{site}", json={**AT_CEILING, "dests": ["127.0.0.2"], **asked})
+            assert refused.status_code == 422, refused.text
+            detail = refused.json()["detail"]
+            assert all(part in detail for part in says), detail
+    assert stored(store) == before
+
+
+@pytest.mark.parametrize("database", DATABASES)
+def test_a_lowered_ceiling_holds_a_site_registered_above_it(database, request, tmp_path, service_factory):
+    """The operator lowers the ceiling (restarts the service with it; here a second server over the same store)
+    after a site registered more: its claims are held to the ceiling and say so, its agent's next registration with
+    the old budget is refused, and one within the ceiling is taken at once, though the site's agents look alive."""
+    url = database_url(database, request, tmp_path)
+    base, client, app = service_factory(start_worker=False, url=url)
+    above = {**AT_CEILING, "dests": [DEST, "127.0.0.2", "127.0.0.3"], "max_probes": 3, "max_streams": 64}
+    assert client.put("/v1/sites/dtn2", json=above).json()["queued"] == 3
+    base, lowered, app = service_factory(start_worker=False, url=url, site_ceiling=CEILING)
+    claim = lowered.post("/v1/sites/dtn2/claims", json={"owner": "agent-1", "max_streams": 64}).json()
+    assert claim["job"] is not None and claim["budget"] == CEILING.to_json()
+    second = lowered.post("/v1/sites/dtn2/claims", json={"owner": "agent-1"}).json()
+    assert second["job"] is not None and second["budget"] == CEILING.to_json()
+    third = lowered.post("/v1/sites/dtn2/claims", json={"owner": "agent-1"}).json()
+    assert third["job"] is None and "2 probe(s) of dtn2 running, at most 2" in third["waiting"]
+    refused = lowered.put("/v1/sites/dtn2", json=above)
+    assert refused.status_code == 422 and "max_probes 3 is above 2" in refused.json()["detail"]
+    restarted = lowered.put("/v1/sites/dtn2", json={**above, "max_probes": 2, "max_streams": 32, "owner": "agent-2"})
+    assert restarted.status_code == 200, restarted.text
+    assert restarted.json()["budget"] == CEILING.to_json()

@@ -1,0 +1,57 @@
+"""Settings read from the environment (advisor/settings.py): the operator's ceiling on every site's budget."""
+
+import pytest
+
+from advisor.errors import ConfigError
+from advisor.limits import MAX_SITE_PROBE_SECONDS_PER_HOUR, MAX_SITE_PROBES, MAX_SITE_STREAMS
+from advisor.settings import Settings
+from advisor.sites import SiteBudget
+
+
+def test_the_site_ceiling_defaults_to_the_hard_caps_and_is_read_from_the_environment():
+    assert Settings.from_env({}).site_ceiling == SiteBudget(MAX_SITE_PROBES, MAX_SITE_STREAMS,
+                                                            MAX_SITE_PROBE_SECONDS_PER_HOUR)
+    assert Settings.from_env({"TAME_MAX_SITE_PROBES": "4", "TAME_MAX_SITE_STREAMS": "64",
+                              "TAME_MAX_SITE_PROBE_SECONDS_PER_HOUR": "3600"}).site_ceiling == SiteBudget(4, 64, 3600.0)
+    # Each may be set alone; an empty value is unset, as for the other variables.
+    assert Settings.from_env({"TAME_MAX_SITE_STREAMS": "10", "TAME_MAX_SITE_PROBES": ""}).site_ceiling == SiteBudget(
+        MAX_SITE_PROBES, 10, MAX_SITE_PROBE_SECONDS_PER_HOUR)
+
+
+@pytest.mark.parametrize("env, says", [
+    ({"TAME_MAX_SITE_PROBES": "0"}, "TAME_MAX_SITE_PROBES='0' must be between 1 and 64"),
+    ({"TAME_MAX_SITE_PROBES": "65"}, "TAME_MAX_SITE_PROBES='65' must be between 1 and 64"),
+    ({"TAME_MAX_SITE_PROBES": "2.5"}, "TAME_MAX_SITE_PROBES='2.5' is not a whole number"),
+    ({"TAME_MAX_SITE_STREAMS": "4097"}, "TAME_MAX_SITE_STREAMS='4097' must be between 1 and 4096"),
+    ({"TAME_MAX_SITE_STREAMS": "lots"}, "TAME_MAX_SITE_STREAMS='lots' is not a whole number"),
+    ({"TAME_MAX_SITE_STREAMS": "-1"}, "TAME_MAX_SITE_STREAMS='-1' must be between"),
+    ({"TAME_MAX_SITE_PROBE_SECONDS_PER_HOUR": "230401"}, "must be between 1 and 230400"),
+    ({"TAME_MAX_SITE_PROBE_SECONDS_PER_HOUR": "1h"}, "TAME_MAX_SITE_PROBE_SECONDS_PER_HOUR='1h' is not a number"),
+    ({"TAME_MAX_SITE_PROBE_SECONDS_PER_HOUR": "nan"}, "TAME_MAX_SITE_PROBE_SECONDS_PER_HOUR='nan' must be between"),
+    ({"TAME_MAX_SITE_PROBE_SECONDS_PER_HOUR": "inf"}, "TAME_MAX_SITE_PROBE_SECONDS_PER_HOUR='inf' must be between"),
+    # Below what one probe of the plan takes, every registration would be refused: start-up is, instead.
+    ({"TAME_MAX_SITE_STREAMS": "9"}, "TAME_MAX_SITE_STREAMS='9' is below the probe plan's 10 streams "
+                                     "(TAME_PROBE_LEVELS): no site's probe would fit"),
+    ({"TAME_MAX_SITE_STREAMS": "9", "TAME_PROBE_LEVELS": "1,20"}, "below the probe plan's 20 streams"),
+    ({"TAME_MAX_SITE_PROBE_SECONDS_PER_HOUR": "100"}, "TAME_MAX_SITE_PROBE_SECONDS_PER_HOUR='100' is below one "
+                                                      "probe plan's longest time"),
+])
+def test_a_bad_site_ceiling_is_refused_naming_the_variable(env, says):
+    with pytest.raises(ConfigError) as refused:
+        Settings.from_env(env)
+    assert says in str(refused.value)
+
+
+def test_a_ceiling_is_taken_down_to_what_one_probe_of_the_plan_takes():
+    # Levels 1 and 10 need 10 streams; a plan of 1 and 4 needs 4.
+    assert Settings.from_env({"TAME_MAX_SITE_STREAMS": "10"}).site_ceiling.max_streams == 10
+    assert Settings.from_env({"TAME_MAX_SITE_STREAMS": "4", "TAME_PROBE_LEVELS": "1,4"}).site_ceiling.max_streams == 4
+    # The default plan's longest time (probes.plan.ProbePlan.worst_case_s): each probe of 30 s may be re-run at 60 s,
+    # each run 5 s of warm-up and 20 s of slack, so 55 + 85 = 140 s; each probe twice (one idle retry); three probes
+    # (levels 1 and 10, and model auto's adaptive one); plus 20 s for the idle RTT: 20 + 3 * 2 * 140 = 860 s.
+    # Model lu adds no adaptive probe: 20 + 2 * 2 * 140 = 580 s.
+    seconds = "TAME_MAX_SITE_PROBE_SECONDS_PER_HOUR"
+    assert Settings.from_env({seconds: "860"}).site_ceiling.probe_seconds_per_hour == 860.0
+    with pytest.raises(ConfigError, match="longest time, 860 s .*give at least 860"):
+        Settings.from_env({seconds: "859.5"})
+    assert Settings.from_env({seconds: "580", "TAME_MODEL": "lu"}).site_ceiling.probe_seconds_per_hour == 580.0
