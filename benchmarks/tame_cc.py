@@ -369,7 +369,7 @@ def aggregate_report(runs: list[Run], command: str, n_star: float) -> list[str]:
         spread = f" [{min(r.ours_bps() for r in sel) / ref:.2f}-{max(r.ours_bps() for r in sel) / ref:.2f}]" \
             if len(sel) > 1 else ""
         opened = f"{sel[0].setting['fractional_multiplier']:g}" if sel[0].setting else f"none ({STANDARD})"
-        lines.append(f"| {label[2:]} | {opened} | {got / 1e6:.2f} | {ratio:.2f}{spread} | "
+        lines.append(f"| {label[2:]} | {opened} | {got / 1e6:.2f} | {ratio:.3f}{spread} | "
                      f"{'yes' if abs(ratio - 1) <= 0.10 else 'no'} |")
     return lines
 
