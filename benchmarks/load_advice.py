@@ -2,14 +2,14 @@
 
     .venv/bin/python -m benchmarks.load_advice [--seconds 30] [--connections 32] [--client both]
         [--store sqlite|postgresql] [--database-url postgresql://...] [--url URL]
-        [--replicas N] [--rate R] [--write-every S]
+        [--replicas N] [--wrk-threads T] [--rate R] [--write-every S]
 
 Without --url it starts --replicas (1) `tame serve --no-worker` processes on one store: a fresh SQLite
 file in a temporary folder, a throwaway PostgreSQL cluster (--store postgresql;
 tests.conftest.throwaway_cluster, run from the repository root), or the database --database-url names;
 stores a probe run for 127.0.0.1:5201 through POST /v1/probe-runs and warms the caches. Two clients,
-each on every replica at once with --connections connections to each: wrk (`wrk -t2 -cN -dS --latency`,
-Debian's wrk, one process per replica), and a minimal HTTP/1.1 keep-alive client on asyncio in this
+each on every replica at once with --connections connections to each: wrk (`wrk -tT -cN -dS --latency`,
+T = --wrk-threads, default 2; Debian's wrk, one process per replica), and a minimal HTTP/1.1 keep-alive client on asyncio in this
 process (uvloop when installed). Without --rate the in-process client sends each request as soon as the
 previous answer came (as wrk does); with --rate R it sends R requests/s in all, evenly spread over its
 connections, and counts each latency from when the request was due (so a stall is not hidden by the
@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import math
 import os
@@ -205,20 +206,20 @@ def parse_wrk(out: str) -> dict:
 
 
 def wrk_client(urls: list[str], seconds: float, connections: int, rate_per_s: float | None = None,
-               writes: list[float] | None = None) -> list[dict]:
-    """The same figures measured by wrk (two threads), one wrk process per replica, all at once; SystemExit
+               writes: list[float] | None = None, threads: int = 2) -> list[dict]:
+    """The same figures measured by wrk (``threads`` threads), one wrk process per replica, all at once; SystemExit
     when wrk is missing or saw errors."""
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is not installed (Debian package wrk; scripts/install-system-deps.sh installs it)")
-    procs = [subprocess.Popen(["wrk", "-t2", f"-c{connections}", f"-d{seconds:g}s", "--latency", url + PATH],
+    procs = [subprocess.Popen(["wrk", f"-t{threads}", f"-c{connections}", f"-d{seconds:g}s", "--latency", url + PATH],
                               stdout=subprocess.PIPE, text=True) for url in urls]
     outs = [proc.communicate(timeout=seconds + 60)[0] for proc in procs]
     if any(proc.returncode for proc in procs):
         raise SystemExit("wrk failed:\n" + "\n".join(outs))
-    rows = [{"client": "wrk -t2" + (f" replica {i + 1}" if len(urls) > 1 else ""), **parse_wrk(out)}
+    rows = [{"client": f"wrk -t{threads}" + (f" replica {i + 1}" if len(urls) > 1 else ""), **parse_wrk(out)}
             for i, out in enumerate(outs)]
     if len(urls) > 1:
-        rows.append({"client": "wrk -t2 total", "requests": sum(r["requests"] for r in rows),
+        rows.append({"client": f"wrk -t{threads} total", "requests": sum(r["requests"] for r in rows),
                      "requests_per_s": sum(r["requests_per_s"] for r in rows),
                      **{k: max(r[k] for r in rows) for k in ("p50_ms", "p90_ms", "p99_ms", "max_ms")}})
     return rows
@@ -264,6 +265,8 @@ def main() -> int:
                         help="an already running `tame serve` that knows 127.0.0.1:5201 (again for each replica)")
     parser.add_argument("--rate", type=float, help="the in-process client's requests/s in all, paced (default: "
                                                    "back to back)")
+    parser.add_argument("--wrk-threads", type=int, default=2,
+                        help="threads of each wrk process (one process per replica; default 2)")
     parser.add_argument("--write-every", type=float, help="seconds between new probe runs through the first replica")
     args = parser.parse_args()
     if not 1 <= args.seconds <= 120:
@@ -276,9 +279,12 @@ def main() -> int:
         parser.error("--rate must be between 1 and 100000")
     if args.write_every is not None and not 0.1 <= args.write_every <= 60:
         parser.error("--write-every must be between 0.1 and 60")
+    if not 1 <= args.wrk_threads <= 8:
+        parser.error("--wrk-threads must be between 1 and 8")
     if args.url and any(urlsplit(url).hostname not in ("127.0.0.1", "localhost", "::1") for url in args.url):
         parser.error("this benchmark only targets loopback servers")
-    clients = {"wrk": [wrk_client], "builtin": [builtin_client], "both": [wrk_client, builtin_client]}[args.client]
+    wrk = functools.partial(wrk_client, threads=args.wrk_threads)
+    clients = {"wrk": [wrk], "builtin": [builtin_client], "both": [wrk, builtin_client]}[args.client]
     results, reads = [], []
     with tempfile.TemporaryDirectory() as folder, contextlib.ExitStack() as stack:
         procs = []
