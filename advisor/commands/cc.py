@@ -42,9 +42,9 @@ def setting_for(tcp_equivalent: float, streams: int | None = None, rtt_s: float 
 
     With ``streams`` = N (the aggregate form, for tools that open N streams of one control): each of the N
     streams runs tame at the FM whose share is n*/N, so that together they take n* streams' share. Tame at
-    FM 1 is Reno, which beside cubic takes less than a standard stream (s1 < 1): when even FM 1 falls short of
-    n*/N and N standard streams come at least as close to n* as N tame streams at FM 1 would (N = n*, in the
-    main), the setting is N standard streams (``form`` "standard", no FM).
+    FM 1 is Reno, which beside cubic takes less than a standard stream (s1 < 1): at N = n* (within rounding),
+    the setting is N standard streams (``form`` "standard", no FM). Only there: N > n* standard streams would
+    take more than n*'s share, the budget, so above it the tame streams stay, at FM 1 when even that falls short.
     """
     n_star = float(tcp_equivalent)
     if not math.isfinite(n_star) or n_star <= 0:
@@ -66,7 +66,7 @@ def setting_for(tcp_equivalent: float, streams: int | None = None, rtt_s: float 
             f"open at least {math.ceil(n_star - 1e-9)}")
     law = law_for(standard_control)
     fm = round(law.multiplier_for(n_star / streams, rtt_s), 3)
-    if fm <= 1.0 and abs(streams - n_star) <= abs(streams * law.share(1.0, rtt_s) - n_star):
+    if streams <= n_star + 1e-9:
         return Setting(None, standard_streams=streams, tame_streams=0, form="standard")
     if fm > cc.MAX_FM:
         raise UsageError(f"--streams {streams} for --tcp-equivalent {n_star:g} needs FM {fm:g}, "

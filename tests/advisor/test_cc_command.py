@@ -39,15 +39,16 @@ def test_aggregate_form_at_n_equal_to_n_star_opens_standard_streams_not_tame(con
     assert (s.form, s.fractional_multiplier, s.standard_streams, s.tame_streams) == ("standard", None, 3, 0)
 
 
-def test_aggregate_form_keeps_tame_at_fm_one_when_that_comes_closer_to_n_star_than_standard_streams():
-    law = law_for("cubic")
-    s1 = law.share(1.0, 0.066)  # 0.93 or so: one tame stream at FM 1 beside cubic
-    # n* 1.9 on 2 streams: share 0.95 > s1, so FM 1; 2 x s1 = 1.86 is closer to 1.9 than 2 standard streams.
-    assert abs(2 * s1 - 1.9) < abs(2 - 1.9)
-    s = setting_for(1.9, streams=2, rtt_s=0.066, standard_control="cubic")
-    assert (s.form, s.fractional_multiplier, s.tame_streams) == ("aggregate", 1.0, 2)
-    # n* 1.99: 2 standard streams (off by 0.01) beat 2 x s1 (off by about 0.13).
-    assert setting_for(1.99, streams=2, rtt_s=0.066, standard_control="cubic").form == "standard"
+@pytest.mark.parametrize("n_star, streams, rtt_s", [(1.9, 2, 0.066), (1.99, 2, 0.066), (10.0, 13, 0.18),
+                                                     (2.6, 3, 0.18), (1.7, 2, 0.18)])
+def test_aggregate_form_above_n_star_stays_tame_so_it_never_opens_more_than_n_star_standard_streams(
+        n_star, streams, rtt_s):
+    # N > n* standard streams would take N/n* of the budget's share (13 cubic streams for n* 10: 30 % over);
+    # tame streams at FM 1 or more take less than a standard stream each, so the budget holds.
+    s = setting_for(n_star, streams=streams, rtt_s=rtt_s, standard_control="cubic")
+    assert (s.form, s.tame_streams, s.standard_streams) == ("aggregate", streams, 0)
+    assert s.fractional_multiplier >= 1.0
+    assert streams * law_for("cubic").share(s.fractional_multiplier, rtt_s) <= n_star * (1 + 1e-3)
 
 
 @pytest.mark.parametrize("rtt_s", [0.01, 0.04])
