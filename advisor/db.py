@@ -33,26 +33,30 @@ _ID = {
 }
 
 
-# A password given as a parameter: ?password=... in a URL, password=... or password='...' in libpq's key=value form.
-_PASSWORD_PARAMETER = re.compile(r"(?i)\bpassword\s*=\s*('(?:[^'\\]|\\.)*'?|[^&\s]*)")
+# A parameter: ?key=value or &key=value in a URL, key=value or key='...' in libpq's key=value form.
+_PARAMETER = re.compile(r"(?:^|[?&\s])([^=&?\s]+)\s*=\s*('(?:[^'\\]|\\.)*'?|[^&\s]*)")
+# The parameters that hold a password, as libpq reads their names (percent-decoded, any case).
+_PASSWORD_KEYS = frozenset({"password", "sslpassword"})
 
 
 def _password_spans(url: str) -> list[tuple[int, int]]:
-    """Where the passwords in a database URL are: user:PASSWORD@ and every password= parameter."""
+    """Where the passwords in a database URL are: user:PASSWORD@ and every password or sslpassword parameter."""
     if url.startswith("sqlite:"):
         return []
     scheme_end = url.find("://")
     start = scheme_end + 3 if scheme_end >= 0 else 0
     spans = []
     if scheme_end >= 0:
-        # The user part ends at the last @ before the query, so a password holding @ or / is hidden whole.
-        head = url[start:].split("?", 1)[0]
+        # The user part ends at the last @: a password holding @, /, ? or : is hidden whole (an @ in the query
+        # hides more than the password, never less).
+        head = url[start:]
         at, colon = head.rfind("@"), head.find(":")
         if 0 <= colon < at:
             spans.append((start + colon + 1, start + at))
-    for match in _PASSWORD_PARAMETER.finditer(url, start):
-        if match.end(1) > match.start(1) and not any(a <= match.start(1) < b for a, b in spans):
-            spans.append(match.span(1))
+    for match in _PARAMETER.finditer(url, start):
+        if unquote(match.group(1)).lower() in _PASSWORD_KEYS and match.end(2) > match.start(2) \
+                and not any(a <= match.start(2) < b for a, b in spans):
+            spans.append(match.span(2))
     return sorted(spans)
 
 
@@ -142,9 +146,13 @@ class Database:
                 conn = psycopg.connect(self.url, autocommit=True, connect_timeout=10)
         except Exception as exc:  # sqlite3.Error, psycopg.Error, OSError
             message = redact_message(str(exc).strip(), self.url)
-            # A driver's error that repeats the password is not chained: a logged traceback would show it.
-            raise StoreError(f"cannot open the advice store {redact_url(self.url)}: {message}"
-                             ) from (exc if message == str(exc).strip() else None)
+            failure = exc if message == str(exc).strip() else None
+        else:
+            failure = message = None
+        if message is not None:
+            # Raised outside the except block: a driver's error that repeats the password is neither the cause nor
+            # the context of this one, so a logged traceback cannot show it.
+            raise StoreError(f"cannot open the advice store {redact_url(self.url)}: {message}") from failure
         with self._lock:
             self._all.append(conn)
         return conn

@@ -86,6 +86,8 @@ SITE_TOKENS_EXAMPLE = "site-a:TOKEN1,site-b:TOKEN2"
 # The fewest characters a site token may have. TAME_TOKEN and TAME_READ_TOKEN have no minimum: deployments run with
 # the short ones they were given, and a new rule for them would stop those services at their next start.
 MIN_SITE_TOKEN_LENGTH = 16
+# A secrets file is read whole at start-up: lines of site:token, far below this (bytes).
+MAX_SECRET_FILE_BYTES = 1 << 20
 MAKE_TOKEN = "make one with `openssl rand -hex 32`"
 
 
@@ -101,13 +103,24 @@ def read_secret_file(variable: str, path: str) -> str:
     except OSError as exc:
         raise ConfigError(f"{where} cannot be read: {exc.strerror or exc}") from None
     try:
-        mode = os.fstat(fd).st_mode
+        info = os.fstat(fd)
+        mode = info.st_mode
         if not stat.S_ISREG(mode):
             raise ConfigError(f"{where} is not a regular file; point {variable} at a file that holds the secrets")
         if mode & 0o077:
             raise ConfigError(f"{where} is open to group or others (mode {stat.S_IMODE(mode):04o}), and it holds "
                               f"secrets: chmod 600 {shlex.quote(path)}, owned by the service's user")
-        data = b"".join(iter(lambda: os.read(fd, 1 << 16), b""))
+        if info.st_uid != os.geteuid():  # its owner could write tokens in, whatever the mode
+            raise ConfigError(f"{where} belongs to user id {info.st_uid}, not to the service's ({os.geteuid()}), and "
+                              f"it holds secrets: chown {os.geteuid()} {shlex.quote(path)}")
+        chunks, size = [], 0
+        while size <= MAX_SECRET_FILE_BYTES and (chunk := os.read(fd, MAX_SECRET_FILE_BYTES + 1 - size)):
+            chunks.append(chunk)
+            size += len(chunk)
+        data = b"".join(chunks)
+        if size > MAX_SECRET_FILE_BYTES:
+            raise ConfigError(f"{where} is larger than {MAX_SECRET_FILE_BYTES} bytes: point {variable} at the "
+                              "file of site:token lines")
     except OSError as exc:
         raise ConfigError(f"{where} cannot be read: {exc.strerror or exc}") from None
     finally:

@@ -279,8 +279,8 @@ def main() -> int:
         parser.error("--rate must be between 1 and 100000")
     if args.write_every is not None and not 0.1 <= args.write_every <= 60:
         parser.error("--write-every must be between 0.1 and 60")
-    if not 1 <= args.wrk_threads <= 8:
-        parser.error("--wrk-threads must be between 1 and 8")
+    if not 1 <= args.wrk_threads <= min(8, args.connections):
+        parser.error("--wrk-threads must be between 1 and 8, and at most --connections (wrk's rule)")
     if args.url and any(urlsplit(url).hostname not in ("127.0.0.1", "localhost", "::1") for url in args.url):
         parser.error("this benchmark only targets loopback servers")
     wrk = functools.partial(wrk_client, threads=args.wrk_threads)

@@ -17,6 +17,12 @@ from advisor.store import Store
     ("host=db password='s3cret PW' user=tame", "host=db password=*** user=tame"),
     # A password holding @ or / (not percent-encoded) is hidden whole, up to the last @ before the query.
     ("postgresql://tame:s3cr@t/PW@db:5432/tame", "postgresql://tame:***@db:5432/tame"),
+    ("postgresql://u:p?ssWORDX@db/tame", "postgresql://u:***@db/tame"),
+    ("postgresql://u:p:ss?x=1&y@db/tame?sslmode=require", "postgresql://u:***@db/tame?sslmode=require"),
+    # libpq percent-decodes a parameter's name, and sslpassword unlocks a client key.
+    ("postgresql://tame@db/tame?pass%77ord=s3cretPW", "postgresql://tame@db/tame?pass%77ord=***"),
+    ("postgresql://tame@db/tame?sslmode=verify-full&sslpassword=s3cretPW",
+     "postgresql://tame@db/tame?sslmode=verify-full&sslpassword=***"),
     ("mysql://tame:s3cretPW@db/tame", "mysql://tame:***@db/tame"),
     # Nothing to hide: no password, a port after the host, an empty password, a SQLite path with : and @.
     ("postgresql://tame@db:5432/tame", "postgresql://tame@db:5432/tame"),
@@ -36,6 +42,7 @@ UNREACHABLE = [
     ("postgresql://tame:s3cr@tPWxx@127.0.0.1:1/tame", ["s3cr", "tPWxx"], "failed to resolve host"),
     ("postgresql://tame@127.0.0.1:1/tame?password=s3cretPW&x=1", ["s3cretPW"], "invalid URI query parameter"),
     ("postgres://tame:s3cretPW@127.0.0.1:notaport/tame", ["s3cretPW"], "notaport"),
+    ("postgresql://u:p?ssWORDX@127.0.0.1:1/tame", ["p?ssWORDX", "ssWORDX"], ""),
 ]
 
 
@@ -45,8 +52,8 @@ def test_a_store_that_cannot_be_opened_is_reported_without_its_password(url, sec
         Store.open(url)
     message = str(raised.value)
     assert message.startswith(f"cannot open the advice store {redact_url(url)}: ") and says in message, message
-    # Nor is it in a chained exception, which a logged traceback would print.
-    for error in (raised.value, raised.value.__cause__):
+    # Nor is it in a chained exception (cause or context), which a logged traceback would print.
+    for error in (raised.value, raised.value.__cause__, raised.value.__context__):
         for secret in secrets:
             assert secret not in str(error or ""), (secret, message)
 

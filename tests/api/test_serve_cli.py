@@ -213,6 +213,25 @@ def test_a_site_tokens_file_that_is_not_a_regular_file_is_refused(tmp_path, kind
                                  "TAME_SITE_TOKENS_FILE at a file that holds the secrets")
 
 
+def test_a_site_tokens_file_another_user_owns_is_refused(tmp_path):
+    # Mode 600 but another user's: that user could write tokens in. (The tests run as root, who may chown.)
+    path = site_tokens_file(tmp_path, 0o600)
+    os.chown(path, 4242, -1)
+    with pytest.raises(ConfigError) as raised:
+        Settings.from_env({**OPERATOR, "TAME_SITE_TOKENS_FILE": str(path)})
+    assert str(raised.value) == (f"TAME_SITE_TOKENS_FILE={str(path)!r} belongs to user id 4242, not to the service's "
+                                 f"({os.geteuid()}), and it holds secrets: chown {os.geteuid()} {path}")
+
+
+def test_a_site_tokens_file_too_large_is_refused_without_reading_it_all(tmp_path):
+    path = tmp_path / "site-tokens"
+    with open(path, "wb") as f:
+        f.truncate(1 << 30)  # 1 GiB, sparse: reading it whole would take the memory
+    path.chmod(0o600)
+    with pytest.raises(ConfigError, match=r"is larger than 1048576 bytes"):
+        Settings.from_env({**OPERATOR, "TAME_SITE_TOKENS_FILE": str(path)})
+
+
 def test_a_site_tokens_file_that_is_not_text_is_refused_without_quoting_it(tmp_path):
     path = tmp_path / "site-tokens"
     path.write_bytes(b"site-a:" + T1.encode() + b"\xff\xfe")
