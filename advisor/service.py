@@ -32,7 +32,7 @@ from advisor.observations import Observation
 from advisor.opening import how_to_open
 from advisor.plan_runner import adaptive_probes, plan_for, plan_needs
 from advisor.settings import SITE_CEILING_VARIABLES, Settings
-from advisor.sites import SiteBudget, claim_job, holds, register_site, site_budget, site_use
+from advisor.sites import SiteBudget, claim_job, holds, never_fits, register_site, site_budget, site_use
 from advisor.store import FitRow, Job, NewFit, Store
 from advisor.tame import advise, plan_control, point_from_probe, representative_rtt_s, stored_curve
 from models.errors import FitError
@@ -480,25 +480,37 @@ class AdviceService:
         dest = parse_destination(dest_text)
         control = self.control(congestion_control)
         site = self.site(src)
+        budget = None  # this site's own probes run here, within no site budget
         if site == self.settings.site:
             try:
                 offered = self.controls()
             except OSError as exc:
                 raise InvalidRequest(f"cannot tell which congestion controls this kernel offers: {exc}") from exc
             check_available_control(control, offered)
-        elif site_budget(self.store, site) is None:
-            # Nothing would ever run it: only a registered site's agents claim its probes.
-            raise InvalidRequest(f"site {site!r} is not registered, so no agent would run this probe: start `tame agent "
-                                 f"--site {site} --server URL` there, or leave src out to probe from {self.settings.site}")
+        else:
+            budget = site_budget(self.store, site)
+            if budget is None:
+                # Nothing would ever run it: only a registered site's agents claim its probes.
+                raise InvalidRequest(f"site {site!r} is not registered, so no agent would run this probe: start `tame "
+                                     f"agent --site {site} --server URL` there, or leave src out to probe from "
+                                     f"{self.settings.site}")
         self.check_allowed(dest)
-        return self._enqueue(dest, site, control, levels, duration_s, client)
+        return self._enqueue(dest, site, control, levels, duration_s, client, budget)
 
     def _enqueue(self, dest: Destination, site: str, control: str, levels: Sequence[int] | None = None,
-                 duration_s: float | None = None, client: str | None = None) -> tuple[Job, bool]:
-        """Queue a probe of a checked link (its destination within the allow-list) under a checked control."""
+                 duration_s: float | None = None, client: str | None = None,
+                 budget: SiteBudget | None = None) -> tuple[Job, bool]:
+        """Queue a probe of a checked link (its destination within the allow-list) under a checked control; one
+        that site's ``budget`` (when given), held to the operator's ceiling, could never run is refused."""
         levels = check_probe_levels(self.settings.default_levels if levels is None else levels,
                                     MIN_LEVELS[self.settings.model], self.settings.model)
         duration = check_probe_duration_s(self.settings.default_duration_s if duration_s is None else duration_s)
+        if budget is not None:
+            # The site's claim would fail it at once (advisor.sites.claim_job); better said to the one asking.
+            never = never_fits(site, max(levels), plan_for(self.settings, levels, float(duration)).worst_case_s,
+                               budget, self.settings.site_ceiling)
+            if never is not None:
+                raise InvalidRequest(f"this probe would never run: {never}")
         # A client may ask again once about one job per probe slot has run: a whole default plan.
         retry_after_s = max(1.0, len(self.settings.default_levels) * (self.settings.omit_s + float(duration)))
         job, created = self.store.enqueue_job(dest, levels, float(duration), max_queued=self.settings.max_queued_probes,

@@ -19,7 +19,7 @@ from advisor.errors import ConfigError, InvalidRequest
 from advisor.freshness import PROBE_MAX_AGE_TTLS, Freshness
 from advisor.limits import SITE_RULE, check_congestion_control, check_site
 from advisor.retention import Retention
-from advisor.sites import SITE_HARD_CAPS, SiteBudget
+from advisor.sites import SITE_CEILING_VARIABLES, SITE_HARD_CAPS, SiteBudget
 from advisor.store import REFIT_OBSERVATIONS
 from advisor.tame import DEFAULT_MODEL, DEFAULT_N_MAX
 from models.registry import MODELS
@@ -57,11 +57,6 @@ def default_control(env: Mapping[str, str]) -> str:
         return check_congestion_control(control, "TAME_CONGESTION_CONTROL")
     except InvalidRequest as exc:
         raise ConfigError(str(exc)) from None
-
-
-# The operator's ceiling on every site's budget (Settings.site_ceiling): the variable behind each field.
-SITE_CEILING_VARIABLES = {"max_probes": "TAME_MAX_SITE_PROBES", "max_streams": "TAME_MAX_SITE_STREAMS",
-                          "probe_seconds_per_hour": "TAME_MAX_SITE_PROBE_SECONDS_PER_HOUR"}
 
 
 def check_site_ceiling(settings: Settings, env: Mapping[str, str]) -> None:

@@ -70,6 +70,11 @@ class SiteBudget:
 # (advisor.settings.Settings.site_ceiling).
 SITE_HARD_CAPS = SiteBudget(MAX_SITE_PROBES, MAX_SITE_STREAMS, MAX_SITE_PROBE_SECONDS_PER_HOUR)
 
+# The operator's ceiling on every site's budget (advisor.settings.Settings.site_ceiling): the variable behind each
+# field.
+SITE_CEILING_VARIABLES = {"max_probes": "TAME_MAX_SITE_PROBES", "max_streams": "TAME_MAX_SITE_STREAMS",
+                          "probe_seconds_per_hour": "TAME_MAX_SITE_PROBE_SECONDS_PER_HOUR"}
+
 
 @dataclass(frozen=True)
 class SiteUse:
@@ -206,7 +211,8 @@ def claim_job(store: Store, site: str, owner: str, *, max_streams: int, adaptive
     (the model adds one above its fixed levels) it may open, and holds, up to ``max_streams`` (the agent's own
     cap), the site's stream budget shared among its probes at once, and what that budget has left. It holds
     ``worst_case_s(job)`` seconds of the hourly budget while it runs, and its lease lasts that long plus
-    ``lease_slack_s``."""
+    ``lease_slack_s``. A queued job that budget could not give even with nothing else running (:func:`never_fits`)
+    fails, saying why, and the claim goes on to the next."""
     now = store.clock()
     lock, skip = _row_lock(store), _row_lock(store, "FOR UPDATE SKIP LOCKED")
     with store.db.transaction(write=True) as tx:
@@ -214,30 +220,38 @@ def claim_job(store: Store, site: str, owner: str, *, max_streams: int, adaptive
                          (site,)).fetchone()
         if row is None:
             raise InvalidRequest(f"site {site!r} is not registered: PUT /v1/sites/{site} first (tame agent does)")
-        budget = SiteBudget(*row).capped(ceiling)
+        held = SiteBudget(*row)
+        budget = held.capped(ceiling)
         use = _use(tx, site, now)
         if use.probes >= budget.max_probes:
             return Claim(None, budget, waiting=f"{use.probes} probe(s) of {site} running, at most {budget.max_probes}")
-        # A destination being probed from any site waits (an iperf3 server runs one test at a time, and two
-        # probes through one bottleneck would measure each other); one that another live site also waits for goes
-        # to that site first when its turn is older (:data:`_TURN_WAITS`).
-        row = tx.execute(
-            f"SELECT {JOB_COLUMNS} FROM probe_jobs j WHERE j.src = ? AND j.status = 'queued' AND j.dest NOT IN "
-            f"(SELECT dest FROM probe_jobs WHERE status = 'running') AND NOT {_TURN_WAITS} "
-            f"ORDER BY j.requested_at, j.id LIMIT 1{skip}", (site, now - BUDGET_HOLD_S)).fetchone()
-        if row is None:
-            queued = tx.execute("SELECT count(*) FROM probe_jobs WHERE src = ? AND status = 'queued'",
-                                (site,)).fetchone()[0]
-            return Claim(None, budget, waiting="no queued probe" if not queued else (
-                f"{queued} queued probe(s) of {site} wait: their destinations are being probed, or another site that "
-                "probed them less recently waits for them too"))
-        job = job_from_row(row)
+        while True:
+            # A destination being probed from any site waits (an iperf3 server runs one test at a time, and two
+            # probes through one bottleneck would measure each other); one that another live site also waits for
+            # goes to that site first when its turn is older (:data:`_TURN_WAITS`).
+            row = tx.execute(
+                f"SELECT {JOB_COLUMNS} FROM probe_jobs j WHERE j.src = ? AND j.status = 'queued' AND j.dest NOT IN "
+                f"(SELECT dest FROM probe_jobs WHERE status = 'running') AND NOT {_TURN_WAITS} "
+                f"ORDER BY j.requested_at, j.id LIMIT 1{skip}", (site, now - BUDGET_HOLD_S)).fetchone()
+            if row is None:
+                queued = tx.execute("SELECT count(*) FROM probe_jobs WHERE src = ? AND status = 'queued'",
+                                    (site,)).fetchone()[0]
+                return Claim(None, budget, waiting="no queued probe" if not queued else (
+                    f"{queued} queued probe(s) of {site} wait: their destinations are being probed, or another site "
+                    "that probed them less recently waits for them too"))
+            job = job_from_row(row)
+            needed, seconds = max(job.levels), worst_case_s(job)
+            never = never_fits(site, needed, seconds, held, ceiling)
+            if never is None:
+                break
+            # A job the budget in force could not give even with nothing else running would wait at the head of
+            # the site's queue for ever, and every job behind it with it: it fails, and the claim takes the next.
+            tx.execute("UPDATE probe_jobs SET status = 'failed', finished_at = ?, error = ?, owner = NULL, "
+                       "lease_until = NULL WHERE id = ?", (now, f"never run: {never}", job.id))
         streams_left = budget.max_streams - use.streams
-        needed = max(job.levels)
         if streams_left < needed:
             return Claim(None, budget, waiting=f"{use.streams} of {site}'s {budget.max_streams} streams are probing; "
                                                f"the next probe needs {needed}")
-        seconds = worst_case_s(job)
         if use.seconds + seconds > budget.probe_seconds_per_hour:
             return Claim(None, budget, waiting=f"{use.seconds:.0f} of {site}'s {budget.probe_seconds_per_hour:g} "
                                                f"probe-seconds this hour are spent; the next probe may take {seconds:.0f}")
@@ -251,6 +265,23 @@ def claim_job(store: Store, site: str, owner: str, *, max_streams: int, adaptive
             (now, owner, lease_until, streams, seconds, job.id))
         tx.execute("UPDATE sites SET last_seen_at = ? WHERE name = ?", (now, site))
     return Claim(store.job(job.id), budget, streams, lease_until)
+
+
+def never_fits(site: str, needed: int, seconds: float, held: SiteBudget, ceiling: SiteBudget) -> str | None:
+    """Why a job needing ``needed`` streams and up to ``seconds`` probe-seconds could not run within the budget in
+    force (``held``, the site's, capped to ``ceiling``) even with nothing else running, naming what limits it; None
+    when it could."""
+    budget = held.capped(ceiling)
+    for name, need, knob, what in (("max_streams", needed, "--max-streams", "streams"),
+                                   ("probe_seconds_per_hour", seconds, "--probe-seconds-per-hour",
+                                    "probe-seconds in an hour")):
+        have = getattr(budget, name)
+        if need > have:
+            capped = getattr(ceiling, name) < getattr(held, name)
+            limit = f"the operator's {SITE_CEILING_VARIABLES[name]}" if capped else f"its agents' tame agent {knob}"
+            return (f"it needs {math.ceil(need)} {what}; site {site}'s budget in force allows {have:.0f} "
+                    f"({limit}): request it with fewer streams or levels, or raise the budget")
+    return None
 
 
 def holds(store: Store, job_id: str, owner: str, src: str, dest_key: str) -> bool:

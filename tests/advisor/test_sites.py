@@ -409,3 +409,57 @@ def test_a_site_registered_before_setters_were_kept_holds_its_budget(tmp_path, r
         register_site(store, "a", BUDGET, DESTS[:1], owner="agent-1")
     finally:
         store.close()
+
+
+# -- a queued job the budget in force could never give ---------------------------------------------------------
+
+def test_a_job_above_the_budget_in_force_fails_saying_why_and_the_next_is_claimed(store):
+    """A job needing more streams (or probe-seconds) than the site's budget could give with nothing else running
+    would block the site's queue for ever: it fails, naming what limits it, and the same claim takes the job behind."""
+    register_site(store, "a", SiteBudget(max_probes=2, max_streams=64, probe_seconds_per_hour=3600), DESTS)
+    queue(store, "a", DESTS[:1], levels=(1, 200))
+    queue(store, "a", DESTS[1:2], levels=(1, 10))
+    claim = claim_job(store, "a", "x", max_streams=16, adaptive=False, worst_case_s=worst)
+    assert claim.job is not None and claim.job.dest == DESTS[1].key
+    with store.db.transaction() as tx:
+        status, error = tx.execute("SELECT status, error FROM probe_jobs WHERE dest = ?", (DESTS[0].key,)).fetchone()
+    assert status == "failed"
+    assert error == ("never run: it needs 200 streams; site a's budget in force allows 64 (its agents' tame agent "
+                     "--max-streams): request it with fewer streams or levels, or raise the budget")
+    # The probe-seconds an hour likewise: 100 s of 3600 fits, 5000 s never does.
+    queue(store, "a", DESTS[2:4])
+    long = claim_job(store, "a", "x", max_streams=16, adaptive=False, ceiling=SiteBudget(2, 64, 3600),
+                     worst_case_s=lambda job: 5000.0 if job.dest == DESTS[2].key else 100.0)
+    assert long.job is not None and long.job.dest == DESTS[3].key
+    with store.db.transaction() as tx:
+        error = tx.execute("SELECT error FROM probe_jobs WHERE dest = ?", (DESTS[2].key,)).fetchone()[0]
+    assert "needs 5000 probe-seconds in an hour; site a's budget in force allows 3600" in error
+
+
+def test_a_job_that_waits_for_running_probes_is_not_failed(store):
+    register_site(store, "a", SiteBudget(max_probes=2, max_streams=24, probe_seconds_per_hour=250), DESTS)
+    queue(store, "a", DESTS[:3], levels=(1, 20))
+    first = claim_job(store, "a", "x", max_streams=16, adaptive=False, worst_case_s=worst)
+    streams = claim_job(store, "a", "x", max_streams=16, adaptive=False, worst_case_s=worst)
+    assert first.job is not None and streams.job is None
+    assert "20 of a's 24 streams are probing; the next probe needs 20" in streams.waiting
+    # Streams free again, but the hour's seconds are spent: 100 of 250, and the next may take 200.
+    store.clock.advance(100.0)
+    store.fail_job(first.job.id, "done with")
+    seconds = claim_job(store, "a", "x", max_streams=16, adaptive=False, worst_case_s=lambda job: 200.0)
+    assert seconds.job is None and "the next probe may take 200" in seconds.waiting
+    with store.db.transaction() as tx:
+        assert tx.execute("SELECT count(*) FROM probe_jobs WHERE status = 'queued'").fetchone()[0] == 2
+
+
+def test_a_lowered_ceiling_fails_a_queued_job_that_no_longer_fits(store):
+    register_site(store, "a", SiteBudget(max_probes=2, max_streams=64, probe_seconds_per_hour=3600), DESTS)
+    queue(store, "a", DESTS[:1], levels=(1, 48))
+    queue(store, "a", DESTS[1:2], levels=(1, 10))
+    lowered = SiteBudget(max_probes=2, max_streams=32, probe_seconds_per_hour=3600)
+    claim = claim_job(store, "a", "x", max_streams=16, adaptive=False, worst_case_s=worst, ceiling=lowered)
+    assert claim.job is not None and claim.job.dest == DESTS[1].key
+    with store.db.transaction() as tx:
+        status, error = tx.execute("SELECT status, error FROM probe_jobs WHERE dest = ?", (DESTS[0].key,)).fetchone()
+    assert status == "failed"
+    assert "needs 48 streams; site a's budget in force allows 32 (the operator's TAME_MAX_SITE_STREAMS)" in error

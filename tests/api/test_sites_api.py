@@ -473,3 +473,22 @@ def test_a_lowered_ceiling_holds_a_site_registered_above_it(database, request, t
     restarted = lowered.put("/v1/sites/dtn2", json={**above, "max_probes": 2, "max_streams": 32, "owner": "agent-2"})
     assert restarted.status_code == 200, restarted.text
     assert restarted.json()["budget"] == CEILING.to_json()
+
+
+@pytest.mark.parametrize("database", DATABASES)
+def test_a_probe_a_site_s_budget_in_force_could_never_run_is_refused(database, request, tmp_path, service_factory):
+    """POST /v1/probes for a site's link with a level above the site's budget held to the operator's ceiling: 422
+    naming the limit and what sets it, and nothing queued (the site's claim would fail it at once)."""
+    url = database_url(database, request, tmp_path)
+    base, client, app = service_factory(start_worker=False, url=url)
+    assert client.put("/v1/sites/dtn2", json={**AT_CEILING, "dests": [], "max_streams": 64}).status_code == 200
+    base, lowered, app = service_factory(start_worker=False, url=url, site_ceiling=CEILING)
+    before = stored(app.state.service.store)
+    refused = lowered.post("/v1/probes", json={"dest": DEST, "src": "dtn2", "levels": [1, 48]})
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["detail"] == (
+        "this probe would never run: it needs 48 streams; site dtn2's budget in force allows 32 (the operator's "
+        "TAME_MAX_SITE_STREAMS): request it with fewer streams or levels, or raise the budget")
+    assert stored(app.state.service.store) == before
+    accepted = lowered.post("/v1/probes", json={"dest": DEST, "src": "dtn2", "levels": [1, 32]})
+    assert accepted.status_code == 202, accepted.text
