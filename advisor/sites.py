@@ -18,7 +18,7 @@ from typing import Any, Callable, Sequence
 from advisor.destinations import Destination
 from advisor.errors import BudgetConflict, InvalidRequest
 from advisor.limits import BUDGET_WINDOW_S, MAX_SITE_PROBE_SECONDS_PER_HOUR, MAX_SITE_PROBES, MAX_SITE_STREAMS
-from advisor.store import JOB_COLUMNS, Job, Store, job_from_row
+from advisor.store import JOB_COLUMNS, Job, Store, fail_job_in, job_from_row
 
 # How long after its agents' last sign of life (a registration or a claimed probe; one under a lease counts until the
 # lease runs out) a site's budget stays held against a different one, seconds. An agent registers every round
@@ -246,8 +246,7 @@ def claim_job(store: Store, site: str, owner: str, *, max_streams: int, adaptive
                 break
             # A job the budget in force could not give even with nothing else running would wait at the head of
             # the site's queue for ever, and every job behind it with it: it fails, and the claim takes the next.
-            tx.execute("UPDATE probe_jobs SET status = 'failed', finished_at = ?, error = ?, owner = NULL, "
-                       "lease_until = NULL WHERE id = ?", (now, f"never run: {never}", job.id))
+            fail_job_in(tx, job.id, f"never run: {never}", now)
         streams_left = budget.max_streams - use.streams
         if streams_left < needed:
             return Claim(None, budget, waiting=f"{use.streams} of {site}'s {budget.max_streams} streams are probing; "

@@ -238,6 +238,13 @@ def _owner_is_dead_here(owner: str | None) -> bool:
     return False
 
 
+
+def fail_job_in(tx: Tx, job_id: str, error: str, now: float) -> None:
+    """Finish a queued or running job as failed with ``error``, inside the caller's transaction ``tx``."""
+    tx.execute("UPDATE probe_jobs SET status = 'failed', finished_at = ?, error = ?, owner = NULL, lease_until = NULL "
+               "WHERE id = ? AND status IN ('queued', 'running')", (now, error, job_id))
+
+
 class Store:
     """All reads and writes of the advice store. ``clock`` gives Unix seconds."""
 
@@ -602,11 +609,7 @@ class Store:
 
     def fail_job(self, job_id: str, error: str) -> None:
         with self.db.transaction(write=True) as tx:
-            tx.execute(
-                "UPDATE probe_jobs SET status = 'failed', finished_at = ?, error = ?, owner = NULL, lease_until = NULL "
-                "WHERE id = ? AND status IN ('queued', 'running')",
-                (self.clock(), error, job_id),
-            )
+            fail_job_in(tx, job_id, error, self.clock())
 
     def recover_jobs(self, max_attempts: int, owner_is_dead: Callable[[str | None], bool] = _owner_is_dead_here, *,
                      local_src: str | None = None) -> int:
