@@ -148,14 +148,12 @@ class Database:
             message = redact_message(str(exc).strip(), self.url)
             failure = exc if message == str(exc).strip() else None
         else:
-            failure = message = None
-        if message is not None:
-            # Raised outside the except block: a driver's error that repeats the password is neither the cause nor
-            # the context of this one, so a logged traceback cannot show it.
-            raise StoreError(f"cannot open the advice store {redact_url(self.url)}: {message}") from failure
-        with self._lock:
-            self._all.append(conn)
-        return conn
+            with self._lock:
+                self._all.append(conn)
+            return conn
+        # Raised outside the except block: a driver's error that repeats the password is neither the cause nor the
+        # context of this one, so a logged traceback cannot show it.
+        raise StoreError(f"cannot open the advice store {redact_url(self.url)}: {message}") from failure
 
     def _connection(self):
         conn = getattr(self._local, "conn", None)

@@ -31,8 +31,9 @@ from advisor.limits import (check_available_control, check_congestion_control, c
 from advisor.observations import Observation
 from advisor.opening import how_to_open
 from advisor.plan_runner import adaptive_probes, plan_for, plan_needs
-from advisor.settings import SITE_CEILING_VARIABLES, Settings
-from advisor.sites import SiteBudget, claim_job, holds, never_fits, register_site, site_budget, site_use
+from advisor.settings import Settings
+from advisor.sites import (SITE_CEILING_VARIABLES, SiteBudget, claim_job, holds, never_fits, register_site, site_budget,
+                           site_use)
 from advisor.store import FitRow, Job, NewFit, Store
 from advisor.tame import advise, plan_control, point_from_probe, representative_rtt_s, stored_curve
 from models.errors import FitError

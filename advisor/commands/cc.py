@@ -64,10 +64,9 @@ def setting_for(tcp_equivalent: float, streams: int | None = None, rtt_s: float 
             f"--streams {streams} is fewer than {n_star_named} {n_star:g}: tame only slows streams down "
             f"(FM >= 1), so {streams} stream(s) cannot take what {n_star:g} standard streams would; "
             f"open at least {math.ceil(n_star - 1e-9)}")
-    law = law_for(standard_control)
-    fm = round(law.multiplier_for(n_star / streams, rtt_s), 3)
     if streams <= n_star + 1e-9:
         return Setting(None, standard_streams=streams, tame_streams=0, form="standard")
+    fm = round(law_for(standard_control).multiplier_for(n_star / streams, rtt_s), 3)
     if fm > cc.MAX_FM:
         raise UsageError(f"--streams {streams} for --tcp-equivalent {n_star:g} needs FM {fm:g}, "
                          f"above the largest the control holds ({cc.MAX_FM:g})")
