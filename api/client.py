@@ -27,7 +27,8 @@ def shown_url(url: str) -> str:
 
 
 def check_url(url: str, source: str = "base_url") -> None:
-    """Refuse (InvalidServiceURL, naming ``source``: TAME_URL, --server, ...) a ``url`` not http(s)://HOST[:PORT]."""
+    """Refuse (InvalidServiceURL, naming ``source``: TAME_URL, --server, ...) a ``url`` not http(s)://HOST[:PORT], or
+    one holding a user name or password."""
     try:
         parsed = httpx.URL(url)
     except httpx.InvalidURL:
@@ -40,6 +41,10 @@ def check_url(url: str, source: str = "base_url") -> None:
             why = "has no host"
         elif parsed.port is not None and not 1 <= parsed.port <= 65535:
             why = "has a port outside 1-65535"
+        elif parsed.userinfo:
+            # httpx would send the URL's login as Basic auth in place of the Bearer token: every write would get 401.
+            why = ("holds a login, and the service takes none: it reads the token from TAME_TOKEN (TAME_READ_TOKEN to "
+                   "read only)")
         else:
             return
     # As the project names values elsewhere: --flag 'value', NAME='value'.

@@ -17,9 +17,10 @@ HOSTILE = [
     ("ftp://u:s3cr3tPW@h/", "is not an http or https URL"),
     ("u:s3cr3tPW@h:8000", "is not an http or https URL"),
     ("http://u:s3cr%33tPW@", "has no host"),
+    ("http://u:s3cr3tPW@127.0.0.1:1", "holds a login, and the service takes none"),
 ]
 # Port 1 on loopback refuses at once.
-UNREACHABLE = "http://u:s3cr3tPW@127.0.0.1:1"
+UNREACHABLE = "http://127.0.0.1:1"
 
 ARGV = {
     "advise": ["advise", "10.0.0.1", "--max-impact", "0.1"],
@@ -83,16 +84,16 @@ def test_a_bad_server_flag_is_refused_before_anything_runs(tame, command, flag, 
 
 
 @pytest.mark.parametrize("command", ["advise", "curve", "transfer", "schedule"])
-def test_an_unreachable_service_is_named_without_its_password(tame, monkeypatch, command):
+def test_an_unreachable_service_is_named(tame, monkeypatch, command):
     monkeypatch.setenv("TAME_URL", UNREACHABLE)
-    _refused(tame(command), command, "http://u:***@127.0.0.1:1", "cannot reach the advice service")
+    _refused(tame(command), command, f"{UNREACHABLE}: ", "cannot reach the advice service")
 
 
-def test_schedule_names_an_unreachable_server_flag_without_its_password(tame):
-    _refused(tame("schedule", "--server", UNREACHABLE), "schedule", "http://u:***@127.0.0.1:1")
+def test_schedule_names_an_unreachable_server_flag(tame):
+    _refused(tame("schedule", "--server", UNREACHABLE), "schedule", f"{UNREACHABLE}: ")
 
 
-def test_an_agent_keeps_going_when_its_server_is_unreachable_and_never_prints_the_password(tame, tmp_path):
+def test_an_agent_keeps_going_when_its_server_is_unreachable(tame, tmp_path):
     # An unreachable service is the agent's everyday weather (it spools and retries), not bad input: exit 0.
     (tmp_path / "dests").write_text("")  # nothing to probe
     status, out, err = tame("agent", "--server", UNREACHABLE)
