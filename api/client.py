@@ -2,9 +2,55 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, Sequence
 
 import httpx
+
+# "scheme://" at the start: the user part of a URL follows it (or starts the text when it is missing).
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+class InvalidServiceURL(ValueError):
+    """A service URL is not http(s)://HOST[:PORT]; the message names where it came from and hides its password."""
+
+
+def shown_url(url: str) -> str:
+    """``url`` with the password of its user part as ***: the only form of a service URL a message may show
+    (http://tame:***@host:8000)."""
+    # Secrecy before legibility, on the text as written (it may not parse): the password runs from the first : after
+    # "scheme://" to the last @, so one holding a raw @ or / is hidden whole, a value without "scheme://" too, and an @
+    # in the path or query hides more than the password, never less. Nothing is percent-decoded.
+    match = _SCHEME.match(url)
+    colon, at = url.find(":", match.end() if match else 0), url.rfind("@")
+    return f"{url[:colon + 1]}***{url[at:]}" if 0 <= colon < at else url
+
+
+def check_url(url: str, source: str = "base_url") -> None:
+    """Refuse (InvalidServiceURL, naming ``source``: TAME_URL, --server, ...) a ``url`` not http(s)://HOST[:PORT], or
+    one holding a user name or password."""
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL:
+        # httpx's message repeats pieces of the URL, a password among them: it stays out of ours.
+        why = "is not a valid URL"
+    else:
+        if parsed.scheme not in ("http", "https"):
+            why = "is not an http or https URL"
+        elif not parsed.host:
+            why = "has no host"
+        elif parsed.port is not None and not 1 <= parsed.port <= 65535:
+            why = "has a port outside 1-65535"
+        elif parsed.userinfo:
+            # httpx would send the URL's login as Basic auth in place of the Bearer token: every write would get 401.
+            why = ("holds a login, and the service takes none: it reads the token from TAME_TOKEN (TAME_READ_TOKEN to "
+                   "read only)")
+        else:
+            return
+    # As the project names values elsewhere: --flag 'value', NAME='value'.
+    named = f"{source} {shown_url(url)!r}" if source.startswith("-") else f"{source}={shown_url(url)!r}"
+    raise InvalidServiceURL(f"{named} {why}: give the advice service's address as http://HOST:PORT "
+                            "(or https://HOST:PORT)")
 
 
 class TameError(Exception):
@@ -18,6 +64,9 @@ class TameError(Exception):
 
 class TameClient:
     def __init__(self, base_url: str, token: str | None = None, timeout_s: float = 10.0):
+        """A client of the service at ``base_url`` (InvalidServiceURL when it is not http(s)://HOST[:PORT])."""
+        check_url(base_url)
+        self.shown_url = shown_url(base_url)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout_s)
 

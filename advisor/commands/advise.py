@@ -10,7 +10,7 @@ import time
 from advisor.advice import Advice
 from advisor.alternatives import alternatives
 from advisor.cli import UsageError
-from advisor.commands.common import add_margin_option, add_src_option, fraction, fractional_margin_from_args, margin_from_args, positive_int, print_advice, print_json
+from advisor.commands.common import add_margin_option, add_src_option, fraction, fractional_margin_from_args, margin_from_args, positive_int, print_advice, print_json, service_url
 from advisor.commands.probe import EXIT_PROBE_FAILED, add_plan_options, control_from_args, measure, parse_levels
 from advisor.errors import InvalidRequest
 from advisor.limits import check_probe_duration_s, check_probe_levels
@@ -52,7 +52,7 @@ def run(args) -> int:
         check_probe_duration_s(float(args.duration))
     except (ValueError, InvalidRequest) as exc:
         raise UsageError(f"--duration {args.duration!r}: give seconds from 1 to 300 ({exc})") from None
-    server = os.environ.get("TAME_URL")
+    server = service_url(os.environ.get("TAME_URL"))
     if args.src is not None and not server:
         raise UsageError("--src names a link of the server at TAME_URL; without TAME_URL, tame advise probes from "
                          "this host: set TAME_URL, or leave --src out")
@@ -109,8 +109,9 @@ def _from_server(url: str, args) -> dict | None:
             return client.advice(args.dest, args.max_impact, args.congestion_control, args.src)
         except TameError as exc:
             if exc.status != 404:
-                raise UsageError(f"{url}: {exc}") from exc
-        print(f"tame advise: {url} has no advice for {args.dest}; requesting a probe", file=sys.stderr, flush=True)
+                raise UsageError(f"{client.shown_url}: {exc}") from exc
+        print(f"tame advise: {client.shown_url} has no advice for {args.dest}; requesting a probe", file=sys.stderr,
+              flush=True)
         try:
             job = client.request_probe(args.dest, **_plan_asked(args), congestion_control=args.congestion_control,
                                        src=args.src)
@@ -126,6 +127,6 @@ def _from_server(url: str, args) -> dict | None:
                     return None
                 time.sleep(2.0)
         except TameError as exc:
-            raise UsageError(f"{url}: {exc}") from exc
+            raise UsageError(f"{client.shown_url}: {exc}") from exc
     print(f"tame advise: the server's probe did not finish within {SERVER_PROBE_WAIT_S:g} s", file=sys.stderr)
     return None

@@ -24,7 +24,7 @@ from advisor.service import AdviceService, fresh_destinations
 from advisor.site_agent import SiteAgent, run_payload
 from advisor.sites import SiteBudget
 from advisor.store import process_owner
-from advisor.commands.common import site_name, whole_number
+from advisor.commands.common import service_url, site_name, whole_number
 from advisor.limits import MAX_SITE_PROBE_SECONDS_PER_HOUR, MAX_SITE_PROBES, MAX_SITE_STREAMS
 from advisor.worker import ProbeWorker, probe_target
 from probes.errors import ProbeError
@@ -79,6 +79,7 @@ def read_destinations(path: Path) -> list[str]:
 
 
 def run(args) -> int:
+    args.push = service_url(args.push, "--server")
     setup_logging()
     settings = load_settings()
     settings = dataclasses.replace(settings, congestion_control=control_from_args(args, local=True,

@@ -85,6 +85,20 @@ positive_int = whole_number(1, MAX_STREAMS)
 port_number = whole_number(1, 65535, "a port number (give 1-65535)", why=" (a TCP port: give 1-65535)")
 
 
+def service_url(url: str | None, source: str = "TAME_URL") -> str | None:
+    """The advice service's URL ``url`` from ``source`` (TAME_URL or a flag), checked before any work starts; None
+    when unset or empty (no service). UsageError says what to give, the URL's password shown as ***."""
+    if not url:
+        return None
+    from api.client import InvalidServiceURL, check_url  # the CLI is where the layers are wired together
+
+    try:
+        check_url(url, source)
+    except InvalidServiceURL as exc:
+        raise UsageError(str(exc)) from None
+    return url
+
+
 def add_probe_options(parser: argparse.ArgumentParser, required: bool = True) -> None:
     parser.add_argument(
         "--probe", action="append", default=[], metavar="N:BPS", required=required,

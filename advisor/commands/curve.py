@@ -9,7 +9,7 @@ from advisor.advice import Advice, curve_to_json
 from advisor.cli import UsageError
 from advisor.commands.common import (
     add_probe_options, add_src_option, format_bps, fraction, fractional_margin_from_args, margin_from_args, opened_text, print_json,
-    probes_from_args,
+    probes_from_args, service_url,
 )
 from advisor.tame import DEFAULT_MODEL, DEFAULT_N_MAX, advisable_limit, advise, predicted_curve
 from models.errors import FitError
@@ -112,7 +112,7 @@ def _advice_from_payload(payload: dict) -> Advice:
 
 
 def _known_curve(dest: str, budget: float | None, src: str | None) -> tuple[dict, Advice | None]:
-    server = os.environ.get("TAME_URL")
+    server = service_url(os.environ.get("TAME_URL"))
     if server:
         from api.client import TameClient, TameError  # the CLI is where the layers are wired together
 
@@ -121,7 +121,7 @@ def _known_curve(dest: str, budget: float | None, src: str | None) -> tuple[dict
                 payload = client.curve(dest, src=src)
                 return payload, None if budget is None else _advice_from_payload(client.advice(dest, budget, src=src))
             except TameError as exc:
-                raise UsageError(f"{server}: {exc}") from exc
+                raise UsageError(f"{client.shown_url}: {exc}") from exc
     from advisor.commands.runtime import load_settings, open_store
     from advisor.errors import AdvisorError
     from advisor.service import AdviceService

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from advisor.cli import UsageError
-from advisor.commands.common import format_bps, print_json, whole_number
+from advisor.commands.common import format_bps, print_json, service_url, whole_number
 from advisor.commands.transfer import (DEADLINE_SLACK_S, DEFAULT_BYTES_TIMEOUT_S, Reporter, observation_of,
                                        standard_opening)
 from advisor.errors import AdvisorError, ConfigError, InvalidRequest
@@ -45,7 +45,7 @@ def register(subparsers) -> None:
         "observation of its link. A queue is JSON ({\"sources\": {SITE: [ARGV...]}, \"transfers\": [{\"src\", "
         "\"dest\", \"max_impact\", \"duration_s\" or \"bytes\", \"cc\"?}]}) or lines of key=value fields.")
     parser.add_argument("queue", metavar="QUEUE_FILE", help="the transfers (JSON or key=value lines; - for stdin)")
-    parser.add_argument("--server", metavar="URL", default=os.environ.get("TAME_URL"),
+    parser.add_argument("--server", metavar="URL",
                         help="the advice service (default TAME_URL): advice read over HTTP, observations sent "
                         "there (TAME_TOKEN to write)")
     parser.add_argument("--database-url", metavar="URL",
@@ -82,6 +82,8 @@ class Planned:
 
 
 def run(args) -> int:
+    server = (service_url(os.environ.get("TAME_URL")) if args.server is None
+              else service_url(args.server, "--server"))
     try:
         queue = parse_queue(_read(args.queue), _netns_sources(args.netns))
     except InvalidRequest as exc:
@@ -103,7 +105,7 @@ def run(args) -> int:
     else:
         sql = None
     try:
-        with Reporter(args.server, args.database_url) as reporter:
+        with Reporter(server, args.database_url) as reporter:
             planned = [_plan(t, reporter, sql, args.congestion_control) for t in queue.transfers]
             if args.plan:
                 _output(args, [p.to_json() for p in planned])

@@ -24,7 +24,7 @@ from typing import Any
 from advisor.advice import Advice
 from advisor.cli import UsageError
 from advisor.commands.cc import setting_for
-from advisor.commands.common import add_src_option, format_bps, port_number, print_json, whole_number
+from advisor.commands.common import add_src_option, format_bps, port_number, print_json, service_url, whole_number
 from advisor.destinations import Destination, parse_destination
 from advisor.errors import AdvisorError, InvalidRequest
 from advisor.limits import MAX_PROBE_STREAMS
@@ -170,7 +170,7 @@ def observation_of(opened: Opened, result: TransferResult, standard_control: str
 def run(args) -> int:
     dest = _destination(args.dest)
     address = cc.canonical_address(dest.host)
-    server = os.environ.get("TAME_URL")
+    server = service_url(os.environ.get("TAME_URL"))
     with Reporter(server) as service:
         reporter = service.link(args.src, dest)
         payload = reporter.advice(args.max_impact)
@@ -305,12 +305,12 @@ class LinkReporter:
             try:
                 payload = rep._client.advice(self.dest.key, max_impact, cc=cc_name, src=self.src)
             except TameError as exc:
-                raise UsageError(f"{rep.url}: {self.name}: {exc}" + (
+                raise UsageError(f"{rep._client.shown_url}: {self.name}: {exc}" + (
                     f"; probe it first (tame advise {self.dest.key} --max-impact {max_impact:g})"
                     if exc.status == 404 else "")) from exc
             # A service without source sites ignores ?src= and answers for its own: not this link's advice.
             if self.src is not None and payload.get("src") != self.src:
-                raise UsageError(f"{rep.url}: {self.name}: the service answered for source "
+                raise UsageError(f"{rep._client.shown_url}: {self.name}: the service answered for source "
                                  f"{payload.get('src')!r}, not {self.src!r}: it keeps no advice per source site")
             return payload
         try:
@@ -332,7 +332,7 @@ class LinkReporter:
             try:
                 return rep._client.observe(self.dest.key, streams, throughput_bps, src=self.src, **detail), None
             except TameError as exc:
-                return None, f"{rep.url}: {exc}"
+                return None, f"{rep._client.shown_url}: {exc}"
         try:
             return rep._service.observe(self.dest.key, streams, throughput_bps, src=self.src, **detail), None
         except AdvisorError as exc:

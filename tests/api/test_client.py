@@ -1,0 +1,82 @@
+"""The client's service URL: check_url takes http(s)://HOST[:PORT] only, and no message shows the URL's password."""
+
+import pytest
+
+from api.client import InvalidServiceURL, TameClient, TameError, check_url, shown_url
+
+# Every password below is s3cr3tPW, written as is, percent-encoded or cut by a raw /: none of its pieces may be shown.
+SECRET_PIECES = ("s3cr", "tPW")
+
+
+@pytest.mark.parametrize("url, shown", [
+    ("http://tame:s3cr3tPW@db:8000/prefix", "http://tame:***@db:8000/prefix"),
+    ("http://u:s3cr%33tPW@h", "http://u:***@h"),
+    ("http://:s3cr3tPW@h", "http://:***@h"),
+    # A password holding a raw @ or / is hidden whole, up to the last @.
+    ("http://u:s3cr@3tPW@h/", "http://u:***@h/"),
+    ("http://u:s3cr/3tPW@h", "http://u:***@h"),
+    # Without "scheme://" (a value httpx reads as scheme u, or as a path) the user part starts the text.
+    ("u:s3cr3tPW@h:8000", "u:***@h:8000"),
+    ("http:/u:s3cr3tPW@h", "http:***@h"),
+    ("//u:s3cr3tPW@h", "//u:***@h"),
+    ("u:s3cr3tPW@h/?next=http://x", "u:***@h/?next=http://x"),
+    # Nothing to hide: no password, a user without one, a port.
+    ("http://127.0.0.1:8000", "http://127.0.0.1:8000"),
+    ("https://tame@h:8443/", "https://tame@h:8443/"),
+    ("http://[::1]:8000", "http://[::1]:8000"),
+])
+def test_shown_url_shows_the_password_as_stars(url, shown):
+    assert shown_url(url) == shown
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:8000", "https://tame.example/", "http://[::1]:8000/",
+                                 "HTTP://Tame.Example:80"])
+def test_check_url_takes_http_and_https_with_a_host(url):
+    check_url(url)
+
+
+@pytest.mark.parametrize("url, why", [
+    ("http://u:s3cr3tPW@[::1", "is not a valid URL"),
+    ("http://u:s3cr/3tPW@h", "is not a valid URL"),  # httpx reads "s3cr" as a port, and says so
+    ("http://u:s3cr\n3tPW@h", "is not a valid URL"),
+    ("ftp://u:s3cr3tPW@h/", "is not an http or https URL"),
+    ("u:s3cr3tPW@h:8000", "is not an http or https URL"),
+    ("localhost:8000", "is not an http or https URL"),
+    ("127.0.0.1:8000", "is not an http or https URL"),
+    (" http://h", "is not an http or https URL"),
+    ("", "is not an http or https URL"),
+    ("http://u:s3cr%33tPW@", "has no host"),
+    ("http:///v1", "has no host"),
+    ("http://:8000", "has no host"),
+    ("http://h:99999", "has a port outside 1-65535"),
+    ("http://tame:s3cr3tPW@h:8000/prefix", "holds a login, and the service takes none"),
+    ("https://tame@h", "holds a login, and the service takes none"),
+])
+def test_check_url_refuses_what_is_not_a_service_address(url, why):
+    with pytest.raises(InvalidServiceURL) as raised:
+        check_url(url, "TAME_URL")
+    message = str(raised.value)
+    assert message.startswith(f"TAME_URL={shown_url(url)!r} {why}")
+    assert message.endswith(": give the advice service's address as http://HOST:PORT (or https://HOST:PORT)")
+    # Nor in a chained exception (httpx's message repeats pieces of the URL), which a traceback would print.
+    assert raised.value.__cause__ is None and raised.value.__context__ is None
+    for piece in SECRET_PIECES:
+        assert piece not in message
+
+
+def test_check_url_names_a_flag_as_written_on_the_command_line():
+    with pytest.raises(InvalidServiceURL, match=r"^--server 'ftp://u:\*\*\*@h' is not an http or https URL: "):
+        check_url("ftp://u:s3cr3tPW@h", "--server")
+
+
+def test_the_client_refuses_a_bad_url_and_shows_a_good_one_without_its_password():
+    with pytest.raises(InvalidServiceURL, match=r"^base_url='ftp://u:\*\*\*@h' "):
+        TameClient("ftp://u:s3cr3tPW@h")
+    with pytest.raises(InvalidServiceURL, match=r"^base_url='http://u:\*\*\*@127.0.0.1:1' holds a login"):
+        TameClient("http://u:s3cr3tPW@127.0.0.1:1")
+    # Port 1 on loopback refuses at once.
+    with TameClient("http://127.0.0.1:1", timeout_s=5) as client:
+        assert client.shown_url == "http://127.0.0.1:1"
+        with pytest.raises(TameError) as raised:
+            client.paths()
+    assert raised.value.status == 0 and "cannot reach the advice service" in str(raised.value)
