@@ -142,6 +142,19 @@ def test_bad_site_input_is_refused_and_nothing_is_stored(service_factory, tmp_pa
     assert counts(tmp_path / "tame.sqlite3") == before
 
 
+def test_a_budget_short_of_the_plan_is_told_the_whole_seconds_that_fit(service_factory):
+    # Lu's plan of levels 1 and 10 at 30.125 s (probes.plan.ProbePlan.worst_case_s): each probe runs 5 + 30.125 + 20 s,
+    # then again at 60 s, 5 + 60 + 20; two probes, each twice (one idle retry); 20 s for the idle RTT:
+    # 20 + 2 * 2 * (55.125 + 85) = 580.5 s, so 580 probe-seconds an hour are too few and 581 enough.
+    base, client, app = service_factory(start_worker=False, default_duration_s=30.125)
+    refused = client.put("/v1/sites/dtn2", json={"dests": [DEST], "probe_seconds_per_hour": 580})
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["detail"] == (
+        "probe_seconds_per_hour 580 is below one probe plan's longest time, 580.5 s (TAME_PROBE_LEVELS, "
+        "TAME_PROBE_DURATION_S, TAME_PROBE_MAX_DURATION_S, TAME_MODEL): give at least 581")
+    assert client.put("/v1/sites/dtn2", json={"dests": [DEST], "probe_seconds_per_hour": 581}).status_code == 200
+
+
 def test_site_routes_need_the_write_token(service_factory, tmp_path):
     base, client, app = service_factory(token="s3cret", start_worker=False)
     before = counts(tmp_path / "tame.sqlite3")
