@@ -30,6 +30,15 @@ def plan_needs(settings: Settings) -> tuple[int, float]:
                                                   settings.default_duration_s).worst_case_s
 
 
+def plan_need_text(name: str, need: float) -> str:
+    """How a message names what one probe of the configured plan needs (:func:`plan_needs`) of budget field ``name``,
+    and the settings that make it so."""
+    if name == "max_streams":
+        return f"the probe plan's {need} streams (TAME_PROBE_LEVELS)"
+    return (f"one probe plan's longest time, {need:.1f}".removesuffix(".0") + " s (TAME_PROBE_LEVELS, "
+            "TAME_PROBE_DURATION_S, TAME_PROBE_MAX_DURATION_S, TAME_MODEL)")
+
+
 def adaptive_probes(model: str) -> int:
     """How many probes the model adds after the fixed levels (0 or 1)."""
     return 1 if model in ADAPTIVE_LEVEL else 0

@@ -30,7 +30,7 @@ from advisor.limits import (check_available_control, check_congestion_control, c
                             check_owner, check_probe_levels, check_site, MAX_SITE_STREAMS)
 from advisor.observations import Observation
 from advisor.opening import how_to_open
-from advisor.plan_runner import adaptive_probes, plan_for, plan_needs
+from advisor.plan_runner import adaptive_probes, plan_for, plan_need_text, plan_needs
 from advisor.settings import Settings
 from advisor.sites import (SITE_CEILING_VARIABLES, SiteBudget, claim_job, holds, never_fits, register_site, site_budget,
                            site_use)
@@ -593,13 +593,11 @@ class AdviceService:
                 f"{name} {getattr(budget, name):g} is above {getattr(ceiling, name):g}, the most this service gives "
                 f"any site ({SITE_CEILING_VARIABLES[name]}, set by its operator): give at most "
                 f"{getattr(ceiling, name):g} (tame agent --{name.replace('_', '-')})" for name in above))
-        needed, seconds = plan_needs(self.settings)
-        if budget.max_streams < needed:
-            raise InvalidRequest(f"max_streams {budget.max_streams} is below the probe plan's {needed} streams "
-                                 f"(TAME_PROBE_LEVELS): give at least {needed}")
-        if budget.probe_seconds_per_hour < seconds:
-            raise InvalidRequest(f"probe_seconds_per_hour {budget.probe_seconds_per_hour:g} is below one probe plan's "
-                                 f"longest time, {seconds:.0f} s: give at least {seconds:.0f}")
+        short = budget.shortfalls(*plan_needs(self.settings))
+        if short:
+            name, need, have = short[0]
+            raise InvalidRequest(f"{name} {have:g} is below {plan_need_text(name, need)}: give at least "
+                                 f"{math.ceil(need)}")
 
     def claim(self, site: Any, owner: Any, max_streams: Any) -> dict[str, Any]:
         """Claim the site's next queued probe for agent ``owner``, within the site's budget (advisor.sites.claim_job):

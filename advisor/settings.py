@@ -62,19 +62,14 @@ def default_control(env: Mapping[str, str]) -> str:
 def check_site_ceiling(settings: Settings, env: Mapping[str, str]) -> None:
     """ConfigError when a ceiling the operator set leaves no room for one probe of the configured plan: every
     site's registration would be refused, whatever its agents asked for."""
-    from advisor.plan_runner import plan_needs  # deferred: plan_runner builds its plans from Settings
+    from advisor.plan_runner import plan_need_text, plan_needs  # deferred: plan_runner builds its plans from Settings
 
-    streams, seconds = plan_needs(settings)
-    ceiling = settings.site_ceiling
-    for name, need, shown, plan in (
-            ("max_streams", streams, f"the probe plan's {streams} streams", "TAME_PROBE_LEVELS"),
-            ("probe_seconds_per_hour", seconds, f"one probe plan's longest time, {seconds:.0f} s",
-             "TAME_PROBE_LEVELS, TAME_PROBE_DURATION_S, TAME_PROBE_MAX_DURATION_S, TAME_MODEL")):
+    for name, need, _ in settings.site_ceiling.shortfalls(*plan_needs(settings)):
         variable = SITE_CEILING_VARIABLES[name]
-        if env.get(variable) and getattr(ceiling, name) < need:
-            raise ConfigError(f"{variable}={env[variable]!r} is below {shown} ({plan}): no site's probe would fit, "
-                              f"so every registration would be refused; give at least {math.ceil(need)}, or a "
-                              f"smaller plan")
+        if env.get(variable):
+            raise ConfigError(f"{variable}={env[variable]!r} is below {plan_need_text(name, need)}: no site's probe "
+                              f"would fit, so every registration would be refused; give at least {math.ceil(need)}, "
+                              f"or a smaller plan")
 
 
 SITE_TOKENS_EXAMPLE = "site-a:TOKEN1,site-b:TOKEN2"

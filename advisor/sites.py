@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 from advisor.destinations import Destination
 from advisor.errors import BudgetConflict, InvalidRequest
@@ -25,6 +25,14 @@ from advisor.store import JOB_COLUMNS, Job, Store, fail_job_in, job_from_row
 # (`tame agent --interval`, default 60 s) and claims through it, so five quiet rounds mean it has gone; an agent
 # restarted with a new budget waits this long after its old process's last sign of life.
 BUDGET_HOLD_S = 300.0
+
+
+class Shortfall(NamedTuple):
+    """A field of a budget that cannot give what a probe needs: the field, the need, and what the budget has."""
+
+    name: str
+    need: float
+    have: float
 
 
 @dataclass(frozen=True)
@@ -52,6 +60,13 @@ class SiteBudget:
     def above(self, ceiling: "SiteBudget") -> list[str]:
         """The fields of this budget that are above ``ceiling``'s."""
         return [f.name for f in fields(self) if getattr(self, f.name) > getattr(ceiling, f.name)]
+
+    def shortfalls(self, streams: int, seconds: float) -> list[Shortfall]:
+        """The fields of this budget below what a probe (or a plan) needing ``streams`` streams at once and up to
+        ``seconds`` probe-seconds takes, max_streams before probe_seconds_per_hour; empty when it fits."""
+        return [Shortfall(name, need, getattr(self, name))
+                for name, need in (("max_streams", streams), ("probe_seconds_per_hour", seconds))
+                if getattr(self, name) < need]
 
     def capped(self, ceiling: "SiteBudget") -> "SiteBudget":
         """This budget held to ``ceiling``, field by field: the budget in force."""
@@ -270,17 +285,16 @@ def never_fits(site: str, needed: int, seconds: float, held: SiteBudget, ceiling
     """Why a job needing ``needed`` streams and up to ``seconds`` probe-seconds could not run within the budget in
     force (``held``, the site's, capped to ``ceiling``) even with nothing else running, naming what limits it; None
     when it could."""
-    budget = held.capped(ceiling)
-    for name, need, knob, what in (("max_streams", needed, "--max-streams", "streams"),
-                                   ("probe_seconds_per_hour", seconds, "--probe-seconds-per-hour",
-                                    "probe-seconds in an hour")):
-        have = getattr(budget, name)
-        if need > have:
-            capped = getattr(ceiling, name) < getattr(held, name)
-            limit = f"the operator's {SITE_CEILING_VARIABLES[name]}" if capped else f"its agents' tame agent {knob}"
-            return (f"it needs {math.ceil(need)} {what}; site {site}'s budget in force allows {have:.0f} "
-                    f"({limit}): request it with fewer streams or levels, or raise the budget")
-    return None
+    short = held.capped(ceiling).shortfalls(needed, seconds)
+    if not short:
+        return None
+    name, need, have = short[0]
+    what = {"max_streams": "streams", "probe_seconds_per_hour": "probe-seconds in an hour"}[name]
+    capped = getattr(ceiling, name) < getattr(held, name)
+    limit = (f"the operator's {SITE_CEILING_VARIABLES[name]}" if capped
+             else f"its agents' tame agent --{name.replace('_', '-')}")
+    return (f"it needs {math.ceil(need)} {what}; site {site}'s budget in force allows {have:.0f} "
+            f"({limit}): request it with fewer streams or levels, or raise the budget")
 
 
 def holds(store: Store, job_id: str, owner: str, src: str, dest_key: str) -> bool:

@@ -307,9 +307,8 @@ class ProbeRunIn(BaseModel):
     probes: list[ProbeResultIn] = Field(min_length=1, max_length=limits.MAX_PROBES_PER_RUN)
     job_id: str | None = Field(default=None, max_length=64, description="the claimed probe job this run completes "
                                                                        "(POST /v1/sites/NAME/claims); with owner")
-    owner: str | None = Field(default=None, min_length=1, max_length=200,
-                              description="the agent that claimed job_id; a run whose lease went to another agent "
-                                          "is stored without closing the job")
+    owner: Owner | None = Field(default=None, description="the agent that claimed job_id; a run whose lease went to "
+                                                          "another agent is stored without closing the job")
 
     @model_validator(mode="after")
     def _job_with_owner(self) -> "ProbeRunIn":

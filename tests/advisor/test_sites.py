@@ -413,6 +413,13 @@ def test_a_site_registered_before_setters_were_kept_holds_its_budget(tmp_path, r
 
 # -- a queued job the budget in force could never give ---------------------------------------------------------
 
+def test_a_budget_names_each_field_short_of_what_a_probe_needs():
+    budget = SiteBudget(max_probes=1, max_streams=10, probe_seconds_per_hour=860.0)
+    assert budget.shortfalls(10, 860.0) == []  # exactly what it has fits
+    assert budget.shortfalls(11, 860.5) == [("max_streams", 11, 10), ("probe_seconds_per_hour", 860.5, 860.0)]
+    assert budget.shortfalls(1, 861.0) == [("probe_seconds_per_hour", 861.0, 860.0)]
+
+
 def test_a_job_above_the_budget_in_force_fails_saying_why_and_the_next_is_claimed(store):
     """A job needing more streams (or probe-seconds) than the site's budget could give with nothing else running
     would block the site's queue for ever: it fails, naming what limits it, and the same claim takes the job behind."""

@@ -11,6 +11,7 @@ import pytest
 from advisor.allowlist import AllowList
 from advisor.destinations import parse_destination
 from advisor.errors import QueueFull
+from advisor.limits import check_owner
 from advisor.service import AdviceService
 from advisor.settings import Settings
 from advisor.store import Store, _boot_id, _owner_is_dead_here, _start_ticks, process_owner
@@ -84,6 +85,17 @@ def test_an_owner_is_alive_only_as_the_process_that_wrote_it():
     assert _owner_is_dead_here(f"{host}:{pid}:00000000-0000-0000-0000-000000000000:{ticks}:x")
     # Another host's owner is left to its lease.
     assert not _owner_is_dead_here(f"other-{host}:{pid}:{boot}:{int(ticks) + 1}:x")
+
+
+def test_an_owner_is_a_name_the_service_accepts_even_from_the_longest_host_name(monkeypatch):
+    """tame agent registers, claims and pushes its runs under process_owner(): the service's check of an agent's name
+    (advisor.limits.check_owner) must take it. Linux host names are at most 64 bytes (HOST_NAME_MAX); pids at most
+    7 digits; the boot id is a 36-character UUID; start ticks fit 20 digits: 64 + 7 + 36 + 20 + 8 + 4 colons = 139."""
+    me = process_owner()
+    assert check_owner(me) == me
+    monkeypatch.setattr(socket, "gethostname", lambda: "h" * 64)
+    longest = process_owner()
+    assert check_owner(longest) == longest and len(longest) <= 139
 
 
 def test_a_job_owned_by_a_reused_pid_is_re_queued_at_once(tmp_path):

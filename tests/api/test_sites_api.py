@@ -1,6 +1,7 @@
 """Links and sites over HTTP: advice per (src, dest), an agent's site registration and claims, a claimed job closed
 by its run, and bad or hostile input to each (clear error, right status, nothing stored)."""
 
+import json
 import sqlite3
 
 import pytest
@@ -140,6 +141,47 @@ def test_bad_site_input_is_refused_and_nothing_is_stored(service_factory, tmp_pa
     assert response.status_code == status, response.text
     assert says in response.json()["detail"]
     assert counts(tmp_path / "tame.sqlite3") == before
+
+
+def test_a_budget_short_of_the_plan_is_told_the_whole_seconds_that_fit(service_factory):
+    # Lu's plan of levels 1 and 10 at 30.125 s (probes.plan.ProbePlan.worst_case_s): each probe runs 5 + 30.125 + 20 s,
+    # then again at 60 s, 5 + 60 + 20; two probes, each twice (one idle retry); 20 s for the idle RTT:
+    # 20 + 2 * 2 * (55.125 + 85) = 580.5 s, so 580 probe-seconds an hour are too few and 581 enough.
+    base, client, app = service_factory(start_worker=False, default_duration_s=30.125)
+    refused = client.put("/v1/sites/dtn2", json={"dests": [DEST], "probe_seconds_per_hour": 580})
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["detail"] == (
+        "probe_seconds_per_hour 580 is below one probe plan's longest time, 580.5 s (TAME_PROBE_LEVELS, "
+        "TAME_PROBE_DURATION_S, TAME_PROBE_MAX_DURATION_S, TAME_MODEL): give at least 581")
+    assert client.put("/v1/sites/dtn2", json={"dests": [DEST], "probe_seconds_per_hour": 581}).status_code == 200
+
+
+def test_a_pushed_run_naming_a_bad_owner_is_refused_and_nothing_is_stored(service_factory, tmp_path):
+    """POST /v1/probe-runs checks the agent's name as claims and registrations do (advisor.limits.check_owner): a
+    bad or hostile owner is a 422 naming owner, and neither the run nor its fit is stored nor the claimed job closed;
+    one server for every value, so that the test stays fast."""
+    base, client, app = service_factory(start_worker=False)
+    assert client.put("/v1/sites/dtn2", json={"dests": [DEST], "owner": "agent-1"}).status_code == 200
+    job = client.post("/v1/sites/dtn2/claims", json={"owner": "agent-1"}).json()["job"]
+    run = {"src": "dtn2", "dest": job["dest"], "probes": PROBES, "job_id": job["id"]}
+    before = counts(tmp_path / "tame.sqlite3"), stored(app.state.service.store)
+    for owner, says in [
+        ("", "owner must name the agent"), ("x" * 201, "owner: String should have at most 200 characters"),
+        (12, "owner"), (["agent-1"], "owner"), ({"name": "agent-1"}, "owner"),
+        ("agent-1\n", "printable"), ("agent-1\r\nX-Owner: agent-2", "printable"), ("agent-1\x00", "printable"),
+        ("agent\x1b[2J", "printable"), ("agent\u202e1", "printable"), ("agent\u200b1", "printable"),
+        ("agent\udcff", "owner"),  # a lone surrogate, as an undecodable host name gives
+    ]:
+        # Sent as ASCII JSON: the surrogate's \udcff escape is valid JSON that httpx's UTF-8 encoder would refuse.
+        response = client.post("/v1/probe-runs", content=json.dumps({**run, "owner": owner}),
+                               headers={"Content-Type": "application/json"})
+        assert response.status_code == 422, (owner, response.text)
+        assert says in response.json()["detail"], (owner, response.text)
+        assert (counts(tmp_path / "tame.sqlite3"), stored(app.state.service.store)) == before, owner
+    assert client.get(f"/v1/probes/{job['id']}").json()["status"] == "running"
+    # The claim's own owner still closes the job.
+    done = client.post("/v1/probe-runs", json={**run, "owner": "agent-1"})
+    assert done.status_code == 201 and client.get(f"/v1/probes/{job['id']}").json()["status"] == "done"
 
 
 def test_site_routes_need_the_write_token(service_factory, tmp_path):
