@@ -25,7 +25,7 @@ def test_a_reno_probe_is_stored_as_reno(testbed_path, tmp_path):
     (tmp_path / "dests").write_text(dest + "\n")
     db = tmp_path / "tame.sqlite3"
     env = ["env", f"TAME_DATABASE_URL=sqlite:///{db}", f"TAME_ALLOWED_DESTINATIONS={testbed_path.server_addr}/32",
-           "TAME_MODEL=lu", "TAME_PROBE_LEVELS=1,2", "TAME_PROBE_DURATION_S=2", "TAME_PROBE_MAX_DURATION_S=4",
+           "TAME_MODEL=lu", "TAME_PROBE_LEVELS=1,2", "TAME_PROBE_DURATION_S=2", "TAME_PROBE_MAX_DURATION_S=2",
            "TAME_PRUNE_INTERVAL_S=0"]
     done = subprocess.run(
         testbed_path.in_sender([*env, sys.executable, "-m", "advisor", "agent", "--once", "--dest-file",

@@ -14,7 +14,7 @@ def test_advise_end_to_end(testbed_path):
     cc = testbed_path.testbed.spec.congestion_control
     done = subprocess.run(
         testbed_path.in_sender([sys.executable, "-m", "advisor", "advise", dest, "--max-impact", "0.2",
-                                "--duration", "6", "--max-duration", "12", "--congestion-control", cc, "--json"]),
+                                "--duration", "6", "--max-duration", "6", "--congestion-control", cc, "--json"]),
         capture_output=True, text=True, timeout=240,
     )
     assert done.returncode == 0, done.stderr
