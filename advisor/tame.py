@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
-from scipy.optimize import brentq
 
 from advisor.advice import Advice, CurvePoint
 from advisor.limits import MAX_STREAMS, usable_rtt_s
@@ -22,8 +21,11 @@ DEFAULT_N_MAX = 64
 # A remainder below this is not worth a fractional stream; one needing FM above the cap is not offered.
 MIN_FRACTION = 0.05
 MAX_FRACTIONAL_MULTIPLIER = 1000.0
-# Resolution of the search for n*: impact is evaluated every 1/_GRID_PER_STREAM streams, then refined by root finding.
+# Resolution of the search for n*: impact is evaluated every 1/_GRID_PER_STREAM streams, then the step where the
+# bound crosses the budget is cut in _SECTIONS until it is at most _ROOT_XTOL streams long.
 _GRID_PER_STREAM = 100
+_SECTIONS = 1000
+_ROOT_XTOL = 1e-12
 
 
 # A predicted impact below this is rounding, not a prediction: the margin leaves it as it is.
@@ -117,12 +119,19 @@ def largest_parallelism_within(fitted: ParallelFit, max_impact: float, n_max: fl
     last_ok = int(np.argmin(within)) - 1
     if last_ok < 0:
         return 0.0
-    lo, hi, held_below = grid[last_ok], grid[last_ok + 1], running[last_ok]
-    excess = lambda n: float(margin.bound(max(held_below, float(fitted.impact(n))))) - max_impact  # noqa: E731
-    if excess(hi) <= 0 or excess(lo) > 0:
-        # The bound jumps across the budget inside one grid step (a margin switching on at impact 0).
-        return float(lo)
-    return float(brentq(excess, lo, hi, xtol=1e-6))
+    lo, hi, held_below = float(grid[last_ok]), float(grid[last_ok + 1]), running[last_ok]
+    # Multisection keeping lo within the budget and hi over it: the answer is never on the far side of the
+    # crossing, where a root finder's may land (up to its tolerance past it).
+    while hi - lo > _ROOT_XTOL:
+        points = np.linspace(lo, hi, _SECTIONS + 1)
+        held = np.maximum(held_below, np.asarray(fitted.impact(points), dtype=float))
+        within = np.asarray(margin.bound(held)) <= max_impact
+        if not within[0] or within[-1]:
+            # The bound jumps across the budget inside one grid step (a margin switching on at impact 0).
+            break
+        first_over = int(np.argmin(within))
+        lo, hi = float(points[first_over - 1]), float(points[first_over])
+    return lo
 
 
 def advisable_limit(fitted: ParallelFit, n_max: int) -> float:
