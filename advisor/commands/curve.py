@@ -11,7 +11,7 @@ from advisor.commands.common import (
     add_probe_options, add_src_option, format_bps, fraction, fractional_margin_from_args, margin_from_args, opened_text, print_json,
     probes_from_args, service_url,
 )
-from advisor.tame import DEFAULT_MODEL, DEFAULT_N_MAX, advisable_limit, advise, predicted_curve
+from advisor.tame import DEFAULT_MODEL, DEFAULT_N_MAX, advisable_limit, advise, predicted_curve, within_budget
 from models.errors import FitError
 from models.registry import fit
 
@@ -77,7 +77,7 @@ def _print_table(payload: dict, budget: float | None, advice: Advice | None) -> 
                 f"{point['impact_bound']:>7.1%}")
         if budget is not None:
             # The schedulers' rule (current_advice): advisable and the bound within the budget.
-            within = point["advisable"] and point["impact_bound"] <= budget
+            within = point["advisable"] and within_budget(point["impact_bound"], budget)
             line += f"  {'yes' if within else 'no'}"
         print(line)
     if advice is not None:
