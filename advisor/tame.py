@@ -26,6 +26,8 @@ MAX_FRACTIONAL_MULTIPLIER = 1000.0
 _GRID_PER_STREAM = 100
 _SECTIONS = 1000
 _ROOT_XTOL = 1e-12
+# Decimals n* is published with (the FM is the one for n* as published).
+_PUBLISHED_DECIMALS = 4
 
 
 # A predicted impact below this is rounding, not a prediction: the margin leaves it as it is.
@@ -159,6 +161,12 @@ def opened_parallelism(whole: int, n_star_whole: float, n_star_fractional: float
     return float(min(n_star_whole, below_next, max(n_star_fractional, MIN_FRACTION)))
 
 
+def published_streams(n: float) -> float:
+    """n to the decimals the advice publishes it with, never above n: rounding up could pass the budget."""
+    rounded = round(n, _PUBLISHED_DECIMALS)
+    return rounded if rounded <= n else round(rounded - 10.0 ** -_PUBLISHED_DECIMALS, _PUBLISHED_DECIMALS)
+
+
 def fractional_multiplier_for(tcp_equivalent_streams: float, rtt_s: float | None = None,
                               standard_control: str | None = None) -> float | None:
     """FM of one tame stream carrying n*'s remainder r (r = n* when n* < 1), or None when r < MIN_FRACTION
@@ -200,8 +208,8 @@ def advise(
     The whole streams are the most whose stored bound (:func:`stored_curve`, the predicted impact raised by
     ``margin``) is within the budget, the schedulers' view's answer; the fractional stream carries the
     remainder of n* held against ``fractional_margin``, below the next whole stream (the advice's
-    ``tcp_equivalent_streams`` is what is opened). The impact reported is the prediction itself, at the
-    whole streams.
+    ``tcp_equivalent_streams`` is what is opened, to 4 decimals rounded down). The impact reported is the
+    prediction itself, at the whole streams.
     """
     validate_request(max_impact, n_max, fitted.model)
     warnings = list(fitted.warnings)
@@ -235,8 +243,9 @@ def advise(
     if rtt_s is not None and rtt_s > 0:
         capacity = capacity if capacity is not None else max(float(fitted.throughput_bps(fitted.max_probed_streams)), throughput)
         buffer_bytes = per_stream_buffer_bytes(capacity, rtt_s, num_flows)
-    # The FM is the one for n* as published (4 decimals), so `tame cc apply --tcp-equivalent N*` sets it too.
-    n_star = round(n_star, 4)
+    # The FM is the one for n* as published (4 decimals, rounded down), so `tame cc apply --tcp-equivalent N*`
+    # sets it too.
+    n_star = published_streams(n_star)
     fractional_multiplier = fractional_multiplier_for(n_star, rtt_s, standard_control)
     beyond = calibration_warning(fractional_multiplier, standard_control)
     if beyond:

@@ -184,7 +184,7 @@ def view_streams(curve, budget):
 
 @pytest.mark.parametrize("name", sorted(NEAR_BOUND_FITS))
 def test_whole_streams_are_the_views_answer_on_and_beside_every_bound(name):
-    from advisor.tame import advise, stored_curve
+    from advisor.tame import DEFAULT_FRACTIONAL_MARGIN, DEFAULT_MARGIN, advise, held_impact, stored_curve
     from models.registry import fit
 
     model, probes = NEAR_BOUND_FITS[name]
@@ -201,6 +201,12 @@ def test_whole_streams_are_the_views_answer_on_and_beside_every_bound(name):
         assert n_star < advice.num_flows + 1, (budget, n_star)
         if view_streams(curve, budget) >= 1 and curve[0][0].impact_bound <= budget:
             assert n_star >= advice.num_flows, (budget, n_star)
+        # Its remainder is held against the fractional margin, and all of it against the whole streams' one
+        # (the gentlest fractional stream, MIN_FRACTION, is offered below one stream whatever it costs).
+        if n_star > advice.num_flows or 0.05 < n_star < 1:
+            held = float(held_impact(fitted, n_star))
+            assert float(DEFAULT_FRACTIONAL_MARGIN.bound(held)) <= budget, (budget, n_star)
+            assert float(DEFAULT_MARGIN.bound(held)) <= budget, (budget, n_star)
 
 
 def test_review_budgets_a_hair_below_a_bound_get_the_streams_below_it():
@@ -231,3 +237,16 @@ def test_search_stops_on_the_budgets_side_of_the_crossing():
             assert float(fitted.impact(n)) <= budget, (k, budget, n)
             assert_allclose(n, math.sqrt(4 * (1 / (1 - budget) ** 2 - 1)), atol=1e-9)
             assert (n >= k) == (at_k <= budget), (k, budget, n)
+
+
+def test_n_star_is_published_rounded_down():
+    from advisor.tame import published_streams
+
+    # Rounded to nearest, 2.99996 would read 3 (a whole stream over the budget) and 1.76698 1.767 (past the
+    # fractional stream's bound): the published n* is never above the one found.
+    assert published_streams(2.99996) == 2.9999
+    assert published_streams(1.76698) == 1.7669
+    assert published_streams(math.nextafter(3.0, 0.0)) == 2.9999
+    assert published_streams(3.0) == 3.0 and published_streams(2.54214) == 2.5421 and published_streams(0.0) == 0.0
+    for n in np.random.default_rng(7).uniform(0, 64, 2000):
+        assert n - 1e-4 < published_streams(float(n)) <= n
