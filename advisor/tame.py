@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
-from scipy.optimize import brentq
 
 from advisor.advice import Advice, CurvePoint
 from advisor.limits import MAX_STREAMS, usable_rtt_s
@@ -22,8 +21,13 @@ DEFAULT_N_MAX = 64
 # A remainder below this is not worth a fractional stream; one needing FM above the cap is not offered.
 MIN_FRACTION = 0.05
 MAX_FRACTIONAL_MULTIPLIER = 1000.0
-# Resolution of the search for n*: impact is evaluated every 1/_GRID_PER_STREAM streams, then refined by root finding.
+# Resolution of the search for n*: impact is evaluated every 1/_GRID_PER_STREAM streams, then the step where the
+# bound crosses the budget is cut in _SECTIONS until it is at most _ROOT_XTOL streams long.
 _GRID_PER_STREAM = 100
+_SECTIONS = 1000
+_ROOT_XTOL = 1e-12
+# Decimals n* is published with (the FM is the one for n* as published).
+_PUBLISHED_DECIMALS = 4
 
 
 # A predicted impact below this is rounding, not a prediction: the margin leaves it as it is.
@@ -117,12 +121,19 @@ def largest_parallelism_within(fitted: ParallelFit, max_impact: float, n_max: fl
     last_ok = int(np.argmin(within)) - 1
     if last_ok < 0:
         return 0.0
-    lo, hi, held_below = grid[last_ok], grid[last_ok + 1], running[last_ok]
-    excess = lambda n: float(margin.bound(max(held_below, float(fitted.impact(n))))) - max_impact  # noqa: E731
-    if excess(hi) <= 0 or excess(lo) > 0:
-        # The bound jumps across the budget inside one grid step (a margin switching on at impact 0).
-        return float(lo)
-    return float(brentq(excess, lo, hi, xtol=1e-6))
+    lo, hi, held_below = float(grid[last_ok]), float(grid[last_ok + 1]), running[last_ok]
+    # Multisection keeping lo within the budget and hi over it: the answer is never on the far side of the
+    # crossing, where a root finder's may land (up to its tolerance past it).
+    while hi - lo > _ROOT_XTOL:
+        points = np.linspace(lo, hi, _SECTIONS + 1)
+        held = np.maximum(held_below, np.asarray(fitted.impact(points), dtype=float))
+        within = np.asarray(margin.bound(held)) <= max_impact
+        if not within[0] or within[-1]:
+            # The bound jumps across the budget inside one grid step (a margin switching on at impact 0).
+            break
+        first_over = int(np.argmin(within))
+        lo, hi = float(points[first_over - 1]), float(points[first_over])
+    return lo
 
 
 def advisable_limit(fitted: ParallelFit, n_max: int) -> float:
@@ -134,19 +145,26 @@ def advisable_limit(fitted: ParallelFit, n_max: int) -> float:
     return largest_parallelism_within(fitted, 1.0, cap)
 
 
-def opened_parallelism(n_star_whole: float, n_star_fractional: float) -> float:
-    """n* as opened (TCP-equivalent streams): floor(n_star_whole) whole streams plus the part of
-    n_star_fractional above them, never more than n_star_whole.
+def opened_parallelism(whole: int, n_star_whole: float, n_star_fractional: float) -> float:
+    """n* as opened (TCP-equivalent streams): ``whole`` streams (:func:`whole_streams_within`, 0 when not even
+    one is) plus the part of n_star_fractional above them, never more than n_star_whole and always below
+    whole + 1, the first whole count over the budget.
 
     Below one stream the fractional stream is the whole transfer; it is kept to at least
     MIN_FRACTION there (FM 400), since opening nothing is not advice and one standard stream is more.
     """
-    whole = math.floor(n_star_whole + 1e-9)
+    below_next = math.nextafter(whole + 1.0, 0.0)
     if whole >= 1:
-        return float(whole + max(0.0, min(n_star_fractional, n_star_whole) - whole))
+        return float(max(whole, min(n_star_fractional, n_star_whole, below_next)))
     if n_star_whole < MIN_FRACTION:
-        return float(n_star_whole)
-    return float(min(n_star_whole, max(n_star_fractional, MIN_FRACTION)))
+        return float(min(n_star_whole, below_next))
+    return float(min(n_star_whole, below_next, max(n_star_fractional, MIN_FRACTION)))
+
+
+def published_streams(n: float) -> float:
+    """n to the decimals the advice publishes it with, never above n: rounding up could pass the budget."""
+    rounded = round(n, _PUBLISHED_DECIMALS)
+    return rounded if rounded <= n else round(rounded - 10.0 ** -_PUBLISHED_DECIMALS, _PUBLISHED_DECIMALS)
 
 
 def fractional_multiplier_for(tcp_equivalent_streams: float, rtt_s: float | None = None,
@@ -187,10 +205,11 @@ def advise(
 ) -> Advice:
     """Advice from a fitted curve: n*, the streams to open, their throughput (bits/s) and impact.
 
-    The whole streams are floor(n*) for n* held against the predicted impact raised by ``margin``;
-    the fractional stream carries the remainder of n* held against ``fractional_margin`` (the
-    advice's ``tcp_equivalent_streams`` is what is opened). The impact reported is the prediction
-    itself, at the whole streams.
+    The whole streams are the most whose stored bound (:func:`stored_curve`, the predicted impact raised by
+    ``margin``) is within the budget, the schedulers' view's answer; the fractional stream carries the
+    remainder of n* held against ``fractional_margin``, below the next whole stream (the advice's
+    ``tcp_equivalent_streams`` is what is opened, to 4 decimals rounded down). The impact reported is the
+    prediction itself, at the whole streams.
     """
     validate_request(max_impact, n_max, fitted.model)
     warnings = list(fitted.warnings)
@@ -198,13 +217,17 @@ def advise(
     if fitted.regime == UNCONGESTED and fitted.max_probed_streams < cap:
         cap = fitted.max_probed_streams
         warnings.append(f"advice capped at the highest probed level ({cap:g} streams) because no congestion was seen")
+    # The whole streams are the schedulers' answer from the curve the store keeps (the current_advice view's
+    # test, on the same numbers), so the API and the view agree for every budget, however close to a bound.
+    curve = stored_curve(fitted, n_max, margin)
+    whole = whole_streams_within(curve, max_impact)
+    num_flows = max(1, whole)
     n_star_whole = largest_parallelism_within(fitted, max_impact, cap, margin)
-    num_flows = max(1, math.floor(n_star_whole + 1e-9))
     # Under the same margin the fractional stream's search would repeat the whole streams' one.
     n_star_fractional = (n_star_whole if fractional_margin == margin
                          else largest_parallelism_within(fitted, max_impact, cap, fractional_margin))
-    n_star = opened_parallelism(n_star_whole, n_star_fractional)
-    impact = float(held_impact(fitted, num_flows))
+    n_star = opened_parallelism(whole, n_star_whole, n_star_fractional)
+    impact = curve[num_flows - 1][0].impact
     if impact > max_impact:
         warnings.append(
             f"even one stream is predicted to cost competing flows {impact:.1%}, above the {max_impact:.1%} budget"
@@ -220,8 +243,9 @@ def advise(
     if rtt_s is not None and rtt_s > 0:
         capacity = capacity if capacity is not None else max(float(fitted.throughput_bps(fitted.max_probed_streams)), throughput)
         buffer_bytes = per_stream_buffer_bytes(capacity, rtt_s, num_flows)
-    # The FM is the one for n* as published (4 decimals), so `tame cc apply --tcp-equivalent N*` sets it too.
-    n_star = round(n_star, 4)
+    # The FM is the one for n* as published (4 decimals, rounded down), so `tame cc apply --tcp-equivalent N*`
+    # sets it too.
+    n_star = published_streams(n_star)
     fractional_multiplier = fractional_multiplier_for(n_star, rtt_s, standard_control)
     beyond = calibration_warning(fractional_multiplier, standard_control)
     if beyond:
@@ -279,11 +303,26 @@ def predicted_curve(fitted: ParallelFit, n_max: int = DEFAULT_N_MAX,
     return [CurvePoint(int(k), float(t), float(i), float(b)) for k, t, i, b in zip(n, throughput, impact, bound)]
 
 
-def stored_curve(fitted: ParallelFit, n_max: int) -> list[tuple[CurvePoint, bool]]:
+def stored_curve(fitted: ParallelFit, n_max: int,
+                 margin: ImpactMargin = DEFAULT_MARGIN) -> list[tuple[CurvePoint, bool]]:
     """The curve the store keeps of a fit, n = 1 .. n_max, each point with whether the advice may choose it
-    (up to :func:`advisable_limit`): what the schedulers' view reads, so it gives the advice's stream count."""
+    (up to :func:`advisable_limit`): what the schedulers' view reads, and what :func:`advise` takes its
+    whole streams from (:func:`whole_streams_within`)."""
     limit = advisable_limit(fitted, n_max)
-    return [(point, point.streams <= limit + 1e-9) for point in predicted_curve(fitted, n_max)]
+    return [(point, point.streams <= limit + 1e-9) for point in predicted_curve(fitted, n_max, margin)]
+
+
+def within_budget(impact_bound: float, max_impact: float) -> bool:
+    """The schedulers' test of one curve point against a budget (fraction 0-1): the current_advice view's
+    ``impact_bound <= B``, exactly, with no tolerance either way."""
+    return impact_bound <= max_impact
+
+
+def whole_streams_within(curve: Sequence[tuple[CurvePoint, bool]], max_impact: float) -> int:
+    """The most streams of ``curve`` (:func:`stored_curve`) advisable and :func:`within_budget`, 0 when none:
+    the view's ``max(streams) ... WHERE impact_bound <= B`` (its coalesce(..., 1) is the advice's max(1, ...))."""
+    return max((point.streams for point, advisable in curve
+                if advisable and within_budget(point.impact_bound, max_impact)), default=0)
 
 
 def point_from_probe(probe: ProbeResult) -> ProbePoint:

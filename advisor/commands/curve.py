@@ -11,7 +11,7 @@ from advisor.commands.common import (
     add_probe_options, add_src_option, format_bps, fraction, fractional_margin_from_args, margin_from_args, opened_text, print_json,
     probes_from_args, service_url,
 )
-from advisor.tame import DEFAULT_MODEL, DEFAULT_N_MAX, advisable_limit, advise, predicted_curve
+from advisor.tame import DEFAULT_MODEL, DEFAULT_N_MAX, advise, stored_curve, within_budget
 from models.errors import FitError
 from models.registry import fit
 
@@ -77,7 +77,7 @@ def _print_table(payload: dict, budget: float | None, advice: Advice | None) -> 
                 f"{point['impact_bound']:>7.1%}")
         if budget is not None:
             # The schedulers' rule (current_advice): advisable and the bound within the budget.
-            within = point["advisable"] and point["impact_bound"] <= budget
+            within = point["advisable"] and within_budget(point["impact_bound"], budget)
             line += f"  {'yes' if within else 'no'}"
         print(line)
     if advice is not None:
@@ -93,11 +93,10 @@ def _fitted_curve(args) -> tuple[dict, Advice | None]:
     except FitError as exc:
         raise UsageError(str(exc)) from exc
     margin = margin_from_args(args)
-    limit = advisable_limit(fitted, args.n_max)
-    curve = predicted_curve(fitted, args.n_max, margin)
-    payload = curve_to_json(fitted.model, dict(fitted.params), curve)
-    for entry in payload["curve"]:
-        entry["advisable"] = entry["streams"] <= limit + 1e-9
+    curve = stored_curve(fitted, args.n_max, margin)
+    payload = curve_to_json(fitted.model, dict(fitted.params), [point for point, _ in curve])
+    for entry, (_, advisable) in zip(payload["curve"], curve):
+        entry["advisable"] = advisable
     payload["probes"] = [{"streams": p.streams, "throughput_bps": p.throughput_bps} for p in points]
     payload["warnings"] = list(fitted.warnings)
     advice = None

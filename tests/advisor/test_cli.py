@@ -100,6 +100,19 @@ def test_curve_table():
     assert result.returncode == 0 and len(result.stdout.strip().splitlines()) == 4
 
 
+def test_curve_table_marks_the_advised_streams_within_a_budget_a_hair_below_a_bound():
+    # The review's probe run bounds 3 streams at 0.806676 (auto, default margin); 1e-9 below it, the table and
+    # the advice both stop at 2 streams, as the schedulers' view does.
+    curve = json.loads(tame("curve", "--probe", "1:42e6", "--probe", "10:88e6", "--n-max", "5", "--json").stdout)["curve"]
+    budget = curve[2]["impact_bound"] - 1e-9
+    result = tame("curve", "--probe", "1:42e6", "--probe", "10:88e6", "--n-max", "5", "--max-impact", repr(budget))
+    assert result.returncode == 0, result.stderr
+    rows = [line.split() for line in result.stdout.splitlines()[1:6]]
+    assert [row[-1] for row in rows] == ["yes", "yes", "no", "no", "no"], result.stdout
+    (advised,) = [line for line in result.stdout.splitlines() if line.startswith("at budget")]
+    assert "2 standard" in advised and "3 standard" not in advised, advised
+
+
 @pytest.mark.parametrize("args, fragment", [
     (["--probe", "0:1e6", "--probe", "2:3e6"], "stream count must be a whole number between 1 and 1024"),
     (["--probe", "1:-5", "--probe", "2:3e6"], "from 1 up to 1e+15"),

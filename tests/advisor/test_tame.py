@@ -160,3 +160,93 @@ def test_rounding_noise_is_no_impact_for_the_margin():
     assert DEFAULT_MARGIN.bound(2.2e-16) == 2.2e-16
     assert DEFAULT_MARGIN.bound(0.0) == 0.0
     assert DEFAULT_MARGIN.bound(0.1) == pytest.approx(0.1 * 1.15 + 0.02)
+
+
+# Fits whose stored bounds the budgets below sit on: the review's probe run (1 stream 42 Mbit/s, 10 streams
+# 88: bounds 0.69936, 0.80668 and 0.92047 at 2, 3 and 5 streams), Lu's path above and others of each form.
+NEAR_BOUND_FITS = {
+    "review auto": ("auto", [ProbePoint(1, 42e6), ProbePoint(10, 88e6)]),
+    "lu": (LU, PROBES),
+    "auto on lu's path": ("auto", PROBES),
+    "knee": ("auto", [ProbePoint(1, 44.72e6), ProbePoint(10, 100e6), ProbePoint(31, 100.64e6)]),
+    "slow start": ("auto", [ProbePoint(1, 10e6), ProbePoint(10, 60e6)]),
+}
+# Exactly on a bound, and 1e-12, 1e-9 and 1e-7 either side: before, budgets up to ~1e-7 below a bound at k
+# streams got k from the advice and k - 1 from the view.
+NEAR_BOUND_OFFSETS = (0.0, -1e-12, 1e-12, -1e-9, 1e-9, -1e-7, 1e-7)
+
+
+def view_streams(curve, budget):
+    # The schedulers' query, SELECT coalesce(max(streams), 1) FROM current_advice WHERE impact_bound <= B,
+    # on the curve the store keeps (the view holds its advisable rows).
+    return max([point.streams for point, advisable in curve if advisable and point.impact_bound <= budget], default=1)
+
+
+@pytest.mark.parametrize("name", sorted(NEAR_BOUND_FITS))
+def test_whole_streams_are_the_views_answer_on_and_beside_every_bound(name):
+    from advisor.tame import DEFAULT_FRACTIONAL_MARGIN, DEFAULT_MARGIN, advise, held_impact, stored_curve
+    from models.registry import fit
+
+    model, probes = NEAR_BOUND_FITS[name]
+    fitted = fit(model, probes)
+    curve = stored_curve(fitted, 64)
+    bounds = sorted({point.impact_bound for point, advisable in curve[:40] if advisable})
+    budgets = sorted({b + d for b in bounds for d in NEAR_BOUND_OFFSETS if 0.0 <= b + d <= 1.0})
+    assert len(budgets) > 20, bounds
+    for budget in budgets:
+        advice = advise(fitted, budget, 64)
+        assert advice.num_flows == view_streams(curve, budget), budget
+        n_star = advice.tcp_equivalent_streams
+        # n* never reaches the first whole count over the budget, nor falls below the whole streams opened.
+        assert n_star < advice.num_flows + 1, (budget, n_star)
+        if view_streams(curve, budget) >= 1 and curve[0][0].impact_bound <= budget:
+            assert n_star >= advice.num_flows, (budget, n_star)
+        # Its remainder is held against the fractional margin, and all of it against the whole streams' one
+        # (the gentlest fractional stream, MIN_FRACTION, is offered below one stream whatever it costs).
+        if n_star > advice.num_flows or 0.05 < n_star < 1:
+            held = float(held_impact(fitted, n_star))
+            assert float(DEFAULT_FRACTIONAL_MARGIN.bound(held)) <= budget, (budget, n_star)
+            assert float(DEFAULT_MARGIN.bound(held)) <= budget, (budget, n_star)
+
+
+def test_review_budgets_a_hair_below_a_bound_get_the_streams_below_it():
+    # The review's cases: GET /v1/advice answered 2, 3 and 5 streams where the view answered 1, 2 and 4.
+    from advisor.tame import advise, stored_curve
+    from models.registry import fit
+
+    fitted = fit("auto", [ProbePoint(1, 42e6), ProbePoint(10, 88e6)])
+    curve = stored_curve(fitted, 64)
+    assert_allclose([curve[k - 1][0].impact_bound for k in (2, 3, 5)], [0.69936, 0.80668, 0.92047], atol=1e-5)
+    for budget, streams in ((0.6993594, 1), (0.80667582, 2), (0.92047169, 4)):
+        advice = advise(fitted, budget)
+        assert advice.num_flows == streams == view_streams(curve, budget), budget
+        assert advice.tcp_equivalent_streams < streams + 1
+
+
+def test_search_stops_on_the_budgets_side_of_the_crossing():
+    from advisor.tame import largest_parallelism_within
+
+    # Lu's path: impact(n) = 1 - sqrt(B / (A n^2 + B)) = I  <=>  n = sqrt(4 (1 / (1 - I)^2 - 1)). Budgets on
+    # the impact at 2, 3 and 5 streams and a hair either side: the search answers the largest n whose impact
+    # is within the budget, never one past the crossing.
+    fitted = fit_lu(PROBES)
+    for k in (2, 3, 5):
+        at_k = float(fitted.impact(float(k)))
+        for budget in (at_k, np.nextafter(at_k, 0.0), at_k - 1e-12, at_k - 1e-9, at_k + 1e-12):
+            n = largest_parallelism_within(fitted, budget, 64)
+            assert float(fitted.impact(n)) <= budget, (k, budget, n)
+            assert_allclose(n, math.sqrt(4 * (1 / (1 - budget) ** 2 - 1)), atol=1e-9)
+            assert (n >= k) == (at_k <= budget), (k, budget, n)
+
+
+def test_n_star_is_published_rounded_down():
+    from advisor.tame import published_streams
+
+    # Rounded to nearest, 2.99996 would read 3 (a whole stream over the budget) and 1.76698 1.767 (past the
+    # fractional stream's bound): the published n* is never above the one found.
+    assert published_streams(2.99996) == 2.9999
+    assert published_streams(1.76698) == 1.7669
+    assert published_streams(math.nextafter(3.0, 0.0)) == 2.9999
+    assert published_streams(3.0) == 3.0 and published_streams(2.54214) == 2.5421 and published_streams(0.0) == 0.0
+    for n in np.random.default_rng(7).uniform(0, 64, 2000):
+        assert n - 1e-4 < published_streams(float(n)) <= n

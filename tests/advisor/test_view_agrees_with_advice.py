@@ -134,6 +134,40 @@ def test_view_gives_the_api_answer_for_every_budget(tmp_path, form):
         store.close()
 
 
+# Exactly on a stored bound and a hair either side: random budgets almost never land within 1e-7 below a bound,
+# where the advice once counted a whole stream the view did not.
+NEAR_BOUND_OFFSETS = (0.0, -1e-12, 1e-12, -1e-9, 1e-9, -1e-7, 1e-7)
+
+
+@pytest.mark.parametrize("form", sorted(FORMS))
+def test_view_gives_the_api_answer_on_and_beside_every_stored_bound(tmp_path, form):
+    store = Store.open(f"sqlite:///{tmp_path / 'advice.sqlite3'}")
+    service = AdviceService(store, Settings(model=AUTO), resolver=lambda host: ["127.0.0.1"])
+
+    @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(fitted=FORMS[form], data=st.data())
+    def check(fitted, data):
+        store_fit(service, fitted)
+        with store.db.transaction() as tx:
+            bounds = [b for (b,) in tx.execute("SELECT impact_bound FROM current_advice WHERE dest = ? ORDER BY streams",
+                                               (DEST.key,)).fetchall()]
+        if not bounds:  # no whole stream advisable: the view answers 1 whatever the budget
+            return
+        near = st.tuples(st.sampled_from(bounds), st.sampled_from(NEAR_BOUND_OFFSETS)).map(sum).filter(
+            lambda b: 0.0 <= b <= 1.0)
+        for budget in data.draw(st.lists(near, min_size=8, max_size=8)):
+            advice = service.advice(DEST.key, budget)
+            view = scheduler_streams(store, budget)
+            assert view == advice["num_flows"], (budget, bounds)
+            # n* as opened never reaches the first whole count over the budget.
+            assert advice["tcp_equivalent_streams"] < view + 1, (budget, advice["tcp_equivalent_streams"])
+
+    try:
+        check()
+    finally:
+        store.close()
+
+
 def test_knee_impact_held_past_its_plateau():
     # The case from the field: one stream at 24.3 Gbit/s, 17.7 at 10 streams with its plateau ending there,
     # so the knee's own impact fell from 0.92 at 9 streams to 0 at 10 (link conservation starting from 0).

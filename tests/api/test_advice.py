@@ -112,6 +112,33 @@ def test_plain_sql_view_gives_the_same_stream_count_as_the_api(service_factory, 
         assert sql == api, budget
 
 
+def test_view_and_api_agree_on_budgets_a_hair_from_a_stored_bound(service_factory, tmp_path):
+    # Found by review: this probe run's curve bounds 2, 3 and 5 streams at 0.69936, 0.80668 and 0.92047, and
+    # budgets up to ~1e-7 below a bound got k streams from GET /v1/advice but k - 1 from the view (0.6993594:
+    # 2 against 1). Every stored bound up to 8 streams, exactly and 1e-12, 1e-9 and 1e-7 either side, with the
+    # documented query for the default control.
+    base, client, app = service_factory(driver=None, model="auto")
+    response = client.post("/v1/probe-runs", json={"dest": "127.0.0.1:5201", "probes": [
+        {"streams": 1, "throughput_bps": 42e6}, {"streams": 10, "throughput_bps": 88e6}]})
+    assert response.status_code == 201 and response.json()["fitted"] is True
+    control = app.state.settings.congestion_control
+    db = sqlite3.connect(tmp_path / "tame.sqlite3")
+    where = "dest = '127.0.0.1:5201' AND (congestion_control = ? OR congestion_control IS NULL)"
+    bounds = [b for (b,) in db.execute(f"SELECT impact_bound FROM current_advice WHERE {where} AND streams <= 8 "
+                                       "ORDER BY streams", (control,))]
+    assert_allclose([bounds[1], bounds[2], bounds[4]], [0.69936, 0.80668, 0.92047], atol=1e-5)
+    budgets = [0.6993594, 0.80667582, 0.92047169] + [b + d for b in bounds for d in (0.0, -1e-12, 1e-12, -1e-9, 1e-9,
+                                                                                   -1e-7, 1e-7) if 0 <= b + d <= 1]
+    for budget in budgets:
+        # repr: the shortest decimal that reads back as this float, so the service gets exactly this budget.
+        advice = client.get("/v1/advice", params={"dest": "127.0.0.1:5201", "max_impact": repr(budget)}).json()
+        (sql,) = db.execute(f"SELECT coalesce(max(streams), 1) FROM current_advice WHERE {where} AND impact_bound <= ?",
+                            (control, budget)).fetchone()
+        assert advice["num_flows"] == sql, budget
+        assert advice["tcp_equivalent_streams"] < sql + 1, (budget, advice["tcp_equivalent_streams"])
+    db.close()
+
+
 def test_stale_advice_is_flagged_and_a_reprobe_is_queued(service_factory, clock):
     base, client, app = service_factory(ttl_s=600)
     probe_and_wait(client)
