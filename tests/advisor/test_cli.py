@@ -188,3 +188,15 @@ def test_a_url_as_destination_is_named_as_one():
 def test_advise_takes_the_probe_duration_the_service_takes(duration):
     result = tame("advise", "127.0.0.1:9", "--max-impact", "0.1", "--duration", duration)
     assert result.returncode == 2 and "--duration" in result.stderr and "1 to 300" in result.stderr, result.stderr
+
+
+def test_the_readme_s_fit_example_is_what_tame_fit_prints():
+    # The README's first advice is a console block: its command, run now, prints exactly the lines shown.
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = readme.split("```console\n$ tame fit ", 1)[1].split("```", 1)[0]
+    command, shown = block.split("\n", 1)
+    result = tame("fit", *command.split())
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == shown
