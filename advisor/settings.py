@@ -17,7 +17,7 @@ from advisor.allowlist import DEFAULT_ALLOWED, AllowList
 from advisor.db import redact_url
 from advisor.errors import ConfigError, InvalidRequest
 from advisor.freshness import PROBE_MAX_AGE_TTLS, Freshness
-from advisor.limits import SITE_RULE, check_congestion_control, check_site
+from advisor.limits import MAX_SITE_LINKS, SITE_RULE, check_congestion_control, check_site
 from advisor.retention import Retention
 from advisor.sites import SITE_CEILING_VARIABLES, SITE_HARD_CAPS, SiteBudget
 from advisor.store import REFIT_OBSERVATIONS
@@ -257,6 +257,10 @@ class Settings:
     # The most any site's budget may be (advisor.sites.SiteBudget): a registration above it is refused, and a budget
     # stored before it was lowered is held to it when its probes are claimed.
     site_ceiling: SiteBudget = SITE_HARD_CAPS
+    # The most links (source site, destination) the store keeps from one site: a write that would make one more is
+    # refused (advisor.store.Store.check_new_link). Each link has its own retention allowance, so this bounds the
+    # store per site; links that hold nothing age out (advisor/retention.py).
+    max_site_links: int = MAX_SITE_LINKS
 
     def __repr__(self) -> str:
         # A repr reaches logs, tracebacks and debuggers: the tokens are left out (repr=False), and the database URL,
@@ -282,8 +286,8 @@ class Settings:
         TAME_MAX_QUEUED_PROBES_PER_CLIENT (queued jobs one remote address, or one other site, may have),
         TAME_FORWARDED_ALLOW_IPS (trusted proxies whose X-Forwarded-For names the remote address; see
         forwarded_allow_ips), TAME_KEEPALIVE_TIMEOUT_S, TAME_HEADER_TIMEOUT_S, TAME_BODY_TIMEOUT_S,
-        TAME_MAX_CONNECTIONS, TAME_BACKLOG, TAME_CONGESTION_CONTROL
-        (the control probes and advice use when a request names none; default this host's,
+        TAME_MAX_CONNECTIONS, TAME_BACKLOG, TAME_MAX_SITE_LINKS (links the store keeps from one site, default 2000),
+        TAME_CONGESTION_CONTROL (the control probes and advice use when a request names none; default this host's,
         net.ipv4.tcp_congestion_control), TAME_SITE (this service's site, the source of the links it probes;
         default "local"), TAME_MAX_SITE_PROBES, TAME_MAX_SITE_STREAMS, TAME_MAX_SITE_PROBE_SECONDS_PER_HOUR (the
         most any site's budget may be: site_ceiling; default and at most advisor.sites.SITE_HARD_CAPS).
@@ -364,6 +368,7 @@ class Settings:
             body_timeout_s=number("TAME_BODY_TIMEOUT_S", 30.0, 0.1, 3600.0),
             max_connections=number("TAME_MAX_CONNECTIONS", 1000, 1, 1_000_000, int),
             backlog=number("TAME_BACKLOG", 2048, 1, 65535, int),
+            max_site_links=number("TAME_MAX_SITE_LINKS", MAX_SITE_LINKS, 1, 10_000_000, int),
             retention=Retention(
                 keep_fits=number("TAME_KEEP_FITS", 20, 1, 1_000_000, int),
                 keep_runs=number("TAME_KEEP_RUNS", 20, 1, 1_000_000, int),
