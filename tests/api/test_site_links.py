@@ -119,6 +119,68 @@ def test_a_queued_probe_holds_its_link_s_place_so_its_run_is_never_refused(datab
 
 
 @pytest.mark.parametrize("database", DATABASES)
+def test_links_that_hold_nothing_age_out_and_then_new_ones_are_accepted(database, request, tmp_path, service_factory,
+                                                                         clock):
+    from advisor.retention import prune
+
+    base, client, app = service_factory(start_worker=False, url=url_for(database, request, tmp_path),
+                                        max_site_links=CAP, **SITE_TOKENS)
+    store, retention = app.state.service.store, app.state.settings.retention
+    # At the cap: a link with a fit, one with an observation only, one with a probe queued (a registration's).
+    assert client.post("/v1/probe-runs", json={"src": "site-a", "dest": LINKS[0], "probes": PROBES},
+                       headers=AS_A).json()["fitted"]
+    assert client.post("/v1/observations", json=observation(LINKS[1]), headers=AS_A).status_code == 202
+    assert client.put("/v1/sites/site-a", json={"dests": [LINKS[2]], "owner": "agent-a"}, headers=AS_A
+                      ).json()["queued"] == 1
+    advice = {"src": "site-a", "dest": LINKS[0], "max_impact": 0.3}
+    before = client.get("/v1/advice", params=advice, headers=AS_A).json()
+    assert_refused_for_the_cap(client.post("/v1/observations", json=observation(NEW), headers=AS_A))
+
+    assert prune(store, retention).deleted["destinations"] == 0  # all written to within TAME_RUN_MAX_AGE_S
+    clock.advance(retention.run_max_age_s + 1)
+    assert prune(store, retention).deleted["destinations"] == 1
+    # The observation-only link went; the fitted one and the one whose probe waits stay, the advice as it was.
+    assert links_of(store, "site-a") == [LINKS[0], LINKS[2]]
+    after = client.get("/v1/advice", params=advice, headers=AS_A).json()
+    assert {k: v for k, v in after.items() if k not in ("age_s", "stale")} == \
+           {k: v for k, v in before.items() if k not in ("age_s", "stale")}
+    # The place it held takes a new link, and the cap holds again after it.
+    assert client.post("/v1/observations", json=observation(NEW), headers=AS_A).status_code == 202
+    assert_refused_for_the_cap(client.post("/v1/observations", json=observation(LINKS[1]), headers=AS_A),
+                               dest=LINKS[1])
+
+
+@pytest.mark.parametrize("database", DATABASES)
+def test_a_write_to_a_link_being_pruned_is_kept(database, request, tmp_path, service_factory, clock):
+    """Pruning removes links while writes to them arrive: every write acknowledged is in the store afterwards, each on
+    a link (the one it found, kept for it, or the link made again), and none fails."""
+    import threading
+    from dataclasses import replace
+
+    from advisor.retention import prune
+
+    dests = [f"127.0.2.{i}:5201" for i in range(1, 121)]
+    base, client, app = service_factory(start_worker=False, url=url_for(database, request, tmp_path),
+                                        max_site_links=len(dests), **SITE_TOKENS)
+    store, retention = app.state.service.store, replace(app.state.settings.retention, batch=4)
+    with ThreadPoolExecutor(8) as pool:
+        assert set(pool.map(lambda d: client.post("/v1/observations", json=observation(d), headers=AS_A).status_code,
+                            dests)) == {202}
+    clock.advance(retention.run_max_age_s + 1)
+    pruning = threading.Thread(target=prune, args=(store, retention), kwargs={"max_batches": 1000})
+    pruning.start()
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda d: client.post("/v1/observations", json=observation(d, streams=3),
+                                                      headers=AS_A), dests))
+    pruning.join(60)
+    assert [a.status_code for a in answers] == [202] * len(dests), [a.text for a in answers if a.status_code != 202]
+    with store.db.transaction() as tx:
+        kept = dict(tx.execute("SELECT o.id, d.dest FROM observations o JOIN destinations d ON d.id = o.destination_id "
+                               "WHERE o.streams = 3").fetchall())
+    assert {a.json()["id"]: a.json()["dest"] for a in answers} == kept
+
+
+@pytest.mark.parametrize("database", DATABASES)
 def test_concurrent_first_writes_make_no_more_links_than_the_cap(database, request, tmp_path, service_factory):
     # PostgreSQL runs the writes in parallel: the count and the insert are one step per site (an advisory lock).
     base, client, app = service_factory(start_worker=False, url=url_for(database, request, tmp_path),
