@@ -248,6 +248,10 @@ class Settings:
     body_timeout_s: float = 30.0
     max_connections: int = 1000
     backlog: int = 2048
+    # Request bodies over api.boundary.LARGE_BODY_BYTES are read and handled by at most max_large_bodies requests at
+    # once; one more waits up to large_body_wait_s for its turn, then gets 503 (api/boundary.py).
+    max_large_bodies: int = 4
+    large_body_wait_s: float = 5.0
     # What history the store keeps and how often the rest is pruned (advisor/retention.py).
     retention: Retention = field(default_factory=Retention)
     # The congestion control probes and advice use when a request names none: this host's default.
@@ -286,7 +290,8 @@ class Settings:
         TAME_MAX_QUEUED_PROBES_PER_CLIENT (queued jobs one remote address, or one other site, may have),
         TAME_FORWARDED_ALLOW_IPS (trusted proxies whose X-Forwarded-For names the remote address; see
         forwarded_allow_ips), TAME_KEEPALIVE_TIMEOUT_S, TAME_HEADER_TIMEOUT_S, TAME_BODY_TIMEOUT_S,
-        TAME_MAX_CONNECTIONS, TAME_BACKLOG, TAME_MAX_SITE_LINKS (links the store keeps from one site, default 2000),
+        TAME_MAX_CONNECTIONS, TAME_BACKLOG, TAME_MAX_LARGE_BODIES (request bodies over 1 MiB read at once, default
+        4), TAME_LARGE_BODY_WAIT_S (how long one more waits for its turn before 503, default 5), TAME_MAX_SITE_LINKS (links the store keeps from one site, default 2000),
         TAME_CONGESTION_CONTROL (the control probes and advice use when a request names none; default this host's,
         net.ipv4.tcp_congestion_control), TAME_SITE (this service's site, the source of the links it probes;
         default "local"), TAME_MAX_SITE_PROBES, TAME_MAX_SITE_STREAMS, TAME_MAX_SITE_PROBE_SECONDS_PER_HOUR (the
@@ -368,6 +373,8 @@ class Settings:
             body_timeout_s=number("TAME_BODY_TIMEOUT_S", 30.0, 0.1, 3600.0),
             max_connections=number("TAME_MAX_CONNECTIONS", 1000, 1, 1_000_000, int),
             backlog=number("TAME_BACKLOG", 2048, 1, 65535, int),
+            max_large_bodies=number("TAME_MAX_LARGE_BODIES", 4, 1, 1024, int),
+            large_body_wait_s=number("TAME_LARGE_BODY_WAIT_S", 5.0, 0.0, 300.0),
             max_site_links=number("TAME_MAX_SITE_LINKS", MAX_SITE_LINKS, 1, 10_000_000, int),
             retention=Retention(
                 keep_fits=number("TAME_KEEP_FITS", 20, 1, 1_000_000, int),

@@ -69,7 +69,8 @@ _ERROR_MEANING = {
          "TAME_MAX_SITE_STREAMS, TAME_MAX_SITE_PROBE_SECONDS_PER_HOUR), or a new link from a site that has "
          "TAME_MAX_SITE_LINKS links already; the detail says what to give instead",
     429: "the probe queue is full, in total or for this client; ask again after Retry-After seconds",
-    503: "the advice store is unavailable, or the server is at its connection limit",
+    503: "the advice store is unavailable, the server is at its connection limit, or it is reading as many bodies "
+         "over 1 MiB as it reads at once (TAME_MAX_LARGE_BODIES; send it again after Retry-After seconds)",
 }
 
 
@@ -78,7 +79,7 @@ def _responses(*codes: int) -> dict[int, dict]:
     out: dict[int, dict] = {}
     for code in codes:
         out[code] = {"model": schemas.ErrorOut, "description": _ERROR_MEANING[code]}
-        if code == 429:
+        if code in (429, 503):  # a 503 has it when too many large bodies are being read (api/boundary.py)
             out[code]["headers"] = {"Retry-After": {"description": "seconds to wait", "schema": {"type": "integer"}}}
     return out
 
@@ -265,7 +266,8 @@ def create_app(settings: Settings, store: Store, driver: ProbeDriver | None = No
         metrics.requests.labels(method, path if path in caps else "unmatched", str(status)).inc()
 
     app.add_middleware(Boundary, token=settings.token, read_token=settings.read_token, caps=caps,
-                       body_timeout_s=settings.body_timeout_s, site_tokens=settings.site_tokens, on_refused=refused)
+                       body_timeout_s=settings.body_timeout_s, site_tokens=settings.site_tokens, on_refused=refused,
+                       max_large_bodies=settings.max_large_bodies, large_body_wait_s=settings.large_body_wait_s)
     return app
 
 
