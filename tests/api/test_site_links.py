@@ -23,6 +23,13 @@ def url_for(database, request, tmp_path):
     return request.getfixturevalue("pg_url") if database == "postgres" else f"sqlite:///{tmp_path}/tame.sqlite3"
 
 
+def capped_service(database, request, tmp_path, service_factory, cap=CAP):
+    """(client, app, store) of a live server whose sites may have ``cap`` links, on ``database``."""
+    base, client, app = service_factory(start_worker=False, url=url_for(database, request, tmp_path),
+                                        max_site_links=cap, **SITE_TOKENS)
+    return client, app, app.state.service.store
+
+
 def stored(store):
     """Every row a write could add, per table (the sites row's last_seen_at left out: a registration refreshes it)."""
     with store.db.transaction() as tx:
@@ -50,9 +57,7 @@ def assert_refused_for_the_cap(response, dest=NEW):
 @pytest.mark.parametrize("database", DATABASES)
 def test_a_site_s_writes_past_its_link_cap_are_refused_and_nothing_is_stored(database, request, tmp_path,
                                                                               service_factory):
-    base, client, app = service_factory(start_worker=False, url=url_for(database, request, tmp_path),
-                                        max_site_links=CAP, **SITE_TOKENS)
-    store = app.state.service.store
+    client, app, store = capped_service(database, request, tmp_path, service_factory)
     # Three links, each made by a different write: a registration, an observation, a pushed run.
     registered = client.put("/v1/sites/site-a", json={"dests": LINKS[:1], "owner": "agent-a"}, headers=AS_A)
     assert registered.status_code == 200 and registered.json()["refused"] == [], registered.text
@@ -99,9 +104,7 @@ def test_a_site_s_writes_past_its_link_cap_are_refused_and_nothing_is_stored(dat
 @pytest.mark.parametrize("database", DATABASES)
 def test_a_queued_probe_holds_its_link_s_place_so_its_run_is_never_refused(database, request, tmp_path,
                                                                              service_factory):
-    base, client, app = service_factory(start_worker=False, url=url_for(database, request, tmp_path),
-                                        max_site_links=CAP, **SITE_TOKENS)
-    store = app.state.service.store
+    client, app, store = capped_service(database, request, tmp_path, service_factory)
     # A registration makes the links and queues their probes; the runs that answer them are pushed later.
     assert client.put("/v1/sites/site-a", json={"dests": LINKS[:2], "owner": "agent-a"}, headers=AS_A
                       ).json()["queued"] == 2
@@ -123,9 +126,8 @@ def test_links_that_hold_nothing_age_out_and_then_new_ones_are_accepted(database
                                                                          clock):
     from advisor.retention import prune
 
-    base, client, app = service_factory(start_worker=False, url=url_for(database, request, tmp_path),
-                                        max_site_links=CAP, **SITE_TOKENS)
-    store, retention = app.state.service.store, app.state.settings.retention
+    client, app, store = capped_service(database, request, tmp_path, service_factory)
+    retention = app.state.settings.retention
     # At the cap: a link with a fit, one with an observation only, one with a probe queued (a registration's).
     assert client.post("/v1/probe-runs", json={"src": "site-a", "dest": LINKS[0], "probes": PROBES},
                        headers=AS_A).json()["fitted"]
@@ -160,9 +162,8 @@ def test_a_write_to_a_link_being_pruned_is_kept(database, request, tmp_path, ser
     from advisor.retention import prune
 
     dests = [f"127.0.2.{i}:5201" for i in range(1, 121)]
-    base, client, app = service_factory(start_worker=False, url=url_for(database, request, tmp_path),
-                                        max_site_links=len(dests), **SITE_TOKENS)
-    store, retention = app.state.service.store, replace(app.state.settings.retention, batch=4)
+    client, app, store = capped_service(database, request, tmp_path, service_factory, cap=len(dests))
+    retention = replace(app.state.settings.retention, batch=4)
     with ThreadPoolExecutor(8) as pool:
         assert set(pool.map(lambda d: client.post("/v1/observations", json=observation(d), headers=AS_A).status_code,
                             dests)) == {202}
@@ -183,14 +184,13 @@ def test_a_write_to_a_link_being_pruned_is_kept(database, request, tmp_path, ser
 @pytest.mark.parametrize("database", DATABASES)
 def test_concurrent_first_writes_make_no_more_links_than_the_cap(database, request, tmp_path, service_factory):
     # PostgreSQL runs the writes in parallel: the count and the insert are one step per site (an advisory lock).
-    base, client, app = service_factory(start_worker=False, url=url_for(database, request, tmp_path),
-                                        max_site_links=CAP, **SITE_TOKENS)
+    client, app, store = capped_service(database, request, tmp_path, service_factory)
     dests = [f"127.0.1.{i}:5201" for i in range(1, 13)]
     with ThreadPoolExecutor(len(dests)) as pool:
         statuses = list(pool.map(lambda dest: client.post("/v1/observations", json=observation(dest),
                                                           headers=AS_A).status_code, dests))
     assert sorted(statuses) == [202] * CAP + [422] * (len(dests) - CAP)
-    made = links_of(app.state.service.store, "site-a")
+    made = links_of(store, "site-a")
     assert len(made) == CAP and set(made) == {d for d, s in zip(dests, statuses) if s == 202}
 
 
