@@ -33,6 +33,10 @@ class ConfigError(AdvisorError):
     """An environment setting is malformed; raised once at start-up."""
 
 
+class TooManyLinks(InvalidRequest):
+    """A write would make a new link from a site that has as many links as the service keeps for one site."""
+
+
 class BatchTooLarge(InvalidRequest):
     """A batch request holds more items than the service accepts in one call."""
 

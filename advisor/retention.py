@@ -8,8 +8,14 @@ base an observation refits on, :meth:`advisor.store.Store.latest_run_points`); t
 (never fewer than the refit window, :data:`advisor.store.REFIT_OBSERVATIONS`, so the
 observations the current fit used stay); queued and running probe jobs, and the newest
 ``keep_runs`` finished ones, within the same age; the probe-seconds of lapsed attempts (``spent_attempts``) for
-as long as a site's budget counts them (:data:`advisor.sites.BUDGET_WINDOW_S`). Destinations are never deleted. The SQL views
-(current_fits, current_advice) read only the newest fit and its curve, which are never pruned.
+as long as a site's budget counts them (:data:`advisor.sites.BUDGET_WINDOW_S`). The SQL views (current_fits,
+current_advice) read only the newest fit and its curve, which are never pruned.
+
+A link itself (its ``destinations`` row) goes once it holds nothing: no fit, no queued or running probe job, and
+nothing newer than ``run_max_age_s`` (made before then, and no run finished, observation made or job asked for or
+finished since), with what is left of it (older runs and their results, observations, finished jobs); with no age
+limit (0) links stay. So a site at its link cap (advisor.store.Store.check_new_link) is not held there for ever by
+links written to once. A link with a fit stays.
 
 Each batch is one short write transaction of at most ``batch`` parent rows (and their children:
 a fit's curve points, a run's results), so readers and writers wait at most for one batch. On
@@ -25,7 +31,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
 
 from advisor.db import Tx
 from advisor.errors import AdvisorError
@@ -129,6 +135,24 @@ def _prunable_jobs(tx: Tx, keep: int, older_than: float | None, limit: int) -> l
     return [r[0] for r in rows]
 
 
+# A link (d) that holds nothing newer than a cut-off (each of the five parameters): made before it, no fit at all, no
+# probe job queued or running, none asked for or finished since, no run finished and no observation made since.
+_EMPTY_LINK = (
+    "d.created_at < ? AND NOT EXISTS (SELECT 1 FROM fits f WHERE f.destination_id = d.id) "
+    "AND NOT EXISTS (SELECT 1 FROM probe_jobs j WHERE j.src = d.src AND j.dest = d.dest AND (j.status IN "
+    "('queued', 'running') OR j.requested_at >= ? OR j.finished_at >= ?)) "
+    "AND NOT EXISTS (SELECT 1 FROM probe_runs r WHERE r.destination_id = d.id AND r.finished_at >= ?) "
+    "AND NOT EXISTS (SELECT 1 FROM observations o WHERE o.destination_id = d.id AND o.observed_at >= ?)")
+
+
+def _empty_links(tx: Tx, older_than: float, limit: int, among: Sequence[int] | None = None) -> list[int]:
+    """Ids of links that hold nothing newer than ``older_than`` (_EMPTY_LINK), oldest first; of ``among`` when given."""
+    within = f" AND d.id IN ({_placeholders(among)})" if among is not None else ""
+    rows = tx.execute(f"SELECT d.id FROM destinations d WHERE {_EMPTY_LINK}{within} ORDER BY d.id LIMIT ?",
+                      (older_than,) * 5 + tuple(among or ()) + (limit,)).fetchall()
+    return [r[0] for r in rows]
+
+
 def _placeholders(ids) -> str:
     return ", ".join("?" for _ in ids)
 
@@ -195,8 +219,31 @@ def prune(store: Store, retention: Retention, *, pause_s: float = 0.0, max_batch
         counts.add("spent_attempts", len(ids))
         return len(ids)
 
-    # Fits first: a run is kept while a fit rests on it.
-    for step in (fits, runs, observations, jobs, spent):
+    def links(tx: Tx) -> int:
+        ids = _empty_links(tx, older_than, b)
+        if ids and db.dialect == "postgresql":
+            # Writers run alongside: lock the rows (a write that found one holds it, Store.link_id, and is waited
+            # for), then ask again, in a new snapshot, which still hold nothing. A write that finds a row locked
+            # here waits, and then does not find it and makes the link again.
+            tx.execute(f"SELECT id FROM destinations WHERE id IN ({_placeholders(ids)}) FOR UPDATE", ids)
+            ids = _empty_links(tx, older_than, b, among=ids)
+        if ids:
+            runs_of = f"SELECT id FROM probe_runs WHERE destination_id IN ({_placeholders(ids)})"
+            tx.execute(f"DELETE FROM probe_results WHERE probe_run_id IN ({runs_of})", ids)
+            tx.execute(f"DELETE FROM probe_runs WHERE destination_id IN ({_placeholders(ids)})", ids)
+            tx.execute(f"DELETE FROM observations WHERE destination_id IN ({_placeholders(ids)})", ids)
+            tx.execute("DELETE FROM probe_jobs WHERE status IN ('done', 'failed') AND EXISTS (SELECT 1 FROM "
+                       f"destinations d WHERE d.id IN ({_placeholders(ids)}) AND d.src = probe_jobs.src "
+                       "AND d.dest = probe_jobs.dest)", ids)
+            tx.execute(f"DELETE FROM destinations WHERE id IN ({_placeholders(ids)})", ids)
+        counts.add("destinations", len(ids))
+        return len(ids)
+
+    # Fits first: a run is kept while a fit rests on it. Links last: they go once what they held has gone.
+    steps = [fits, runs, observations, jobs, spent]
+    if older_than is not None:
+        steps.append(links)
+    for step in steps:
         batches(step)
     return counts
 

@@ -191,7 +191,8 @@ class AdviceService:
                      f"allowed for this process? net.ipv4.tcp_allowed_congestion_control); kept as {used}'s advice")
         run_id = self.store.record_run(dest, src=self.site(src), source=source, idle_rtt_s=idle_rtt_s, results=results,
                                        started_at=started_at, fit=new_fit, job_id=job_id, job_error=error,
-                                       address=address, congestion_control=used, job_owner=job_owner)
+                                       address=address, congestion_control=used, job_owner=job_owner,
+                                       max_links=self.settings.max_site_links)
         self.invalidate()
         return run_id, error
 
@@ -521,7 +522,8 @@ class AdviceService:
                                               # Another site's jobs wait for its agents: one site (one token) must
                                               # not fill the queue all sites share.
                                               max_queued_per_src=(None if site == self.settings.site
-                                                                  else self.settings.max_queued_probes_per_client))
+                                                                  else self.settings.max_queued_probes_per_client),
+                                              max_links=self.settings.max_site_links)
         if created:
             for listener in self._listeners:
                 listener()
@@ -553,8 +555,9 @@ class AdviceService:
         and queue a probe under ``congestion_control`` (None: the default) for each of its links whose advice is
         missing or REPROBE_AT_TTL of the TTL old (FitRow.evidence_at: a link with recent transfers needs none), or
         whose newest probe is too old (advisor.freshness: /v1/paths' reprobe_due).
-        A destination refused (outside the allow-list, or not resolving now) is reported in "refused" and left out,
-        the others registered; when the probe queue is full the rest wait for the next registration ("deferred").
+        A destination refused (outside the allow-list, not resolving now, or a new link past settings.max_site_links)
+        is reported in "refused" and left out, the others registered; when the probe queue is full the rest wait for
+        the next registration ("deferred").
         Returns {"site", "links", "queued", "deferred", "refused": [{"dest", "error"}], "budget"}."""
         name = check_site(site, "site")
         agent = None if owner is None else check_owner(owner)
@@ -569,7 +572,11 @@ class AdviceService:
                 refused.append({"dest": str(text), "error": str(exc)})
                 continue
             parsed[dest.key] = dest
-        register_site(self.store, name, budget, list(parsed.values()), agent, ceiling=self.settings.site_ceiling)
+        left_out = register_site(self.store, name, budget, list(parsed.values()), agent,
+                                 ceiling=self.settings.site_ceiling, max_links=self.settings.max_site_links)
+        for dest, why in left_out:
+            del parsed[dest.key]
+            refused.append({"dest": dest.key, "error": why})
         fresh = fresh_destinations(self.paths(name), control, REPROBE_AT_TTL * self.settings.ttl_s)
         due = [dest for key, dest in parsed.items() if key not in fresh]
         queued = deferred = 0
@@ -680,7 +687,8 @@ class AdviceService:
                 log.info("observation for %s stored without a refit: %s", dest.key, exc)
                 return None
 
-        observation_id, fit_id = self.store.add_observation(dest, observation, refit, src=site, run_control=run_control)
+        observation_id, fit_id = self.store.add_observation(dest, observation, refit, src=site, run_control=run_control,
+                                                            max_links=self.settings.max_site_links)
         self.invalidate()
         return {"src": site, "dest": dest.key, "congestion_control": control, "accepted": True, "refit": fit_id is not None,
                 "id": observation_id, "feeds_fit": observation.feeds_fit}

@@ -17,7 +17,7 @@ from advisor.allowlist import DEFAULT_ALLOWED, AllowList
 from advisor.db import redact_url
 from advisor.errors import ConfigError, InvalidRequest
 from advisor.freshness import PROBE_MAX_AGE_TTLS, Freshness
-from advisor.limits import SITE_RULE, check_congestion_control, check_site
+from advisor.limits import MAX_SITE_LINKS, SITE_RULE, check_congestion_control, check_site
 from advisor.retention import Retention
 from advisor.sites import SITE_CEILING_VARIABLES, SITE_HARD_CAPS, SiteBudget
 from advisor.store import REFIT_OBSERVATIONS
@@ -248,6 +248,10 @@ class Settings:
     body_timeout_s: float = 30.0
     max_connections: int = 1000
     backlog: int = 2048
+    # Request bodies over api.boundary.LARGE_BODY_BYTES are read and handled by at most max_large_bodies requests at
+    # once; one more waits up to large_body_wait_s for its turn, then gets 503 (api/boundary.py).
+    max_large_bodies: int = 4
+    large_body_wait_s: float = 5.0
     # What history the store keeps and how often the rest is pruned (advisor/retention.py).
     retention: Retention = field(default_factory=Retention)
     # The congestion control probes and advice use when a request names none: this host's default.
@@ -257,6 +261,10 @@ class Settings:
     # The most any site's budget may be (advisor.sites.SiteBudget): a registration above it is refused, and a budget
     # stored before it was lowered is held to it when its probes are claimed.
     site_ceiling: SiteBudget = SITE_HARD_CAPS
+    # The most links (source site, destination) the store keeps from one site: a write that would make one more is
+    # refused (advisor.store.Store.check_new_link). Each link has its own retention allowance, so this bounds the
+    # store per site; links that hold nothing age out (advisor/retention.py).
+    max_site_links: int = MAX_SITE_LINKS
 
     def __repr__(self) -> str:
         # A repr reaches logs, tracebacks and debuggers: the tokens are left out (repr=False), and the database URL,
@@ -282,15 +290,16 @@ class Settings:
         TAME_MAX_QUEUED_PROBES_PER_CLIENT (queued jobs one remote address, or one other site, may have),
         TAME_FORWARDED_ALLOW_IPS (trusted proxies whose X-Forwarded-For names the remote address; see
         forwarded_allow_ips), TAME_KEEPALIVE_TIMEOUT_S, TAME_HEADER_TIMEOUT_S, TAME_BODY_TIMEOUT_S,
-        TAME_MAX_CONNECTIONS, TAME_BACKLOG, TAME_CONGESTION_CONTROL
-        (the control probes and advice use when a request names none; default this host's,
+        TAME_MAX_CONNECTIONS, TAME_BACKLOG, TAME_MAX_LARGE_BODIES (request bodies over 1 MiB read at once, default
+        4), TAME_LARGE_BODY_WAIT_S (how long one more waits for its turn before 503, default 5), TAME_MAX_SITE_LINKS (links the store keeps from one site, default 2000),
+        TAME_CONGESTION_CONTROL (the control probes and advice use when a request names none; default this host's,
         net.ipv4.tcp_congestion_control), TAME_SITE (this service's site, the source of the links it probes;
         default "local"), TAME_MAX_SITE_PROBES, TAME_MAX_SITE_STREAMS, TAME_MAX_SITE_PROBE_SECONDS_PER_HOUR (the
         most any site's budget may be: site_ceiling; default and at most advisor.sites.SITE_HARD_CAPS).
         Retention (advisor/retention.py), per destination: TAME_KEEP_FITS (newest fits kept with their
         curves, default 20), TAME_KEEP_RUNS (newest probe runs and finished probe jobs kept, default 20),
-        TAME_RUN_MAX_AGE_S (runs and finished jobs older than this go even within TAME_KEEP_RUNS;
-        default 2592000 = 30 days, 0 = no age limit), TAME_KEEP_OBSERVATIONS (default 1000, at least
+        TAME_RUN_MAX_AGE_S (runs and finished jobs older than this go even within TAME_KEEP_RUNS, and links
+        without a fit that hold nothing newer; default 2592000 = 30 days, 0 = no age limit), TAME_KEEP_OBSERVATIONS (default 1000, at least
         200, the refit window); the current fit, the run it rests on and the newest run are always
         kept. TAME_PRUNE_INTERVAL_S (seconds between pruning passes of a serving process, default 60,
         0 = never prune), TAME_PRUNE_BATCH (rows deleted per transaction, default 500).
@@ -364,6 +373,9 @@ class Settings:
             body_timeout_s=number("TAME_BODY_TIMEOUT_S", 30.0, 0.1, 3600.0),
             max_connections=number("TAME_MAX_CONNECTIONS", 1000, 1, 1_000_000, int),
             backlog=number("TAME_BACKLOG", 2048, 1, 65535, int),
+            max_large_bodies=number("TAME_MAX_LARGE_BODIES", 4, 1, 1024, int),
+            large_body_wait_s=number("TAME_LARGE_BODY_WAIT_S", 5.0, 0.0, 300.0),
+            max_site_links=number("TAME_MAX_SITE_LINKS", MAX_SITE_LINKS, 1, 10_000_000, int),
             retention=Retention(
                 keep_fits=number("TAME_KEEP_FITS", 20, 1, 1_000_000, int),
                 keep_runs=number("TAME_KEEP_RUNS", 20, 1, 1_000_000, int),

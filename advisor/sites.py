@@ -16,8 +16,9 @@ from dataclasses import dataclass, fields
 from typing import Any, Callable, NamedTuple, Sequence
 
 from advisor.destinations import Destination
-from advisor.errors import BudgetConflict, InvalidRequest
-from advisor.limits import BUDGET_WINDOW_S, MAX_SITE_PROBE_SECONDS_PER_HOUR, MAX_SITE_PROBES, MAX_SITE_STREAMS
+from advisor.errors import BudgetConflict, InvalidRequest, TooManyLinks
+from advisor.limits import (BUDGET_WINDOW_S, MAX_SITE_LINKS, MAX_SITE_PROBE_SECONDS_PER_HOUR, MAX_SITE_PROBES,
+                            MAX_SITE_STREAMS)
 from advisor.store import JOB_COLUMNS, Job, Store, fail_job_in, job_from_row
 
 # How long after its agents' last sign of life (a registration or a claimed probe; one under a lease counts until the
@@ -120,9 +121,12 @@ def _row_lock(store: Store, clause: str = "FOR UPDATE") -> str:
 
 
 def register_site(store: Store, site: str, budget: SiteBudget, dests: Sequence[Destination],
-                  owner: str | None = None, *, ceiling: SiteBudget = SITE_HARD_CAPS) -> None:
+                  owner: str | None = None, *, ceiling: SiteBudget = SITE_HARD_CAPS,
+                  max_links: int = MAX_SITE_LINKS) -> list[tuple[Destination, str]]:
     """Create or refresh the site (its budget, last_seen_at) and its links to ``dests`` for agent ``owner``, in one
-    transaction.
+    transaction; returns the destinations left out, each with why: new links past the site's ``max_links``
+    (:meth:`advisor.store.Store.check_new_link`; the others are registered, as the route does with a destination
+    outside the allow-list).
 
     A site runs with one budget. The same budget is taken from any agent; a different one only from the agent that
     set the one in force (an agent that gives no ``owner`` never did), or once the site's agents have been quiet for
@@ -157,8 +161,13 @@ def register_site(store: Store, site: str, budget: SiteBudget, dests: Sequence[D
                            "budget_set_by = ?, budget_set_at = ?, last_seen_at = ? WHERE name = ?",
                            (budget.max_probes, budget.max_streams, budget.probe_seconds_per_hour, owner, now, now,
                             site))
+        left_out = []
         for dest in dests:
-            store.link_id(tx, site, dest)
+            try:
+                store.link_id(tx, site, dest, max_links)
+            except TooManyLinks as exc:  # raised before anything of that link is written
+                left_out.append((dest, str(exc)))
+    return left_out
 
 
 def _conflict(site: str, held: SiteBudget, set_by: str | None, set_at: float | None, asked: SiteBudget,

@@ -19,7 +19,8 @@ from typing import Any, Callable, Sequence
 from advisor.advice import CurvePoint
 from advisor.db import Database, Tx
 from advisor.destinations import Destination
-from advisor.errors import QueueFull, StoreError, UnknownProbe
+from advisor.errors import QueueFull, StoreError, TooManyLinks, UnknownProbe
+from advisor.limits import MAX_SITE_LINKS
 from advisor.observations import RECORD_COLUMNS as OBSERVATION_COLUMNS, Observation
 from probes.result import ProbeResult
 
@@ -33,6 +34,9 @@ RECORD_RUN_PAUSE_ENV = "TAME_TEST_RECORD_RUN_PAUSE_S"
 # An observation refits on at most this many observations (the newest since the newest probe run);
 # retention (advisor/retention.py) always keeps at least these.
 REFIT_OBSERVATIONS = 200
+# PostgreSQL advisory locks of the link count, one per site (the first of two keys; the migrations' lock is one key):
+# two transactions adding a site's last allowed link must not both count one less than the cap and insert.
+LINK_COUNT_LOCK = 7316
 
 
 @dataclass(frozen=True)
@@ -264,13 +268,19 @@ class Store:
 
     # -- links --------------------------------------------------------------------------
 
-    def link_id(self, tx: Tx, src: str, dest: Destination) -> int:
+    def link_id(self, tx: Tx, src: str, dest: Destination, max_links: int = MAX_SITE_LINKS) -> int:
         """The row id of the link from site ``src`` to ``dest`` (a row of ``destinations``), the row created if
-        missing; safe against concurrent first writes."""
-        select = "SELECT id FROM destinations WHERE src = ? AND dest = ?"
+        missing; safe against concurrent first writes. A new link is refused (TooManyLinks, nothing written) when
+        ``src`` has ``max_links`` links already (:meth:`check_new_link`)."""
+        # On PostgreSQL the row is held (KEY SHARE, as a foreign key's check holds it) until the transaction ends,
+        # so pruning (advisor/retention.py) cannot remove a link a write has just found; one being removed is
+        # waited for and then not found, and made again.
+        held = " FOR KEY SHARE" if self.db.dialect == "postgresql" else ""
+        select = f"SELECT id FROM destinations WHERE src = ? AND dest = ?{held}"
         row = tx.execute(select, (src, dest.key)).fetchone()
         if row:  # the common case, without an insert that would spend an id of the sequence
             return row[0]
+        self.check_new_link(tx, src, dest.key, max_links)
         # Several transactions may miss the row at once (on PostgreSQL they run in parallel): the
         # upsert makes all but one wait for the winner's commit and do nothing, and the SELECT after
         # it (a new snapshot under READ COMMITTED) then sees that row.
@@ -280,6 +290,30 @@ class Store:
             (src, dest.key, dest.host, dest.port, self.clock()),
         )
         return tx.execute(select, (src, dest.key)).fetchone()[0]
+
+    def check_new_link(self, tx: Tx, src: str, dest_key: str, max_links: int) -> None:
+        """Refuse (TooManyLinks) to make ``dest_key`` a link of ``src`` when it is not one yet and ``src`` has
+        ``max_links`` links: rows of ``destinations`` and destinations of its queued or running probe jobs (a probe
+        queued for a new link holds its place, so its run is never refused after it ran). Each new link would
+        bring its own retention allowance (advisor/retention.py), so links are what bounds the store per site."""
+        if self.db.dialect == "postgresql":
+            # Held to the end of the transaction; SQLite's write transactions are serial already.
+            tx.execute(f"SELECT pg_advisory_xact_lock({LINK_COUNT_LOCK}, hashtext(?))", (src,))
+        known = tx.execute(
+            "SELECT 1 FROM destinations WHERE src = ? AND dest = ? UNION ALL SELECT 1 FROM probe_jobs WHERE src = ? "
+            "AND dest = ? AND status IN ('queued', 'running')", (src, dest_key, src, dest_key)).fetchone()
+        if known:
+            return
+        links = tx.execute(
+            "SELECT count(*) FROM (SELECT dest FROM destinations WHERE src = ? UNION SELECT dest FROM probe_jobs "
+            "WHERE src = ? AND status IN ('queued', 'running')) AS links", (src, src)).fetchone()[0]
+        if links >= max_links:
+            raise TooManyLinks(
+                f"site {src} has {links} links, the most this service keeps for one site (TAME_MAX_SITE_LINKS="
+                f"{max_links}), and {dest_key} would be another, so it was not stored. Write for a link it has, or "
+                "wait: a link with no fit, no queued or running probe and nothing newer than TAME_RUN_MAX_AGE_S "
+                "(runs, observations, probes) is removed when the store is pruned. The operator can raise "
+                "TAME_MAX_SITE_LINKS")
 
     # -- fits -----------------------------------------------------------------------------
 
@@ -345,8 +379,10 @@ class Store:
     def record_run(self, dest: Destination, *, src: str, source: str, idle_rtt_s: float | None,
                    results: Sequence[ProbeResult], started_at: float, fit: NewFit | None,
                    job_id: str | None = None, job_error: str | None = None, address: str | None = None,
-                   congestion_control: str | None = None, job_owner: str | None = None) -> int:
-        """Store a finished probe run from site ``src``, its results and fit, and close its job, in one transaction.
+                   congestion_control: str | None = None, job_owner: str | None = None,
+                   max_links: int = MAX_SITE_LINKS) -> int:
+        """Store a finished probe run from site ``src``, its results and fit, and close its job, in one transaction
+        (a run that would be a new link past ``max_links``: TooManyLinks, nothing stored).
 
         ``address`` is the IP address the probes went to, when the service resolved it itself;
         ``congestion_control`` the control the probes' streams used (None: not known). With ``job_owner`` the job
@@ -355,7 +391,7 @@ class Store:
         step = self._step
         with self.db.transaction(write=True) as tx:
             step("begin")
-            destination_id = self.link_id(tx, src, dest)
+            destination_id = self.link_id(tx, src, dest, max_links)
             step("destination")
             run_id = tx.execute(
                 "INSERT INTO probe_runs (destination_id, job_id, source, idle_rtt_s, started_at, finished_at, address, "
@@ -414,7 +450,7 @@ class Store:
     def add_observation(self, dest: Destination, observation: Observation,
                         refit: Callable[[list[dict[str, float]]], NewFit | None],
                         limit: int = REFIT_OBSERVATIONS, *, src: str,
-                        run_control: str | None = None) -> tuple[int, int | None]:
+                        run_control: str | None = None, max_links: int = MAX_SITE_LINKS) -> tuple[int, int | None]:
         """Store an observation of a transfer from site ``src`` and, in the same transaction, the refit ``refit(observations)`` returns.
 
         ``refit`` gets the observations ({streams, throughput_bps, duration_s, stream_bps, stream_retransmits}; the
@@ -422,7 +458,8 @@ class Store:
         streams standard: :attr:`Observation.feeds_fit`), newer than the newest probe run under ``run_control``
         (the run the refit rests on: that control's, or None for one that did not record its control), at most
         ``limit``, newest first, and returns the new fit or None. An observation that does not feed the fit is
-        stored without calling it. Returns (the observation's id, the new fit's id or None).
+        stored without calling it. Returns (the observation's id, the new fit's id or None). One that would be a
+        new link past ``max_links`` is refused (TooManyLinks), nothing stored.
         """
         record = observation.to_record()
         run_where, run_params = same_control("congestion_control", run_control)
@@ -432,7 +469,7 @@ class Store:
             # the observations stored beside it did not record theirs either, and count too.
             obs_where = f"({obs_where} OR congestion_control IS NULL)"
         with self.db.transaction(write=True) as tx:
-            destination_id = self.link_id(tx, src, dest)
+            destination_id = self.link_id(tx, src, dest, max_links)
             now = self.clock()
             observation_id = tx.execute(
                 f"INSERT INTO observations (destination_id, observed_at, {', '.join(record)}) "
@@ -476,13 +513,14 @@ class Store:
     def enqueue_job(self, dest: Destination, levels: Sequence[int], duration_s: float,
                     max_queued: int | None = None, retry_after_s: float = 60.0, client: str | None = None,
                     max_queued_per_client: int | None = None, *, src: str,
-                    congestion_control: str | None = None, max_queued_per_src: int | None = None) -> tuple[Job, bool]:
+                    congestion_control: str | None = None, max_queued_per_src: int | None = None,
+                    max_links: int = MAX_SITE_LINKS) -> tuple[Job, bool]:
         """A new queued job probing the link from site ``src`` under ``congestion_control``, or the link's active
         one under that control: (job, created).
 
         Raises QueueFull (with ``retry_after_s``) when ``max_queued`` jobs are queued already,
         ``max_queued_per_client`` of them were asked for by ``client``, or ``max_queued_per_src`` of them are
-        links from ``src``."""
+        links from ``src``; TooManyLinks when the job would be a new link of ``src`` past ``max_links``."""
         job_id = uuid.uuid4().hex
         job_where, job_params = same_control("congestion_control", congestion_control)
         try:
@@ -494,6 +532,8 @@ class Store:
                 ).fetchone()
                 if active:
                     return job_from_row(active), False
+                # Before LOCK TABLE: a run's transaction takes the link count's lock, then writes probe_jobs.
+                self.check_new_link(tx, src, dest.key, max_links)
                 if max_queued is not None:
                     if self.db.dialect == "postgresql":
                         # Two processes must not both count max_queued - 1 and insert.

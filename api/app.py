@@ -1,10 +1,10 @@
 """The HTTP API: create_app(settings, store, driver) builds it; nothing is opened at import time.
 
 Error mapping to HTTP statuses lives here and only here:
-InvalidRequest -> 422, BatchTooLarge -> 413, DestinationNotAllowed and WrongSite -> 403, UnknownDestination and
-UnknownProbe -> 404, BudgetConflict -> 409, StoreError -> 503 (with a generic message; the detail is logged). Tokens,
-body caps and body deadlines are checked before any route, by api/boundary.py: when TAME_TOKEN is
-set, writes need ``Authorization: Bearer TOKEN``; when TAME_READ_TOKEN is set, reads (the docs
+InvalidRequest -> 422 (TooManyLinks, a new link past a site's TAME_MAX_SITE_LINKS, among them), BatchTooLarge ->
+413, DestinationNotAllowed and WrongSite -> 403, UnknownDestination and UnknownProbe -> 404, BudgetConflict -> 409,
+StoreError -> 503 (with a generic message; the detail is logged). Tokens, body caps and body deadlines are checked
+before any route, by api/boundary.py: when TAME_TOKEN is set, writes need ``Authorization: Bearer TOKEN``; when TAME_READ_TOKEN is set, reads (the docs
 included) need it or the write token. A site's token (TAME_SITE_TOKENS) reads, and writes only links from
 its site: the boundary checks /v1/sites/SITE, the write routes a body's src (api.boundary.check_src). /healthz
 is always open. /docs serves Swagger UI from
@@ -65,10 +65,12 @@ _ERROR_MEANING = {
     409: "the site's live agents run with another budget (the detail names it and who set it): run every agent "
          "of a site with the same budget, or stop the other one",
     413: "the body, or the batch, is larger than this route takes",
-    422: "malformed input, or a site's budget above the operator's ceiling (TAME_MAX_SITE_PROBES, "
-         "TAME_MAX_SITE_STREAMS, TAME_MAX_SITE_PROBE_SECONDS_PER_HOUR); the detail says what to give instead",
+    422: "malformed input, a site's budget above the operator's ceiling (TAME_MAX_SITE_PROBES, "
+         "TAME_MAX_SITE_STREAMS, TAME_MAX_SITE_PROBE_SECONDS_PER_HOUR), or a new link from a site that has "
+         "TAME_MAX_SITE_LINKS links already; the detail says what to give instead",
     429: "the probe queue is full, in total or for this client; ask again after Retry-After seconds",
-    503: "the advice store is unavailable, or the server is at its connection limit",
+    503: "the advice store is unavailable, the server is at its connection limit, or it is reading as many bodies "
+         "over 1 MiB as it reads at once (TAME_MAX_LARGE_BODIES; send it again after Retry-After seconds)",
 }
 
 
@@ -77,7 +79,7 @@ def _responses(*codes: int) -> dict[int, dict]:
     out: dict[int, dict] = {}
     for code in codes:
         out[code] = {"model": schemas.ErrorOut, "description": _ERROR_MEANING[code]}
-        if code == 429:
+        if code in (429, 503):  # a 503 has it when too many large bodies are being read (api/boundary.py)
             out[code]["headers"] = {"Retry-After": {"description": "seconds to wait", "schema": {"type": "integer"}}}
     return out
 
@@ -264,7 +266,8 @@ def create_app(settings: Settings, store: Store, driver: ProbeDriver | None = No
         metrics.requests.labels(method, path if path in caps else "unmatched", str(status)).inc()
 
     app.add_middleware(Boundary, token=settings.token, read_token=settings.read_token, caps=caps,
-                       body_timeout_s=settings.body_timeout_s, site_tokens=settings.site_tokens, on_refused=refused)
+                       body_timeout_s=settings.body_timeout_s, site_tokens=settings.site_tokens, on_refused=refused,
+                       max_large_bodies=settings.max_large_bodies, large_body_wait_s=settings.large_body_wait_s)
     return app
 
 

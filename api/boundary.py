@@ -10,6 +10,11 @@ Access classes: POST /v1/probes, /v1/probe-runs and /v1/observations, and everyt
 (an agent's registration and claims; any method on those paths) need TAME_TOKEN when it is set; /healthz is open; everything else, /docs and /openapi.json
 included, needs TAME_READ_TOKEN or TAME_TOKEN when TAME_READ_TOKEN is set.
 
+Bodies over LARGE_BODY_BYTES (only a probe run's can be, with the default TAME_MAX_BATCH) are read, parsed and
+handled by at most TAME_MAX_LARGE_BODIES requests at once: buffering and parsing one costs about three times its size,
+so TAME_MAX_CONNECTIONS of them at their cap would not fit in memory. One more waits TAME_LARGE_BODY_WAIT_S for its
+turn, its body unread, then gets 503 with Retry-After; smaller bodies never wait.
+
 A site's token (TAME_SITE_TOKENS) reads, and writes only that site's links: under /v1/sites/ only its own site's
 paths (checked here, 403 otherwise), and the three write routes only a body whose src is its site (checked by the
 routes with check_src, as only they parse the body). The site is put in the request's state (``token_site``) for
@@ -22,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import math
 from typing import Any, Callable, Sequence
 
 from advisor.errors import InvalidRequest, WrongSite
@@ -51,6 +57,11 @@ PROBE_RUN_FIELDS_BYTES = 4 * 1024
 # PUT /v1/sites/NAME: its budget, and up to MAX_SITE_LINKS destinations of at most 300 characters, quoted.
 SITE_FIELDS_BYTES = 4 * 1024
 PROBE_FIELDS_BYTES = 2 * 1024 + 2 * MAX_PROBE_STREAMS * 32
+
+
+# Bodies longer than this wait for one of the server's few turns at large bodies (Boundary, max_large_bodies). Above
+# every route's cap but the probe runs' (and the batch's when TAME_MAX_BATCH is raised past 1024).
+LARGE_BODY_BYTES = 1 << 20
 
 
 def _max_length(model, name: str) -> int:
@@ -134,7 +145,8 @@ class Boundary:
 
     def __init__(self, app, *, token: str | None, read_token: str | None, caps: dict[str, int],
                  body_timeout_s: float, site_tokens: Sequence[tuple[str, str]] = (),
-                 on_refused: Callable[[str, str, int], None] | None = None):
+                 on_refused: Callable[[str, str, int], None] | None = None, max_large_bodies: int = 4,
+                 large_body_wait_s: float = 5.0):
         if site_tokens and not token:
             raise ValueError("site tokens without a token for every site would leave writes open")
         self.app = app
@@ -144,6 +156,10 @@ class Boundary:
         self.caps = caps
         self.body_timeout_s = body_timeout_s
         self.on_refused = on_refused
+        self.max_large_bodies = max_large_bodies
+        self.large_body_wait_s = large_body_wait_s
+        # The turns at large bodies, made in the loop that serves (an asyncio primitive belongs to one loop).
+        self._large: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
 
     def _site_of(self, given: bytes | None) -> str | None:
         """The site whose token ``given`` is, or None; every site token is compared (each in constant time)."""
@@ -207,23 +223,61 @@ class Boundary:
                 return await self._refuse(scope, send, path, 400, "Content-Length is not a number", True)
             if int(length) > cap:
                 return await self._refuse(scope, send, path, 413, _too_large(cap), True)
-        body = bytearray()
+        turn = None
+        try:
+            if length is not None and not chunked and int(length) > LARGE_BODY_BYTES:
+                turn = await self._large_turn()
+                if turn is None:
+                    return await self._busy(scope, send, path)
+            body = bytearray()
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + self.body_timeout_s
+            while True:
+                try:
+                    message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
+                except asyncio.TimeoutError:
+                    return await self._refuse(scope, send, path, 408,
+                                              f"the request body did not arrive within {self.body_timeout_s:g} s", True)
+                if message["type"] == "http.disconnect":
+                    return
+                body += message.get("body", b"")
+                if len(body) > cap:
+                    return await self._refuse(scope, send, path, 413, _too_large(cap), True)
+                if turn is None and len(body) > LARGE_BODY_BYTES:  # a chunked body: known large only now
+                    waited_from = loop.time()
+                    turn = await self._large_turn()
+                    if turn is None:
+                        return await self._busy(scope, send, path)
+                    deadline += loop.time() - waited_from  # the wait was this server's, not the client's
+                if not message.get("more_body", False):
+                    break
+            # The turn lasts until the response is sent: parsing the body takes more memory than reading it.
+            return await self.app(scope, _replay(bytes(body), receive), send)
+        finally:
+            if turn is not None:
+                turn.release()
+
+    async def _large_turn(self) -> asyncio.Semaphore | None:
+        """One of the max_large_bodies turns at a large body (to be released), or None when none came free within
+        large_body_wait_s."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.body_timeout_s
-        while True:
-            try:
-                message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
-            except asyncio.TimeoutError:
-                return await self._refuse(scope, send, path, 408,
-                                          f"the request body did not arrive within {self.body_timeout_s:g} s", True)
-            if message["type"] == "http.disconnect":
-                return
-            body += message.get("body", b"")
-            if len(body) > cap:
-                return await self._refuse(scope, send, path, 413, _too_large(cap), True)
-            if not message.get("more_body", False):
-                break
-        return await self.app(scope, _replay(bytes(body), receive), send)
+        if self._large is None or self._large[0] is not loop:
+            self._large = (loop, asyncio.Semaphore(self.max_large_bodies))
+        turns = self._large[1]
+        try:
+            async with asyncio.timeout(self.large_body_wait_s):
+                await turns.acquire()
+        except TimeoutError:
+            return None
+        return turns
+
+    async def _busy(self, scope, send, path: str) -> None:
+        retry_s = max(1, math.ceil(self.large_body_wait_s))
+        return await self._refuse(
+            scope, send, path, 503,
+            f"this server is reading as many request bodies over {LARGE_BODY_BYTES} bytes as it reads at once "
+            f"({self.max_large_bodies}, TAME_MAX_LARGE_BODIES); send it again in {retry_s} s", True,
+            {b"retry-after": str(retry_s).encode()})
 
     async def _refuse(self, scope, send, path: str, status: int, detail: str, unread_body: bool,
                       extra: dict[bytes, bytes] | None = None) -> None:

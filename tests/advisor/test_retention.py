@@ -270,3 +270,65 @@ def test_spent_attempts_go_once_older_than_the_budget_window(tmp_path, request, 
         assert prune(store, RETENTION).deleted["spent_attempts"] == 1
     finally:
         store.close()
+
+
+def links(store):
+    with store.db.transaction() as tx:
+        return sorted(r[0] for r in tx.execute("SELECT dest FROM destinations").fetchall())
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def test_links_that_hold_nothing_go_once_older_than_the_age_kept_and_the_others_stay(tmp_path, request, backend):
+    """A link goes with what is left of it once it has no fit, no queued or running probe and nothing newer than
+    run_max_age_s; a link with a fit, a queued probe or anything recent stays, and the advice is unchanged."""
+    from advisor.sites import SiteBudget, register_site
+
+    url = f"sqlite:///{tmp_path}/tame.sqlite3" if backend == "sqlite" else request.getfixturevalue("pg_url")
+    service = make_service(url)
+    store = service.store
+    day = 86400.0
+    aged = replace(RETENTION, run_max_age_s=10 * day)
+    observed, unfitted, registered, queued, recent = (f"127.0.0.{i}:5201" for i in range(11, 16))
+    try:
+        run_cycle(service, 0)  # DESTS: a probe run, its fit and refits
+        for dest in (observed, recent):
+            service.observe(dest, 2, rate(2))  # no run: stored without a fit
+        # A run that cannot be fitted (one level): stored, with its results, and no fit.
+        service.ingest_run(parse_destination(unfitted), 0.001, probe_results(unfitted, 0)[:1], service.clock(),
+                           source="push")
+        register_site(store, "dtn2", SiteBudget(), [parse_destination(registered)])
+        service.request_probe(queued)  # a queued job, and no link row until its run
+        service.observe(queued, 2, rate(2))
+        assert len(links(store)) == 7
+        before_view, before_advice = current_view(store), advice(service)
+
+        assert prune(store, aged).deleted["destinations"] == 0  # nothing is ten days old yet
+        store.clock.now += 11 * day
+        service.observe(recent, 3, rate(3))  # written to today
+        assert prune(store, replace(aged, run_max_age_s=0)).deleted.get("destinations") is None  # no age limit
+        counts = prune(store, aged)
+        assert counts.deleted["destinations"] == 3
+        assert links(store) == sorted([*DESTS, queued, recent])
+        service.invalidate()
+        assert current_view(store) == before_view and advice(service) == before_advice
+        with store.db.transaction() as tx:
+            # Nothing of the removed links is left behind.
+            orphans = [tx.execute(sql).fetchone()[0] for sql in (
+                "SELECT count(*) FROM probe_runs r WHERE NOT EXISTS (SELECT 1 FROM destinations d WHERE d.id = "
+                "r.destination_id)",
+                "SELECT count(*) FROM observations o WHERE NOT EXISTS (SELECT 1 FROM destinations d WHERE d.id = "
+                "o.destination_id)",
+                "SELECT count(*) FROM probe_results p WHERE NOT EXISTS (SELECT 1 FROM probe_runs r WHERE r.id = "
+                "p.probe_run_id)")]
+        assert orphans == [0, 0, 0]
+        # The link whose probe is queued goes once that probe has finished and aged too.
+        with store.db.transaction(write=True) as tx:
+            tx.execute("UPDATE probe_jobs SET status = 'failed', finished_at = ? WHERE dest = ?",
+                       (store.clock(), queued))
+        assert queued in links(store)
+        store.clock.now += 11 * day
+        prune(store, aged)
+        assert links(store) == sorted(DESTS)  # the fitted links stay, however old
+        assert current_view(store) == before_view
+    finally:
+        store.close()

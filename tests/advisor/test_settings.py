@@ -55,3 +55,12 @@ def test_a_ceiling_is_taken_down_to_what_one_probe_of_the_plan_takes():
     with pytest.raises(ConfigError, match="longest time, 860 s .*give at least 860"):
         Settings.from_env({seconds: "859.5"})
     assert Settings.from_env({seconds: "580", "TAME_MODEL": "lu"}).site_ceiling.probe_seconds_per_hour == 580.0
+
+
+def test_the_large_body_turns_are_validated_settings():
+    assert (Settings.from_env({}).max_large_bodies, Settings.from_env({}).large_body_wait_s) == (4, 5.0)
+    got = Settings.from_env({"TAME_MAX_LARGE_BODIES": "2", "TAME_LARGE_BODY_WAIT_S": "0"})
+    assert (got.max_large_bodies, got.large_body_wait_s) == (2, 0.0)
+    for name, bad in (("TAME_MAX_LARGE_BODIES", "0"), ("TAME_MAX_LARGE_BODIES", "x"), ("TAME_LARGE_BODY_WAIT_S", "-1")):
+        with pytest.raises(ConfigError, match=name):
+            Settings.from_env({name: bad})

@@ -149,6 +149,87 @@ def test_a_body_that_stalls_gets_408(service_factory):
         assert sock.recv(1) == b""
 
 
+LARGE = 2 * 1024 * 1024  # over api.boundary.LARGE_BODY_BYTES, within the probe runs' cap
+
+
+def start_large(base, length=LARGE):
+    """A connection that has sent a probe run's headers and the first bytes of a ``length``-byte body."""
+    sock = connect(base)
+    sock.sendall(request_head("POST", "/v1/probe-runs", {"Content-Type": "application/json",
+                                                          "Content-Length": str(length)}) + b" " * 1000)
+    return sock
+
+
+def answered(socks, timeout_s):
+    """The connections of ``socks`` that have an answer to read within ``timeout_s`` (a generous bound)."""
+    return select.select(socks, [], [], timeout_s)[0]
+
+
+def test_large_bodies_past_the_server_s_turns_wait_then_get_503_and_small_requests_pass(service_factory):
+    """At most TAME_MAX_LARGE_BODIES bodies over 1 MiB are read at once: one more waits for a turn, its body unread,
+    and gets 503 with Retry-After when none comes free in TAME_LARGE_BODY_WAIT_S; one that a turn comes free for is
+    served. Small requests never wait for a turn."""
+    base, client, app = service_factory(start_worker=False, max_large_bodies=2, large_body_wait_s=1.0)
+    socks = [start_large(base) for _ in range(3)]
+    try:
+        # Two take the turns and wait for the rest of their bodies; the third waits its second, then is refused.
+        [refused] = answered(socks, 15)
+        status, headers, body = read_response(refused)
+        assert status == 503, body
+        assert "retry-after: 1" in headers and "connection: close" in headers
+        assert "TAME_MAX_LARGE_BODIES" in json.loads(body)["detail"]
+        holding = [s for s in socks if s is not refused]
+        assert answered(holding, 0.5) == []
+        # Meanwhile small requests, writes among them, are served at once.
+        assert client.get("/healthz").status_code == 200
+        assert client.post("/v1/observations", json={"dest": "127.0.0.1", "streams": 2, "throughput_bps": 1e6}
+                           ).status_code == 202
+        # One more waits; a holder's body completes (not JSON: 422), and its turn goes to the one waiting.
+        waiting = start_large(base)
+        socks.append(waiting)
+        holding[0].sendall(b" " * (LARGE - 1000))
+        status, _, body = read_response(holding[0])
+        assert status == 422, body
+        waiting.sendall(b" " * (LARGE - 1000))
+        status, _, body = read_response(waiting)
+        assert status == 422, body
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def send_chunked(base, size, chunk=b" " * 65536):
+    """(status, headers, body) of a chunked probe run of about ``size`` bytes, sent until it is answered."""
+    with connect(base) as sock:
+        sock.sendall(request_head("POST", "/v1/probe-runs", {"Content-Type": "application/json",
+                                                              "Transfer-Encoding": "chunked"}))
+        sent = 0
+        while sent < size and not answered([sock], 0):
+            try:
+                sock.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            except (BrokenPipeError, ConnectionResetError):
+                break
+            sent += len(chunk)
+        if sent >= size:
+            sock.sendall(b"0\r\n\r\n")
+        return read_response(sock)
+
+
+def test_a_chunked_body_waits_for_a_turn_once_it_passes_1_mib(service_factory):
+    base, client, app = service_factory(start_worker=False, max_large_bodies=1, large_body_wait_s=0.5)
+    holder = start_large(base)
+    try:
+        assert answered([holder], 0.2) == []
+        # Under 1 MiB it needs no turn: read whole and handed on (not JSON: 422), while the holder keeps the turn.
+        status, _, body = send_chunked(base, 512 * 1024)
+        assert status == 422, body
+        # Past 1 MiB it waits for the turn, which the holder keeps.
+        status, headers, body = send_chunked(base, 3 * 1024 * 1024)
+        assert status == 503 and "retry-after: 1" in headers, body
+    finally:
+        holder.close()
+
+
 def test_a_store_error_sends_no_database_text(service_factory, tmp_path):
     base, client, app = service_factory(start_worker=False)
     assert client.get("/v1/paths").status_code == 200

@@ -27,6 +27,11 @@ def fill_queue(client):
     assert client.post("/v1/probes", json={"dest": "127.0.0.1:5201"}).status_code == 202
 
 
+def make_one_link(client):
+    assert client.post("/v1/observations", json={"dest": "127.0.0.1", "streams": 1, "throughput_bps": 1e6}
+                       ).status_code == 202
+
+
 def hold_budget(client):
     assert client.put("/v1/sites/dtn2", json={"dests": ["127.0.0.1:5201"], "owner": "agent-1"}).status_code == 200
 
@@ -53,6 +58,9 @@ CASES = [
     case("probe-run-not-allowed", "POST", "/v1/probe-runs", 403,
          body={"dest": "evil.test", "probes": [{"streams": 1, "throughput_bps": 1e6},
                                                {"streams": 10, "throughput_bps": 5e6}]}),
+    case("observation-past-the-site-s-link-cap", "POST", "/v1/observations", 422,
+         body={"dest": "127.0.0.2", "streams": 1, "throughput_bps": 1e6}, settings={"max_site_links": 1},
+         before=make_one_link),
     case("site-budget-conflict", "PUT", "/v1/sites/{site}", 409, path_parameters={"site": "dtn2"},
          body={"dests": ["127.0.0.1:5201"], "max_probes": 2, "owner": "agent-2"}, before=hold_budget),
 ]
