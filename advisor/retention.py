@@ -11,6 +11,12 @@ observations the current fit used stay); queued and running probe jobs, and the 
 as long as a site's budget counts them (:data:`advisor.sites.BUDGET_WINDOW_S`). The SQL views (current_fits,
 current_advice) read only the newest fit and its curve, which are never pruned.
 
+A probe's ``raw`` record (iperf3's report, summarised: up to ``probes.iperf_parse.RAW_MAX_CHARS`` characters) is kept
+only in the results of each link's newest run with results; older runs that stay keep their parsed numbers (what
+fits, refits and advice read) and have ``raw`` set to NULL. Nothing in the service reads ``raw`` back; it is there
+for an operator to check what the latest probe saw, and one run per link (not per control: a link may be probed
+under any number of controls) is what bounds it by the link count.
+
 A link itself (its ``destinations`` row) goes once it holds nothing: no fit, no queued or running probe job, and
 nothing newer than ``run_max_age_s`` (made before then, and no run finished, observation made or job asked for or
 finished since), with what is left of it (older runs and their results, observations, finished jobs); with no age
@@ -68,7 +74,7 @@ class Retention:
 
 @dataclass
 class PruneCounts:
-    """Rows deleted by one pass, per table."""
+    """Rows deleted by one pass, per table (``probe_results.raw``: results whose raw record was cleared)."""
 
     deleted: dict[str, int] = field(default_factory=dict)
     batches: int = 0
@@ -120,6 +126,18 @@ def _prunable_runs(tx: Tx, keep: int, older_than: float | None, limit: int) -> l
         "(SELECT 1 FROM probe_results p5 WHERE p5.probe_run_id = r5.id) "
         "GROUP BY r5.destination_id, r5.congestion_control) ORDER BY r.id LIMIT ?",
         (keep, -1.0 if older_than is None else older_than, limit)).fetchall()
+    return [r[0] for r in rows]
+
+
+def _stale_raw(tx: Tx, limit: int) -> list[int]:
+    """Ids of probe results that still hold ``raw`` but are not of their link's newest run with results, oldest
+    first."""
+    rows = tx.execute(
+        "WITH newest AS (SELECT r.destination_id AS did, max(r.id) AS run_id FROM probe_runs r WHERE EXISTS "
+        "(SELECT 1 FROM probe_results p2 WHERE p2.probe_run_id = r.id) GROUP BY r.destination_id) "
+        "SELECT p.id FROM probe_results p JOIN probe_runs r ON r.id = p.probe_run_id "
+        "JOIN newest ON newest.did = r.destination_id "
+        "WHERE p.raw IS NOT NULL AND p.probe_run_id < newest.run_id ORDER BY p.id LIMIT ?", (limit,)).fetchall()
     return [r[0] for r in rows]
 
 
@@ -195,6 +213,13 @@ def prune(store: Store, retention: Retention, *, pause_s: float = 0.0, max_batch
         counts.add("probe_runs", len(ids))
         return len(ids)
 
+    def raw(tx: Tx) -> int:
+        ids = _stale_raw(tx, b)
+        if ids:
+            tx.execute(f"UPDATE probe_results SET raw = NULL WHERE id IN ({_placeholders(ids)})", ids)
+        counts.add("probe_results.raw", len(ids))
+        return len(ids)
+
     def observations(tx: Tx) -> int:
         ids = _beyond_newest(tx, "observations", max(retention.keep_observations, REFIT_OBSERVATIONS), b)
         if ids:
@@ -239,8 +264,9 @@ def prune(store: Store, retention: Retention, *, pause_s: float = 0.0, max_batch
         counts.add("destinations", len(ids))
         return len(ids)
 
-    # Fits first: a run is kept while a fit rests on it. Links last: they go once what they held has gone.
-    steps = [fits, runs, observations, jobs, spent]
+    # Fits first: a run is kept while a fit rests on it. Raw after runs: what goes anyway is not rewritten first.
+    # Links last: they go once what they held has gone.
+    steps = [fits, runs, raw, observations, jobs, spent]
     if older_than is not None:
         steps.append(links)
     for step in steps:

@@ -1,4 +1,4 @@
-"""The advice store: destinations, probe jobs and runs (raw results kept), fits, curves, observations.
+"""The advice store: destinations, probe jobs and runs (raw results kept for the newest, advisor.retention), fits, curves, observations.
 
 Schema: advisor/migrations/ (one versioned SQL file per change). Every write that belongs
 together (a probe run, its results, its fit and curve, and the job's final status) happens in

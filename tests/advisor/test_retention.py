@@ -55,6 +55,27 @@ def run_cycle(service, cycle):
             service.observe(dest, n, rate(n) * (1 + (i % 5) / 200))
 
 
+def raw_kept(store):
+    """{dest: the run whose results hold raw}; each run's results hold it all or not at all."""
+    with store.db.transaction() as tx:
+        rows = tx.execute("SELECT d.dest, r.id, count(*), count(p.raw) FROM probe_results p JOIN probe_runs r ON "
+                          "r.id = p.probe_run_id JOIN destinations d ON d.id = r.destination_id "
+                          "GROUP BY d.dest, r.id").fetchall()
+    assert all(kept in (0, n) for _, _, n, kept in rows), rows
+    kept = {}
+    for dest, run, _, held in rows:
+        if held:
+            assert dest not in kept, rows  # one run per link
+            kept[dest] = run
+    return kept
+
+
+def newest_run(store, dest):
+    with store.db.transaction() as tx:
+        return tx.execute("SELECT max(r.id) FROM probe_runs r JOIN destinations d ON d.id = r.destination_id "
+                          "WHERE d.dest = ?", (dest,)).fetchone()[0]
+
+
 def counts(store):
     out = {}
     with store.db.transaction() as tx:
@@ -91,6 +112,7 @@ def check_bounded_and_unchanged(service):
     # The newest keep_runs runs, plus any an older kept fit rests on (none here: the newest fits are refits).
     assert c["probe_runs"] <= n * (RETENTION.keep_runs + RETENTION.keep_fits), c
     assert c["probe_results"] == 2 * c["probe_runs"], c
+    assert raw_kept(store) == {dest: newest_run(store, dest) for dest in DESTS}
     assert c["observations"] <= n * RETENTION.keep_observations, c
     assert c["probe_jobs"] <= n * RETENTION.keep_runs, c
     # The next observation refits on the newest run and the observations since, as it would have unpruned.
@@ -330,5 +352,58 @@ def test_links_that_hold_nothing_go_once_older_than_the_age_kept_and_the_others_
         prune(store, aged)
         assert links(store) == sorted(DESTS)  # the fitted links stay, however old
         assert current_view(store) == before_view
+    finally:
+        store.close()
+
+
+def results_but_raw(store):
+    with store.db.transaction() as tx:
+        return tx.execute("SELECT id, probe_run_id, streams, throughput_bps, sender_bps, retransmits, rtt_mean_s, "
+                          "duration_s, omit_s, throughput_stderr_bps, started_at, mss_bytes, stream_bps, "
+                          "stream_retransmits FROM probe_results ORDER BY id").fetchall()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def test_only_each_links_newest_run_keeps_its_raw_record(tmp_path, request, backend):
+    """Older runs that stay keep their numbers, fits and advice; their raw record is cleared, a few results per
+    transaction, and nothing is deleted."""
+    url = f"sqlite:///{tmp_path}/tame.sqlite3" if backend == "sqlite" else request.getfixturevalue("pg_url")
+    service = make_service(url)
+    store = service.store
+    control = service.settings.congestion_control
+    other = "reno" if control != "reno" else "cubic"
+    try:
+        for cycle in range(3):
+            run_cycle(service, cycle)
+        # A pushed run under another control on the first link: newer, so the first control's runs lose raw too.
+        dest = DESTS[0]
+        service.ingest_run(parse_destination(dest), 0.001, probe_results(dest, 9), service.clock(), source="push",
+                           congestion_control=other)
+        with store.db.transaction() as tx:
+            newest_raw = dict(tx.execute("SELECT id, raw FROM probe_results WHERE raw IS NOT NULL").fetchall())
+        before = (counts(store), results_but_raw(store), current_view(store), advice(service),
+                  {(d, c): store.current_fit(d, c, src=SITE) for d in DESTS for c in (control, other)},
+                  [store.latest_run_points(d, c, src=SITE) for d in DESTS for c in (control, other)])
+
+        got = prune(store, replace(RETENTION, keep_runs=100, keep_fits=1000, batch=3))
+        # 3 runs on the second link, 4 on the first, 2 results each: all but each link's newest run cleared.
+        assert got.deleted["probe_results.raw"] == 2 * (2 + 3)
+        assert got.batches >= 4  # 10 results, 3 per batch
+        assert not any(n for table, n in got.deleted.items() if table != "probe_results.raw"), got.deleted
+        service.invalidate()
+        after = (counts(store), results_but_raw(store), current_view(store), advice(service),
+                 {(d, c): store.current_fit(d, c, src=SITE) for d in DESTS for c in (control, other)},
+                 [store.latest_run_points(d, c, src=SITE) for d in DESTS for c in (control, other)])
+        assert after == before
+        assert raw_kept(store) == {d: newest_run(store, d) for d in DESTS}
+        with store.db.transaction() as tx:
+            kept = dict(tx.execute("SELECT id, raw FROM probe_results WHERE raw IS NOT NULL").fetchall())
+        assert kept and all(newest_raw[i] == text for i, text in kept.items())
+        assert prune(store, replace(RETENTION, keep_runs=100, keep_fits=1000)).deleted["probe_results.raw"] == 0
+
+        # The next run takes the raw record over: the one before it is cleared on the next pass.
+        run_cycle(service, 3)
+        prune(store, replace(RETENTION, keep_runs=100, keep_fits=1000))
+        assert raw_kept(store) == {d: newest_run(store, d) for d in DESTS}
     finally:
         store.close()
