@@ -2,7 +2,7 @@
 
 Everything the HTTP API and the CLI do goes through here; it knows nothing of HTTP.
 Advice is per link: a source site (``src``; default this service's own, settings.site) and a destination.
-It is cached in memory per (src, dest, max_impact, congestion control) and the cache is dropped on every write
+It is cached in memory per (src, canonical dest, max_impact, congestion control) and the cache is dropped on every write
 this process makes; for writes made by other processes sharing the database, an entry is never served
 older than ``settings.cache_max_age_s`` (see _REFRESH_AHEAD).
 """
@@ -45,6 +45,8 @@ from probes.result import ProbeResult
 log = logging.getLogger(__name__)
 
 _CACHE_LIMIT = 50_000
+# Locks that give each key one loader at a time (see _refresh_lock): a fixed table, whatever readers ask for.
+_REFRESH_STRIPES = 256
 # A stale destination's re-probe is requested at most this often from the read path.
 _REFRESH_RETRY_S = 60.0
 # The consistency bound: an entry reflects every write committed before its store read began
@@ -56,7 +58,8 @@ _REFRESH_RETRY_S = 60.0
 _REFRESH_AHEAD = 0.5
 
 
-# (src, dest as asked, max_impact, congestion control): what a cached advice entry answers.
+# (src, canonical dest: Destination.key, max_impact, congestion control): what a cached advice entry answers.
+# Every part is checked before a key is made, so text that is refused never becomes one.
 CacheKey = tuple[str, str, float, str]
 
 
@@ -112,9 +115,10 @@ class AdviceService:
         self.controls = controls
         self._cache: dict[CacheKey, AdviceEntry] = {}
         self._generation = 0
+        # Keys of links that have advice (so bounded by the store's links, which only writers add).
         self._refresh_requested: dict[tuple[str, str, str], float] = {}
         # One thread at a time brings an expired entry up to date; the others serve the previous one.
-        self._refreshing: dict[CacheKey, threading.Lock] = {}
+        self._refresh_locks = tuple(threading.Lock() for _ in range(_REFRESH_STRIPES))
         self._refresher: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
         self._listeners: list[Callable[[], None]] = []
@@ -203,15 +207,15 @@ class AdviceService:
         return self.store.current_fit(dest_key, control, or_unrecorded=control == self.settings.congestion_control,
                                       src=src)
 
-    def _load(self, src: str, dest: Destination, control: str) -> FitRow:
-        row = self._current(src, dest.key, control)
+    def _load(self, src: str, dest_key: str, control: str) -> FitRow:
+        row = self._current(src, dest_key, control)
         if row is None:
-            probed = sorted({r.congestion_control for r in self.store.current_fits(dest.key, src=src)
+            probed = sorted({r.congestion_control for r in self.store.current_fits(dest_key, src=src)
                              if r.congestion_control})
             under = f" (it has been probed under {', '.join(probed)})" if probed else ""
             raise UnknownDestination(
-                f"no advice from {src} to {dest.key} under {control} yet{under}: request a probe with POST /v1/probes "
-                f"{{\"src\": \"{src}\", \"dest\": \"{dest.key}\", \"congestion_control\": \"{control}\"}} (or "
+                f"no advice from {src} to {dest_key} under {control} yet{under}: request a probe with POST /v1/probes "
+                f"{{\"src\": \"{src}\", \"dest\": \"{dest_key}\", \"congestion_control\": \"{control}\"}} (or "
                 f"`tame agent --congestion-control {control}` at {src}), then ask again when GET /v1/probes/ID says done"
             )
         return row
@@ -244,9 +248,18 @@ class AdviceService:
         it up to date (no reader waits for the store, none refits)."""
         if isinstance(max_impact, bool) or not isinstance(max_impact, float) or not 0.0 <= max_impact <= 1.0:
             return None
-        now = self.clock()
-        key = (src or self.settings.site, dest_text, max_impact, control or self.settings.congestion_control)
+        site, cc = src or self.settings.site, control or self.settings.congestion_control
+        # Text spelt as a key is looked up without a parse (a few microseconds): keys are canonical, so only the
+        # canonical spelling of an entry's destination can match one.
+        key = (site, dest_text, max_impact, cc)
         cached = self._cache.get(key)
+        if cached is None:
+            try:
+                key = (site, parse_destination(dest_text).key, max_impact, cc)
+            except InvalidRequest:
+                return None
+            cached = self._cache.get(key)
+        now = self.clock()
         if cached is None or cached.generation != self._generation:
             return None
         if not self._servable(cached, now):
@@ -265,8 +278,8 @@ class AdviceService:
         budget = check_max_impact(max_impact)
         cc = self.control(control)
         site = self.site(src)
+        key = (site, parse_destination(dest_text).key, budget, cc)
         now = self.clock()
-        key = (site, dest_text, budget, cc)
         cached = self._cache.get(key)
         if not self._servable(cached, now):
             cached = self._refreshed(key)
@@ -291,9 +304,10 @@ class AdviceService:
                 and now - cached.loaded_at <= _REFRESH_AHEAD * self.settings.cache_max_age_s)
 
     def _refresh_lock(self, key: CacheKey) -> threading.Lock:
-        """The lock held by whichever thread brings ``key``'s entry up to date."""
-        with self._lock:
-            return self._refreshing.setdefault(key, threading.Lock())
+        """The lock held by whichever thread brings ``key``'s entry up to date: one of _REFRESH_STRIPES, by the
+        key's hash, so each key has one loader at a time while the table stays the same size whatever is asked
+        (keys that share a lock take turns)."""
+        return self._refresh_locks[hash(key) % _REFRESH_STRIPES]
 
     def _refreshed(self, key: CacheKey) -> AdviceEntry:
         """The entry for ``key`` brought up to date by one thread at a time (no stampede when it expires
@@ -330,19 +344,18 @@ class AdviceService:
         self._refresher.submit(refresh)
 
     def _load_entry(self, key: CacheKey, previous: AdviceEntry | None) -> AdviceEntry:
-        src, dest_text, budget, control = key
-        dest = parse_destination(dest_text)
+        src, dest_key, budget, control = key
         generation = self._generation
         now = self.clock()
         if previous is not None and previous.generation == generation \
-                and self.store.current_fit_ids(dest.key, src=src) == previous.fit_ids:
+                and self.store.current_fit_ids(dest_key, src=src) == previous.fit_ids:
             # Nothing was written since (not even by another process): keep the advice, and the entry
             # object, which the API's serialisation is memoised on.
             previous.loaded_at = now
             self._count_read("unchanged")
             return previous
-        fit_ids = self.store.current_fit_ids(dest.key, src=src)  # read first: a fit written after it reloads
-        row = self._load(src, dest, control)
+        fit_ids = self.store.current_fit_ids(dest_key, src=src)  # read first: a fit written after it reloads
+        row = self._load(src, dest_key, control)
         advice = self._advise_row(row, budget, control)
         if row.congestion_control is None:
             advice = dataclasses.replace(advice, warnings=[*advice.warnings, (
@@ -350,7 +363,7 @@ class AdviceService:
                 f"kept); they are taken to be this service's default, {control}: probe again to be sure")])
         if not budget_met(advice):
             measured = {r.congestion_control: (self._advise_row(r, budget, r.congestion_control), r.probed_at)
-                        for r in self.store.current_fits(dest.key, src=src)
+                        for r in self.store.current_fits(dest_key, src=src)
                         if r.congestion_control is not None and r.congestion_control != control}
             offered = None  # another site's kernel: not known here, every calibrated control is named
             if src == self.settings.site:
@@ -359,18 +372,17 @@ class AdviceService:
                 except OSError:
                     offered = None
             remote = None if src == self.settings.site else src
-            advice = dataclasses.replace(advice, alternatives=alternatives(dest.key, budget, control, advice,
+            advice = dataclasses.replace(advice, alternatives=alternatives(dest_key, budget, control, advice,
                                                                            measured, offered, src=remote))
         payload = advice.to_json()
-        payload.update(src=src, dest=dest.key, fitted_at=row.fitted_at, probed_at=row.probed_at,
+        payload.update(src=src, dest=dest_key, fitted_at=row.fitted_at, probed_at=row.probed_at,
                        observations_used=row.observations_used,
-                       open=how_to_open(advice, dest.key, row.idle_rtt_s))
+                       open=how_to_open(advice, dest_key, row.idle_rtt_s))
         entry = AdviceEntry(payload, row.evidence_at, now, generation, fit_ids)
         self._count_read("reloaded")
         with self._lock:
             if len(self._cache) >= _CACHE_LIMIT:
                 self._cache.clear()
-                self._refreshing = {k: v for k, v in self._refreshing.items() if v.locked()}
             if generation == self._generation:
                 self._cache[key] = entry
         return entry
@@ -409,7 +421,7 @@ class AdviceService:
         dest = parse_destination(dest_text)
         cc = self.control(control)
         site = self.site(src)
-        row = self._load(site, dest, cc)
+        row = self._load(site, dest.key, cc)
         points = self.store.curve(row.id)
         payload = curve_to_json(row.model, row.params, [p for p, _ in points])
         for entry, (_, advisable) in zip(payload["curve"], points):

@@ -91,7 +91,7 @@ def test_the_fast_path_serves_an_entry_due_for_a_re_read_while_one_thread_refres
     # Due (past half the bound): still answered from memory, and one background refresh is started, not one per reader.
     hits = [service.cached_entry(DEST, 0.3) for _ in range(50)]
     assert all(hit is not None and hit[0].payload["dest"] == DEST for hit in hits)
-    refreshing = service._refreshing[(service.settings.site, DEST, 0.3, service.settings.congestion_control)]
+    refreshing = service._refresh_lock((service.settings.site, DEST, 0.3, service.settings.congestion_control))
     with refreshing:  # waits for the refresh to end
         pass
     assert len(checks) == 1

@@ -1,0 +1,70 @@
+"""What a reader can make the advice cache hold, over HTTP on a real SQLite file: destinations that fail leave
+nothing behind, and one link spelt many ways is one entry."""
+
+import tracemalloc
+import uuid
+
+from advisor.destinations import parse_destination
+from probes.result import ProbeResult
+from tests.api.conftest import rate
+
+DEST = "127.0.0.1:5201"
+
+
+def seed(app, dest=DEST):
+    """A fit for ``dest``, stored as a probe run through the service."""
+    service = app.state.service
+    results = [ProbeResult(dest=dest, streams=n, throughput_bps=rate(n), duration_s=10.0, omit_s=0.0, sender_bps=None)
+               for n in (1, 10)]
+    service.ingest_run(parse_destination(dest), 0.04, results, service.clock(), source="test")
+
+
+def hostile_batch(unparsable=500, unknown=500):
+    """Distinct keys that never become advice: some do not parse, the others parse but name no known link."""
+    tag = uuid.uuid4().hex
+    return ([{"dest": f"{tag}{'x' * 200}!{i}", "max_impact": 0.1} for i in range(unparsable)]
+            + [{"dest": f"h{i}-{tag}.example:5201", "max_impact": 0.1} for i in range(unknown)])
+
+
+def retained_by_advisor(snapshot):
+    """Bytes held by allocations made in advisor/."""
+    return sum(stat.size for stat in
+               snapshot.filter_traces([tracemalloc.Filter(True, "*/advisor/*")]).statistics("filename"))
+
+
+def test_distinct_keys_that_fail_leave_nothing_behind(service_factory):
+    _, client, app = service_factory(start_worker=False)
+    service = app.state.service
+    seed(app)
+    assert client.get("/v1/advice", params={"dest": DEST, "max_impact": 0.1}).status_code == 200
+    client.post("/v1/advice:batch", json=hostile_batch())  # warm: first-use allocations are not growth
+
+    tracemalloc.start()
+    try:
+        before = retained_by_advisor(tracemalloc.take_snapshot())
+        for _ in range(4):
+            results = client.post("/v1/advice:batch", json=hostile_batch()).json()["results"]
+            assert [r["error"]["kind"] for r in results] == ["InvalidRequest"] * 500 + ["UnknownDestination"] * 500
+        grown = retained_by_advisor(tracemalloc.take_snapshot()) - before
+    finally:
+        tracemalloc.stop()
+    # Anything kept per key (a lock, a key tuple, a table slot: about 200 bytes) would come to 0.8 MB; the bound
+    # leaves room only for allocations that do not grow with the keys (a few hundred bytes).
+    assert grown < 64_000, f"{grown} bytes retained by advisor/ after 4,000 failing keys"
+    assert list(service._cache) == [(service.settings.site, DEST, 0.1, service.settings.congestion_control)]
+    assert client.get("/v1/advice", params={"dest": DEST, "max_impact": 0.1}).status_code == 200
+
+
+def test_one_link_spelt_many_ways_is_one_entry(service_factory):
+    _, client, app = service_factory(start_worker=False)
+    service = app.state.service
+    seed(app)
+    spellings = ["127.0.0.1", DEST, " 127.0.0.1:5201 ", "::ffff:127.0.0.1", "[::ffff:7f00:1]:5201"]
+    answers = [client.get("/v1/advice", params={"dest": s, "max_impact": 0.1}) for s in spellings]
+    answers += [client.post("/v1/advice:batch", json=[{"dest": s, "max_impact": 0.1} for s in spellings])]
+    assert all(a.status_code == 200 for a in answers), [a.text for a in answers]
+    assert {a.json()["dest"] for a in answers[:-1]} == {DEST}
+    assert [r["dest"] for r in answers[-1].json()["results"]] == spellings  # each item names what it was asked
+    assert {r["advice"]["dest"] for r in answers[-1].json()["results"]} == {DEST}
+    assert len(service._cache) == 1 and service.cache_reads()["reloaded"] == 1
+
