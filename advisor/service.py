@@ -2,9 +2,10 @@
 
 Everything the HTTP API and the CLI do goes through here; it knows nothing of HTTP.
 Advice is per link: a source site (``src``; default this service's own, settings.site) and a destination.
-It is cached in memory per (src, canonical dest, max_impact, congestion control) and the cache is dropped on every write
-this process makes; for writes made by other processes sharing the database, an entry is never served
-older than ``settings.cache_max_age_s`` (see _REFRESH_AHEAD).
+It is cached in memory per (src, canonical dest, max_impact, congestion control), at most _CACHE_LIMIT entries
+(the least recently read goes first), and the cache is dropped on every write this process makes; for writes
+made by other processes sharing the database, an entry is never served older than ``settings.cache_max_age_s``
+(see _REFRESH_AHEAD).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import logging
 import math
 import threading
 import time
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -44,6 +46,7 @@ from probes.result import ProbeResult
 
 log = logging.getLogger(__name__)
 
+# Advice entries kept; past it the least recently read is dropped, one at a time.
 _CACHE_LIMIT = 50_000
 # Locks that give each key one loader at a time (see _refresh_lock): a fixed table, whatever readers ask for.
 _REFRESH_STRIPES = 256
@@ -113,7 +116,9 @@ class AdviceService:
         self.resolver = resolver
         # The congestion controls a probe run here may use (read when a probe is asked for: modules load).
         self.controls = controls
-        self._cache: dict[CacheKey, AdviceEntry] = {}
+        # Least recently read first; guarded by _lock.
+        self._cache: OrderedDict[CacheKey, AdviceEntry] = OrderedDict()
+        self._cache_limit = _CACHE_LIMIT
         self._generation = 0
         # Keys of links that have advice (so bounded by the store's links, which only writers add).
         self._refresh_requested: dict[tuple[str, str, str], float] = {}
@@ -252,13 +257,13 @@ class AdviceService:
         # Text spelt as a key is looked up without a parse (a few microseconds): keys are canonical, so only the
         # canonical spelling of an entry's destination can match one.
         key = (site, dest_text, max_impact, cc)
-        cached = self._cache.get(key)
+        cached = self._cached(key)
         if cached is None:
             try:
                 key = (site, parse_destination(dest_text).key, max_impact, cc)
             except InvalidRequest:
                 return None
-            cached = self._cache.get(key)
+            cached = self._cached(key)
         now = self.clock()
         if cached is None or cached.generation != self._generation:
             return None
@@ -280,7 +285,7 @@ class AdviceService:
         site = self.site(src)
         key = (site, parse_destination(dest_text).key, budget, cc)
         now = self.clock()
-        cached = self._cache.get(key)
+        cached = self._cached(key)
         if not self._servable(cached, now):
             cached = self._refreshed(key)
         elif not self._fresh(cached, now):
@@ -292,6 +297,25 @@ class AdviceService:
         """Advice.to_json() plus src, dest, fitted_at, probed_at, observations_used, age_s and stale."""
         entry, age_s, stale = self.advice_entry(dest_text, max_impact, control, src)
         return entry.document(age_s, stale)
+
+    def _cached(self, key: CacheKey) -> AdviceEntry | None:
+        """The cached entry for ``key``, now the most recently read (None: not cached)."""
+        with self._lock:
+            entry = self._cache.get(key)
+            if entry is not None:
+                self._cache.move_to_end(key)
+            return entry
+
+    def _keep(self, key: CacheKey, entry: AdviceEntry) -> None:
+        """Cache ``entry`` as the most recently read, unless a write came since it was read; past _cache_limit the
+        least recently read entry goes (one, not all: the other readers' entries stay warm)."""
+        with self._lock:
+            if entry.generation != self._generation:
+                return
+            self._cache[key] = entry
+            self._cache.move_to_end(key)
+            while len(self._cache) > self._cache_limit:
+                self._cache.popitem(last=False)
 
     def _servable(self, cached: AdviceEntry | None, now: float) -> bool:
         """Within the consistency bound: it may be served."""
@@ -353,6 +377,7 @@ class AdviceService:
             # object, which the API's serialisation is memoised on.
             previous.loaded_at = now
             self._count_read("unchanged")
+            self._keep(key, previous)
             return previous
         fit_ids = self.store.current_fit_ids(dest_key, src=src)  # read first: a fit written after it reloads
         row = self._load(src, dest_key, control)
@@ -380,11 +405,7 @@ class AdviceService:
                        open=how_to_open(advice, dest_key, row.idle_rtt_s))
         entry = AdviceEntry(payload, row.evidence_at, now, generation, fit_ids)
         self._count_read("reloaded")
-        with self._lock:
-            if len(self._cache) >= _CACHE_LIMIT:
-                self._cache.clear()
-            if generation == self._generation:
-                self._cache[key] = entry
+        self._keep(key, entry)
         return entry
 
     def _count_read(self, result: str) -> None:

@@ -1,5 +1,6 @@
 """What a reader can make the advice cache hold, over HTTP on a real SQLite file: destinations that fail leave
-nothing behind, and one link spelt many ways is one entry."""
+nothing behind, one link spelt many ways is one entry, and more budgets than the cache holds evict the least
+recently read entries one at a time (no miss storm for every client at once)."""
 
 import tracemalloc
 import uuid
@@ -68,3 +69,29 @@ def test_one_link_spelt_many_ways_is_one_entry(service_factory):
     assert {r["advice"]["dest"] for r in answers[-1].json()["results"]} == {DEST}
     assert len(service._cache) == 1 and service.cache_reads()["reloaded"] == 1
 
+
+def test_more_budgets_than_the_cache_holds_evict_the_least_recently_read(service_factory):
+    _, client, app = service_factory(start_worker=False)
+    service = app.state.service
+    service._cache_limit = limit = 100
+    seed(app)
+    hot = {"dest": DEST, "max_impact": 0.5}
+    budgets = [round(0.01 + i * 1e-4, 6) for i in range(3 * limit)]
+    for start in range(0, len(budgets), 20):
+        # A reader of one budget keeps it while another walks through 300 others, 20 at a time.
+        items = [hot] + [{"dest": DEST, "max_impact": b} for b in budgets[start:start + 20]]
+        results = client.post("/v1/advice:batch", json=items).json()["results"]
+        assert all(r["advice"] is not None for r in results)
+        assert len(service._cache) <= limit
+    assert len(service._cache) == limit
+    loads = service.cache_reads()["reloaded"]
+    assert loads == 1 + len(budgets)  # each budget loaded once, the hot one never again
+
+    # The most recent budgets and the hot one are answered from memory; the oldest were evicted.
+    recent = [hot] + [{"dest": DEST, "max_impact": b} for b in budgets[-(limit - 1):]]
+    assert all(r["advice"] for r in client.post("/v1/advice:batch", json=recent).json()["results"])
+    assert service.cache_reads()["reloaded"] == loads
+    assert service.cached_entry(DEST, budgets[0]) is None
+    assert client.get("/v1/advice", params={"dest": DEST, "max_impact": budgets[0]}).status_code == 200
+    assert service.cache_reads()["reloaded"] == loads + 1
+    assert len(service._cache) == limit
