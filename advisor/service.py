@@ -46,7 +46,8 @@ from probes.result import ProbeResult
 
 log = logging.getLogger(__name__)
 
-# Advice entries kept; past it the least recently read is dropped, one at a time.
+# Advice entries kept (1.4-2.6 KB each: mostly the advice's JSON, longer when it lists alternatives); past it the
+# least recently read is dropped, one at a time.
 _CACHE_LIMIT = 50_000
 # Locks that give each key one loader at a time (see _refresh_lock): a fixed table, whatever readers ask for.
 _REFRESH_STRIPES = 256
@@ -66,28 +67,34 @@ _REFRESH_AHEAD = 0.5
 CacheKey = tuple[str, str, float, str]
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class AdviceEntry:
-    """The advice for one (link, budget, control) as cached: Advice.to_json() plus src, dest, fitted_at, probed_at
-    and observations_used. It owns the one serialisation every reader gets, with age_s and stale added."""
+    """The advice for one (link, budget, control) as cached: Advice.to_json() plus src, dest, fitted_at, probed_at,
+    observations_used and open, kept as the JSON every reader gets (encoded once, when loaded) but for age_s and
+    stale; the dict is not kept (with it an entry took twice the memory)."""
 
-    payload: dict[str, Any]
-    evidence_at: float  # FitRow.evidence_at: age_s and stale are judged by it (payload["probed_at"]: the probes')
+    json_prefix: bytes  # the payload's JSON object without its closing brace
+    dest: str  # payload["dest"]: the link's canonical destination
+    probed_at: float  # payload["probed_at"]: the probes' time (advisor.freshness)
+    evidence_at: float  # FitRow.evidence_at: age_s and stale are judged by it
     loaded_at: float
     generation: int
     fit_ids: tuple[int, ...]  # current fits of the destination, every control, when loaded (alternatives read them all)
-    _json_prefix: bytes | None = None
 
-    def document(self, age_s: float, stale: bool) -> dict[str, Any]:
-        """The advice as a reader gets it (GET /v1/advice, batch items, `tame advise`)."""
-        return {**self.payload, "age_s": age_s, "stale": stale}
+    @classmethod
+    def of(cls, payload: dict[str, Any], evidence_at: float, loaded_at: float, generation: int,
+           fit_ids: tuple[int, ...]) -> "AdviceEntry":
+        return cls(json.dumps(payload, separators=(",", ":")).encode()[:-1], payload["dest"], payload["probed_at"],
+                   evidence_at, loaded_at, generation, fit_ids)
 
     def json_bytes(self, age_s: float, stale: bool) -> bytes:
-        """``document(age_s, stale)`` as compact JSON; the payload's part is encoded once per entry."""
-        if self._json_prefix is None:
-            self._json_prefix = json.dumps(self.payload, separators=(",", ":")).encode()[:-1]
-        return (self._json_prefix + b',"age_s":' + json.dumps(age_s).encode()
+        """The advice as a reader gets it (GET /v1/advice, batch items), as compact JSON."""
+        return (self.json_prefix + b',"age_s":' + json.dumps(age_s).encode()
                 + (b',"stale":true}' if stale else b',"stale":false}'))
+
+    def document(self, age_s: float, stale: bool) -> dict[str, Any]:
+        """``json_bytes(age_s, stale)`` decoded (`tame advise` and other in-process readers)."""
+        return json.loads(self.json_bytes(age_s, stale))
 
 
 # A site's links are probed again once their evidence is this fraction of the TTL old, so that with agents
@@ -228,8 +235,8 @@ class AdviceService:
     def _reprobe_due(self, src: str, control: str, entry: AdviceEntry, now: float) -> str | None:
         """Why the entry's link is due for a probe (advisor.freshness), unless its probe was asked for from the read
         path within _REFRESH_RETRY_S: None then, and when it is not due."""
-        due = self.settings.freshness.due(entry.evidence_at, entry.payload["probed_at"], now)
-        last = self._refresh_requested.get((src, entry.payload["dest"], control))
+        due = self.settings.freshness.due(entry.evidence_at, entry.probed_at, now)
+        last = self._refresh_requested.get((src, entry.dest, control))
         return due if due is not None and (last is None or now - last >= _REFRESH_RETRY_S) else None
 
     def _reprobe(self, src: str, control: str, entry: AdviceEntry, now: float) -> None:
@@ -237,7 +244,7 @@ class AdviceService:
         due = self._reprobe_due(src, control, entry, now)
         if due is None:
             return
-        dest_key = entry.payload["dest"]
+        dest_key = entry.dest
         self._refresh_requested[(src, dest_key, control)] = now
         try:
             self.request_probe(dest_key, congestion_control=control, src=src)
@@ -373,8 +380,7 @@ class AdviceService:
         now = self.clock()
         if previous is not None and previous.generation == generation \
                 and self.store.current_fit_ids(dest_key, src=src) == previous.fit_ids:
-            # Nothing was written since (not even by another process): keep the advice, and the entry
-            # object, which the API's serialisation is memoised on.
+            # Nothing was written since (not even by another process): keep the advice, and the entry object.
             previous.loaded_at = now
             self._count_read("unchanged")
             self._keep(key, previous)
@@ -403,7 +409,7 @@ class AdviceService:
         payload.update(src=src, dest=dest_key, fitted_at=row.fitted_at, probed_at=row.probed_at,
                        observations_used=row.observations_used,
                        open=how_to_open(advice, dest_key, row.idle_rtt_s))
-        entry = AdviceEntry(payload, row.evidence_at, now, generation, fit_ids)
+        entry = AdviceEntry.of(payload, row.evidence_at, now, generation, fit_ids)
         self._count_read("reloaded")
         self._keep(key, entry)
         return entry
@@ -424,18 +430,21 @@ class AdviceService:
         return advise(fitted, budget, row.n_max, row.idle_rtt_s, probes,
                       standard_control=row.congestion_control or control)
 
-    def batch(self, items: Sequence[tuple[str, Any, Any, Any]]) -> list[dict[str, Any]]:
-        """One entry per (dest, max_impact, cc, src): {"src", "dest", "max_impact", "cc", "advice"} or
-        {..., "error"}."""
+    def batch(self, items: Sequence[tuple[str, Any, Any, Any]]) -> list[bytes]:
+        """One JSON object per (dest, max_impact, cc, src): {"src", "dest", "max_impact", "cc", "advice", "error"}
+        as asked, with the advice (AdviceEntry.json_bytes) or null and {"kind", "message"} or null."""
         if len(items) > self.settings.max_batch:
             raise BatchTooLarge(f"batch has {len(items)} items; at most {self.settings.max_batch} are allowed per request")
         out = []
         for dest_text, budget, control, src in items:
-            item = {"src": src, "dest": dest_text, "max_impact": budget, "cc": control}
+            item = json.dumps({"src": src, "dest": dest_text, "max_impact": budget, "cc": control},
+                              separators=(",", ":")).encode()[:-1]
             try:
-                out.append({**item, "advice": self.advice(dest_text, budget, control, src), "error": None})
+                entry, age_s, stale = self.advice_entry(dest_text, budget, control, src)
+                out.append(item + b',"advice":' + entry.json_bytes(age_s, stale) + b',"error":null}')
             except (InvalidRequest, UnknownDestination) as exc:
-                out.append({**item, "advice": None, "error": {"kind": type(exc).__name__, "message": str(exc)}})
+                error = json.dumps({"kind": type(exc).__name__, "message": str(exc)}, separators=(",", ":"))
+                out.append(item + b',"advice":null,"error":' + error.encode() + b"}")
         return out
 
     def curve(self, dest_text: str, control: Any = None, src: Any = None) -> dict[str, Any]:
