@@ -2,9 +2,10 @@
 
 Everything the HTTP API and the CLI do goes through here; it knows nothing of HTTP.
 Advice is per link: a source site (``src``; default this service's own, settings.site) and a destination.
-It is cached in memory per (src, dest, max_impact, congestion control) and the cache is dropped on every write
-this process makes; for writes made by other processes sharing the database, an entry is never served
-older than ``settings.cache_max_age_s`` (see _REFRESH_AHEAD).
+It is cached in memory per (src, canonical dest, max_impact, congestion control), at most _CACHE_LIMIT entries
+(the least recently read goes first), and the cache is dropped on every write this process makes; for writes
+made by other processes sharing the database, an entry is never served older than ``settings.cache_max_age_s``
+(see _REFRESH_AHEAD).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import logging
 import math
 import threading
 import time
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -44,7 +46,11 @@ from probes.result import ProbeResult
 
 log = logging.getLogger(__name__)
 
+# Advice entries kept (1.4-2.6 KB each: mostly the advice's JSON, longer when it lists alternatives); past it the
+# least recently read is dropped, one at a time.
 _CACHE_LIMIT = 50_000
+# Locks that give each key one loader at a time (see _refresh_lock): a fixed table, whatever readers ask for.
+_REFRESH_STRIPES = 256
 # A stale destination's re-probe is requested at most this often from the read path.
 _REFRESH_RETRY_S = 60.0
 # The consistency bound: an entry reflects every write committed before its store read began
@@ -56,32 +62,39 @@ _REFRESH_RETRY_S = 60.0
 _REFRESH_AHEAD = 0.5
 
 
-# (src, dest as asked, max_impact, congestion control): what a cached advice entry answers.
+# (src, canonical dest: Destination.key, max_impact, congestion control): what a cached advice entry answers.
+# Every part is checked before a key is made, so text that is refused never becomes one.
 CacheKey = tuple[str, str, float, str]
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class AdviceEntry:
-    """The advice for one (link, budget, control) as cached: Advice.to_json() plus src, dest, fitted_at, probed_at
-    and observations_used. It owns the one serialisation every reader gets, with age_s and stale added."""
+    """The advice for one (link, budget, control) as cached: Advice.to_json() plus src, dest, fitted_at, probed_at,
+    observations_used and open, kept as the JSON every reader gets (encoded once, when loaded) but for age_s and
+    stale; the dict is not kept (with it an entry took twice the memory)."""
 
-    payload: dict[str, Any]
-    evidence_at: float  # FitRow.evidence_at: age_s and stale are judged by it (payload["probed_at"]: the probes')
+    json_prefix: bytes  # the payload's JSON object without its closing brace
+    dest: str  # payload["dest"]: the link's canonical destination
+    probed_at: float  # payload["probed_at"]: the probes' time (advisor.freshness)
+    evidence_at: float  # FitRow.evidence_at: age_s and stale are judged by it
     loaded_at: float
     generation: int
     fit_ids: tuple[int, ...]  # current fits of the destination, every control, when loaded (alternatives read them all)
-    _json_prefix: bytes | None = None
 
-    def document(self, age_s: float, stale: bool) -> dict[str, Any]:
-        """The advice as a reader gets it (GET /v1/advice, batch items, `tame advise`)."""
-        return {**self.payload, "age_s": age_s, "stale": stale}
+    @classmethod
+    def of(cls, payload: dict[str, Any], evidence_at: float, loaded_at: float, generation: int,
+           fit_ids: tuple[int, ...]) -> "AdviceEntry":
+        return cls(json.dumps(payload, separators=(",", ":")).encode()[:-1], payload["dest"], payload["probed_at"],
+                   evidence_at, loaded_at, generation, fit_ids)
 
     def json_bytes(self, age_s: float, stale: bool) -> bytes:
-        """``document(age_s, stale)`` as compact JSON; the payload's part is encoded once per entry."""
-        if self._json_prefix is None:
-            self._json_prefix = json.dumps(self.payload, separators=(",", ":")).encode()[:-1]
-        return (self._json_prefix + b',"age_s":' + json.dumps(age_s).encode()
+        """The advice as a reader gets it (GET /v1/advice, batch items), as compact JSON."""
+        return (self.json_prefix + b',"age_s":' + json.dumps(age_s).encode()
                 + (b',"stale":true}' if stale else b',"stale":false}'))
+
+    def document(self, age_s: float, stale: bool) -> dict[str, Any]:
+        """``json_bytes(age_s, stale)`` decoded (`tame advise` and other in-process readers)."""
+        return json.loads(self.json_bytes(age_s, stale))
 
 
 # A site's links are probed again once their evidence is this fraction of the TTL old, so that with agents
@@ -110,11 +123,14 @@ class AdviceService:
         self.resolver = resolver
         # The congestion controls a probe run here may use (read when a probe is asked for: modules load).
         self.controls = controls
-        self._cache: dict[CacheKey, AdviceEntry] = {}
+        # Least recently read first; guarded by _lock.
+        self._cache: OrderedDict[CacheKey, AdviceEntry] = OrderedDict()
+        self._cache_limit = _CACHE_LIMIT
         self._generation = 0
+        # Keys of links that have advice (so bounded by the store's links, which only writers add).
         self._refresh_requested: dict[tuple[str, str, str], float] = {}
         # One thread at a time brings an expired entry up to date; the others serve the previous one.
-        self._refreshing: dict[CacheKey, threading.Lock] = {}
+        self._refresh_locks = tuple(threading.Lock() for _ in range(_REFRESH_STRIPES))
         self._refresher: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
         self._listeners: list[Callable[[], None]] = []
@@ -204,15 +220,15 @@ class AdviceService:
         return self.store.current_fit(dest_key, control, or_unrecorded=control == self.settings.congestion_control,
                                       src=src)
 
-    def _load(self, src: str, dest: Destination, control: str) -> FitRow:
-        row = self._current(src, dest.key, control)
+    def _load(self, src: str, dest_key: str, control: str) -> FitRow:
+        row = self._current(src, dest_key, control)
         if row is None:
-            probed = sorted({r.congestion_control for r in self.store.current_fits(dest.key, src=src)
+            probed = sorted({r.congestion_control for r in self.store.current_fits(dest_key, src=src)
                              if r.congestion_control})
             under = f" (it has been probed under {', '.join(probed)})" if probed else ""
             raise UnknownDestination(
-                f"no advice from {src} to {dest.key} under {control} yet{under}: request a probe with POST /v1/probes "
-                f"{{\"src\": \"{src}\", \"dest\": \"{dest.key}\", \"congestion_control\": \"{control}\"}} (or "
+                f"no advice from {src} to {dest_key} under {control} yet{under}: request a probe with POST /v1/probes "
+                f"{{\"src\": \"{src}\", \"dest\": \"{dest_key}\", \"congestion_control\": \"{control}\"}} (or "
                 f"`tame agent --congestion-control {control}` at {src}), then ask again when GET /v1/probes/ID says done"
             )
         return row
@@ -220,8 +236,8 @@ class AdviceService:
     def _reprobe_due(self, src: str, control: str, entry: AdviceEntry, now: float) -> str | None:
         """Why the entry's link is due for a probe (advisor.freshness), unless its probe was asked for from the read
         path within _REFRESH_RETRY_S: None then, and when it is not due."""
-        due = self.settings.freshness.due(entry.evidence_at, entry.payload["probed_at"], now)
-        last = self._refresh_requested.get((src, entry.payload["dest"], control))
+        due = self.settings.freshness.due(entry.evidence_at, entry.probed_at, now)
+        last = self._refresh_requested.get((src, entry.dest, control))
         return due if due is not None and (last is None or now - last >= _REFRESH_RETRY_S) else None
 
     def _reprobe(self, src: str, control: str, entry: AdviceEntry, now: float) -> None:
@@ -229,7 +245,7 @@ class AdviceService:
         due = self._reprobe_due(src, control, entry, now)
         if due is None:
             return
-        dest_key = entry.payload["dest"]
+        dest_key = entry.dest
         self._refresh_requested[(src, dest_key, control)] = now
         try:
             self.request_probe(dest_key, congestion_control=control, src=src)
@@ -245,9 +261,18 @@ class AdviceService:
         it up to date (no reader waits for the store, none refits)."""
         if isinstance(max_impact, bool) or not isinstance(max_impact, float) or not 0.0 <= max_impact <= 1.0:
             return None
+        site, cc = src or self.settings.site, control or self.settings.congestion_control
+        # Text spelt as a key is looked up without a parse (a few microseconds): keys are canonical, so only the
+        # canonical spelling of an entry's destination can match one.
+        key = (site, dest_text, max_impact, cc)
+        cached = self._cached(key)
+        if cached is None:
+            try:
+                key = (site, parse_destination(dest_text).key, max_impact, cc)
+            except InvalidRequest:
+                return None
+            cached = self._cached(key)
         now = self.clock()
-        key = (src or self.settings.site, dest_text, max_impact, control or self.settings.congestion_control)
-        cached = self._cache.get(key)
         if cached is None or cached.generation != self._generation:
             return None
         if not self._servable(cached, now):
@@ -266,9 +291,9 @@ class AdviceService:
         budget = check_max_impact(max_impact)
         cc = self.control(control)
         site = self.site(src)
+        key = (site, parse_destination(dest_text).key, budget, cc)
         now = self.clock()
-        key = (site, dest_text, budget, cc)
-        cached = self._cache.get(key)
+        cached = self._cached(key)
         if not self._servable(cached, now):
             cached = self._refreshed(key)
         elif not self._fresh(cached, now):
@@ -281,6 +306,25 @@ class AdviceService:
         entry, age_s, stale = self.advice_entry(dest_text, max_impact, control, src)
         return entry.document(age_s, stale)
 
+    def _cached(self, key: CacheKey) -> AdviceEntry | None:
+        """The cached entry for ``key``, now the most recently read (None: not cached)."""
+        with self._lock:
+            entry = self._cache.get(key)
+            if entry is not None:
+                self._cache.move_to_end(key)
+            return entry
+
+    def _keep(self, key: CacheKey, entry: AdviceEntry) -> None:
+        """Cache ``entry`` as the most recently read, unless a write came since it was read; past _cache_limit the
+        least recently read entry goes (one, not all: the other readers' entries stay warm)."""
+        with self._lock:
+            if entry.generation != self._generation:
+                return
+            self._cache[key] = entry
+            self._cache.move_to_end(key)
+            while len(self._cache) > self._cache_limit:
+                self._cache.popitem(last=False)
+
     def _servable(self, cached: AdviceEntry | None, now: float) -> bool:
         """Within the consistency bound: it may be served."""
         return (cached is not None and cached.generation == self._generation
@@ -292,9 +336,10 @@ class AdviceService:
                 and now - cached.loaded_at <= _REFRESH_AHEAD * self.settings.cache_max_age_s)
 
     def _refresh_lock(self, key: CacheKey) -> threading.Lock:
-        """The lock held by whichever thread brings ``key``'s entry up to date."""
-        with self._lock:
-            return self._refreshing.setdefault(key, threading.Lock())
+        """The lock held by whichever thread brings ``key``'s entry up to date: one of _REFRESH_STRIPES, by the
+        key's hash, so each key has one loader at a time while the table stays the same size whatever is asked
+        (keys that share a lock take turns)."""
+        return self._refresh_locks[hash(key) % _REFRESH_STRIPES]
 
     def _refreshed(self, key: CacheKey) -> AdviceEntry:
         """The entry for ``key`` brought up to date by one thread at a time (no stampede when it expires
@@ -331,19 +376,18 @@ class AdviceService:
         self._refresher.submit(refresh)
 
     def _load_entry(self, key: CacheKey, previous: AdviceEntry | None) -> AdviceEntry:
-        src, dest_text, budget, control = key
-        dest = parse_destination(dest_text)
+        src, dest_key, budget, control = key
         generation = self._generation
         now = self.clock()
         if previous is not None and previous.generation == generation \
-                and self.store.current_fit_ids(dest.key, src=src) == previous.fit_ids:
-            # Nothing was written since (not even by another process): keep the advice, and the entry
-            # object, which the API's serialisation is memoised on.
+                and self.store.current_fit_ids(dest_key, src=src) == previous.fit_ids:
+            # Nothing was written since (not even by another process): keep the advice, and the entry object.
             previous.loaded_at = now
             self._count_read("unchanged")
+            self._keep(key, previous)
             return previous
-        fit_ids = self.store.current_fit_ids(dest.key, src=src)  # read first: a fit written after it reloads
-        row = self._load(src, dest, control)
+        fit_ids = self.store.current_fit_ids(dest_key, src=src)  # read first: a fit written after it reloads
+        row = self._load(src, dest_key, control)
         advice = self._advise_row(row, budget, control)
         if row.congestion_control is None:
             advice = dataclasses.replace(advice, warnings=[*advice.warnings, (
@@ -351,7 +395,7 @@ class AdviceService:
                 f"kept); they are taken to be this service's default, {control}: probe again to be sure")])
         if not budget_met(advice):
             measured = {r.congestion_control: (self._advise_row(r, budget, r.congestion_control), r.probed_at)
-                        for r in self.store.current_fits(dest.key, src=src)
+                        for r in self.store.current_fits(dest_key, src=src)
                         if r.congestion_control is not None and r.congestion_control != control}
             offered = None  # another site's kernel: not known here, every calibrated control is named
             if src == self.settings.site:
@@ -360,20 +404,15 @@ class AdviceService:
                 except OSError:
                     offered = None
             remote = None if src == self.settings.site else src
-            advice = dataclasses.replace(advice, alternatives=alternatives(dest.key, budget, control, advice,
+            advice = dataclasses.replace(advice, alternatives=alternatives(dest_key, budget, control, advice,
                                                                            measured, offered, src=remote))
         payload = advice.to_json()
-        payload.update(src=src, dest=dest.key, fitted_at=row.fitted_at, probed_at=row.probed_at,
+        payload.update(src=src, dest=dest_key, fitted_at=row.fitted_at, probed_at=row.probed_at,
                        observations_used=row.observations_used,
-                       open=how_to_open(advice, dest.key, row.idle_rtt_s))
-        entry = AdviceEntry(payload, row.evidence_at, now, generation, fit_ids)
+                       open=how_to_open(advice, dest_key, row.idle_rtt_s))
+        entry = AdviceEntry.of(payload, row.evidence_at, now, generation, fit_ids)
         self._count_read("reloaded")
-        with self._lock:
-            if len(self._cache) >= _CACHE_LIMIT:
-                self._cache.clear()
-                self._refreshing = {k: v for k, v in self._refreshing.items() if v.locked()}
-            if generation == self._generation:
-                self._cache[key] = entry
+        self._keep(key, entry)
         return entry
 
     def _count_read(self, result: str) -> None:
@@ -392,25 +431,28 @@ class AdviceService:
         return advise(fitted, budget, row.n_max, row.idle_rtt_s, probes,
                       standard_control=row.congestion_control or control)
 
-    def batch(self, items: Sequence[tuple[str, Any, Any, Any]]) -> list[dict[str, Any]]:
-        """One entry per (dest, max_impact, cc, src): {"src", "dest", "max_impact", "cc", "advice"} or
-        {..., "error"}."""
+    def batch(self, items: Sequence[tuple[str, Any, Any, Any]]) -> list[bytes]:
+        """One JSON object per (dest, max_impact, cc, src): {"src", "dest", "max_impact", "cc", "advice", "error"}
+        as asked, with the advice (AdviceEntry.json_bytes) or null and {"kind", "message"} or null."""
         if len(items) > self.settings.max_batch:
             raise BatchTooLarge(f"batch has {len(items)} items; at most {self.settings.max_batch} are allowed per request")
         out = []
         for dest_text, budget, control, src in items:
-            item = {"src": src, "dest": dest_text, "max_impact": budget, "cc": control}
+            item = json.dumps({"src": src, "dest": dest_text, "max_impact": budget, "cc": control},
+                              separators=(",", ":")).encode()[:-1]
             try:
-                out.append({**item, "advice": self.advice(dest_text, budget, control, src), "error": None})
+                entry, age_s, stale = self.advice_entry(dest_text, budget, control, src)
+                out.append(item + b',"advice":' + entry.json_bytes(age_s, stale) + b',"error":null}')
             except (InvalidRequest, UnknownDestination) as exc:
-                out.append({**item, "advice": None, "error": {"kind": type(exc).__name__, "message": str(exc)}})
+                error = json.dumps({"kind": type(exc).__name__, "message": str(exc)}, separators=(",", ":"))
+                out.append(item + b',"advice":null,"error":' + error.encode() + b"}")
         return out
 
     def curve(self, dest_text: str, control: Any = None, src: Any = None) -> dict[str, Any]:
         dest = parse_destination(dest_text)
         cc = self.control(control)
         site = self.site(src)
-        row = self._load(site, dest, cc)
+        row = self._load(site, dest.key, cc)
         points = self.store.curve(row.id)
         payload = curve_to_json(row.model, row.params, [p for p, _ in points])
         for entry, (_, advisable) in zip(payload["curve"], points):

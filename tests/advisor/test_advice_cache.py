@@ -90,8 +90,8 @@ def test_the_fast_path_serves_an_entry_due_for_a_re_read_while_one_thread_refres
     clock.now += 0.75 * service.settings.cache_max_age_s
     # Due (past half the bound): still answered from memory, and one background refresh is started, not one per reader.
     hits = [service.cached_entry(DEST, 0.3) for _ in range(50)]
-    assert all(hit is not None and hit[0].payload["dest"] == DEST for hit in hits)
-    refreshing = service._refreshing[(service.settings.site, DEST, 0.3, service.settings.congestion_control)]
+    assert all(hit is not None and hit[0].dest == DEST for hit in hits)
+    refreshing = service._refresh_lock((service.settings.site, DEST, 0.3, service.settings.congestion_control))
     with refreshing:  # waits for the refresh to end
         pass
     assert len(checks) == 1
@@ -124,7 +124,7 @@ def test_past_the_bound_a_slow_re_read_is_waited_for_and_a_failing_one_reported(
 
     service.store.current_fit_ids = slow
     clock.now += 0.75 * bound
-    assert service.cached_entry(DEST, 0.3)[0].payload == {k: v for k, v in first.items() if k not in ("age_s", "stale")}
+    assert service.cached_entry(DEST, 0.3)[0].document(first["age_s"], first["stale"]) == first
     assert entered.wait(10)
     clock.now += 0.5 * bound  # 1.25 times the bound since the entry's store read began
     assert service.cached_entry(DEST, 0.3) is None, "the fast path must not serve it around the slow re-read"
