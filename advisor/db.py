@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib
 import re
 import sqlite3
-import threading
 import time
 from contextlib import contextmanager
 from importlib import resources
@@ -20,10 +19,16 @@ from urllib.parse import unquote
 
 from advisor import userviews
 from advisor.errors import StoreError
+from advisor.pool import ConnectionPool
 
 # Long enough that a writer's transaction (a probe run plus its curve, milliseconds) never
 # surfaces as "database is locked" to a reader or another writer.
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+# The most connections one Database (so one process's store) holds open, TAME_DB_POOL_SIZE: a quarter of the 40
+# threads anyio runs the API's routes in, each transaction taking milliseconds.
+DEFAULT_POOL_SIZE = 10
+# How long a transaction waits for one of those connections before StoreError: as long as for SQLite's write lock.
+POOL_WAIT_S = SQLITE_BUSY_TIMEOUT_MS / 1000
 # A migration is SQL (NNNN_name.sql, the same on both dialects), or Python (NNNN_name.py with
 # upgrade(tx)) where data must be recomputed by the program itself.
 _MIGRATION = re.compile(r"^(\d{4})_(\w+)\.(sql|py)$")
@@ -114,9 +119,10 @@ class Tx:
 
 
 class Database:
-    """Thread-local connections to one database URL; ``transaction()`` is the only way in."""
+    """A bounded pool of connections to one database URL (advisor/pool.py), shared by every thread;
+    ``transaction()`` is the only way in."""
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, pool_size: int = DEFAULT_POOL_SIZE, pool_wait_s: float = POOL_WAIT_S):
         self.url = url
         if url.startswith("sqlite:///"):
             self.dialect = "sqlite"
@@ -127,9 +133,17 @@ class Database:
             self.dialect = "postgresql"
         else:
             raise StoreError(f"unsupported database URL {redact_url(url)!r}: use sqlite:///PATH or postgresql://...")
-        self._local = threading.local()
-        self._all: list[Any] = []
-        self._lock = threading.Lock()
+        self.pool_size = pool_size
+        self._pool_wait_s = pool_wait_s
+        self._pool = self._new_pool()
+
+    def _new_pool(self) -> ConnectionPool:
+        return ConnectionPool(self._connect, lambda conn: conn.close(), self.pool_size, self._pool_wait_s)
+
+    @property
+    def open_connections(self) -> int:
+        """Connections this Database holds open now, idle or in use."""
+        return self._pool.open_count
 
     def _connect(self):
         try:
@@ -148,18 +162,21 @@ class Database:
             message = redact_message(str(exc).strip(), self.url)
             failure = exc if message == str(exc).strip() else None
         else:
-            with self._lock:
-                self._all.append(conn)
             return conn
         # Raised outside the except block: a driver's error that repeats the password is neither the cause nor the
         # context of this one, so a logged traceback cannot show it.
         raise StoreError(f"cannot open the advice store {redact_url(self.url)}: {message}") from failure
 
-    def _connection(self):
-        conn = getattr(self._local, "conn", None)
-        if conn is None or (self.dialect == "postgresql" and conn.closed):
-            conn = self._local.conn = self._connect()
-        return conn
+    @contextmanager
+    def _lease(self) -> Iterator[_Lease]:
+        """A connection of the pool for one transaction, given back when it ends, closed if the transaction found it
+        broken."""
+        pool = self._pool  # the one it came from, should close() replace it meanwhile
+        lease = _Lease(pool.acquire())
+        try:
+            yield lease
+        finally:
+            pool.release(lease.conn, broken=lease.broken)
 
     @contextmanager
     def transaction(self, write: bool = False) -> Iterator[Tx]:
@@ -168,7 +185,12 @@ class Database:
         On SQLite a write transaction starts with BEGIN IMMEDIATE so that it waits (busy_timeout)
         for the write lock up front instead of failing on upgrade from a read lock.
         """
-        conn = self._connection()
+        with self._lease() as lease, self._transaction_on(lease, write) as tx:
+            yield tx
+
+    @contextmanager
+    def _transaction_on(self, lease: _Lease, write: bool) -> Iterator[Tx]:
+        conn = lease.conn
         try:
             if self.dialect == "sqlite":
                 conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
@@ -179,7 +201,7 @@ class Database:
                 conn.execute("BEGIN")
                 cursor = conn.cursor()
         except Exception as exc:
-            self._drop_broken(conn)
+            lease.broken = True
             raise StoreError(f"advice store unavailable: {exc}") from exc
         try:
             yield Tx(cursor, self.dialect)
@@ -187,22 +209,15 @@ class Database:
             try:
                 conn.execute("ROLLBACK")
             except Exception:
-                self._drop_broken(conn)
+                lease.broken = True
             if isinstance(exc, Exception) and _is_db_error(exc):
                 raise StoreError(f"advice store error: {exc}") from exc
             raise
         try:
             conn.execute("COMMIT")
         except Exception as exc:
-            self._drop_broken(conn)
+            lease.broken = True
             raise StoreError(f"advice store commit failed: {exc}") from exc
-
-    def _drop_broken(self, conn) -> None:
-        self._local.conn = None
-        try:
-            conn.close()
-        except Exception:
-            pass
 
     def is_unique_violation(self, exc: BaseException) -> bool:
         cause = exc.__cause__ or exc
@@ -211,33 +226,31 @@ class Database:
         return getattr(cause, "sqlstate", None) == "23505"
 
     def close(self) -> None:
-        with self._lock:
-            conns, self._all = self._all, []
-        for conn in conns:
-            try:
-                conn.close()
-            except Exception:
-                pass
-        self._local = threading.local()
+        """Close every connection: the idle ones now, those in a transaction when it ends. A later transaction opens
+        new ones."""
+        old, self._pool = self._pool, self._new_pool()
+        old.close()
 
     # -- migrations -------------------------------------------------------------------------
 
     def migrate(self) -> list[int]:
         """Apply the migrations in advisor/migrations/ not yet recorded in schema_migrations, in one transaction that
         keeps the views users built on the store (advisor/userviews.py)."""
-        if self.dialect == "sqlite":
-            # SQLite changes a table's constraints by making it again (migration 0012): with foreign keys off,
-            # as SQLite documents for that, and checked before the migrations commit.
-            self._connection().execute("PRAGMA foreign_keys = OFF")
-        try:
-            return self._migrate()
-        finally:
+        with self._lease() as lease:
             if self.dialect == "sqlite":
-                self._connection().execute("PRAGMA foreign_keys = ON")
+                # SQLite changes a table's constraints by making it again (migration 0012): with foreign keys off,
+                # as SQLite documents for that (outside a transaction, on the connection that runs the migrations),
+                # and checked before the migrations commit.
+                lease.conn.execute("PRAGMA foreign_keys = OFF")
+            try:
+                return self._migrate(lease)
+            finally:
+                if self.dialect == "sqlite" and not lease.broken:
+                    lease.conn.execute("PRAGMA foreign_keys = ON")
 
-    def _migrate(self) -> list[int]:
+    def _migrate(self, lease: _Lease) -> list[int]:
         applied_now = []
-        with self.transaction(write=True) as tx:
+        with self._transaction_on(lease, write=True) as tx:
             if self.dialect == "postgresql":
                 # Serialise concurrent start-ups of several processes on one database.
                 tx.execute("SELECT pg_advisory_xact_lock(7315)")
@@ -277,6 +290,15 @@ class Database:
                     raise StoreError(f"the migrations would leave rows pointing at nothing ({broken[:3]}); "
                                      "nothing was changed")
         return applied_now
+
+
+class _Lease:
+    """A connection lent for one transaction, and whether the transaction found it broken (then it is closed, not
+    given back)."""
+
+    def __init__(self, conn):
+        self.conn = conn
+        self.broken = False
 
 
 def _is_db_error(exc: Exception) -> bool:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Mapping
 
 from advisor.allowlist import DEFAULT_ALLOWED, AllowList
-from advisor.db import redact_url
+from advisor.db import DEFAULT_POOL_SIZE, redact_url
 from advisor.errors import ConfigError, InvalidRequest
 from advisor.freshness import PROBE_MAX_AGE_TTLS, Freshness
 from advisor.limits import MAX_SITE_LINKS, SITE_RULE, check_congestion_control, check_site
@@ -210,6 +210,9 @@ class Settings:
     """Plain values; see ``from_env`` for the variable behind each one."""
 
     database_url: str = "sqlite:///tame.sqlite3"
+    # The most connections this process holds open to the store (advisor/pool.py); a transaction finding all in use
+    # waits for one.
+    db_pool_size: int = DEFAULT_POOL_SIZE
     # The tokens are secrets: kept out of repr, which reaches logs, tracebacks and debuggers.
     token: str | None = field(default=None, repr=False)
     read_token: str | None = field(default=None, repr=False)
@@ -281,7 +284,8 @@ class Settings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
-        """TAME_DATABASE_URL, TAME_TOKEN, TAME_READ_TOKEN, TAME_SITE_TOKENS (or TAME_SITE_TOKENS_FILE; see
+        """TAME_DATABASE_URL, TAME_DB_POOL_SIZE (the most connections this process holds open to the store, default
+        advisor.db.DEFAULT_POOL_SIZE), TAME_TOKEN, TAME_READ_TOKEN, TAME_SITE_TOKENS (or TAME_SITE_TOKENS_FILE; see
         site_tokens), TAME_ALLOWED_DESTINATIONS, TAME_TTL_S,
         TAME_PROBE_MAX_AGE_S (a link whose newest probe is older is probed again even while finished transfers keep
         its advice fresh; default 24 times TAME_TTL_S, at least TAME_TTL_S),
@@ -353,6 +357,7 @@ class Settings:
             congestion_control=control,
             site=default_site(env),
             database_url=url,
+            db_pool_size=number("TAME_DB_POOL_SIZE", DEFAULT_POOL_SIZE, 1, 1000, int),
             token=token,
             read_token=read_token,
             site_tokens=site_tokens(env, token, read_token),

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from advisor.advice import CurvePoint
-from advisor.db import Database, Tx
+from advisor.db import DEFAULT_POOL_SIZE, Database, Tx
 from advisor.destinations import Destination
 from advisor.errors import QueueFull, StoreError, TooManyLinks, UnknownProbe
 from advisor.limits import MAX_SITE_LINKS
@@ -258,8 +258,8 @@ class Store:
         self._step = _step_pause()
 
     @classmethod
-    def open(cls, url: str, clock: Clock = time.time) -> "Store":
-        db = Database(url)
+    def open(cls, url: str, clock: Clock = time.time, pool_size: int = DEFAULT_POOL_SIZE) -> "Store":
+        db = Database(url, pool_size)
         db.migrate()
         return cls(db, clock)
 

@@ -22,7 +22,7 @@ def load_settings() -> Settings:
 
 def open_store(settings: Settings) -> Store:
     try:
-        return Store.open(settings.database_url)
+        return Store.open(settings.database_url, pool_size=settings.db_pool_size)
     except StoreError as exc:
         raise UsageError(str(exc)) from exc
 

@@ -1,7 +1,10 @@
-"""Settings read from the environment (advisor/settings.py): the operator's ceiling on every site's budget."""
+"""Settings read from the environment (advisor/settings.py): the operator's ceiling on every site's budget, the
+store's connection pool."""
 
 import pytest
 
+from advisor.commands.runtime import open_store
+from advisor.db import DEFAULT_POOL_SIZE
 from advisor.errors import ConfigError
 from advisor.limits import MAX_SITE_PROBE_SECONDS_PER_HOUR, MAX_SITE_PROBES, MAX_SITE_STREAMS
 from advisor.settings import Settings
@@ -64,3 +67,17 @@ def test_the_large_body_turns_are_validated_settings():
     for name, bad in (("TAME_MAX_LARGE_BODIES", "0"), ("TAME_MAX_LARGE_BODIES", "x"), ("TAME_LARGE_BODY_WAIT_S", "-1")):
         with pytest.raises(ConfigError, match=name):
             Settings.from_env({name: bad})
+
+
+def test_the_store_holds_at_most_tame_db_pool_size_connections(tmp_path):
+    assert Settings.from_env({}).db_pool_size == DEFAULT_POOL_SIZE == 10
+    store = open_store(Settings.from_env({"TAME_DB_POOL_SIZE": "3",
+                                          "TAME_DATABASE_URL": f"sqlite:///{tmp_path}/s.sqlite3"}))
+    try:
+        assert store.db.pool_size == 3
+    finally:
+        store.close()
+    for text, says in [("0", "must be between 1 and 1000"), ("1001", "must be between 1 and 1000"),
+                       ("2.5", "is not a whole number")]:
+        with pytest.raises(ConfigError, match=f"TAME_DB_POOL_SIZE='{text}' {says}"):
+            Settings.from_env({"TAME_DB_POOL_SIZE": text})
