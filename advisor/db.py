@@ -152,7 +152,9 @@ class Database:
                                        isolation_level=None, check_same_thread=False)
                 conn.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
                 conn.execute("PRAGMA journal_mode = WAL")
-                conn.execute("PRAGMA synchronous = NORMAL")
+                # FULL: WAL with NORMAL may roll back transactions already committed (a run answered 201, an
+                # observation 202) when the host loses power or crashes; FULL syncs the WAL at every commit.
+                conn.execute("PRAGMA synchronous = FULL")
                 conn.execute("PRAGMA foreign_keys = ON")
             else:
                 import psycopg

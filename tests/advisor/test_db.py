@@ -62,3 +62,14 @@ def test_an_unsupported_url_is_refused_without_its_password():
     with pytest.raises(StoreError) as raised:
         Database("mysql://tame:s3cretPW@db/tame")
     assert "'mysql://tame:***@db/tame'" in str(raised.value) and "s3cretPW" not in str(raised.value)
+
+
+def test_sqlite_commits_are_synced_so_an_acknowledged_write_survives_a_host_crash(tmp_path):
+    # WAL with synchronous NORMAL may lose committed transactions on power loss; FULL (2) syncs at every commit.
+    db = Database(f"sqlite:///{tmp_path / 'tame.sqlite3'}")
+    try:
+        with db.transaction() as tx:
+            assert tx.execute("PRAGMA synchronous").fetchone()[0] == 2
+            assert tx.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    finally:
+        db.close()
