@@ -247,11 +247,13 @@ def prune(store: Store, retention: Retention, *, pause_s: float = 0.0, max_batch
     def links(tx: Tx) -> int:
         ids = _empty_links(tx, older_than, b)
         if ids and db.dialect == "postgresql":
-            # Writers run alongside: lock the rows (a write that found one holds it, Store.link_id, and is waited
-            # for), then ask again, in a new snapshot, which still hold nothing. A write that finds a row locked
-            # here waits, and then does not find it and makes the link again.
-            tx.execute(f"SELECT id FROM destinations WHERE id IN ({_placeholders(ids)}) FOR UPDATE", ids)
-            ids = _empty_links(tx, older_than, b, among=ids)
+            # Writers run alongside: lock the rows no write holds (one that found a row holds it, Store.link_id:
+            # that link is in use, and is skipped, never waited for, so a registration holding several links cannot
+            # deadlock with this pass), then ask again, in a new snapshot, which still hold nothing. A write that
+            # finds a row locked here waits, and then does not find it and makes the link again.
+            ids = [row[0] for row in tx.execute(
+                f"SELECT id FROM destinations WHERE id IN ({_placeholders(ids)}) FOR UPDATE SKIP LOCKED", ids).fetchall()]
+            ids = _empty_links(tx, older_than, b, among=ids) if ids else []
         if ids:
             runs_of = f"SELECT id FROM probe_runs WHERE destination_id IN ({_placeholders(ids)})"
             tx.execute(f"DELETE FROM probe_results WHERE probe_run_id IN ({runs_of})", ids)

@@ -369,7 +369,8 @@ class SiteOut(BaseModel):
     links: int
     queued: int = Field(description="probes queued now for its links whose advice is missing or due")
     deferred: int = Field(description="due links left for the next registration: the probe queue is full")
-    refused: list[RefusedDest] = Field(description="destinations left out: outside the allow-list or not resolving")
+    refused: list[RefusedDest] = Field(description="destinations left out: outside the allow-list, not resolving, or "
+                                                    "past the site's link cap (TAME_MAX_SITE_LINKS)")
     budget: dict[str, float]
 
 

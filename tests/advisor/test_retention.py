@@ -356,6 +356,37 @@ def test_links_that_hold_nothing_go_once_older_than_the_age_kept_and_the_others_
         store.close()
 
 
+
+@pytest.mark.postgres
+def test_pruning_skips_an_empty_link_a_write_holds_instead_of_waiting_for_it(pg_url):
+    """A registration holds each of its site's links (FOR KEY SHARE) in its agent's order; pruning locking them in
+    its own order would deadlock with it, so it skips a link a write holds, and removes it on a later pass."""
+    import threading
+
+    import psycopg
+
+    service = make_service(pg_url)
+    store = service.store
+    held, free = "127.0.0.21:5201", "127.0.0.22:5201"
+    try:
+        for dest in (held, free):
+            service.observe(dest, 2, rate(2))  # no run: links with no fit
+        store.clock.now += 11 * 86400.0
+        aged = replace(RETENTION, run_max_age_s=10 * 86400.0)
+        with psycopg.connect(pg_url) as writer:
+            writer.execute("SELECT id FROM destinations WHERE dest = %s FOR KEY SHARE", (held,))
+            passed = []
+            pruning = threading.Thread(target=lambda: passed.append(prune(store, aged)))
+            pruning.start()
+            pruning.join(30)
+            assert not pruning.is_alive() and passed, "the prune pass waited for the write's lock"
+            assert links(store) == [held]
+        prune(store, aged)  # the write ended: the link is free to go
+        assert links(store) == []
+    finally:
+        store.close()
+
+
 def results_but_raw(store):
     with store.db.transaction() as tx:
         return tx.execute("SELECT id, probe_run_id, streams, throughput_bps, sender_bps, retransmits, rtt_mean_s, "
