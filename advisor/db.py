@@ -94,6 +94,9 @@ class Tx:
     def __init__(self, cursor, dialect: str):
         self._cursor = cursor
         self._dialect = dialect
+        # What a caller worked out once for the rest of this transaction (a site's link count, advisor/store.py),
+        # dropped with it: nothing kept here outlives a rollback.
+        self.memo: dict[str, Any] = {}
 
     @property
     def dialect(self) -> str:
