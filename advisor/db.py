@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import re
 import sqlite3
+import threading
 import time
 from contextlib import contextmanager
 from importlib import resources
@@ -94,6 +95,9 @@ class Tx:
     def __init__(self, cursor, dialect: str):
         self._cursor = cursor
         self._dialect = dialect
+        # What a caller worked out once for the rest of this transaction (a site's link count, advisor/store.py),
+        # dropped with it: nothing kept here outlives a rollback.
+        self.memo: dict[str, Any] = {}
 
     @property
     def dialect(self) -> str:
@@ -136,6 +140,8 @@ class Database:
         self.pool_size = pool_size
         self._pool_wait_s = pool_wait_s
         self._pool = self._new_pool()
+        # How many of this Database's connections the calling thread holds: 0 or 1 (see _lease).
+        self._held = threading.local()
 
     def _new_pool(self) -> ConnectionPool:
         return ConnectionPool(self._connect, lambda conn: conn.close(), self.pool_size, self._pool_wait_s)
@@ -172,12 +178,24 @@ class Database:
     @contextmanager
     def _lease(self) -> Iterator[_Lease]:
         """A connection of the pool for one transaction, given back when it ends, closed if the transaction found it
-        broken."""
+        broken.
+
+        A thread holds one at a time: a transaction opened inside another of the same thread would wait for a second
+        connection, and with every connection held by threads doing the same, none would ever be given back. So it
+        is refused, before it waits, as the programming error it is."""
+        depth = getattr(self._held, "depth", 0)
+        if depth:
+            raise StoreError("a transaction was opened while this thread already holds one of the same advice store "
+                             "(a store method or callback called inside `with db.transaction()`): it could wait for "
+                             "ever for a second connection of the pool; finish the first transaction, or do the work "
+                             "on its Tx")
         pool = self._pool  # the one it came from, should close() replace it meanwhile
         lease = _Lease(pool.acquire())
+        self._held.depth = depth + 1
         try:
             yield lease
         finally:
+            self._held.depth = depth
             pool.release(lease.conn, broken=lease.broken)
 
     @contextmanager

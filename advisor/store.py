@@ -37,6 +37,8 @@ REFIT_OBSERVATIONS = 200
 # PostgreSQL advisory locks of the link count, one per site (the first of two keys; the migrations' lock is one key):
 # two transactions adding a site's last allowed link must not both count one less than the cap and insert.
 LINK_COUNT_LOCK = 7316
+# The key of Tx.memo holding the link counts check_new_link keeps for the transaction.
+_LINK_COUNTS = "site_link_counts"
 
 
 @dataclass(frozen=True)
@@ -284,29 +286,44 @@ class Store:
         # Several transactions may miss the row at once (on PostgreSQL they run in parallel): the
         # upsert makes all but one wait for the winner's commit and do nothing, and the SELECT after
         # it (a new snapshot under READ COMMITTED) then sees that row.
-        tx.execute(
+        made = tx.execute(
             "INSERT INTO destinations (src, dest, host, port, created_at) VALUES (?, ?, ?, ?, ?) "
-            "ON CONFLICT (src, dest) DO NOTHING",
+            "ON CONFLICT (src, dest) DO NOTHING RETURNING id",
             (src, dest.key, dest.host, dest.port, self.clock()),
-        )
+        ).fetchone()
+        if made:
+            return made[0]
+        # Another transaction's row: whether this transaction's count of the site's links saw it is not known, so
+        # the next new link counts them again.
+        self._forget_link_count(tx, src)
         return tx.execute(select, (src, dest.key)).fetchone()[0]
 
     def check_new_link(self, tx: Tx, src: str, dest_key: str, max_links: int) -> None:
         """Refuse (TooManyLinks) to make ``dest_key`` a link of ``src`` when it is not one yet and ``src`` has
         ``max_links`` links: rows of ``destinations`` and destinations of its queued or running probe jobs (a probe
         queued for a new link holds its place, so its run is never refused after it ran). Each new link would
-        bring its own retention allowance (advisor/retention.py), so links are what bounds the store per site."""
-        if self.db.dialect == "postgresql":
-            # Held to the end of the transaction; SQLite's write transactions are serial already.
-            tx.execute(f"SELECT pg_advisory_xact_lock({LINK_COUNT_LOCK}, hashtext(?))", (src,))
+        bring its own retention allowance (advisor/retention.py), so links are what bounds the store per site.
+
+        A link this passes is taken as made by the caller in this transaction (or the transaction ends): the site's
+        links are counted once per transaction, and each new link passed adds one, so a registration of many new
+        links reads them once, not once per link."""
+        counts = tx.memo.setdefault(_LINK_COUNTS, {})  # src: its links in this transaction, or None: not counted
+        if src not in counts:
+            if self.db.dialect == "postgresql":
+                # Held to the end of the transaction, so no other transaction adds one of the site's links while
+                # this one's count stands; SQLite's write transactions are serial already.
+                tx.execute(f"SELECT pg_advisory_xact_lock({LINK_COUNT_LOCK}, hashtext(?))", (src,))
+            counts[src] = None
         known = tx.execute(
             "SELECT 1 FROM destinations WHERE src = ? AND dest = ? UNION ALL SELECT 1 FROM probe_jobs WHERE src = ? "
             "AND dest = ? AND status IN ('queued', 'running')", (src, dest_key, src, dest_key)).fetchone()
         if known:
             return
-        links = tx.execute(
-            "SELECT count(*) FROM (SELECT dest FROM destinations WHERE src = ? UNION SELECT dest FROM probe_jobs "
-            "WHERE src = ? AND status IN ('queued', 'running')) AS links", (src, src)).fetchone()[0]
+        links = counts[src]
+        if links is None:
+            links = counts[src] = tx.execute(
+                "SELECT count(*) FROM (SELECT dest FROM destinations WHERE src = ? UNION SELECT dest FROM probe_jobs "
+                "WHERE src = ? AND status IN ('queued', 'running')) AS links", (src, src)).fetchone()[0]
         if links >= max_links:
             raise TooManyLinks(
                 f"site {src} has {links} links, the most this service keeps for one site (TAME_MAX_SITE_LINKS="
@@ -314,6 +331,13 @@ class Store:
                 "wait: a link with no fit, no queued or running probe and nothing newer than TAME_RUN_MAX_AGE_S "
                 "(runs, observations, probes) is removed when the store is pruned. The operator can raise "
                 "TAME_MAX_SITE_LINKS")
+        counts[src] = links + 1
+
+    @staticmethod
+    def _forget_link_count(tx: Tx, src: str) -> None:
+        counts = tx.memo.get(_LINK_COUNTS)
+        if counts is not None and src in counts:
+            counts[src] = None  # counted again when next needed; the site's lock is still held
 
     # -- fits -----------------------------------------------------------------------------
 

@@ -129,6 +129,39 @@ def test_a_transaction_that_waits_too_long_gets_a_store_error(tmp_path):
     db.close()
 
 
+def test_a_transaction_opened_inside_another_of_the_same_thread_is_refused(tmp_path):
+    # With one connection, the inner transaction would wait for the outer one's connection for ever (here, until
+    # pool_wait_s, with the pool's message): it is refused at once, saying why, and the outer one rolls back.
+    db = Database(f"sqlite:///{tmp_path}/s.sqlite3", pool_size=1, pool_wait_s=0.2)
+    make_hits(db)
+    nested = r"a transaction was opened while this thread already holds one of the same advice store"
+    with pytest.raises(StoreError, match=nested):
+        with db.transaction(write=True) as tx:
+            tx.execute("INSERT INTO hits (thread) VALUES (1)")
+            with db.transaction():
+                pass
+    with pytest.raises(StoreError, match=nested):
+        with db.transaction():
+            db.migrate()
+    # The thread holds nothing after either: its transactions open as before, and the first wrote nothing.
+    with db.transaction() as tx:
+        assert tx.execute("SELECT count(*) FROM hits").fetchone()[0] == 0
+    assert db.open_connections == 1
+    db.close()
+
+
+def test_threads_each_in_a_transaction_at_once_are_not_taken_for_nested_ones(tmp_path):
+    db = Database(f"sqlite:///{tmp_path}/s.sqlite3", pool_size=2)
+    leave, holders = hold_connections(db, 1)
+    try:
+        with db.transaction() as tx:
+            assert tx.execute("SELECT 1").fetchone() == (1,)
+    finally:
+        leave.set()
+        holders[0].join(60)
+    db.close()
+
+
 def test_close_closes_idle_connections_at_once_and_busy_ones_when_they_end(tmp_path):
     path = tmp_path / "s.sqlite3"
     db = Database(f"sqlite:///{path}", pool_size=SIZE)

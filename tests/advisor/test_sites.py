@@ -470,3 +470,45 @@ def test_a_lowered_ceiling_fails_a_queued_job_that_no_longer_fits(store):
         status, error = tx.execute("SELECT status, error FROM probe_jobs WHERE dest = ?", (DESTS[0].key,)).fetchone()
     assert status == "failed"
     assert "needs 48 streams; site a's budget in force allows 32 (the operator's TAME_MAX_SITE_STREAMS)" in error
+
+
+def test_a_registration_of_many_new_links_counts_the_site_s_links_once(tmp_path, monkeypatch):
+    # Counting them again for each new link read a growing set per link: 2000 new links, some 4 million rows, all
+    # under the write lock.
+    statements = []
+    connect = advisor.db.Database._connect
+
+    def traced(db):
+        conn = connect(db)
+        conn.set_trace_callback(statements.append)
+        return conn
+
+    monkeypatch.setattr(advisor.db.Database, "_connect", traced)
+    store = Store.open(f"sqlite:///{tmp_path}/s.sqlite3", clock=Clock())
+    try:
+        dests = [parse_destination(f"10.0.{i // 250}.{i % 250 + 1}:5201") for i in range(500)]
+        statements.clear()
+        assert register_site(store, "a", BUDGET, dests, max_links=500) == []
+        counts = [sql for sql in statements if "count(*) FROM (SELECT dest FROM destinations" in sql]
+        assert len(counts) == 1, len(counts)
+        with store.db.transaction() as tx:
+            assert tx.execute("SELECT count(*) FROM destinations WHERE src = 'a'").fetchone()[0] == 500
+    finally:
+        store.close()
+
+
+def test_a_registration_past_the_link_cap_makes_links_up_to_it_and_refuses_the_rest(store):
+    # Two links already: one made by a registration, one held by a queued probe (no row of destinations yet).
+    register_site(store, "a", BUDGET, DESTS[:1])
+    store.enqueue_job(DESTS[1], [1, 10], 30.0, src="a")
+    # The existing two again, four new ones, one of them twice: two fit under the cap of 4.
+    asked = [DESTS[0], DESTS[2], DESTS[1], DESTS[3], DESTS[2], DESTS[4], DESTS[5]]
+    refused = register_site(store, "a", BUDGET, asked, max_links=4)
+    assert [dest for dest, _ in refused] == [DESTS[4], DESTS[5]]
+    for dest, why in refused:
+        assert "site a has 4 links" in why and f"{dest.key} would be another" in why, why
+    with store.db.transaction() as tx:
+        made = {r[0] for r in tx.execute("SELECT dest FROM destinations WHERE src = 'a'").fetchall()}
+    assert made == {DESTS[0].key, DESTS[1].key, DESTS[2].key, DESTS[3].key}
+    # Another site's links are counted apart, in the same way.
+    assert register_site(store, "b", BUDGET, DESTS[:4], max_links=4) == []
