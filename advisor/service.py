@@ -131,6 +131,9 @@ class AdviceService:
         self._refresh_requested: dict[tuple[str, str, str], float] = {}
         # One thread at a time brings an expired entry up to date; the others serve the previous one.
         self._refresh_locks = tuple(threading.Lock() for _ in range(_REFRESH_STRIPES))
+        # Keys submitted for a background refresh and not yet done with it; guarded by _lock. Each was cached when
+        # submitted, and at most _cache_limit are kept (see _refresh_in_background).
+        self._refresh_pending: set[CacheKey] = set()
         self._refresher: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
         self._listeners: list[Callable[[], None]] = []
@@ -355,25 +358,38 @@ class AdviceService:
             refreshing.release()
 
     def _refresh_in_background(self, key: CacheKey) -> None:
-        """Bring ``key``'s entry up to date in the background, unless a thread is doing so already."""
-        refreshing = self._refresh_lock(key)
-        if not refreshing.acquire(blocking=False):
-            return
+        """Bring ``key``'s entry up to date in the background, unless that is already asked for.
+
+        The stripe lock is taken by the task when it runs, not here: a stripe held while the task waits for one
+        of the two refresh threads would make a reader of any other key on that stripe wait behind the queue."""
 
         def refresh() -> None:
             try:
-                current = self._cache.get(key)
-                if not self._fresh(current, self.clock()):
-                    self._load_entry(key, current)
+                with self._refresh_lock(key):
+                    current = self._cache.get(key)  # not a read: the entry keeps its place
+                    # Evicted or dropped by a write since: its next reader loads it, if it has one.
+                    if current is not None and not self._fresh(current, self.clock()):
+                        self._load_entry(key, current)
             except AdvisorError as exc:  # readers keep the previous entry up to the bound; the route reports it after
                 log.warning("advice for %s not refreshed: %s", key[0], exc)
             finally:
-                refreshing.release()
+                with self._lock:
+                    self._refresh_pending.discard(key)
 
         with self._lock:
+            # Past _cache_limit pending keys (the cache turning over faster than two threads re-read it) the
+            # entry is left to go past the bound and be reloaded by its reader: the queue stays bounded.
+            if key in self._refresh_pending or len(self._refresh_pending) >= self._cache_limit:
+                return
+            self._refresh_pending.add(key)
             if self._refresher is None:
                 self._refresher = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tame-advice-refresh")
-        self._refresher.submit(refresh)
+            refresher = self._refresher
+        try:
+            refresher.submit(refresh)
+        except RuntimeError:  # the interpreter is shutting down
+            with self._lock:
+                self._refresh_pending.discard(key)
 
     def _load_entry(self, key: CacheKey, previous: AdviceEntry | None) -> AdviceEntry:
         src, dest_key, budget, control = key

@@ -4,6 +4,7 @@ while the store is slow or failing: readers wait or get the store's error, never
 
 import math
 import threading
+import time
 
 import pytest
 
@@ -42,11 +43,19 @@ def service_on(path, clock):
     return AdviceService(store, Settings(model="lu"), clock=clock, resolver=lambda host: ["127.0.0.1"])
 
 
-def ingest(service, throughput_scale=1.0):
-    results = [ProbeResult(dest=DEST, streams=n, throughput_bps=rate(n) * throughput_scale, duration_s=10.0,
+def ingest(service, throughput_scale=1.0, dest=DEST):
+    results = [ProbeResult(dest=dest, streams=n, throughput_bps=rate(n) * throughput_scale, duration_s=10.0,
                            omit_s=0.0, sender_bps=None)
                for n in (1, 10)]
-    service.ingest_run(parse_destination(DEST), 0.04, results, service.clock(), source="test")
+    service.ingest_run(parse_destination(dest), 0.04, results, service.clock(), source="test")
+
+
+def refreshes_done(service, timeout_s=10.0):
+    """Wait until no background refresh is queued or running (they run on the service's own threads)."""
+    deadline = time.monotonic() + timeout_s
+    while service._refresh_pending:
+        assert time.monotonic() < deadline, "a background refresh did not end"
+        time.sleep(0.005)
 
 
 def read_together(service, threads=16):
@@ -91,9 +100,7 @@ def test_the_fast_path_serves_an_entry_due_for_a_re_read_while_one_thread_refres
     # Due (past half the bound): still answered from memory, and one background refresh is started, not one per reader.
     hits = [service.cached_entry(DEST, 0.3) for _ in range(50)]
     assert all(hit is not None and hit[0].dest == DEST for hit in hits)
-    refreshing = service._refresh_lock((service.settings.site, DEST, 0.3, service.settings.congestion_control))
-    with refreshing:  # waits for the refresh to end
-        pass
+    refreshes_done(service)
     assert len(checks) == 1
     entry = service.cached_entry(DEST, 0.3)[0]
     assert entry.loaded_at == clock.now and entry is hits[0][0]  # nothing changed: the same entry, renewed
@@ -144,6 +151,54 @@ def test_past_the_bound_a_slow_re_read_is_waited_for_and_a_failing_one_reported(
     assert service.cached_entry(DEST, 0.3) is None
     with pytest.raises(StoreError):
         service.advice(DEST, 0.3)
+    service.store.close()
+
+
+def test_a_miss_is_not_kept_waiting_by_a_queued_refresh_of_another_key_on_its_lock(tmp_path):
+    # Keys share _REFRESH_STRIPES locks; a refresh waiting for one of the two refresh threads must not hold its
+    # key's, or a reader of any other key on that lock waits behind the whole queue (and the store's slowness).
+    clock = Clock()
+    service = service_on(tmp_path / "s.sqlite3", clock)
+    other = "127.0.0.1:5202"
+    ingest(service)
+    ingest(service, dest=other)
+    site, cc = service.settings.site, service.settings.congestion_control
+    lock = lambda dest, budget: service._refresh_lock((site, dest, budget, cc))  # noqa: E731
+    budgets = [i / 100_000 for i in range(1, 100_000)]  # enough that one lands on any given lock
+    busy = [budgets[0], next(b for b in budgets if lock(DEST, b) is not lock(DEST, budgets[0]))]  # both threads'
+    queued = next(b for b in budgets if lock(other, b) not in {lock(DEST, b) for b in busy})
+    missed = next(b for b in budgets if b != queued and lock(other, b) is lock(other, queued))
+    for budget in busy:
+        service.advice(DEST, budget)
+    service.advice(other, queued)
+
+    # The store is slow for DEST: its two refreshes take both refresh threads, and other's waits in the queue.
+    real = service.store.current_fit_ids
+    entered, release = threading.Semaphore(0), threading.Event()
+
+    def slow(dest_key, **link):
+        if dest_key == DEST:
+            entered.release()
+            assert release.wait(30)
+        return real(dest_key, **link)
+
+    service.store.current_fit_ids = slow
+    clock.now += 0.75 * service.settings.cache_max_age_s
+    try:
+        for budget in busy:
+            assert service.cached_entry(DEST, budget) is not None
+        assert entered.acquire(timeout=10) and entered.acquire(timeout=10)
+        assert service.cached_entry(other, queued) is not None  # due: its refresh is queued
+        answers = []
+        reader = threading.Thread(target=lambda: answers.append(service.advice(other, missed)))
+        reader.start()
+        reader.join(2)
+        assert answers and answers[0]["dest"] == other, "a miss waited for a queued refresh of another key"
+    finally:
+        release.set()
+    refreshes_done(service)
+    # The queued refresh still ran, once the threads were free.
+    assert service.cached_entry(other, queued)[0].loaded_at == clock.now
     service.store.close()
 
 
