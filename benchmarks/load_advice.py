@@ -152,6 +152,21 @@ def percentiles(latencies: list[float]) -> dict:
     return {"p50_ms": q[49] * 1e3, "p90_ms": q[89] * 1e3, "p99_ms": q[98] * 1e3, "max_ms": latencies[-1] * 1e3}
 
 
+def probe_store(database_url: str, stop: threading.Event, latencies: list[float], every_s: float = 0.5) -> None:
+    """Time a transaction of a client of its own (BEGIN; SELECT 1; COMMIT, seconds) on the store every ``every_s``
+    until ``stop``: how fast the database itself answers while the replicas are loaded (a replica's cache re-reads
+    it as often)."""
+    import psycopg
+
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        while not stop.wait(every_s):
+            started = time.perf_counter()
+            conn.execute("BEGIN")
+            conn.execute("SELECT 1").fetchall()
+            conn.execute("COMMIT")
+            latencies.append(time.perf_counter() - started)
+
+
 def builtin_client(urls: list[str], seconds: float, connections: int, rate_per_s: float | None = None,
                    writes: list[float] | None = None) -> list[dict]:
     """requests/s and latency percentiles (ms) of the in-process client, per replica and in total (the total
@@ -312,14 +327,24 @@ def main() -> int:
                 thread = threading.Thread(target=writer, args=(urls[0], args.write_every, stop, writes), daemon=True)
                 if args.write_every:
                     thread.start()
+                store_latencies: list[float] = []
+                prober = threading.Thread(target=probe_store, args=(database_url, stop, store_latencies), daemon=True)
+                if database_url and database_url.startswith(("postgresql://", "postgres://")):
+                    prober.start()
                 started = time.perf_counter()
                 try:
                     rows = client(urls, args.seconds, args.connections, args.rate, writes)
                 finally:
                     stop.set()
-                    if thread.is_alive():
-                        thread.join(30)
+                    for helper in (thread, prober):
+                        if helper.is_alive():
+                            helper.join(30)
                 elapsed = time.perf_counter() - started
+                if store_latencies:
+                    rows[-1]["store_probe"] = (
+                        f"the store, to a client of its own (BEGIN; SELECT 1; COMMIT every 0.5 s): "
+                        f"{len(store_latencies)} transactions, p50 {statistics.median(store_latencies) * 1e3:.2f} ms, "
+                        f"max {max(store_latencies) * 1e3:.1f} ms, {sum(t > 0.1 for t in store_latencies)} over 100 ms")
                 results.extend(rows)
                 reads.append((rows[-1]["client"], elapsed, [(b, cache_reads(url)) for b, url in zip(before, urls)]))
         finally:
@@ -338,7 +363,7 @@ def main() -> int:
               f"{r['p90_ms']:>7.2f} {r['p99_ms']:>7.2f} {r['max_ms']:>7.1f}  " + (
                   f"{'met' if met else 'not met'} (>= {GOAL_REQUESTS_PER_S} req/s, p99 <= {GOAL_P99_MS:g} ms)"
                   if total else ""))
-        for extra in ("worst_window", "after_writes"):
+        for extra in ("worst_window", "after_writes", "store_probe"):
             if extra in r:
                 print(f"    {r[extra]}")
     interval_s = REFRESH_AHEAD * Settings().cache_max_age_s
