@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import re
+import select
 import sqlite3
 import threading
 import time
@@ -89,6 +90,20 @@ def redact_message(text: str, url: str) -> str:
     return text
 
 
+def _server_kept_open(conn) -> bool:
+    """Whether the PostgreSQL server still holds idle connection ``conn`` open, told without a round trip: an idle
+    connection has nothing to read (the service listens for no notifications), so a readable socket is the server's
+    goodbye (a restart, pg_terminate_backend, idle_session_timeout) or its end."""
+    if conn.closed:
+        return False
+    poller = select.poll()  # not select(): a serving process may hold descriptors past FD_SETSIZE
+    try:
+        poller.register(conn.fileno(), select.POLLIN)
+    except (OSError, ValueError):  # the socket is gone
+        return False
+    return not poller.poll(0)
+
+
 class Tx:
     """A cursor inside one transaction; ``?`` placeholders on both dialects."""
 
@@ -144,7 +159,8 @@ class Database:
         self._held = threading.local()
 
     def _new_pool(self) -> ConnectionPool:
-        return ConnectionPool(self._connect, lambda conn: conn.close(), self.pool_size, self._pool_wait_s)
+        alive = _server_kept_open if self.dialect == "postgresql" else (lambda conn: True)
+        return ConnectionPool(self._connect, lambda conn: conn.close(), self.pool_size, self._pool_wait_s, alive)
 
     @property
     def open_connections(self) -> int:

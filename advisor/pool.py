@@ -20,11 +20,13 @@ class ConnectionPool(Generic[C]):
     """At most ``size`` connections made by ``connect``; a caller finding all of them in use waits up to ``wait_s``
     seconds for one, then gets StoreError."""
 
-    def __init__(self, connect: Callable[[], C], close: Callable[[C], None], size: int, wait_s: float):
+    def __init__(self, connect: Callable[[], C], close: Callable[[C], None], size: int, wait_s: float,
+                 alive: Callable[[C], bool] = lambda conn: True):
         if size < 1:
             raise ValueError(f"size must be at least 1, not {size}")
         self._connect = connect
         self._close = close
+        self._alive = alive  # whether an idle connection can still be used, told without a round trip
         self.size = size
         self.wait_s = wait_s
         self._idle: list[C] = []  # open and not in use; the newest last
@@ -41,22 +43,31 @@ class ConnectionPool(Generic[C]):
     def acquire(self) -> C:
         """An idle connection, else a new one while fewer than ``size`` are open, else the first one released."""
         deadline = time.monotonic() + self.wait_s
-        with self._changed:
-            # What is free is taken before the deadline is looked at: a waiter woken as its wait timed out may have
-            # been handed the notice of a release, which no other waiter then gets.
-            while True:
-                if self._closed:
-                    raise StoreError("the advice store is closed")
-                if self._idle:
-                    return self._idle.pop()
-                if self._open < self.size:
-                    self._open += 1
-                    break
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise StoreError(f"advice store unavailable: all {self.size} of its connections stayed in use "
-                                     f"for {self.wait_s:g} s (TAME_DB_POOL_SIZE)")
-                self._changed.wait(remaining)
+        dead: list[C] = []  # idle connections the server closed (a restart, an idle timeout): closed, not handed out
+        try:
+            with self._changed:
+                # What is free is taken before the deadline is looked at: a waiter woken as its wait timed out may
+                # have been handed the notice of a release, which no other waiter then gets.
+                while True:
+                    if self._closed:
+                        raise StoreError("the advice store is closed")
+                    while self._idle:
+                        conn = self._idle.pop()
+                        if self._alive(conn):
+                            return conn
+                        dead.append(conn)
+                        self._open -= 1
+                    if self._open < self.size:
+                        self._open += 1
+                        break
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise StoreError(f"advice store unavailable: all {self.size} of its connections stayed in "
+                                         f"use for {self.wait_s:g} s (TAME_DB_POOL_SIZE)")
+                    self._changed.wait(remaining)
+        finally:
+            for conn in dead:
+                self._discard(conn)
         try:
             return self._connect()
         except BaseException:
