@@ -302,7 +302,7 @@ def never_fits(site: str, needed: int, seconds: float, held: SiteBudget, ceiling
     capped = getattr(ceiling, name) < getattr(held, name)
     limit = (f"the operator's {SITE_CEILING_VARIABLES[name]}" if capped
              else f"its agents' tame agent --{name.replace('_', '-')}")
-    return (f"it needs {math.ceil(need)} {what}; site {site}'s budget in force allows {have:.0f} "
+    return (f"it needs {math.ceil(need)} {what}; site {site}'s budget in force allows {have:g} "
             f"({limit}): request it with fewer streams or levels, or raise the budget")
 
 

@@ -512,3 +512,11 @@ def test_a_registration_past_the_link_cap_makes_links_up_to_it_and_refuses_the_r
     assert made == {DESTS[0].key, DESTS[1].key, DESTS[2].key, DESTS[3].key}
     # Another site's links are counted apart, in the same way.
     assert register_site(store, "b", BUDGET, DESTS[:4], max_links=4) == []
+
+
+def test_a_fractional_budget_is_named_as_given_when_a_probe_never_fits():
+    from advisor.sites import SITE_HARD_CAPS, never_fits
+
+    # 3600.5 probe-seconds allow no probe of 3600.7: the message gives 3600.5, not a rounded 3601 or 3600.
+    error = never_fits("a", 10, 3600.7, SiteBudget(1, 64, 3600.5), SITE_HARD_CAPS)
+    assert "needs 3601 probe-seconds in an hour; site a's budget in force allows 3600.5 (" in error
