@@ -136,13 +136,18 @@ def largest_parallelism_within(fitted: ParallelFit, max_impact: float, n_max: fl
     return lo
 
 
+def streams_cap(fitted: ParallelFit, n_max: int) -> float:
+    """The most streams advice on this fit may reach: ``n_max``, or the highest probe when no congestion was seen
+    (the fit says nothing past it)."""
+    if fitted.regime == UNCONGESTED and fitted.max_probed_streams < n_max:
+        return float(fitted.max_probed_streams)
+    return float(n_max)
+
+
 def advisable_limit(fitted: ParallelFit, n_max: int) -> float:
     """The largest n TameParallelTCP may choose on this fit whatever the budget (see advise()): the throughput
     peak, or the highest probe when no congestion was seen."""
-    cap = float(n_max)
-    if fitted.regime == UNCONGESTED and fitted.max_probed_streams < cap:
-        cap = fitted.max_probed_streams
-    return largest_parallelism_within(fitted, 1.0, cap)
+    return largest_parallelism_within(fitted, 1.0, streams_cap(fitted, n_max))
 
 
 def opened_parallelism(whole: int, n_star_whole: float, n_star_fractional: float) -> float:
@@ -213,9 +218,8 @@ def advise(
     """
     validate_request(max_impact, n_max, fitted.model)
     warnings = list(fitted.warnings)
-    cap = float(n_max)
-    if fitted.regime == UNCONGESTED and fitted.max_probed_streams < cap:
-        cap = fitted.max_probed_streams
+    cap = streams_cap(fitted, n_max)
+    if cap < n_max:
         warnings.append(f"advice capped at the highest probed level ({cap:g} streams) because no congestion was seen")
     # The whole streams are the schedulers' answer from the curve the store keeps (the current_advice view's
     # test, on the same numbers), so the API and the view agree for every budget, however close to a bound.
