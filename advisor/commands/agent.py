@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+
 import dataclasses
 import json
 import os
@@ -30,10 +32,17 @@ from advisor.worker import ProbeWorker, probe_target
 from probes.errors import ProbeError
 
 
+class _ServiceURL(argparse.Action):
+    """--push / --server URL, remembering which of the two was typed (push_flag) so an error names it."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        namespace.push, namespace.push_flag = values, option_string
+
+
 def register(subparsers) -> None:
     parser = subparsers.add_parser("agent", help="keep the destinations in a file fresh (re-probe past the TTL)")
     parser.add_argument("--dest-file", required=True, type=Path, help="one HOST[:PORT] per line; '#' starts a comment")
-    parser.add_argument("--push", "--server", dest="push", metavar="URL",
+    parser.add_argument("--push", "--server", dest="push", metavar="URL", action=_ServiceURL,
                         help="probe here and send the results to this `tame serve` (uses TAME_TOKEN); default: the "
                              "local store")
     parser.add_argument("--site", type=site_name, metavar="NAME",
@@ -79,7 +88,7 @@ def read_destinations(path: Path) -> list[str]:
 
 
 def run(args) -> int:
-    args.push = service_url(args.push, "--server")
+    args.push = service_url(args.push, getattr(args, "push_flag", "--server"))
     setup_logging()
     settings = load_settings()
     settings = dataclasses.replace(settings, congestion_control=control_from_args(args, local=True,

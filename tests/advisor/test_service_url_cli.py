@@ -80,7 +80,7 @@ def test_a_bad_tame_url_is_refused_before_anything_runs(tame, monkeypatch, comma
 @pytest.mark.parametrize("url, why", HOSTILE)
 @pytest.mark.parametrize("command, flag", [("schedule", "--server"), ("agent", "--server"), ("agent", "--push")])
 def test_a_bad_server_flag_is_refused_before_anything_runs(tame, command, flag, url, why):
-    _refused(tame(command, flag, url), command, "--server '", "***", why, "http://HOST:PORT")
+    _refused(tame(command, flag, url), command, f"{flag} '", "***", why, "http://HOST:PORT")  # named as typed
 
 
 @pytest.mark.parametrize("command", ["advise", "curve", "transfer", "schedule"])
