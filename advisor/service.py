@@ -57,9 +57,14 @@ _REFRESH_RETRY_S = 60.0
 # (AdviceEntry.loaded_at) and is served only while that is at most settings.cache_max_age_s ago, so advice
 # never lags another process's committed write by more. One background thread re-reads an entry once it
 # is this fraction of the bound old, while readers are still served it: on a healthy store no reader
-# waits. Past the bound (a re-read that is slow or failing) readers wait for one reload, and a store
-# error is reported (503), never hidden behind older advice.
+# waits. Past the bound while that re-read is still under way (the store is slow) readers are served the
+# entry marked stale: true rather than held by the store; with none under way (an entry nobody read for a
+# while, or a re-read that failed) they wait for one reload, and a store error is reported (503), never
+# hidden behind older advice.
 _REFRESH_AHEAD = 0.5
+# How long past its store read an entry may be served marked stale while its re-read is under way; past it
+# readers wait for the re-read (a store that hangs is then reported by its own timeouts, not served around).
+_LAGGING_LIMIT_S = 30.0
 
 
 # (src, canonical dest: Destination.key, max_impact, congestion control): what a cached advice entry answers.
@@ -278,13 +283,14 @@ class AdviceService:
         now = self.clock()
         if cached is None or cached.generation != self._generation:
             return None
-        if not self._servable(cached, now):
-            return None  # the re-read is slow or failing: the route waits for it or reports why
+        lagging = self._lagging(key, cached, now)
+        if not lagging and not self._servable(cached, now):
+            return None  # no re-read under way, or it failed: the route loads the entry or reports why
         if not self._fresh(cached, now):
             self._refresh_in_background(key)
         if self._reprobe_due(key[0], key[3], cached, now) is not None:
             return None  # the route queues the probe
-        return cached, max(0.0, now - cached.evidence_at), self.settings.freshness.stale(cached.evidence_at, now)
+        return cached, max(0.0, now - cached.evidence_at), lagging or self.settings.freshness.stale(cached.evidence_at, now)
 
     def advice_entry(self, dest_text: str, max_impact: Any, control: Any = None,
                      src: Any = None) -> tuple[AdviceEntry, float, bool]:
@@ -297,12 +303,13 @@ class AdviceService:
         key = (site, parse_destination(dest_text).key, budget, cc)
         now = self.clock()
         cached = self._cached(key)
-        if not self._servable(cached, now):
+        lagging = self._lagging(key, cached, now)
+        if not lagging and not self._servable(cached, now):
             cached = self._refreshed(key)
         elif not self._fresh(cached, now):
             self._refresh_in_background(key)
         self._reprobe(site, cc, cached, now)
-        return cached, max(0.0, now - cached.evidence_at), self.settings.freshness.stale(cached.evidence_at, now)
+        return cached, max(0.0, now - cached.evidence_at), lagging or self.settings.freshness.stale(cached.evidence_at, now)
 
     def advice(self, dest_text: str, max_impact: Any, control: Any = None, src: Any = None) -> dict[str, Any]:
         """Advice.to_json() plus src, dest, fitted_at, probed_at, observations_used, age_s and stale."""
@@ -332,6 +339,13 @@ class AdviceService:
         """Within the consistency bound: it may be served."""
         return (cached is not None and cached.generation == self._generation
                 and now - cached.loaded_at <= self.settings.cache_max_age_s)
+
+    def _lagging(self, key: CacheKey, cached: AdviceEntry | None, now: float) -> bool:
+        """Past the consistency bound while its background re-read is still under way (a slow store), no write of
+        this process since and at most _LAGGING_LIMIT_S old: served marked stale instead of waited for."""
+        return (cached is not None and cached.generation == self._generation
+                and self.settings.cache_max_age_s < now - cached.loaded_at <= _LAGGING_LIMIT_S
+                and key in self._refresh_pending)
 
     def _fresh(self, cached: AdviceEntry | None, now: float) -> bool:
         """Servable and not yet due for a re-read."""

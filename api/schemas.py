@@ -92,7 +92,9 @@ class AdviceOut(BaseModel):
     probed_at: float = Field(description="Unix seconds when the probes behind it ran")
     age_s: float = Field(description="seconds since the newest evidence behind it: probes, or transfers that refitted it")
     stale: bool = Field(description="true when the newest evidence (probes, or transfers that refitted it) is older "
-                                    "than the TTL; a re-probe has been queued")
+                                    "than the TTL (age_s says; a re-probe has been queued), or when this replica is "
+                                    "still re-reading it from a slow store more than 1 s after its last read, so it "
+                                    "may miss a write committed since")
     observations_used: int
     open: OpenOut = Field(description="how to open the advice: its streams, and the tame stream's setting")
     congestion_control: str = Field(description="the congestion control the streams are counted in: the probes' "

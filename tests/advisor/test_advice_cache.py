@@ -1,6 +1,6 @@
 """The advice cache under concurrent reads: an entry is re-read by one thread, not by every reader, and a
-write by another process is served no later than the cache's max age after it committed (the bound holds
-while the store is slow or failing: readers wait or get the store's error, never older advice)."""
+write by another process is served no later than the cache's max age after it committed, or marked stale
+while a slow store holds its re-read (a failing store gives its error, never older advice)."""
 
 import math
 import threading
@@ -10,7 +10,7 @@ import pytest
 
 from advisor.destinations import parse_destination
 from advisor.errors import StoreError
-from advisor.service import AdviceService
+from advisor.service import _LAGGING_LIMIT_S, AdviceService
 from advisor.settings import Settings
 from advisor.store import Store
 from tests.api.conftest import Clock
@@ -110,7 +110,7 @@ def test_the_fast_path_serves_an_entry_due_for_a_re_read_while_one_thread_refres
     service.store.close()
 
 
-def test_past_the_bound_a_slow_re_read_is_waited_for_and_a_failing_one_reported(tmp_path):
+def test_past_the_bound_a_slow_re_read_is_served_around_marked_stale_and_a_failing_one_reported(tmp_path):
     clock = Clock()
     bound = Settings().cache_max_age_s
     service = service_on(tmp_path / "s.sqlite3", clock)
@@ -134,13 +134,34 @@ def test_past_the_bound_a_slow_re_read_is_waited_for_and_a_failing_one_reported(
     assert service.cached_entry(DEST, 0.3)[0].document(first["age_s"], first["stale"]) == first
     assert entered.wait(10)
     clock.now += 0.5 * bound  # 1.25 times the bound since the entry's store read began
-    assert service.cached_entry(DEST, 0.3) is None, "the fast path must not serve it around the slow re-read"
+    # Past the bound with its re-read still under way: served at once, by the fast path and the route, and
+    # marked stale (it may miss a write committed more than the bound ago, as it does here).
+    entry, _, stale = service.cached_entry(DEST, 0.3)
+    assert stale and entry.document(0.0, True)["max_nondisruptive_throughput_bps"] == \
+        first["max_nondisruptive_throughput_bps"]
+    lagging = service.advice(DEST, 0.3)
+    assert lagging["stale"] is True and lagging["fitted_at"] == first["fitted_at"]
+    release.set()
+    refreshes_done(service)
+    answer = service.advice(DEST, 0.3)
+    assert answer["stale"] is False and answer["max_nondisruptive_throughput_bps"] > \
+        first["max_nondisruptive_throughput_bps"]
+
+    # Past the bound with no re-read under way (nobody read it for a while): the reader waits for one.
+    service.store.current_fit_ids = slow
+    entered.clear()
+    release.clear()
+    clock.now += 2 * bound
+    assert service.cached_entry(DEST, 0.3) is None
     answers = []
     reader = threading.Thread(target=lambda: answers.append(service.advice(DEST, 0.3)))
     reader.start()
+    assert entered.wait(10)
+    reader.join(0.2)
+    assert reader.is_alive() and answers == [], "the reader must wait for the store, not be served the old entry"
     release.set()
     reader.join(30)
-    assert answers[0]["max_nondisruptive_throughput_bps"] > first["max_nondisruptive_throughput_bps"]
+    assert answers[0]["stale"] is False and answers[0]["fitted_at"] == answer["fitted_at"]
 
     # The store fails: past the bound the reader gets the store's error, not the entry it could not re-read.
     def failing(dest_key, **link):
@@ -151,6 +172,33 @@ def test_past_the_bound_a_slow_re_read_is_waited_for_and_a_failing_one_reported(
     assert service.cached_entry(DEST, 0.3) is None
     with pytest.raises(StoreError):
         service.advice(DEST, 0.3)
+    # A background re-read that failed is not served around either: its next reader gets the error.
+    service.store.current_fit_ids = real
+    service.advice(DEST, 0.3)
+    service.store.current_fit_ids = failing
+    clock.now += 0.75 * bound
+    assert service.cached_entry(DEST, 0.3) is not None  # starts the re-read, which fails
+    refreshes_done(service)
+    clock.now += 0.5 * bound
+    assert service.cached_entry(DEST, 0.3) is None
+    with pytest.raises(StoreError):
+        service.advice(DEST, 0.3)
+
+    # A re-read that hangs is served around for _LAGGING_LIMIT_S at most, then waited for.
+    service.store.current_fit_ids = real
+    service.advice(DEST, 0.3)
+    service.store.current_fit_ids = slow
+    entered.clear()
+    release.clear()
+    clock.now += 0.75 * bound
+    service.cached_entry(DEST, 0.3)
+    assert entered.wait(10)
+    clock.now += _LAGGING_LIMIT_S - bound  # 0.75 of the bound short of the limit
+    assert service.cached_entry(DEST, 0.3)[2] is True
+    clock.now += 1.0
+    assert service.cached_entry(DEST, 0.3) is None
+    release.set()
+    refreshes_done(service)
     service.store.close()
 
 
