@@ -45,6 +45,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from advisor.service import _REFRESH_AHEAD as REFRESH_AHEAD
@@ -240,11 +241,26 @@ def wrk_client(urls: list[str], seconds: float, connections: int, rate_per_s: fl
     return rows
 
 
+def autogroup() -> str:
+    """The kernel's session autogroup setting, which decides whether PostgreSQL keeps up here: each of its backends
+    calls setsid() and so, with autogroup on, is a scheduling group of its own; an idle backend woken beside busy
+    replicas then waited seconds for a CPU (docs/advice-service.md)."""
+    try:
+        return "autogroup " + ("on" if Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "1"
+                               else "off")
+    except OSError:
+        return "autogroup not in this kernel"
+
+
 def cache_reads(url: str) -> dict[str, float]:
-    """The replica's tame_advice_cache_reads_total by result."""
+    """The replica's tame_advice_cache_reads_total by result, and its answers marked stale and not
+    (tame_advice_served_total) as "stale" and "not_stale"."""
     text = http("GET", f"{url}/metrics")[1].decode()
-    return {m[0]: float(m[1]) for m in re.findall(r'^tame_advice_cache_reads_total\{result="(\w+)"\} (\S+)$',
-                                                   text, re.M)}
+    counts = {m[0]: float(m[1]) for m in re.findall(r'^tame_advice_cache_reads_total\{result="(\w+)"\} (\S+)$',
+                                                    text, re.M)}
+    for stale, value in re.findall(r'^tame_advice_served_total\{stale="(true|false)"\} (\S+)$', text, re.M):
+        counts["stale" if stale == "true" else "not_stale"] = float(value)
+    return counts
 
 
 def seed(url: str, scale: float = 1.0) -> None:
@@ -354,7 +370,7 @@ def main() -> int:
     store = "given server" if args.url else ("postgresql" if database_url else "sqlite")
     print(f"GET /v1/advice (warm cache, re-read from {REFRESH_AHEAD * Settings().cache_max_age_s:g} s), "
           f"{len(urls)} replica(s) x {args.connections} connections, {args.seconds:g} s per client, store {store}, "
-          f"{os.cpu_count()} CPUs" + (f", a write every {args.write_every:g} s" if args.write_every else ""))
+          f"{os.cpu_count()} CPUs, {autogroup()}" + (f", a write every {args.write_every:g} s" if args.write_every else ""))
     print(f"{'client':<40} {'requests':>9} {'req/s':>8} {'p50 ms':>7} {'p90 ms':>7} {'p99 ms':>7} {'max ms':>7}  goal")
     for r in results:
         total = "replica" not in r["client"]
@@ -371,9 +387,11 @@ def main() -> int:
         print(f"store reads of the cache during {client} ({elapsed:.1f} s, one key; one re-read interval is "
               f"{interval_s:g} s, so {elapsed / interval_s:.0f} intervals):")
         for i, (before, after) in enumerate(per_replica):
-            got = {k: after.get(k, 0) - before.get(k, 0) for k in ("unchanged", "reloaded")}
+            got = {k: after.get(k, 0) - before.get(k, 0) for k in ("unchanged", "reloaded", "stale", "not_stale")}
             print(f"    replica {i + 1}: {got['unchanged']:.0f} unchanged + {got['reloaded']:.0f} reloaded = "
-                  f"{(got['unchanged'] + got['reloaded']) / (elapsed / interval_s):.2f} per interval")
+                  f"{(got['unchanged'] + got['reloaded']) / (elapsed / interval_s):.2f} per interval; "
+                  f"{got['stale']:.0f} of {got['stale'] + got['not_stale']:.0f} answers marked stale "
+                  f"(a re-read past the 1 s bound)")
     return 0
 
 
