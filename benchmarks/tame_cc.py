@@ -405,7 +405,8 @@ def plan_runs(args) -> tuple[list[Run], list[dict]]:
     """Per path: probe with cubic (the service's plan), advise at each budget, open the advice as `tame
     transfer` does (floor(n*) cubic + one tame stream at its FM, or the tame stream alone below one), and
     measure the cross traffic's loss against no transfer; floor(n*) and ceil(n*) whole cubic streams beside it."""
-    from advisor.tame import DEFAULT_MODEL, DEFAULT_N_MAX, point_from_probe, tame_parallel_tcp
+    from advisor.tame import (DEFAULT_FRACTIONAL_MARGIN, DEFAULT_MARGIN, DEFAULT_MODEL, DEFAULT_N_MAX, NO_MARGIN,
+                              point_from_probe, tame_parallel_tcp)
     from benchmarks.testbed_accuracy import probe_plan
     from models.registry import model_probes
 
@@ -430,7 +431,8 @@ def plan_runs(args) -> tuple[list[Run], list[dict]]:
                 return measured[k]
 
             for budget in args.budgets:
-                advice = tame_parallel_tcp(points, budget, DEFAULT_N_MAX, DEFAULT_MODEL, plan.idle_rtt_s,
+                margins = (NO_MARGIN, NO_MARGIN) if args.no_margin else (DEFAULT_MARGIN, DEFAULT_FRACTIONAL_MARGIN)
+                advice = tame_parallel_tcp(points, budget, DEFAULT_N_MAX, DEFAULT_MODEL, plan.idle_rtt_s, *margins,
                                            standard_control=STANDARD)
                 standard, groups, fm = opened_groups(advice, plan.idle_rtt_s)
                 setting = cc.CcSetting(fm, scale_slow_start=cc.SCALE_SLOW_START_BY_DEFAULT) if fm else None
@@ -617,6 +619,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--cycles", type=int, default=100)
     parser.add_argument("--paths", default=None, help="plan: comma-separated path keys (default all)")
     parser.add_argument("--budgets", type=_floats, default=list(PLAN_BUDGETS), help="plan: impact budgets")
+    parser.add_argument("--no-margin", action="store_true",
+                        help="plan: advise on the bare predicted impact (`tame advise --no-margin`), not the service's "
+                             "margins for the prediction's error")
     parser.add_argument("--output", type=Path, default=None)
     parser.add_argument("--report-only", action="store_true",
                         help="share/hacker/aggregate/plan: rewrite the report from --output's .json, measuring nothing")
