@@ -17,7 +17,7 @@ import math
 import threading
 import time
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -57,14 +57,20 @@ _REFRESH_RETRY_S = 60.0
 # (AdviceEntry.loaded_at) and is served only while that is at most settings.cache_max_age_s ago, so advice
 # never lags another process's committed write by more. One background thread re-reads an entry once it
 # is this fraction of the bound old, while readers are still served it: on a healthy store no reader
-# waits. Past the bound while that re-read is still under way (the store is slow) readers are served the
-# entry marked stale: true rather than held by the store; with none under way (an entry nobody read for a
-# while, or a re-read that failed) they wait for one reload, and a store error is reported (503), never
-# hidden behind older advice.
+# waits. Past the bound while that re-read is asking the store (the store is slow) readers are served the
+# entry marked stale: true rather than held by the store; with none asking (an entry nobody read for a while,
+# a re-read still queued behind others, or one that failed) they wait for one reload of their own, and a store
+# error is reported (503), never hidden behind older advice.
 _REFRESH_AHEAD = 0.5
-# How long past its store read an entry may be served marked stale while its re-read is under way; past it
-# readers wait for the re-read (a store that hangs is then reported by its own timeouts, not served around).
+# How long past its store read an entry may be served marked stale while its re-read asks the store; past it
+# readers wait for the re-read again, as they did before stale answers (a store that never answers holds them).
 _LAGGING_LIMIT_S = 30.0
+
+
+def _log_unexpected(task: Future) -> None:
+    """Log what a background re-read raised beyond the store's errors (nothing waits for its result)."""
+    if not task.cancelled() and task.exception() is not None:
+        log.error("an advice re-read failed", exc_info=task.exception())
 
 
 # (src, canonical dest: Destination.key, max_impact, congestion control): what a cached advice entry answers.
@@ -138,7 +144,8 @@ class AdviceService:
         self._refresh_locks = tuple(threading.Lock() for _ in range(_REFRESH_STRIPES))
         # Keys submitted for a background refresh and not yet done with it; guarded by _lock. Each was cached when
         # submitted, and at most _cache_limit are kept (see _refresh_in_background).
-        self._refresh_pending: set[CacheKey] = set()
+        self._refresh_pending: set[CacheKey] = set()  # queued or running background re-reads
+        self._refresh_reading: set[CacheKey] = set()  # of those, the ones asking the store now
         self._refresher: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
         self._listeners: list[Callable[[], None]] = []
@@ -286,7 +293,7 @@ class AdviceService:
         lagging = self._lagging(key, cached, now)
         if not lagging and not self._servable(cached, now):
             return None  # no re-read under way, or it failed: the route loads the entry or reports why
-        if not self._fresh(cached, now):
+        if not lagging and not self._fresh(cached, now):
             self._refresh_in_background(key)
         if self._reprobe_due(key[0], key[3], cached, now) is not None:
             return None  # the route queues the probe
@@ -306,7 +313,7 @@ class AdviceService:
         lagging = self._lagging(key, cached, now)
         if not lagging and not self._servable(cached, now):
             cached = self._refreshed(key)
-        elif not self._fresh(cached, now):
+        elif not lagging and not self._fresh(cached, now):  # (a lagging entry's re-read is under way)
             self._refresh_in_background(key)
         self._reprobe(site, cc, cached, now)
         return cached, max(0.0, now - cached.evidence_at), lagging or self.settings.freshness.stale(cached.evidence_at, now)
@@ -341,11 +348,12 @@ class AdviceService:
                 and now - cached.loaded_at <= self.settings.cache_max_age_s)
 
     def _lagging(self, key: CacheKey, cached: AdviceEntry | None, now: float) -> bool:
-        """Past the consistency bound while its background re-read is still under way (a slow store), no write of
-        this process since and at most _LAGGING_LIMIT_S old: served marked stale instead of waited for."""
+        """Past the consistency bound while its background re-read is asking the store (a slow store; not one
+        still queued, which its reader does sooner itself), no write of this process since and at most
+        _LAGGING_LIMIT_S old: served marked stale instead of waited for."""
         return (cached is not None and cached.generation == self._generation
                 and self.settings.cache_max_age_s < now - cached.loaded_at <= _LAGGING_LIMIT_S
-                and key in self._refresh_pending)
+                and key in self._refresh_reading)
 
     def _fresh(self, cached: AdviceEntry | None, now: float) -> bool:
         """Servable and not yet due for a re-read."""
@@ -383,7 +391,13 @@ class AdviceService:
                     current = self._cache.get(key)  # not a read: the entry keeps its place
                     # Evicted or dropped by a write since: its next reader loads it, if it has one.
                     if current is not None and not self._fresh(current, self.clock()):
-                        self._load_entry(key, current)
+                        with self._lock:
+                            self._refresh_reading.add(key)
+                        try:
+                            self._load_entry(key, current)  # renews the entry before readers stop lagging
+                        finally:
+                            with self._lock:
+                                self._refresh_reading.discard(key)
             except AdvisorError as exc:  # readers keep the previous entry up to the bound; the route reports it after
                 log.warning("advice for %s not refreshed: %s", key[0], exc)
             finally:
@@ -400,7 +414,7 @@ class AdviceService:
                 self._refresher = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tame-advice-refresh")
             refresher = self._refresher
         try:
-            refresher.submit(refresh)
+            refresher.submit(refresh).add_done_callback(_log_unexpected)
         except RuntimeError:  # the interpreter is shutting down
             with self._lock:
                 self._refresh_pending.discard(key)

@@ -202,7 +202,7 @@ def test_past_the_bound_a_slow_re_read_is_served_around_marked_stale_and_a_faili
     service.store.close()
 
 
-def test_a_miss_is_not_kept_waiting_by_a_queued_refresh_of_another_key_on_its_lock(tmp_path):
+def test_a_queued_refresh_keeps_no_reader_waiting_nor_makes_its_key_stale(tmp_path):
     # Keys share _REFRESH_STRIPES locks; a refresh waiting for one of the two refresh threads must not hold its
     # key's, or a reader of any other key on that lock waits behind the whole queue (and the store's slowness).
     clock = Clock()
@@ -242,10 +242,18 @@ def test_a_miss_is_not_kept_waiting_by_a_queued_refresh_of_another_key_on_its_lo
         reader.start()
         reader.join(2)
         assert answers and answers[0]["dest"] == other, "a miss waited for a queued refresh of another key"
+        # Past the bound: DEST's two re-reads are asking the slow store, so DEST is answered at once, marked stale;
+        # other's re-read is only queued (the store was never asked), so its reader reads it itself, fresh.
+        clock.now += 0.5 * service.settings.cache_max_age_s
+        assert all(service.cached_entry(DEST, budget)[2] is True for budget in busy)
+        assert service.advice(DEST, busy[0])["stale"] is True
+        assert service.cached_entry(other, queued) is None
+        assert service.advice(other, queued)["stale"] is False
+        assert service.cached_entry(other, queued)[2] is False
     finally:
         release.set()
     refreshes_done(service)
-    # The queued refresh still ran, once the threads were free.
+    # The queued refresh still ran once the threads were free, and found the entry its reader had renewed.
     assert service.cached_entry(other, queued)[0].loaded_at == clock.now
     service.store.close()
 
