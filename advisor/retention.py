@@ -17,11 +17,13 @@ fits, refits and advice read) and have ``raw`` set to NULL. Nothing in the servi
 for an operator to check what the latest probe saw, and one run per link (not per control: a link may be probed
 under any number of controls) is what bounds it by the link count.
 
-A link itself (its ``destinations`` row) goes once it holds nothing: no fit, no queued or running probe job, and
-nothing newer than ``run_max_age_s`` (made before then, and no run finished, observation made or job asked for or
-finished since), with what is left of it (older runs and their results, observations, finished jobs); with no age
-limit (0) links stay. So a site at its link cap (advisor.store.Store.check_new_link) is not held there for ever by
-links written to once. A link with a fit stays.
+A link itself (its ``destinations`` row) goes once nothing of it is newer than ``run_max_age_s`` and no probe of it is
+queued or running (made before then, and no fit made, run finished, observation made or job asked for or finished
+since), with all it holds (its fits and their curves, runs and their results, observations, finished jobs); with no
+age limit (0) links stay. A link in use is never that old: an agent that registers it re-probes it every TTL, and
+GET /v1/advice of stale advice queues a probe; reading the SQL views keeps no link. So a site at its link cap
+(advisor.store.Store.check_new_link) is not held there for ever by links it no longer uses, written to once or
+fitted long ago. Until then the current fit under each control stays, as above.
 
 Each batch is one short write transaction of at most ``batch`` parent rows (and their children:
 a fit's curve points, a run's results), so readers and writers wait at most for one batch. On
@@ -153,21 +155,21 @@ def _prunable_jobs(tx: Tx, keep: int, older_than: float | None, limit: int) -> l
     return [r[0] for r in rows]
 
 
-# A link (d) that holds nothing newer than a cut-off (each of the five parameters): made before it, no fit at all, no
-# probe job queued or running, none asked for or finished since, no run finished and no observation made since.
-_EMPTY_LINK = (
-    "d.created_at < ? AND NOT EXISTS (SELECT 1 FROM fits f WHERE f.destination_id = d.id) "
+# A link (d) that holds nothing newer than a cut-off (each of the six parameters): made before it, no fit made since,
+# no probe job queued or running, none asked for or finished since, no run finished and no observation made since.
+_IDLE_LINK = (
+    "d.created_at < ? AND NOT EXISTS (SELECT 1 FROM fits f WHERE f.destination_id = d.id AND f.fitted_at >= ?) "
     "AND NOT EXISTS (SELECT 1 FROM probe_jobs j WHERE j.src = d.src AND j.dest = d.dest AND (j.status IN "
     "('queued', 'running') OR j.requested_at >= ? OR j.finished_at >= ?)) "
     "AND NOT EXISTS (SELECT 1 FROM probe_runs r WHERE r.destination_id = d.id AND r.finished_at >= ?) "
     "AND NOT EXISTS (SELECT 1 FROM observations o WHERE o.destination_id = d.id AND o.observed_at >= ?)")
 
 
-def _empty_links(tx: Tx, older_than: float, limit: int, among: Sequence[int] | None = None) -> list[int]:
-    """Ids of links that hold nothing newer than ``older_than`` (_EMPTY_LINK), oldest first; of ``among`` when given."""
+def _idle_links(tx: Tx, older_than: float, limit: int, among: Sequence[int] | None = None) -> list[int]:
+    """Ids of links that hold nothing newer than ``older_than`` (_IDLE_LINK), oldest first; of ``among`` when given."""
     within = f" AND d.id IN ({_placeholders(among)})" if among is not None else ""
-    rows = tx.execute(f"SELECT d.id FROM destinations d WHERE {_EMPTY_LINK}{within} ORDER BY d.id LIMIT ?",
-                      (older_than,) * 5 + tuple(among or ()) + (limit,)).fetchall()
+    rows = tx.execute(f"SELECT d.id FROM destinations d WHERE {_IDLE_LINK}{within} ORDER BY d.id LIMIT ?",
+                      (older_than,) * 6 + tuple(among or ()) + (limit,)).fetchall()
     return [r[0] for r in rows]
 
 
@@ -245,7 +247,7 @@ def prune(store: Store, retention: Retention, *, pause_s: float = 0.0, max_batch
         return len(ids)
 
     def links(tx: Tx) -> int:
-        ids = _empty_links(tx, older_than, b)
+        ids = _idle_links(tx, older_than, b)
         if ids and db.dialect == "postgresql":
             # Writers run alongside: lock the rows no write holds (one that found a row holds it, Store.link_id:
             # that link is in use, and is skipped, never waited for, so a registration holding several links cannot
@@ -253,8 +255,11 @@ def prune(store: Store, retention: Retention, *, pause_s: float = 0.0, max_batch
             # finds a row locked here waits, and then does not find it and makes the link again.
             ids = [row[0] for row in tx.execute(
                 f"SELECT id FROM destinations WHERE id IN ({_placeholders(ids)}) FOR UPDATE SKIP LOCKED", ids).fetchall()]
-            ids = _empty_links(tx, older_than, b, among=ids) if ids else []
+            ids = _idle_links(tx, older_than, b, among=ids) if ids else []
         if ids:
+            fits_of = f"SELECT id FROM fits WHERE destination_id IN ({_placeholders(ids)})"
+            tx.execute(f"DELETE FROM curve_points WHERE fit_id IN ({fits_of})", ids)
+            tx.execute(f"DELETE FROM fits WHERE destination_id IN ({_placeholders(ids)})", ids)
             runs_of = f"SELECT id FROM probe_runs WHERE destination_id IN ({_placeholders(ids)})"
             tx.execute(f"DELETE FROM probe_results WHERE probe_run_id IN ({runs_of})", ids)
             tx.execute(f"DELETE FROM probe_runs WHERE destination_id IN ({_placeholders(ids)})", ids)

@@ -303,9 +303,9 @@ class Settings:
         Retention (advisor/retention.py), per destination: TAME_KEEP_FITS (newest fits kept with their
         curves, default 20), TAME_KEEP_RUNS (newest probe runs and finished probe jobs kept, default 20),
         TAME_RUN_MAX_AGE_S (runs and finished jobs older than this go even within TAME_KEEP_RUNS, and links
-        without a fit that hold nothing newer; default 2592000 = 30 days, 0 = no age limit), TAME_KEEP_OBSERVATIONS (default 1000, at least
-        200, the refit window); the current fit, the run it rests on and the newest run are always
-        kept. TAME_PRUNE_INTERVAL_S (seconds between pruning passes of a serving process, default 60,
+        that hold nothing newer, fits and all; default 2592000 = 30 days, 0 = no age limit), TAME_KEEP_OBSERVATIONS
+        (default 1000, at least 200, the refit window); while a link stays, its current fit, the run it rests on
+        and the newest run are kept. TAME_PRUNE_INTERVAL_S (seconds between pruning passes of a serving process, default 60,
         0 = never prune), TAME_PRUNE_BATCH (rows deleted per transaction, default 500).
         ConfigError names the variable that is wrong."""
         env = os.environ if env is None else env

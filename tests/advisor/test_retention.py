@@ -125,6 +125,13 @@ def check_bounded_and_unchanged(service):
     return c
 
 
+def probe_again(service):
+    """A pushed probe run for each of DESTS (a new fit each), as a site's agent sends."""
+    for dest in DESTS:
+        service.ingest_run(parse_destination(dest), 0.001, probe_results(dest, 1), service.clock(), source="push",
+                           congestion_control=service.settings.congestion_control)
+
+
 def make_service(url):
     store = Store.open(url, clock=Clock())
     settings = replace(Settings(), model="lu", retention=RETENTION)
@@ -185,6 +192,8 @@ def test_old_runs_go_but_the_newest_and_what_fits_rest_on_stay(tmp_path):
         for cycle in range(4):
             run_cycle(service, cycle)
         store.clock.now += 10 * 86400  # everything is ten days old
+        for dest in DESTS:
+            service.request_probe(dest)  # in use (a probe is queued): the links stay, only their history is pruned
         dest = DESTS[0]
         current = store.current_fit(dest, service.settings.congestion_control, src=SITE)
         prune(store, replace(RETENTION, run_max_age_s=86400, keep_runs=100, keep_fits=1000))
@@ -193,7 +202,7 @@ def test_old_runs_go_but_the_newest_and_what_fits_rest_on_stay(tmp_path):
                               "WHERE d.dest = ?", (dest,)).fetchall()
             resting = tx.execute("SELECT count(*) FROM fits f WHERE f.probe_run_id IS NOT NULL AND NOT EXISTS "
                                  "(SELECT 1 FROM probe_runs r WHERE r.id = f.probe_run_id)").fetchone()[0]
-            jobs = tx.execute("SELECT count(*) FROM probe_jobs").fetchone()[0]
+            jobs = tx.execute("SELECT count(*) FROM probe_jobs WHERE status <> 'queued'").fetchone()[0]
         # Four runs each with a fit resting on it (keep_fits=1000 keeps those fits), so all four stay.
         assert len(runs) == 4 and resting == 0
         assert jobs == 0  # finished jobs past the age go
@@ -300,9 +309,10 @@ def links(store):
 
 
 @pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
-def test_links_that_hold_nothing_go_once_older_than_the_age_kept_and_the_others_stay(tmp_path, request, backend):
-    """A link goes with what is left of it once it has no fit, no queued or running probe and nothing newer than
-    run_max_age_s; a link with a fit, a queued probe or anything recent stays, and the advice is unchanged."""
+def test_links_that_hold_nothing_newer_than_the_age_kept_go_fits_and_all_and_the_others_stay(tmp_path, request,
+                                                                                           backend):
+    """A link goes with all it holds (fits and curves too) once no probe of it is queued or running and nothing of it
+    is newer than run_max_age_s; a link with a queued probe or anything recent stays, and its advice is unchanged."""
     from advisor.sites import SiteBudget, register_site
 
     url = f"sqlite:///{tmp_path}/tame.sqlite3" if backend == "sqlite" else request.getfixturevalue("pg_url")
@@ -311,8 +321,12 @@ def test_links_that_hold_nothing_go_once_older_than_the_age_kept_and_the_others_
     day = 86400.0
     aged = replace(RETENTION, run_max_age_s=10 * day)
     observed, unfitted, registered, queued, recent = (f"127.0.0.{i}:5201" for i in range(11, 16))
+    fitted_long_ago = "127.0.0.16:5201"
     try:
         run_cycle(service, 0)  # DESTS: a probe run, its fit and refits
+        service.ingest_run(parse_destination(fitted_long_ago), 0.001, probe_results(fitted_long_ago, 0),
+                           service.clock(), source="push",
+                           congestion_control=service.settings.congestion_control)  # fitted, never probed again
         for dest in (observed, recent):
             service.observe(dest, 2, rate(2))  # no run: stored without a fit
         # A run that cannot be fitted (one level): stored, with its results, and no fit.
@@ -321,40 +335,50 @@ def test_links_that_hold_nothing_go_once_older_than_the_age_kept_and_the_others_
         register_site(store, "dtn2", SiteBudget(), [parse_destination(registered)])
         service.request_probe(queued)  # a queued job, and no link row until its run
         service.observe(queued, 2, rate(2))
-        assert len(links(store)) == 7
-        before_view, before_advice = current_view(store), advice(service)
-
+        assert len(links(store)) == 8
         assert prune(store, aged).deleted["destinations"] == 0  # nothing is ten days old yet
+
         store.clock.now += 11 * day
         service.observe(recent, 3, rate(3))  # written to today
+        probe_again(service)  # DESTS in use: probed again today
+        before_view, before_advice = current_view(store), advice(service)
         assert prune(store, replace(aged, run_max_age_s=0)).deleted.get("destinations") is None  # no age limit
-        counts = prune(store, aged)
-        assert counts.deleted["destinations"] == 3
+        pruned = prune(store, aged)
+        assert pruned.deleted["destinations"] == 4
         assert links(store) == sorted([*DESTS, queued, recent])
         service.invalidate()
-        assert current_view(store) == before_view and advice(service) == before_advice
+        assert current_view(store) == [row for row in before_view if row[0] != fitted_long_ago]
+        assert advice(service) == before_advice
         with store.db.transaction() as tx:
-            # Nothing of the removed links is left behind.
+            # Nothing of the removed links is left behind, the fitted one's fits and curve included.
             orphans = [tx.execute(sql).fetchone()[0] for sql in (
                 "SELECT count(*) FROM probe_runs r WHERE NOT EXISTS (SELECT 1 FROM destinations d WHERE d.id = "
                 "r.destination_id)",
                 "SELECT count(*) FROM observations o WHERE NOT EXISTS (SELECT 1 FROM destinations d WHERE d.id = "
                 "o.destination_id)",
                 "SELECT count(*) FROM probe_results p WHERE NOT EXISTS (SELECT 1 FROM probe_runs r WHERE r.id = "
-                "p.probe_run_id)")]
-        assert orphans == [0, 0, 0]
-        # The link whose probe is queued goes once that probe has finished and aged too.
+                "p.probe_run_id)",
+                "SELECT count(*) FROM fits f WHERE NOT EXISTS (SELECT 1 FROM destinations d WHERE d.id = "
+                "f.destination_id)",
+                "SELECT count(*) FROM curve_points c WHERE NOT EXISTS (SELECT 1 FROM fits f WHERE f.id = c.fit_id)")]
+        assert orphans == [0, 0, 0, 0, 0]
+        assert fitted_long_ago not in {row[0] for row in current_view(store)}
+        # The link whose probe is queued goes once that probe has finished and aged too; the fitted links in use
+        # stay as long as they are probed.
         with store.db.transaction(write=True) as tx:
             tx.execute("UPDATE probe_jobs SET status = 'failed', finished_at = ? WHERE dest = ?",
                        (store.clock(), queued))
         assert queued in links(store)
         store.clock.now += 11 * day
+        probe_again(service)
         prune(store, aged)
-        assert links(store) == sorted(DESTS)  # the fitted links stay, however old
-        assert current_view(store) == before_view
+        assert links(store) == sorted(DESTS)
+        # Once nobody probes them, they go as well.
+        store.clock.now += 11 * day
+        prune(store, aged)
+        assert links(store) == [] and current_view(store) == [] and set(counts(store).values()) == {0}
     finally:
         store.close()
-
 
 
 @pytest.mark.postgres

@@ -140,6 +140,8 @@ def test_links_that_hold_nothing_age_out_and_then_new_ones_are_accepted(database
 
     assert prune(store, retention).deleted["destinations"] == 0  # all written to within TAME_RUN_MAX_AGE_S
     clock.advance(retention.run_max_age_s + 1)
+    # The fitted link is still read: its advice, stale now, queues a probe, and so it is in use.
+    assert client.get("/v1/advice", params=advice, headers=AS_A).json()["stale"] is True
     assert prune(store, retention).deleted["destinations"] == 1
     # The observation-only link went; the fitted one and the one whose probe waits stay, the advice as it was.
     assert links_of(store, "site-a") == [LINKS[0], LINKS[2]]
