@@ -9,7 +9,7 @@ base an observation refits on, :meth:`advisor.store.Store.latest_run_points`); t
 observations the current fit used stay); queued and running probe jobs, and the newest
 ``keep_runs`` finished ones, within the same age; the probe-seconds of lapsed attempts (``spent_attempts``) for
 as long as a site's budget counts them (:data:`advisor.sites.BUDGET_WINDOW_S`). The SQL views (current_fits,
-current_advice) read only the newest fit and its curve, which are never pruned.
+current_advice) read only the newest fit and its curve, which stay as long as their link (below).
 
 A probe's ``raw`` record (iperf3's report, summarised: up to ``probes.iperf_parse.RAW_MAX_CHARS`` characters) is kept
 only in the results of each link's newest run with results; older runs that stay keep their parsed numbers (what
@@ -21,7 +21,8 @@ A link itself (its ``destinations`` row) goes once nothing of it is newer than `
 queued or running (made before then, and no fit made, run finished, observation made or job asked for or finished
 since), with all it holds (its fits and their curves, runs and their results, observations, finished jobs); with no
 age limit (0) links stay. A link in use is never that old: an agent that registers it re-probes it every TTL, and
-GET /v1/advice of stale advice queues a probe; reading the SQL views keeps no link. So a site at its link cap
+GET /v1/advice of stale advice queues a probe (the settings refuse an age under two TTLs); reading the SQL views
+keeps no link, nor does a read whose re-probe the queue refuses (full) for the whole age. So a site at its link cap
 (advisor.store.Store.check_new_link) is not held there for ever by links it no longer uses, written to once or
 fitted long ago. Until then the current fit under each control stays, as above.
 

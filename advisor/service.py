@@ -138,7 +138,8 @@ class AdviceService:
         self._cache: OrderedDict[CacheKey, AdviceEntry] = OrderedDict()
         self._cache_limit = _CACHE_LIMIT
         self._generation = 0
-        # Keys of links that have advice (so bounded by the store's links, which only writers add).
+        # When the read path last asked for each link's probe: a key per link read with advice (writers add links;
+        # pruned links leave theirs, dropped with the rest at _CACHE_LIMIT, see _reprobe).
         self._refresh_requested: dict[tuple[str, str, str], float] = {}
         # One thread at a time brings an expired entry up to date; the others serve the previous one.
         self._refresh_locks = tuple(threading.Lock() for _ in range(_REFRESH_STRIPES))
@@ -261,6 +262,8 @@ class AdviceService:
         if due is None:
             return
         dest_key = entry.dest
+        if len(self._refresh_requested) >= _CACHE_LIMIT:  # links pruned since left keys behind: start again
+            self._refresh_requested.clear()
         self._refresh_requested[(src, dest_key, control)] = now
         try:
             self.request_probe(dest_key, congestion_control=control, src=src)

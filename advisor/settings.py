@@ -11,7 +11,7 @@ import stat
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Callable, Mapping
 
 from advisor.allowlist import DEFAULT_ALLOWED, AllowList
 from advisor.db import DEFAULT_POOL_SIZE, redact_url
@@ -47,6 +47,19 @@ def default_site(env: Mapping[str, str]) -> str:
         return check_site(env.get("TAME_SITE") or DEFAULT_SITE, "TAME_SITE")
     except InvalidRequest as exc:
         raise ConfigError(str(exc)) from None
+
+
+def run_max_age_s(env: Mapping[str, str], ttl_s: float, number: Callable[..., Any]) -> float:
+    """TAME_RUN_MAX_AGE_S in seconds (0: no age limit): default 30 days, or twice TAME_TTL_S when that is longer.
+    A link with nothing newer goes, fits and all (advisor.retention), and a link in use gets new evidence only
+    once its advice is TTL old (its re-probe is queued then), so a limit under two TTLs would remove links in use:
+    ConfigError."""
+    given = number("TAME_RUN_MAX_AGE_S", max(30 * 86400.0, 2 * ttl_s), 0.0, 100 * 365 * 86400.0)
+    if 0 < given < 2 * ttl_s:
+        raise ConfigError(f"TAME_RUN_MAX_AGE_S={env['TAME_RUN_MAX_AGE_S']!r} must be 0 (no age limit) or at least "
+                          f"twice TAME_TTL_S ({2 * ttl_s:g} s): links with nothing newer are removed, fits and all, "
+                          "and a link in use is re-probed only once its advice is TAME_TTL_S old")
+    return given
 
 
 def default_control(env: Mapping[str, str]) -> str:
@@ -303,7 +316,8 @@ class Settings:
         Retention (advisor/retention.py), per destination: TAME_KEEP_FITS (newest fits kept with their
         curves, default 20), TAME_KEEP_RUNS (newest probe runs and finished probe jobs kept, default 20),
         TAME_RUN_MAX_AGE_S (runs and finished jobs older than this go even within TAME_KEEP_RUNS, and links
-        that hold nothing newer, fits and all; default 2592000 = 30 days, 0 = no age limit), TAME_KEEP_OBSERVATIONS
+        that hold nothing newer, fits and all; default 2592000 = 30 days or 2 x TAME_TTL_S if longer, 0 = no age
+        limit, else at least 2 x TAME_TTL_S), TAME_KEEP_OBSERVATIONS
         (default 1000, at least 200, the refit window); while a link stays, its current fit, the run it rests on
         and the newest run are kept. TAME_PRUNE_INTERVAL_S (seconds between pruning passes of a serving process, default 60,
         0 = never prune), TAME_PRUNE_BATCH (rows deleted per transaction, default 500).
@@ -384,7 +398,7 @@ class Settings:
             retention=Retention(
                 keep_fits=number("TAME_KEEP_FITS", 20, 1, 1_000_000, int),
                 keep_runs=number("TAME_KEEP_RUNS", 20, 1, 1_000_000, int),
-                run_max_age_s=number("TAME_RUN_MAX_AGE_S", 30 * 86400.0, 0.0, 100 * 365 * 86400.0),
+                run_max_age_s=run_max_age_s(env, ttl_s, number),
                 keep_observations=number("TAME_KEEP_OBSERVATIONS", 1000, REFIT_OBSERVATIONS, 100_000_000, int),
                 interval_s=number("TAME_PRUNE_INTERVAL_S", 60.0, 0.0, 7 * 86400.0),
                 batch=number("TAME_PRUNE_BATCH", 500, 1, 100_000, int),

@@ -328,8 +328,8 @@ class Store:
             raise TooManyLinks(
                 f"site {src} has {links} links, the most this service keeps for one site (TAME_MAX_SITE_LINKS="
                 f"{max_links}), and {dest_key} would be another, so it was not stored. Write for a link it has, or "
-                "wait: a link with no fit, no queued or running probe and nothing newer than TAME_RUN_MAX_AGE_S "
-                "(runs, observations, probes) is removed when the store is pruned. The operator can raise "
+                "wait: a link with no queued or running probe and nothing newer than TAME_RUN_MAX_AGE_S "
+                "(fits, runs, observations, probes) is removed when the store is pruned. The operator can raise "
                 "TAME_MAX_SITE_LINKS")
         counts[src] = links + 1
 

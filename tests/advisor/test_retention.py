@@ -242,6 +242,13 @@ def test_settings_validate_the_retention_variables():
     for name, bad in (("TAME_KEEP_FITS", "0"), ("TAME_KEEP_OBSERVATIONS", "199"), ("TAME_PRUNE_BATCH", "x")):
         with pytest.raises(ConfigError, match=name):
             Settings.from_env({name: bad})
+    # Links with nothing newer than the age go, fits and all: under two TTLs it would take links in use.
+    with pytest.raises(ConfigError, match=r"TAME_RUN_MAX_AGE_S='7199' must be 0 \(no age limit\) or at least twice "
+                                          r"TAME_TTL_S \(7200 s\)"):
+        Settings.from_env({"TAME_RUN_MAX_AGE_S": "7199"})
+    assert Settings.from_env({"TAME_RUN_MAX_AGE_S": "7200"}).retention.run_max_age_s == 7200
+    assert Settings.from_env({}).retention.run_max_age_s == 30 * 86400
+    assert Settings.from_env({"TAME_TTL_S": str(20 * 86400)}).retention.run_max_age_s == 40 * 86400  # the default grows
 
 
 def test_tame_transfers_do_not_push_out_the_observations_a_fit_rests_on(tmp_path):
