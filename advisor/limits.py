@@ -64,7 +64,7 @@ def check_max_impact(value: Any) -> float:
     """An impact budget: a fraction 0-1."""
     if not _is_number(value) or not math.isfinite(value) or not 0.0 <= value <= 1.0:
         raise InvalidRequest(f"max_impact must be a fraction between 0 and 1 (e.g. 0.1 for 10 %), got {value!r}")
-    return float(value)
+    return float(value) + 0.0  # -0.0 is 0.0: one budget, one cache key, one answer
 
 
 def check_streams(value: Any, name: str = "streams") -> int:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from advisor import limits
 from advisor.errors import InvalidRequest
@@ -13,16 +13,16 @@ from probes.controls import CONTROL_NAME, MAX_CONTROL_NAME
 from probes.iperf_parse import RAW_MAX_CHARS
 
 
-def _checked(check):
+def _checked(check, before: bool = False):
     """A pydantic validator running one of advisor.limits' checks (the one place a rule is written), its message
-    as the 422's detail."""
-    def validate(value: str) -> str:
+    as the 422's detail; ``before``: on the value as sent, before pydantic converts it (true would be 1.0)."""
+    def validate(value: Any) -> Any:
         try:
             return check(value)
         except InvalidRequest as exc:
             raise ValueError(str(exc)) from None
 
-    return AfterValidator(validate)
+    return (BeforeValidator if before else AfterValidator)(validate)
 
 
 # max_length here only bounds what is parsed; check_congestion_control says what a name may be.
@@ -109,7 +109,8 @@ class AdviceQuery(BaseModel):
     model_config = ConfigDict(extra="forbid")
     src: Site | None = None
     dest: str = Dest
-    max_impact: float = Field(ge=0.0, le=1.0, allow_inf_nan=False, description="impact budget, fraction 0-1")
+    max_impact: Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False, description="impact budget, fraction 0-1"),
+                          _checked(limits.check_max_impact, before=True)]
     cc: Control | None = None
 
 

@@ -83,8 +83,18 @@ def test_batch_answers_each_item_and_caps_its_size(service_factory):
     assert unknown["error"]["kind"] == "UnknownDestination" and unknown["advice"] is None
     too_many = client.post("/v1/advice:batch", json=[{"dest": "127.0.0.1", "max_impact": 0.1}] * 4)
     assert too_many.status_code == 413 and "at most 3" in too_many.json()["detail"]
-    bad = client.post("/v1/advice:batch", json=[{"dest": "127.0.0.1", "max_impact": 2}])
-    assert bad.status_code == 422 and "max_impact" in bad.json()["detail"]
+    # A budget is checked as GET checks it (advisor.limits.check_max_impact), before pydantic would make true 1.0.
+    for budget in (2, True, "0.5", None):
+        bad = client.post("/v1/advice:batch", json=[{"dest": "127.0.0.1", "max_impact": budget}])
+        assert bad.status_code == 422 and "max_impact must be a fraction between 0 and 1" in bad.json()["detail"], \
+            (budget, bad.text)
+        if budget != "0.5":  # (a query's budget is text)
+            assert client.get("/v1/advice", params={"dest": "127.0.0.1", "max_impact": str(budget).lower()}
+                              ).status_code == 422
+    # -0 is the budget 0: one cache entry, echoed as 0.0 whichever spelling came first.
+    assert client.get("/v1/advice", params={"dest": "127.0.0.1", "max_impact": "-0"}).json()["max_impact"] == 0.0
+    zero = client.post("/v1/advice:batch", json=[{"dest": "127.0.0.1", "max_impact": 0}]).json()["results"][0]
+    assert zero["advice"]["max_impact"] == 0.0 and str(zero["advice"]["max_impact"]) == "0.0"
 
 
 def test_paths_and_curve(service_factory):
