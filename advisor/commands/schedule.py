@@ -145,7 +145,7 @@ def _plan(t: Transfer, reporter: Reporter, sql: SqlAdvice | None, default_contro
     src = t.src
     try:
         if sql is not None:
-            control = t.cc or default_control or host_default_control()
+            control = t.cc or default_control or sql.default_control  # the service's: TAME_CONGESTION_CONTROL first
             streams, source = sql.streams(src, t.dest.key, control, t.max_impact), "sql"
             src = src or (sql.own_site if sql.has_src() else None)
         else:

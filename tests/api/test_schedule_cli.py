@@ -29,14 +29,14 @@ def served(service_factory, tmp_path):
     # The scheduler speaks for the service's own site (TAME_SITE), the source of links that name none.
     env.update(TAME_TOKEN="w", TAME_DATABASE_URL=f"sqlite:///{tmp_path}/other.sqlite3", TAME_SITE=SITE)
 
-    def run(queue, *args, raw=False):
+    def run(queue, *args, raw=False, extra_env=None):
         path = tmp_path / "queue"
         if raw:
             path.write_bytes(queue)
         else:
             path.write_text(queue if isinstance(queue, str) else json.dumps(queue))
-        return subprocess.run([sys.executable, "-m", "advisor", "schedule", str(path), *args], env=env,
-                              capture_output=True, text=True, timeout=120)
+        return subprocess.run([sys.executable, "-m", "advisor", "schedule", str(path), *args],
+                              env={**env, **(extra_env or {})}, capture_output=True, text=True, timeout=120)
 
     yield base, db_url, run
 
@@ -177,6 +177,13 @@ def test_rows_stored_before_controls_were_recorded_answer_the_default_control_on
     assert httpx.get(f"{base}/v1/advice", params={"dest": KNOWN, "max_impact": 0.2, "cc": other}).status_code == 404
     _refused(run(queue, "--plan", "--database-url", db_url, "--congestion-control", other),
              f"no advice for {SITE} -> {KNOWN} under {other}")
+    # With TAME_CONGESTION_CONTROL the service's default is that control, and a transfer naming none is asked
+    # for under it over SQL too (not under the host's), so the unrecorded rows answer it.
+    by_sql = run(queue, "--plan", "--json", "--database-url", db_url, extra_env={"TAME_CONGESTION_CONTROL": other})
+    assert by_sql.returncode == 0, by_sql.stderr
+    (planned,) = json.loads(by_sql.stdout)["transfers"]
+    assert planned["congestion_control"] == other
+    assert planned["advised_streams"] == json.loads(by_http.stdout)["transfers"][0]["advised_streams"]
 
 
 def test_a_transfer_that_fails_is_reported_and_the_others_still_run_and_are_stored(served, tmp_path):
