@@ -113,15 +113,19 @@ class AdviceEntry:
 REPROBE_AT_TTL = 0.8
 
 
-def fresh_destinations(paths: list[dict[str, Any]], control: str, max_age_s: float | None = None) -> set[str]:
+def fresh_destinations(paths: list[dict[str, Any]], control: str, unrecorded_control: str | None,
+                       max_age_s: float | None = None) -> set[str]:
     """Destinations whose advice under ``control`` is fresh (GET /v1/paths rows of one site): not stale, not due for a
-    probe (``reprobe_due``: advisor.freshness), and no older than ``max_age_s`` when it is given. A destination with
-    no fit under ``control`` counts its fit that recorded no control, as the service's advice does for its default."""
+    probe (``reprobe_due``: advisor.freshness), and no older than ``max_age_s`` when it is given. When ``control`` is
+    ``unrecorded_control`` (the service's default; None: not known), a destination with no fit under it counts its
+    fit that recorded no control, as the service's advice does for its default and for no other control."""
     recorded = {p["dest"] for p in paths if p["congestion_control"] == control}
+    unrecorded_counts = control == unrecorded_control
     # .get: a service older than reprobe_due (an agent pushing to it) judges by stale alone.
     return {p["dest"] for p in paths if not p["stale"] and not p.get("reprobe_due")
             and (max_age_s is None or p["age_s"] <= max_age_s)
-            and (p["congestion_control"] == control or (p["congestion_control"] is None and p["dest"] not in recorded))}
+            and (p["congestion_control"] == control
+                 or (unrecorded_counts and p["congestion_control"] is None and p["dest"] not in recorded))}
 
 
 class AdviceService:
@@ -666,7 +670,8 @@ class AdviceService:
         for dest, why in left_out:
             del parsed[dest.key]
             refused.append({"dest": dest.key, "error": why})
-        fresh = fresh_destinations(self.paths(name), control, REPROBE_AT_TTL * self.settings.ttl_s)
+        fresh = fresh_destinations(self.paths(name), control, self.settings.congestion_control,
+                                   REPROBE_AT_TTL * self.settings.ttl_s)
         due = [dest for key, dest in parsed.items() if key not in fresh]
         queued = deferred = 0
         for index, dest in enumerate(due):

@@ -127,7 +127,8 @@ def run(args) -> int:
 
 
 def _enqueue_due(service: AdviceService, dests: list[str]) -> None:
-    fresh = fresh_destinations(service.paths(service.settings.site), service.settings.congestion_control)
+    control = service.settings.congestion_control
+    fresh = fresh_destinations(service.paths(service.settings.site), control, control)
     for dest in dests:
         if dest in fresh:
             continue
@@ -244,12 +245,15 @@ def _run_push(args, settings, driver) -> int:
 
     spool = args.spool or default_spool_dir()
     stop = threading.Event()
+    server_site = None  # the site the runs are pushed as (they name none): the server's own, learnt from it
     with TameClient(args.push, token=settings.token, timeout_s=30) as client:
         while not stop.is_set():
             # What could not be delivered before goes first: it is older, and it may make a probe unnecessary.
             _deliver_spooled(client, spool)
             try:
-                fresh = fresh_destinations(client.paths(), settings.congestion_control)
+                server_site = server_site or client.links()["site"]
+                # The server's default control is not known here: fits that recorded none do not count as fresh.
+                fresh = fresh_destinations(client.paths(server_site), settings.congestion_control, None)
             except TameError as exc:
                 print(f"tame agent: {exc}", file=sys.stderr, flush=True)
                 fresh = set()

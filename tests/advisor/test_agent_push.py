@@ -94,6 +94,35 @@ def test_a_run_the_service_could_not_take_is_spooled_and_delivered_next_round(tm
     assert len(runs) == 1 and runs[0][1] == 2  # the one run, with both probes
 
 
+def test_a_pushing_agent_judges_freshness_by_its_server_s_own_site(tmp_path, iperf_server):
+    """Runs pushed without src are the server's own site's: another site's fresh advice for the same destination
+    does not make the agent skip it."""
+    env = {**os.environ, "TAME_PROBE_LEVELS": "1,2", "TAME_PROBE_DURATION_S": "1", "TAME_PROBE_MAX_DURATION_S": "1",
+           "TAME_MODEL": "lu", "TAME_ALLOWED_DESTINATIONS": "127.0.0.0/8",
+           "TAME_DATABASE_URL": f"sqlite:///{tmp_path}/server.sqlite3"}
+    env.pop("TAME_TOKEN", None)
+    dests = tmp_path / "dests.txt"
+    dests.write_text(f"{iperf_server}\n")
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen([sys.executable, "-m", "advisor", "serve", "--host", "127.0.0.1", "--port", str(port),
+                               "--no-worker"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: _healthy(base), what="tame serve")
+        other_site = httpx.post(f"{base}/v1/probe-runs", timeout=30, json={
+            "src": "dtn1", "dest": iperf_server, "probes": [{"streams": 1, "throughput_bps": 1e8},
+                                                           {"streams": 2, "throughput_bps": 1.5e8}]})
+        assert other_site.status_code == 201, other_site.text
+        done = agent(env, "--dest-file", str(dests), "--push", base, "--spool", str(tmp_path / "spool"), "--once")
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.count("pushed run") == 1, (done.stdout, done.stderr)
+        own = httpx.get(f"{base}/v1/advice", params={"dest": iperf_server, "max_impact": 0.3}, timeout=30)
+        assert own.status_code == 200 and own.json()["src"] != "dtn1"
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
 def _healthy(base):
     try:
         return httpx.get(f"{base}/healthz", timeout=2).status_code == 200

@@ -90,14 +90,14 @@ def test_transfers_keep_a_link_fresh_until_its_newest_probe_is_too_old(tmp_path)
             assert service.observe(DEST.key, 4, rate(4), src=src)["refit"] is True
             row = _row(service, src)
             assert (row["stale"], row["age_s"], row["reprobe_due"]) == (False, 0.0, PROBE_MAX_AGE)
-            assert DEST.key not in fresh_destinations(service.paths(src), CONTROL)
+            assert DEST.key not in fresh_destinations(service.paths(src), CONTROL, CONTROL)
         # GET advice serves it, not stale, and queues the local link's probe.
         advice = service.advice(DEST.key, 0.1)
         assert advice["stale"] is False and advice["observations_used"] > 0
         job = store.active_job(DEST.key, CONTROL, src=SITE)
         assert job is not None and job.status == "queued"
         # The local agent's round finds it due (and its probe queued already); the site's registration queues its own.
-        assert DEST.key not in fresh_destinations(service.paths(SITE), CONTROL)
+        assert DEST.key not in fresh_destinations(service.paths(SITE), CONTROL, CONTROL)
         _enqueue_due(service, [DEST.key])
         assert service.register_site("dtn2", budget, [DEST.key])["queued"] == 1
         assert store.job_counts() == {"queued": 2}
@@ -105,6 +105,6 @@ def test_transfers_keep_a_link_fresh_until_its_newest_probe_is_too_old(tmp_path)
         for src in (SITE, "dtn2"):
             _probe(service, src)
             assert _row(service, src)["reprobe_due"] is None
-            assert fresh_destinations(service.paths(src), CONTROL) == {DEST.key}
+            assert fresh_destinations(service.paths(src), CONTROL, CONTROL) == {DEST.key}
     finally:
         store.close()

@@ -259,7 +259,7 @@ def test_transfers_keep_a_link_fresh_only_until_its_newest_probe_is_too_old(serv
     assert (here["stale"], here["reprobe_due"]) == (False, "probe_max_age")
     assert (there["stale"], there["reprobe_due"]) == (False, "probe_max_age")
     # What a pushing `tame agent` reads over HTTP says the same.
-    assert DEST not in fresh_destinations(list(paths("dtn2").values()), control)
+    assert DEST not in fresh_destinations(list(paths("dtn2").values()), control, control)
     assert client.put("/v1/sites/dtn2", json={"dests": [DEST]}).json()["queued"] == 1
 
 
@@ -534,3 +534,23 @@ def test_a_probe_a_site_s_budget_in_force_could_never_run_is_refused(database, r
     assert stored(app.state.service.store) == before
     accepted = lowered.post("/v1/probes", json={"dest": DEST, "src": "dtn2", "levels": [1, 32]})
     assert accepted.status_code == 202, accepted.text
+
+
+def test_a_registration_counts_fits_that_recorded_no_control_for_the_default_control_only(service_factory):
+    """A fit stored without its control answers the service's default control and no other (GET /v1/advice), so a
+    registration under another control queues its link, as the advice under that control is missing."""
+    base, client, app = service_factory(start_worker=False)
+    default = app.state.settings.congestion_control
+    other = next(c for c in ("reno", "cubic") if c != default)
+    for site in ("dtn2", "dtn3"):
+        assert client.post("/v1/probe-runs", json={"src": site, "dest": DEST, "probes": PROBES}).status_code == 201
+    # The run recorded no control: as a store from before controls were kept.
+    with sqlite3.connect(app.state.service.store.db.url[len("sqlite:///"):]) as conn:
+        conn.execute("UPDATE fits SET congestion_control = NULL")
+        conn.execute("UPDATE probe_runs SET congestion_control = NULL")
+    app.state.service.invalidate()
+    advice = {"dest": DEST, "max_impact": 0.1}
+    assert client.get("/v1/advice", params={**advice, "src": "dtn2"}).status_code == 200
+    assert client.get("/v1/advice", params={**advice, "src": "dtn2", "cc": other}).status_code == 404
+    assert client.put("/v1/sites/dtn2", json={"dests": [DEST], "congestion_control": other}).json()["queued"] == 1
+    assert client.put("/v1/sites/dtn3", json={"dests": [DEST], "congestion_control": default}).json()["queued"] == 0
