@@ -39,14 +39,20 @@ def agent(env, *args):
                           text=True, timeout=120)
 
 
-def test_a_run_the_service_could_not_take_is_spooled_and_delivered_next_round(tmp_path, iperf_server):
-    # Short probes at two levels, no extension and no adaptive level: one round is a few seconds of iperf3.
+def agent_setup(tmp_path, dest):
+    """(environment, destination file listing ``dest``) for an agent and the server it pushes to: short probes at
+    two levels, no extension and no adaptive level (one round is a few seconds of iperf3), no token."""
     env = {**os.environ, "TAME_PROBE_LEVELS": "1,2", "TAME_PROBE_DURATION_S": "1", "TAME_PROBE_MAX_DURATION_S": "1",
            "TAME_MODEL": "lu", "TAME_ALLOWED_DESTINATIONS": "127.0.0.0/8",
            "TAME_DATABASE_URL": f"sqlite:///{tmp_path}/server.sqlite3"}
     env.pop("TAME_TOKEN", None)
     dests = tmp_path / "dests.txt"
-    dests.write_text(f"{iperf_server}\n")
+    dests.write_text(f"{dest}\n")
+    return env, dests
+
+
+def test_a_run_the_service_could_not_take_is_spooled_and_delivered_next_round(tmp_path, iperf_server):
+    env, dests = agent_setup(tmp_path, iperf_server)
     spool = tmp_path / "spool"
     port = free_port()
     base = f"http://127.0.0.1:{port}"
@@ -97,12 +103,7 @@ def test_a_run_the_service_could_not_take_is_spooled_and_delivered_next_round(tm
 def test_a_pushing_agent_judges_freshness_by_its_server_s_own_site(tmp_path, iperf_server):
     """Runs pushed without src are the server's own site's: another site's fresh advice for the same destination
     does not make the agent skip it."""
-    env = {**os.environ, "TAME_PROBE_LEVELS": "1,2", "TAME_PROBE_DURATION_S": "1", "TAME_PROBE_MAX_DURATION_S": "1",
-           "TAME_MODEL": "lu", "TAME_ALLOWED_DESTINATIONS": "127.0.0.0/8",
-           "TAME_DATABASE_URL": f"sqlite:///{tmp_path}/server.sqlite3"}
-    env.pop("TAME_TOKEN", None)
-    dests = tmp_path / "dests.txt"
-    dests.write_text(f"{iperf_server}\n")
+    env, dests = agent_setup(tmp_path, iperf_server)
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     server = subprocess.Popen([sys.executable, "-m", "advisor", "serve", "--host", "127.0.0.1", "--port", str(port),
