@@ -304,7 +304,7 @@ class AdviceService:
             self._refresh_in_background(key)
         if self._reprobe_due(key[0], key[3], cached, now) is not None:
             return None  # the route queues the probe
-        return cached, max(0.0, now - cached.evidence_at), lagging or self.settings.freshness.stale(cached.evidence_at, now)
+        return self._answer(cached, now, lagging)
 
     def advice_entry(self, dest_text: str, max_impact: Any, control: Any = None,
                      src: Any = None) -> tuple[AdviceEntry, float, bool]:
@@ -323,7 +323,7 @@ class AdviceService:
         elif not lagging and not self._fresh(cached, now):  # (a lagging entry's re-read is under way)
             self._refresh_in_background(key)
         self._reprobe(site, cc, cached, now)
-        return cached, max(0.0, now - cached.evidence_at), lagging or self.settings.freshness.stale(cached.evidence_at, now)
+        return self._answer(cached, now, lagging)
 
     def advice(self, dest_text: str, max_impact: Any, control: Any = None, src: Any = None) -> dict[str, Any]:
         """Advice.to_json() plus src, dest, fitted_at, probed_at, observations_used, age_s and stale."""
@@ -353,6 +353,10 @@ class AdviceService:
         """Within the consistency bound: it may be served."""
         return (cached is not None and cached.generation == self._generation
                 and now - cached.loaded_at <= self.settings.cache_max_age_s)
+
+    def _answer(self, entry: AdviceEntry, now: float, lagging: bool) -> tuple[AdviceEntry, float, bool]:
+        """(entry, age_s, stale) as served: stale when its evidence is past the TTL or the entry is lagging."""
+        return entry, max(0.0, now - entry.evidence_at), lagging or self.settings.freshness.stale(entry.evidence_at, now)
 
     def _lagging(self, key: CacheKey, cached: AdviceEntry | None, now: float) -> bool:
         """Past the consistency bound while its background re-read is asking the store (a slow store; not one
