@@ -20,6 +20,8 @@ from probes.iperf import MAX_STREAMS as MAX_PROBE_STREAMS
 MAX_DEST_LENGTH = 300
 # Stream counts a transfer may report or the advice may consider.
 MAX_STREAMS = 1024
+# How long ago a pushed run's probes may have ended (POST /v1/probe-runs measured_ago_s), seconds: a year.
+MAX_MEASURED_AGO_S = 365 * 86400.0
 # Throughputs in bits/s: a probe or transfer reports at least 1 bit/s and under 1 Pbit/s, far above any
 # single host's link, so that squares of n/throughput (Lu eq. 6) stay well inside floating point.
 MIN_THROUGHPUT_BPS = 1.0

@@ -203,9 +203,10 @@ class AdviceService:
     def ingest_run(self, dest: Destination, idle_rtt_s: float | None, results: Sequence[ProbeResult],
                    started_at: float, source: str, job_id: str | None = None,
                    address: str | None = None, congestion_control: str | None = None,
-                   src: Any = None, job_owner: str | None = None) -> tuple[int, str | None]:
+                   src: Any = None, job_owner: str | None = None, measured_ago_s: float = 0.0) -> tuple[int, str | None]:
         """Fit and store a finished probe run from site ``src`` (None: this service's) and close its job, in one
-        transaction: (run id, fit error).
+        transaction: (run id, fit error). ``measured_ago_s``: how long ago the probes ended (a pushed run held back
+        by its agent), seconds; the fit's probed_at, and so the advice's age, counts from then.
 
         ``address``: the IP address the probes went to, when this service resolved it. The run and its fit
         are stored under the control the probes report they used, else ``congestion_control`` (the one
@@ -219,7 +220,8 @@ class AdviceService:
         error = None
         new_fit = None
         try:
-            new_fit = self.build_fit(points, idle_rtt_s, probed_at=self.clock(), congestion_control=used)
+            new_fit = self.build_fit(points, idle_rtt_s, probed_at=self.clock() - measured_ago_s,
+                                     congestion_control=used)
         except FitError as exc:
             error = f"the probes could not be fitted: {exc}"
         if error is None and congestion_control is not None and used != congestion_control:

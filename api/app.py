@@ -217,7 +217,8 @@ def create_app(settings: Settings, store: Store, driver: ProbeDriver | None = No
         asked = claimed.congestion_control if claimed else body.congestion_control
         run_id, error = service.ingest_run(dest, body.idle_rtt_s, results, body.started_at or clock(), source="push",
                                            congestion_control=asked, src=src,
-                                           job_id=claimed.id if claimed else None, job_owner=body.owner)
+                                           job_id=claimed.id if claimed else None, job_owner=body.owner,
+                                           measured_ago_s=body.measured_ago_s)
         return _json({"src": src, "dest": dest.key, "probe_run_id": run_id, "congestion_control": body.congestion_control,
                       "fitted": error is None, "error": error}, 201)
 

@@ -305,6 +305,10 @@ class ProbeRunIn(BaseModel):
     dest: str = Dest
     idle_rtt_s: float | None = Field(default=None, gt=0, lt=1e4, allow_inf_nan=False)
     started_at: float = Field(default=0.0, ge=0, lt=1e11, allow_inf_nan=False)
+    measured_ago_s: float = Field(default=0.0, ge=0, le=limits.MAX_MEASURED_AGO_S, allow_inf_nan=False,
+                                  description="seconds from the end of the probes to this request, by the sender's "
+                                              "clock (a run kept while the service was unreachable): the advice's "
+                                              "age counts from then, whatever the two clocks say")
     congestion_control: Control | None = Field(default=None, description="the control the probes' streams used; "
                                                "without it the run is kept as not recorded")
     probes: list[ProbeResultIn] = Field(min_length=1, max_length=limits.MAX_PROBES_PER_RUN)

@@ -6,6 +6,7 @@ import argparse
 
 import dataclasses
 import json
+import math
 import os
 import sys
 import threading
@@ -19,6 +20,7 @@ from advisor.commands.probe import add_control_option, control_from_args
 from advisor.commands.runtime import default_driver, load_settings, open_store, setup_logging
 from advisor.destinations import parse_destination
 from advisor.errors import AdvisorError
+from advisor.limits import MAX_MEASURED_AGO_S
 from advisor.plan_runner import level_chooser, plan_for
 from advisor.tame import plan_control
 from probes.plan import run_plan
@@ -160,7 +162,9 @@ def _spool(spool: Path, payload: dict[str, Any]) -> Path:
     spool.mkdir(parents=True, exist_ok=True)
     name = f"{time.time_ns()}-{uuid.uuid4().hex[:8]}.json"
     tmp = spool / f".{name}.tmp"
-    tmp.write_text(json.dumps({"form": SPOOL_FORM, "payload": payload}), encoding="utf-8")
+    # spooled_at: when the run was first sent, just after its probes ended (by this host's clock); delivered later,
+    # the run says how long ago that was (measured_ago_s), so its advice is as old as its probes.
+    tmp.write_text(json.dumps({"form": SPOOL_FORM, "payload": payload, "spooled_at": time.time()}), encoding="utf-8")
     os.replace(tmp, spool / name)
     return spool / name
 
@@ -207,7 +211,10 @@ def _deliver_spooled(client, spool: Path) -> None:
             if record.get("form") != SPOOL_FORM:
                 raise ValueError(f"form {record.get('form')!r} is not {SPOOL_FORM!r}")
             payload = record["payload"]
-        except (OSError, ValueError, KeyError, AttributeError) as exc:
+            spooled_at = record.get("spooled_at")  # a record spooled before it was kept has none
+            if isinstance(spooled_at, (int, float)) and not isinstance(spooled_at, bool) and math.isfinite(spooled_at):
+                payload = {**payload, "measured_ago_s": min(max(0.0, time.time() - spooled_at), MAX_MEASURED_AGO_S)}
+        except (OSError, ValueError, KeyError, AttributeError, TypeError) as exc:
             print(f"tame agent: spooled run {path} is unreadable ({exc}); set aside in {_set_aside(path)}",
                   file=sys.stderr, flush=True)
             continue

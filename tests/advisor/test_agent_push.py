@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import httpx
 import pytest
@@ -66,6 +67,9 @@ def test_a_run_the_service_could_not_take_is_spooled_and_delivered_next_round(tm
     assert "kept in" in first.stderr
     record = json.loads(spooled[0].read_text())
     assert record["form"] == SPOOL_FORM and record["payload"]["dest"] == iperf_server
+    # Ten minutes pass before the service is back: the run, delivered then, is dated by its probes, not its arrival.
+    assert time.time() - 60 < record["spooled_at"] <= time.time()
+    spooled[0].write_text(json.dumps({**record, "spooled_at": record["spooled_at"] - 600}))
     assert [p["streams"] for p in record["payload"]["probes"]] == [1, 2]
     # A run the service will refuse (422: no stream count 0) waits in the spool beside it, older.
     bad = spool / "0-refused.json"
@@ -87,6 +91,7 @@ def test_a_run_the_service_could_not_take_is_spooled_and_delivered_next_round(tm
         assert [p.name for p in (spool / "rejected").iterdir()] == ["0-refused.json"]
         paths = httpx.get(f"{base}/v1/paths", timeout=30).json()["paths"]
         assert [p["dest"] for p in paths] == [iperf_server]
+        assert 600 <= paths[0]["age_s"] < 700 and paths[0]["stale"] is False
     finally:
         server.terminate()
         server.wait(30)

@@ -1,3 +1,4 @@
+import json
 import sqlite3
 from dataclasses import replace
 
@@ -205,6 +206,26 @@ def test_a_pushed_probe_run_is_fitted_and_served(service_factory):
     assert response.status_code == 201 and response.json()["fitted"] is True
     advice = client.get("/v1/advice", params={"dest": "127.0.0.1:5301", "max_impact": 0.5}).json()
     assert advice["num_flows"] == 2  # n* = 2.790 with the margin (see the first test)
+
+
+def test_a_pushed_run_held_back_by_its_agent_is_as_old_as_its_probes(service_factory):
+    """measured_ago_s (seconds since the probes ended, by the agent's clock) dates the advice, not the arrival."""
+    base, client, app = service_factory(driver=None)
+    ttl_s = app.state.settings.ttl_s
+    probes = [{"streams": 1, "throughput_bps": rate(1)}, {"streams": 10, "throughput_bps": rate(10)}]
+    for bad in (-1, float("nan"), "soon", 400 * 86400):
+        refused = client.post("/v1/probe-runs", content=json.dumps(
+            {"dest": "127.0.0.1:5302", "probes": probes, "measured_ago_s": bad}).replace("NaN", "1e999"),
+            headers={"content-type": "application/json"})
+        assert refused.status_code == 422 and "measured_ago_s" in refused.text, (bad, refused.text)
+    assert app.state.service.store.current_fits(src=None) == []  # nothing stored
+    late = client.post("/v1/probe-runs", json={"dest": "127.0.0.1:5302", "probes": probes,
+                                               "measured_ago_s": 2 * ttl_s})
+    assert late.status_code == 201, late.text
+    advice = client.get("/v1/advice", params={"dest": "127.0.0.1:5302", "max_impact": 0.5}).json()
+    assert advice["stale"] is True and 2 * ttl_s <= advice["age_s"] < 2 * ttl_s + 60
+    assert app.state.service.store.active_job("127.0.0.1:5302", app.state.settings.congestion_control,
+                                              src=SITE) is not None  # its re-probe is queued
 
 
 def test_a_pushed_run_keeps_each_stream_s_rate_and_losses_and_refuses_lists_that_disagree(service_factory):
