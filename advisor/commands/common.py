@@ -165,6 +165,9 @@ def opened_text(advice: Advice, with_fm: bool = True) -> str:
     ``with_fm`` False leaves the fractional stream's FM to the "how to open" line, which gives the FM the
     tame control is set to."""
     standard, fm = advice.opened_streams()
+    if fm is None and advice.tcp_equivalent_streams < 1:
+        # Below the smallest fractional stream: nothing fits the budget (tame transfer opens nothing).
+        return f"none within the budget (n* {advice.tcp_equivalent_streams:.2f}); 1 standard stream is the fewest, over it"
     if fm is None:
         return f"open {streams_text(standard)}" + (" (standard)" if standard == 1 else " (all standard)")
     fractional = f"1 fractional at FM {fm:.2f}" if with_fm else "1 fractional"

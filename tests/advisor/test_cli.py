@@ -70,6 +70,12 @@ def test_fit_human_output():
     # n* = 2 exactly (impact 1 - sqrt(4/8) = 0.2929 at 2 streams): no fractional stream to explain.
     whole = tame("fit", *PROBE_ARGS, "--max-impact", str(1 - math.sqrt(0.5) + 1e-6), "--model", "lu", "--no-margin")
     assert "streams:                    open 2 streams (all standard)\n" in whole.stdout
+    # Below the smallest fractional stream nothing fits the budget: the streams line says so, as "how to open"
+    # does (and `tame transfer`, which opens nothing), rather than "open 1 stream".
+    none = tame("fit", *PROBE_ARGS, "--max-impact", "0.0002", "--model", "lu", "--no-margin")
+    assert ("streams:                    none within the budget (n* 0.04); 1 standard stream is the fewest, "
+            "over it\n") in none.stdout
+    assert "how to open:                nothing: " in none.stdout and "open 1 stream" not in none.stdout
 
 
 def test_fit_keeps_a_margin_for_the_prediction_error_by_default():
