@@ -21,6 +21,7 @@ import ipaddress
 import json
 import math
 import os
+import signal
 import struct
 import tempfile
 from contextlib import contextmanager
@@ -266,19 +267,35 @@ def delete_fm(addr: Address) -> bool:
     return True
 
 
-@contextmanager
-def temporary_setting(addr: Address, setting: CcSetting) -> Iterator[CcSetting | None]:
-    """``addr``'s entry set to ``setting`` for the block, then put back as it was (removed if it had none);
-    yields the entry it had. Another process changing the same entry meanwhile is not detected."""
-    previous = settings().get(addr)
-    set_fm(addr, setting)
+# Signals that end a process by unwinding it (the commands turn them into KeyboardInterrupt): held back while an
+# entry is put back, so that a second Ctrl-C, or a hang-up during the first one's clean-up, cannot leave it set.
+_UNWINDING_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+
+
+def restore_fm(addr: Address, previous: CcSetting | None) -> None:
+    """Put ``addr``'s entry back to ``previous`` (None: remove it), with the unwinding signals held back until it is
+    done (they are delivered after)."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, _UNWINDING_SIGNALS)
     try:
-        yield previous
-    finally:
         if previous is not None:
             set_fm(addr, previous)
         else:
             delete_fm(addr)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+@contextmanager
+def temporary_setting(addr: Address, setting: CcSetting) -> Iterator[CcSetting | None]:
+    """``addr``'s entry set to ``setting`` for the block, then put back as it was (removed if it had none), also
+    when a signal comes while it is being set or put back; yields the entry it had. Another process changing the
+    same entry meanwhile is not detected."""
+    previous = settings().get(addr)
+    try:
+        set_fm(addr, setting)
+        yield previous
+    finally:
+        restore_fm(addr, previous)
 
 
 def _ip(addr: Address) -> list[str]:
@@ -300,8 +317,10 @@ def host_route(addr: Address) -> dict | None:
 
 
 def route_is_ours(route: dict | None) -> bool:
-    """Whether ``route`` was added by :func:`apply_route` (its protocol is ROUTE_PROTO)."""
-    return route is not None and str(route.get("protocol")) == ROUTE_PROTO
+    """Whether ``route`` was added by :func:`apply_route`: its protocol is ROUTE_PROTO and it is a unicast route
+    through a device, as apply_route makes them (a blackhole or unreachable route given that protocol is not)."""
+    return (route is not None and str(route.get("protocol")) == ROUTE_PROTO
+            and route.get("type", "unicast") == "unicast" and bool(route.get("dev")))
 
 
 def apply_route(addr: Address) -> str:
@@ -315,8 +334,8 @@ def apply_route(addr: Address) -> str:
         )
     try:
         got = json.loads(run([*_ip(addr), "-j", "route", "get", str(addr)]) or "[]")
-    except TestbedCommandFailed as exc:
-        raise CcCommandFailed(f"no route to {addr}: {exc}") from exc
+    except TestbedCommandFailed as exc:  # unreachable from here: the destination to change, not the machine
+        raise CcRouteConflict(f"no route to {addr} here: {exc}") from exc
     if not got or got[0].get("type", "unicast") != "unicast" or got[0].get("dev") == "lo":
         raise CcRouteConflict(f"{addr} is not reached through a unicast route here (it may be this host's own address)")
     hop = got[0]

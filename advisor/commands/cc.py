@@ -191,12 +191,15 @@ def _apply(args) -> int:
     if beyond:
         print(f"tame cc apply: warning: {beyond}", file=sys.stderr)
     cc.require_root()
-    cc.set_fm(addr, cc.CcSetting(setting.fractional_multiplier, scale_slow_start=cc.SCALE_SLOW_START_BY_DEFAULT))
+    previous = cc.settings().get(addr)
+    applied = False
     try:
+        cc.set_fm(addr, cc.CcSetting(setting.fractional_multiplier, scale_slow_start=cc.SCALE_SLOW_START_BY_DEFAULT))
         route = cc.apply_route(addr)
-    except CcError:
-        cc.delete_fm(addr)  # no half-applied state: the entry without its route would mislead status
-        raise
+        applied = True
+    finally:
+        if not applied:  # no half-applied state, and nothing of another's undone: the entry goes back as it was
+            cc.restore_fm(addr, previous)
     if args.json:
         json.dump({"dest": str(addr), "fractional_multiplier": setting.fractional_multiplier, "form": setting.form,
                    "standard_streams": setting.standard_streams, "tame_streams": setting.tame_streams,

@@ -232,8 +232,9 @@ def _check_can_open(opened: Opened, standard_control: str) -> None:
 
 def _transfer(address, opened: Opened, duration_s: float | None, deadline_s: float) -> TransferResult:
     """Run the clients; the tame FM is set for ``address`` for the transfer and put back after, whatever happens."""
-    # A plain kill (SIGTERM) unwinds like Ctrl-C, so the FM entry is put back and the clients are reaped.
-    previous = signal.signal(signal.SIGTERM, _terminate)
+    # A plain kill (SIGTERM) or a hang-up (SIGHUP: the terminal or SSH session went) unwinds like Ctrl-C, so the FM
+    # entry is put back and the clients are reaped.
+    previous = {signum: signal.signal(signum, _terminate) for signum in (signal.SIGTERM, signal.SIGHUP)}
     try:
         if opened.fractional_multiplier is None:
             return run_transfer(str(address), opened.clients, duration_s, deadline_s)
@@ -241,7 +242,8 @@ def _transfer(address, opened: Opened, duration_s: float | None, deadline_s: flo
         with cc.temporary_setting(address, setting):
             return run_transfer(str(address), opened.clients, duration_s, deadline_s)
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def _terminate(signum, frame):

@@ -196,6 +196,21 @@ def test_apply_refuses_a_route_it_did_not_add_and_a_local_address(loaded, pair):
     done = _tame(pair.a, "apply", A4, "--tcp-equivalent", "1.5")
     assert done.returncode == 2 and "own address" in done.stderr
     assert cc.settings() == {}  # no entry left behind by either refusal
+    # Unreachable from here: input to change (2), not a failure of the machine.
+    done = _tame(pair.a, "apply", "192.0.2.1", "--tcp-equivalent", "1.5")
+    assert done.returncode == 2 and "no route to 192.0.2.1" in done.stderr, done.stderr
+    # A refusal puts back the entry it found (set by another apply or a running transfer), not deletes it.
+    theirs = cc.CcSetting(7.5)
+    cc.set_fm(ipaddress.ip_address(B4), theirs)
+    done = _tame(pair.a, "apply", B4, "--tcp-equivalent", "1.5")
+    assert done.returncode == 2 and "tame did not add" in done.stderr
+    assert cc.settings() == {ipaddress.ip_address(B4): theirs}
+    cc.delete_fm(ipaddress.ip_address(B4))
+    # clear removes only a route apply made: a blackhole given tame's protocol number is not one.
+    _ip("-n", pair.a, "route", "add", "blackhole", "192.0.2.9/32", "proto", cc.ROUTE_PROTO)
+    done = _tame(pair.a, "clear", "192.0.2.9")
+    assert done.returncode == 0 and "nothing to clear" in done.stdout, (done.stdout, done.stderr)
+    assert "blackhole" in _route(pair.a, "192.0.2.9")
 
 
 def _iperf3(pair: Pair, *client_args: str) -> dict:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -158,4 +159,38 @@ def test_a_real_transfer_opens_the_advice_in_both_forms_and_stores_what_it_got(t
         _, _, _, observed = store.observation(got["observation_id"])
         assert observed.stream_congestion_controls == (control,) * 7 and observed.tame_streams == 0
         assert store.current_fit(dest.key, control, src=SITE).observations_used == fits_used + 1
+    assert cc.settings().get(addr) == before
+
+
+@netns
+@pytest.mark.parametrize("testbed_path", [PATH], indirect=True)
+@pytest.mark.parametrize("signals", [("SIGHUP",), ("SIGINT", "SIGINT")], ids=["hang-up", "ctrl-c-twice"])
+def test_a_transfer_ended_by_a_hang_up_or_a_second_ctrl_c_puts_the_fm_entry_back(tame_loaded, testbed_path, seeded,
+                                                                                signals):
+    """The terminal going away (SIGHUP), or Ctrl-C pressed again while the first one's clean-up runs, must not
+    leave the transfer's FM set for the address: the next transfer would take it for the entry to put back."""
+    _, settings, _ = seeded
+    addr = ipaddress.ip_address(testbed_path.server_addr)
+    before = cc.settings().get(addr)
+    with pathcheck.iperf3_server(testbed_path.testbed, FRACTIONAL_PORT):
+        proc = subprocess.Popen(testbed_path.in_sender([sys.executable, "-m", "advisor", "transfer",
+                                                        testbed_path.server_addr, "--duration", "20",
+                                                        "--max-impact", str(FRACTIONAL_BUDGET)]),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=_env(settings.database_url))
+        try:
+            deadline = time.monotonic() + 30
+            while cc.settings().get(addr) == before:  # until the transfer has set its FM
+                assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+                time.sleep(0.05)
+            time.sleep(0.5)  # its clients are running
+            for name in signals:
+                proc.send_signal(getattr(signal, name))
+                time.sleep(0.01)
+            proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert proc.returncode != 0
     assert cc.settings().get(addr) == before
