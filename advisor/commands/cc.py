@@ -12,10 +12,10 @@ from advisor.cli import UsageError
 from advisor.errors import InvalidRequest
 from advisor.limits import check_congestion_control, check_rtt_s
 from advisor.tame import MIN_FRACTION, calibration_warning, fractional_multiplier_for
-from models.tame_share import law_for
+from models.tame_share import LAWS, law_for
 from probes import cc
-from probes.controls import host_default_control
-from probes.errors import CcError, CcNotRoot, CcRouteConflict
+from probes.controls import available_controls, host_default_control
+from probes.errors import CcError, CcNotLoaded, CcNotRoot, CcRouteConflict
 
 
 @dataclass(frozen=True)
@@ -121,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
         return _clear(args)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
-    except (CcNotRoot, CcRouteConflict) as exc:  # input the user must change: exit 2, as for bad arguments
+    except (CcNotRoot, CcNotLoaded, CcRouteConflict) as exc:  # for the user to change: exit 2, as bad arguments
         raise UsageError(str(exc)) from exc
     except CcError as exc:
         print(f"tame cc {args.action}: {exc}", file=sys.stderr)
@@ -181,6 +181,10 @@ def _apply(args) -> int:
             if args.standard_control is not None else host_default_control()
     except InvalidRequest as exc:
         raise UsageError(str(exc)) from None
+    if control not in available_controls() and control not in LAWS:
+        raise UsageError(f"--standard-control {control!r} is neither available here (net.ipv4.tcp_available_congestion_"
+                         f"control: {' '.join(available_controls())}) nor one the share law was measured beside "
+                         f"({', '.join(sorted(LAWS))}): name the control the standard streams run")
     setting = setting_for(n_star, args.streams, rtt_s, control)
     if setting.fractional_multiplier is None:
         raise UsageError(

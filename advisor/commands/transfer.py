@@ -168,6 +168,9 @@ def observation_of(opened: Opened, result: TransferResult, standard_control: str
 
 
 def run(args) -> int:
+    if args.timeout is not None and args.duration is not None and args.timeout < args.duration:
+        raise UsageError(f"--timeout {args.timeout:g} s is shorter than --duration {args.duration:g} s: the transfer "
+                         "would be stopped before it ends; give a longer --timeout, or none")
     dest = _destination(args.dest)
     address = cc.canonical_address(dest.host)
     server = service_url(os.environ.get("TAME_URL"))

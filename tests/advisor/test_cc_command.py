@@ -87,6 +87,8 @@ def test_setting_for_refuses_input_that_needs_fm_below_one_or_is_not_a_number(n_
     (["apply", "10.0.0.2", "--tcp-equivalent", "1.5", "--standard-control", "Cubic;rm"], "as the kernel does"),
     (["apply", "10.0.0.2", "--tcp-equivalent", "1.5", "--standard-control", "c" * 5000], "as the kernel does"),
     (["clear", "not-an-address"], "not an IPv4 or IPv6 address"),
+    (["apply", "10.0.0.2", "--tcp-equivalent", "1.5", "--standard-control", "bogus"],
+     "--standard-control 'bogus' is neither available here"),
     (["apply", "10.0.0.2", "--tcp-equivalent", "2", "--streams", "2", "--standard-control", "cubic"],
      "no tame stream is needed: open them with cubic"),
 ])

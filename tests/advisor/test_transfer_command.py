@@ -92,6 +92,7 @@ SIZE = ["--duration", "3"]
     ([DEST, "--max-impact", "0.1", *SIZE, "--fractional-port", "0"], "outside 1..65535"),
     ([DEST, "--max-impact", "0.1", *SIZE, "--fractional-port", "70000"], "outside 1..65535"),
     ([DEST, "--max-impact", "0.1", *SIZE, "--timeout", "-1"], "outside 1..86400"),
+    ([DEST, "--max-impact", "0.1", *SIZE, "--timeout", "2"], "--timeout 2 s is shorter than --duration 3 s"),
     # n* 2.3747: fewer than 3 streams cannot carry it (tame only slows streams down).
     ([DEST, "--max-impact", "0.1", *SIZE, "--streams", "2"], "open at least 3"),
     # A budget even the smallest tame stream breaks (n* below 0.05): nothing to open, nothing run.

@@ -155,6 +155,11 @@ def test_load_registers_and_unload_leaves_no_program_or_map():
     assert "tame" not in _available()
     assert cc.registration() is None
     assert cc.unload() is False
+    # Not loaded: apply is told to load it first, as transfer is (exit 2), and changes nothing.
+    done = subprocess.run([sys.executable, "-m", "advisor", "cc", "apply", "198.51.100.7", "--tcp-equivalent", "1.5"],
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2 and "tame cc load" in done.stderr, done.stderr
+    assert _ip("route", "show", "exact", "198.51.100.7/32") == ""
 
 
 @netns
