@@ -16,6 +16,7 @@ a deadline (:func:`probes.netns.run`), and failures become :class:`CcError` subc
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import ipaddress
 import json
@@ -31,7 +32,7 @@ from typing import Iterator
 
 from probes.controls import available_controls
 from probes.delayline import cache_dir
-from probes.errors import CcCommandFailed, CcNotLoaded, CcNotRoot, CcRouteConflict, CcUnavailable
+from probes.errors import CcBusy, CcCommandFailed, CcNotLoaded, CcNotRoot, CcRouteConflict, CcUnavailable
 from probes.netns import TestbedCommandFailed, run
 
 NAME = "tame"
@@ -265,6 +266,28 @@ def delete_fm(addr: Address) -> bool:
     except TestbedCommandFailed as exc:
         raise CcCommandFailed(f"cannot delete the entry for {addr}: {exc}") from exc
     return True
+
+
+# Lock files, one per destination address, that a process setting its FM holds (flock: released when the process
+# ends, killed too). Root's: only root sets the map.
+LOCK_DIR = Path("/run/tame")
+
+
+@contextmanager
+def exclusive_setting(addr: Address) -> Iterator[None]:
+    """Hold ``addr``'s FM entry for this process for the block: CcBusy when another process holds it (two transfers
+    to one address would share its entry, and the one that ends first would put it back under the other)."""
+    LOCK_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(LOCK_DIR / f"fm-{addr}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise CcBusy(f"another process (a tame transfer or apply) is setting the FM for {addr}: run one at a "
+                         "time per address") from None
+        yield
+    finally:
+        os.close(fd)
 
 
 # Signals that end a process by unwinding it (the commands turn them into KeyboardInterrupt): held back while an

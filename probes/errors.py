@@ -53,6 +53,10 @@ class CcNotLoaded(CcError):
     """The control is not registered, so it has no settings to read or change."""
 
 
+class CcBusy(CcError):
+    """Another process (a tame transfer, an apply) is setting the same destination's FM."""
+
+
 class CcRouteConflict(CcError):
     """The destination's route cannot carry the control (a route tame did not add, or a local address)."""
 

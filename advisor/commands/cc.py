@@ -15,7 +15,7 @@ from advisor.tame import MIN_FRACTION, calibration_warning, fractional_multiplie
 from models.tame_share import LAWS, law_for
 from probes import cc
 from probes.controls import available_controls, host_default_control
-from probes.errors import CcError, CcNotLoaded, CcNotRoot, CcRouteConflict
+from probes.errors import CcBusy, CcError, CcNotLoaded, CcNotRoot, CcRouteConflict
 
 
 @dataclass(frozen=True)
@@ -121,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
         return _clear(args)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
-    except (CcNotRoot, CcNotLoaded, CcRouteConflict) as exc:  # for the user to change: exit 2, as bad arguments
+    except (CcBusy, CcNotRoot, CcNotLoaded, CcRouteConflict) as exc:  # for the user to change: exit 2
         raise UsageError(str(exc)) from exc
     except CcError as exc:
         print(f"tame cc {args.action}: {exc}", file=sys.stderr)
@@ -195,15 +195,17 @@ def _apply(args) -> int:
     if beyond:
         print(f"tame cc apply: warning: {beyond}", file=sys.stderr)
     cc.require_root()
-    previous = cc.settings().get(addr)
-    applied = False
-    try:
-        cc.set_fm(addr, cc.CcSetting(setting.fractional_multiplier, scale_slow_start=cc.SCALE_SLOW_START_BY_DEFAULT))
-        route = cc.apply_route(addr)
-        applied = True
-    finally:
-        if not applied:  # no half-applied state, and nothing of another's undone: the entry goes back as it was
-            cc.restore_fm(addr, previous)
+    with cc.exclusive_setting(addr):  # not under a running tame transfer, which would put its entry back after
+        previous = cc.settings().get(addr)
+        applied = False
+        try:
+            cc.set_fm(addr, cc.CcSetting(setting.fractional_multiplier,
+                                         scale_slow_start=cc.SCALE_SLOW_START_BY_DEFAULT))
+            route = cc.apply_route(addr)
+            applied = True
+        finally:
+            if not applied:  # no half-applied state, and nothing of another's undone: the entry goes back as it was
+                cc.restore_fm(addr, previous)
     if args.json:
         json.dump({"dest": str(addr), "fractional_multiplier": setting.fractional_multiplier, "form": setting.form,
                    "standard_streams": setting.standard_streams, "tame_streams": setting.tame_streams,

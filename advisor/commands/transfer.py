@@ -13,6 +13,7 @@ the curve (advisor/observations.py says why).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import math
 import os
@@ -32,7 +33,7 @@ from advisor.observations import Observation
 from advisor.opening import how_to_open
 from probes import cc
 from probes.controls import available_controls, host_default_control
-from probes.errors import CcError, ProbeError
+from probes.errors import CcBusy, CcError, ProbeError
 from probes.transfer import ClientSpec, TransferResult, run_transfer
 
 DEFAULT_FRACTIONAL_PORT = 5202
@@ -184,11 +185,17 @@ def run(args) -> int:
         opened = plan_opening(advice, dest, rtt_s, standard_control, args.streams, args.fractional_port, args.bytes)
         _check_can_open(opened, standard_control)
         deadline_s = args.timeout or (args.duration + DEADLINE_SLACK_S if args.duration else DEFAULT_BYTES_TIMEOUT_S)
-        try:
-            result = _transfer(address, opened, args.duration, deadline_s)
-        except (ProbeError, CcError) as exc:
-            print(f"tame transfer: {exc}", file=sys.stderr)
-            return EXIT_TRANSFER_FAILED
+        with contextlib.ExitStack() as held:
+            if opened.fractional_multiplier is not None:
+                try:
+                    held.enter_context(cc.exclusive_setting(address))
+                except CcBusy as exc:  # nothing has run
+                    raise UsageError(str(exc)) from None
+            try:
+                result = _transfer(address, opened, args.duration, deadline_s)
+            except (ProbeError, CcError) as exc:
+                print(f"tame transfer: {exc}", file=sys.stderr)
+                return EXIT_TRANSFER_FAILED
         stored, error = reporter.observe(observation_of(opened, result, standard_control))
     out = {"src": payload.get("src"), "dest": dest.key, "advice": payload, "opened": opened.to_json(),
            "throughput_bps": result.throughput_bps,

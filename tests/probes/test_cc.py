@@ -75,6 +75,19 @@ def _settle_counts(expected: tuple[int, int], timeout_s: float = 5.0) -> tuple[i
     return now
 
 
+def _steady_counts(timeout_s: float = 10.0) -> tuple[int, int]:
+    """The counts once they hold still for half a second: what an unload just before (another test's) frees goes
+    after an RCU grace period."""
+    last, deadline = _counts(), time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        now = _counts()
+        if now == last:
+            break
+        last = now
+    return last
+
+
 def _available() -> list[str]:
     with open("/proc/sys/net/ipv4/tcp_available_congestion_control") as f:
         return f.read().split()
@@ -84,7 +97,7 @@ def _available() -> list[str]:
 def loaded():
     """tame registered for the test, unregistered after it; yields the (prog, map) counts from before."""
     assert cc.registration() is None, "a tame congestion control is already registered: not ours to unload"
-    before = _counts()
+    before = _steady_counts()
     cc.load()
     try:
         yield before
@@ -137,7 +150,7 @@ def _route(ns: str, addr: str) -> str:
 @netns
 def test_load_registers_and_unload_leaves_no_program_or_map():
     assert cc.registration() is None, "a tame congestion control is already registered: not ours to unload"
-    before = _counts()
+    before = _steady_counts()
     reg, new = cc.load()
     try:
         assert new

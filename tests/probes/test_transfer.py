@@ -194,3 +194,37 @@ def test_a_transfer_ended_by_a_hang_up_or_a_second_ctrl_c_puts_the_fm_entry_back
                 proc.communicate()
     assert proc.returncode != 0
     assert cc.settings().get(addr) == before
+
+
+@netns
+@pytest.mark.parametrize("testbed_path", [PATH], indirect=True)
+def test_a_second_transfer_or_apply_to_an_address_a_transfer_is_using_is_refused(tame_loaded, testbed_path, seeded):
+    """Two transfers to one address would share its FM entry (the first to end would put it back under the other):
+    while one runs, another, or `tame cc apply` for that address, exits 2 and changes nothing."""
+    _, settings, _ = seeded
+    addr = ipaddress.ip_address(testbed_path.server_addr)
+    before = cc.settings().get(addr)
+    transfer = [sys.executable, "-m", "advisor", "transfer", testbed_path.server_addr, "--max-impact",
+                str(FRACTIONAL_BUDGET)]
+    with pathcheck.iperf3_server(testbed_path.testbed, FRACTIONAL_PORT):
+        first = subprocess.Popen(testbed_path.in_sender([*transfer, "--duration", "8"]), stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True, env=_env(settings.database_url))
+        try:
+            deadline = time.monotonic() + 30
+            while cc.settings().get(addr) == before:
+                assert first.poll() is None and time.monotonic() < deadline, first.communicate()
+                time.sleep(0.05)
+            held = cc.settings().get(addr)
+            for argv in ([*transfer, "--duration", "2", "--streams", "4"],
+                         [sys.executable, "-m", "advisor", "cc", "apply", str(addr), "--tcp-equivalent", "1.5"]):
+                second = subprocess.run(testbed_path.in_sender(argv), capture_output=True, text=True, timeout=60,
+                                        env=_env(settings.database_url))
+                assert second.returncode == 2 and "run one at a time per address" in second.stderr, second.stderr
+                assert cc.settings().get(addr) == held
+            out, err = first.communicate(timeout=60)
+        finally:
+            if first.poll() is None:
+                first.kill()
+                first.communicate()
+    assert first.returncode == 0, err
+    assert cc.settings().get(addr) == before
