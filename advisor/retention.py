@@ -283,12 +283,15 @@ def prune(store: Store, retention: Retention, *, pause_s: float = 0.0, max_batch
 
 
 class Pruner:
-    """A daemon thread that prunes the store every ``retention.interval_s`` seconds (0: never)."""
+    """A daemon thread that prunes the store every ``retention.interval_s`` seconds (0: never); ``recover``, when
+    given, runs first in each pass (a server without a probe worker re-queues jobs whose lease ran out with it)."""
 
-    def __init__(self, store: Store, retention: Retention, pause_s: float = 0.05):
+    def __init__(self, store: Store, retention: Retention, pause_s: float = 0.05,
+                 recover: Callable[[], object] | None = None):
         self.store = store
         self.retention = retention
         self.pause_s = pause_s
+        self.recover = recover
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -306,6 +309,8 @@ class Pruner:
     def _loop(self) -> None:
         while not self._stop.wait(self.retention.interval_s):
             try:
+                if self.recover is not None:
+                    self.recover()
                 counts = prune(self.store, self.retention, pause_s=self.pause_s, stop=self._stop)
             except AdvisorError as exc:  # a store briefly unavailable: the next pass tries again
                 log.warning("pruning the store failed: %s", exc)

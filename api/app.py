@@ -111,8 +111,10 @@ def create_app(settings: Settings, store: Store, driver: ProbeDriver | None = No
     service = AdviceService(store, settings, clock=clock, resolver=resolver)
     metrics = Metrics(service.staleness, service.cache_reads)
     worker = ProbeWorker(service, driver, on_probe=metrics.observe_probe) if driver is not None else None
-    # The worker prunes the store while it runs; a server without one (`tame serve --no-worker`) prunes itself.
-    pruner = Pruner(store, settings.retention) if worker is None else None
+    # The worker prunes the store and re-queues jobs whose lease ran out while it runs; a server without one
+    # (`tame serve --no-worker`) does both itself, so an agent that died holding a claim does not hold it for ever.
+    pruner = Pruner(store, settings.retention, recover=lambda: store.recover_jobs(
+        settings.max_probe_attempts, local_src=settings.site)) if worker is None else None
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

@@ -469,3 +469,35 @@ def test_only_each_links_newest_run_keeps_its_raw_record(tmp_path, request, back
         assert raw_kept(store) == {d: newest_run(store, d) for d in DESTS}
     finally:
         store.close()
+
+
+def test_a_server_without_a_worker_requeues_a_claim_whose_lease_ran_out(tmp_path):
+    """`tame serve --no-worker` re-queues, in its pruning passes, a job an agent claimed and never finished (it died):
+    with no probe worker nothing else did until another agent of that site claimed again."""
+    import time
+
+    from advisor.retention import Pruner
+    from advisor.sites import SiteBudget
+
+    service = make_service(f"sqlite:///{tmp_path}/tame.sqlite3")
+    store = service.store
+    try:
+        assert service.register_site("dtn2", SiteBudget(), [DESTS[0]])["queued"] == 1
+        claimed = service.claim("dtn2", "agent-1", 64)["job"]
+        assert claimed is not None
+        status = lambda: store.job(claimed["id"]).status  # noqa: E731
+        assert status() == "running"
+        with store.db.transaction(write=True) as tx:  # the agent died; its lease runs out
+            tx.execute("UPDATE probe_jobs SET lease_until = ? WHERE id = ?", (store.clock() - 1, claimed["id"]))
+        pruner = Pruner(store, replace(RETENTION, interval_s=0.05), recover=lambda: store.recover_jobs(
+            service.settings.max_probe_attempts, local_src=service.settings.site))
+        pruner.start()
+        try:
+            deadline = time.monotonic() + 10
+            while status() != "queued":
+                assert time.monotonic() < deadline, "the claim whose lease ran out was not re-queued"
+                time.sleep(0.05)
+        finally:
+            pruner.stop()
+    finally:
+        store.close()
