@@ -788,7 +788,7 @@ class AdviceService:
                 return None
 
         observation_id, fit_id = self.store.add_observation(dest, observation, refit, src=site, run_control=run_control,
-                                                            max_links=self.settings.max_site_links)
+                                                            max_links=self.settings.max_site_links, base_run_at=run_at)
         self.invalidate()
         return {"src": site, "dest": dest.key, "congestion_control": control, "accepted": True, "refit": fit_id is not None,
                 "id": observation_id, "feeds_fit": observation.feeds_fit}

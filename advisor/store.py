@@ -474,8 +474,13 @@ class Store:
     def add_observation(self, dest: Destination, observation: Observation,
                         refit: Callable[[list[dict[str, float]]], NewFit | None],
                         limit: int = REFIT_OBSERVATIONS, *, src: str,
-                        run_control: str | None = None, max_links: int = MAX_SITE_LINKS) -> tuple[int, int | None]:
+                        run_control: str | None = None, max_links: int = MAX_SITE_LINKS,
+                        base_run_at: float | None = None) -> tuple[int, int | None]:
         """Store an observation of a transfer from site ``src`` and, in the same transaction, the refit ``refit(observations)`` returns.
+
+        ``base_run_at``: the finish time of the run ``refit`` rests on (:meth:`latest_run_points`, read before this
+        transaction); when a newer run with results committed since, the refit would hide it behind older probes, so
+        the observation is stored without one (the newer run's fit stands, and the next observation refits on it).
 
         ``refit`` gets the observations ({streams, throughput_bps, duration_s, stream_bps, stream_retransmits}; the
         lists empty where not reported) under the observation's congestion control that feed the fit (all
@@ -507,6 +512,14 @@ class Store:
                 (destination_id, *run_params),
             ).fetchone()
             since = run[0] if run and run[0] is not None else 0.0
+            if base_run_at is not None:
+                base_where, base_params = same_control("r.congestion_control", run_control)
+                (newest_base,) = tx.execute(
+                    f"SELECT max(r.finished_at) FROM probe_runs r WHERE r.destination_id = ? AND {base_where} "
+                    "AND EXISTS (SELECT 1 FROM probe_results p WHERE p.probe_run_id = r.id)",
+                    (destination_id, *base_params)).fetchone()
+                if newest_base is not None and newest_base > base_run_at:
+                    return observation_id, None
             rows = tx.execute(
                 f"SELECT streams, throughput_bps, duration_s, stream_bps, stream_retransmits FROM observations "
                 f"WHERE destination_id = ? AND {obs_where} AND observed_at >= ? AND tame_streams = 0 "
