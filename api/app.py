@@ -106,8 +106,10 @@ def _describe_validation(exc: RequestValidationError) -> str:
 
 def create_app(settings: Settings, store: Store, driver: ProbeDriver | None = None, *,
                clock: Callable[[], float] = time.time, resolver: Resolver = system_resolver,
-               start_worker: bool = True) -> FastAPI:
-    """The API over ``store``; with a ``driver`` a local probe worker drains the queue while the app runs."""
+               start_worker: bool = True, on_shutdown: Callable[[], None] | None = None) -> FastAPI:
+    """The API over ``store``; with a ``driver`` a local probe worker drains the queue while the app runs;
+    ``on_shutdown`` runs last as it stops (`tame serve` closes the store there: uvicorn re-raises SIGTERM after
+    its shutdown, so code after it never runs)."""
     service = AdviceService(store, settings, clock=clock, resolver=resolver)
     metrics = Metrics(service.staleness, service.cache_reads)
     worker = ProbeWorker(service, driver, on_probe=metrics.observe_probe) if driver is not None else None
@@ -129,6 +131,8 @@ def create_app(settings: Settings, store: Store, driver: ProbeDriver | None = No
                 await run_in_threadpool(pruner.stop)
             if worker is not None and start_worker:
                 await run_in_threadpool(worker.stop)
+            if on_shutdown is not None:
+                on_shutdown()
 
     app = FastAPI(title="TameParallelTCP advice service", version="1", lifespan=lifespan,
                   docs_url=None, redoc_url=None,

@@ -49,7 +49,7 @@ def run(args) -> int:
         store = open_store(settings)
         try:
             driver = None if args.no_worker else default_driver()
-            app = create_app(settings, store, driver)
+            app = create_app(settings, store, driver, on_shutdown=store.close)
             print(f"tame serve: listening on http://{args.host}:{args.port} (store {store.db.dialect}, "
                   f"probes allowed to: {', '.join(settings.allowed.describe())})", flush=True)
             serve_on(app, sock)

@@ -24,6 +24,7 @@ from advisor.store import Store
 from advisor.worker import ProbeWorker
 from probes.iperf import IperfDriver
 from tests.api.conftest import free_port, wait_for
+from tests.api.procs import start_serve
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.iperf
@@ -216,3 +217,22 @@ def test_a_full_queue_answers_429_with_retry_after(tmp_path):
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def test_sigterm_closes_the_store_so_sqlite_folds_its_log_back_into_the_file(tmp_path):
+    """uvicorn re-raises SIGTERM once it has shut down, so nothing after it runs: the store is closed as the app
+    stops instead, and SQLite's last connection folds the write-ahead log into the file and removes it."""
+    db = tmp_path / "tame.sqlite3"
+    proc, base = start_serve(tmp_path, db, args=("--no-worker",))
+    try:
+        posted = httpx.post(f"{base}/v1/probe-runs", timeout=30, json={"dest": "127.0.0.1:5201", "probes": [
+            {"streams": 1, "throughput_bps": 1e8}, {"streams": 10, "throughput_bps": 4e8}]})
+        assert posted.status_code == 201, posted.text
+        assert (tmp_path / "tame.sqlite3-wal").exists()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+    finally:
+        stop(proc)
+    assert not (tmp_path / "tame.sqlite3-wal").exists()
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT count(*) FROM probe_runs").fetchone()[0] == 1
