@@ -164,8 +164,16 @@ def _spool(spool: Path, payload: dict[str, Any]) -> Path:
     tmp = spool / f".{name}.tmp"
     # spooled_at: when the run was first sent, just after its probes ended (by this host's clock); delivered later,
     # the run says how long ago that was (measured_ago_s), so its advice is as old as its probes.
-    tmp.write_text(json.dumps({"form": SPOOL_FORM, "payload": payload, "spooled_at": time.time()}), encoding="utf-8")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(json.dumps({"form": SPOOL_FORM, "payload": payload, "spooled_at": time.time()}))
+        fh.flush()
+        os.fsync(fh.fileno())  # on disk before its name is: a host that loses power keeps the run, or no file
     os.replace(tmp, spool / name)
+    folder = os.open(spool, os.O_RDONLY)
+    try:
+        os.fsync(folder)  # and the new name with it
+    finally:
+        os.close(folder)
     return spool / name
 
 
