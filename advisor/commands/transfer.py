@@ -243,8 +243,9 @@ def _check_can_open(opened: Opened, standard_control: str) -> None:
 def _transfer(address, opened: Opened, duration_s: float | None, deadline_s: float) -> TransferResult:
     """Run the clients; the tame FM is set for ``address`` for the transfer and put back after, whatever happens."""
     # A plain kill (SIGTERM) or a hang-up (SIGHUP: the terminal or SSH session went) unwinds like Ctrl-C, so the FM
-    # entry is put back and the clients are reaped.
-    previous = {signum: signal.signal(signum, _terminate) for signum in (signal.SIGTERM, signal.SIGHUP)}
+    # entry is put back and the clients are reaped; a signal the caller set to be ignored (nohup) stays ignored.
+    previous = {signum: signal.signal(signum, _terminate) for signum in (signal.SIGTERM, signal.SIGHUP)
+                if signal.getsignal(signum) is not signal.SIG_IGN}
     try:
         if opened.fractional_multiplier is None:
             return run_transfer(str(address), opened.clients, duration_s, deadline_s)

@@ -173,11 +173,15 @@ def test_a_transfer_ended_by_a_hang_up_or_a_second_ctrl_c_puts_the_fm_entry_back
     addr = ipaddress.ip_address(testbed_path.server_addr)
     before = cc.settings().get(addr)
     with pathcheck.iperf3_server(testbed_path.testbed, FRACTIONAL_PORT):
+        # As from a terminal: a shell without job control (CI) starts background commands with SIGINT ignored, and
+        # an ignored SIGINT is not Ctrl-C to Python.
         proc = subprocess.Popen(testbed_path.in_sender([sys.executable, "-m", "advisor", "transfer",
                                                         testbed_path.server_addr, "--duration", "20",
                                                         "--max-impact", str(FRACTIONAL_BUDGET)]),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env=_env(settings.database_url))
+                                env=_env(settings.database_url),
+                                preexec_fn=lambda: [signal.signal(s, signal.SIG_DFL) for s in (signal.SIGINT,
+                                                                                               signal.SIGHUP)])
         try:
             deadline = time.monotonic() + 30
             while cc.settings().get(addr) == before:  # until the transfer has set its FM
