@@ -28,6 +28,7 @@ from advisor.destinations import Destination, canonical_address, parse_destinati
 from advisor.errors import (AdvisorError, BatchTooLarge, DestinationNotAllowed, InvalidRequest, QueueFull,
                             UnknownDestination, UnknownProbe)
 from advisor.fitcodec import fit_from_stored, fit_to_record
+from advisor.idempotency import KeyedRequest
 from advisor.limits import (check_available_control, check_congestion_control, check_max_impact, check_probe_duration_s,
                             check_owner, check_probe_levels, check_site, MAX_SITE_STREAMS)
 from advisor.observations import Observation
@@ -203,10 +204,13 @@ class AdviceService:
     def ingest_run(self, dest: Destination, idle_rtt_s: float | None, results: Sequence[ProbeResult],
                    started_at: float, source: str, job_id: str | None = None,
                    address: str | None = None, congestion_control: str | None = None,
-                   src: Any = None, job_owner: str | None = None, measured_ago_s: float = 0.0) -> tuple[int, str | None]:
+                   src: Any = None, job_owner: str | None = None, measured_ago_s: float = 0.0,
+                   request: KeyedRequest | None = None,
+                   answer: Callable[[int, str | None], dict[str, Any]] | None = None) -> tuple[int, str | None]:
         """Fit and store a finished probe run from site ``src`` (None: this service's) and close its job, in one
         transaction: (run id, fit error). ``measured_ago_s``: how long ago the probes ended (a pushed run held back
-        by its agent), seconds; the fit's probed_at, and so the advice's age, counts from then.
+        by its agent), seconds; the fit's probed_at, and so the advice's age, counts from then. ``request``: the
+        client's Idempotency-Key, kept with ``answer(run id, fit error)`` (AlreadyTaken when it was stored before).
 
         ``address``: the IP address the probes went to, when this service resolved it. The run and its fit
         are stored under the control the probes report they used, else ``congestion_control`` (the one
@@ -230,7 +234,8 @@ class AdviceService:
         run_id = self.store.record_run(dest, src=self.site(src), source=source, idle_rtt_s=idle_rtt_s, results=results,
                                        started_at=started_at, fit=new_fit, job_id=job_id, job_error=error,
                                        address=address, congestion_control=used, job_owner=job_owner,
-                                       max_links=self.settings.max_site_links)
+                                       max_links=self.settings.max_site_links, request=request,
+                                       answer=None if answer is None else lambda run_id: answer(run_id, error))
         self.invalidate()
         return run_id, error
 
@@ -742,14 +747,15 @@ class AdviceService:
     # -- observations ---------------------------------------------------------------------
 
     def observe(self, dest_text: str, streams: Any, throughput_bps: Any, src: Any = None,
-                **detail: Any) -> dict[str, Any]:
+                request: KeyedRequest | None = None, **detail: Any) -> dict[str, Any]:
         """Store a finished transfer from site ``src`` (None: this service's) under its standard streams'
         congestion control (None: the default; ``detail``: the other fields of :meth:`Observation.checked`) and,
         when all its streams were standard, refit the link on its newest probes under that control plus its
         standard observations since.
 
         A transfer with a tame stream is stored with its detail and does not refit (advisor/observations.py).
-        Returns {"src", "dest", "congestion_control", "accepted", "refit", "id", "feeds_fit"}."""
+        Returns {"src", "dest", "congestion_control", "accepted", "refit", "id", "feeds_fit"}; ``request``: the
+        client's Idempotency-Key, kept with that answer (AlreadyTaken when it was stored before)."""
         dest = parse_destination(dest_text)
         site = self.site(src)
         observation = Observation.checked(streams, throughput_bps, **detail)
@@ -787,8 +793,12 @@ class AdviceService:
                 log.info("observation for %s stored without a refit: %s", dest.key, exc)
                 return None
 
-        observation_id, fit_id = self.store.add_observation(dest, observation, refit, src=site, run_control=run_control,
-                                                            max_links=self.settings.max_site_links, base_run_at=run_at)
+        def answer(observation_id: int, fit_id: int | None) -> dict[str, Any]:
+            return {"src": site, "dest": dest.key, "congestion_control": control, "accepted": True,
+                    "refit": fit_id is not None, "id": observation_id, "feeds_fit": observation.feeds_fit}
+
+        ids = self.store.add_observation(dest, observation, refit, src=site, run_control=run_control,
+                                         max_links=self.settings.max_site_links, base_run_at=run_at, request=request,
+                                         answer=answer)
         self.invalidate()
-        return {"src": site, "dest": dest.key, "congestion_control": control, "accepted": True, "refit": fit_id is not None,
-                "id": observation_id, "feeds_fit": observation.feeds_fit}
+        return answer(*ids)

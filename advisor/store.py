@@ -20,6 +20,7 @@ from advisor.advice import CurvePoint
 from advisor.db import DEFAULT_POOL_SIZE, Database, Tx
 from advisor.destinations import Destination
 from advisor.errors import QueueFull, StoreError, TooManyLinks, UnknownProbe
+from advisor.idempotency import KeyedRequest
 from advisor.limits import MAX_SITE_LINKS
 from advisor.observations import RECORD_COLUMNS as OBSERVATION_COLUMNS, Observation
 from probes.result import ProbeResult
@@ -404,9 +405,12 @@ class Store:
                    results: Sequence[ProbeResult], started_at: float, fit: NewFit | None,
                    job_id: str | None = None, job_error: str | None = None, address: str | None = None,
                    congestion_control: str | None = None, job_owner: str | None = None,
-                   max_links: int = MAX_SITE_LINKS) -> int:
+                   max_links: int = MAX_SITE_LINKS, request: KeyedRequest | None = None,
+                   answer: Callable[[int], dict[str, Any]] | None = None) -> int:
         """Store a finished probe run from site ``src``, its results and fit, and close its job, in one transaction
-        (a run that would be a new link past ``max_links``: TooManyLinks, nothing stored).
+        (a run that would be a new link past ``max_links``: TooManyLinks, nothing stored). With ``request`` (a
+        client's Idempotency-Key) the key is claimed first (AlreadyTaken when an earlier request stored it: nothing
+        stored) and ``answer(run id)`` kept with it.
 
         ``address`` is the IP address the probes went to, when the service resolved it itself;
         ``congestion_control`` the control the probes' streams used (None: not known). With ``job_owner`` the job
@@ -415,6 +419,8 @@ class Store:
         step = self._step
         with self.db.transaction(write=True) as tx:
             step("begin")
+            if request is not None:
+                request.claim(tx, self.clock())
             destination_id = self.link_id(tx, src, dest, max_links)
             step("destination")
             run_id = tx.execute(
@@ -443,6 +449,8 @@ class Store:
                     ("failed" if job_error else "done", self.clock(), job_error, run_id, job_id, *held_params),
                 )
             step("job")
+            if request is not None:
+                request.remember(tx, answer(run_id))
         return run_id
 
     def latest_run_points(self, dest_key: str, control: str | None = None, *,
@@ -475,7 +483,8 @@ class Store:
                         refit: Callable[[list[dict[str, float]]], NewFit | None],
                         limit: int = REFIT_OBSERVATIONS, *, src: str,
                         run_control: str | None = None, max_links: int = MAX_SITE_LINKS,
-                        base_run_at: float | None = None) -> tuple[int, int | None]:
+                        base_run_at: float | None = None, request: KeyedRequest | None = None,
+                        answer: Callable[[int, int | None], dict[str, Any]] | None = None) -> tuple[int, int | None]:
         """Store an observation of a transfer from site ``src`` and, in the same transaction, the refit ``refit(observations)`` returns.
 
         ``base_run_at``: the finish time of the run ``refit`` rests on (:meth:`latest_run_points`, read before this
@@ -488,8 +497,22 @@ class Store:
         (the run the refit rests on: that control's, or None for one that did not record its control), at most
         ``limit``, newest first, and returns the new fit or None. An observation that does not feed the fit is
         stored without calling it. Returns (the observation's id, the new fit's id or None). One that would be a
-        new link past ``max_links`` is refused (TooManyLinks), nothing stored.
+        new link past ``max_links`` is refused (TooManyLinks), nothing stored. With ``request`` (a client's
+        Idempotency-Key) the key is claimed first (AlreadyTaken when an earlier request stored it: nothing stored)
+        and ``answer(observation id, fit id)`` kept with it.
         """
+        with self.db.transaction(write=True) as tx:
+            if request is not None:
+                request.claim(tx, self.clock())
+            ids = self._add_observation(tx, dest, observation, refit, limit, src=src, run_control=run_control,
+                                        max_links=max_links, base_run_at=base_run_at)
+            if request is not None:
+                request.remember(tx, answer(*ids))
+        return ids
+
+    def _add_observation(self, tx: Tx, dest: Destination, observation: Observation,
+                         refit: Callable[[list[dict[str, float]]], NewFit | None], limit: int, *, src: str,
+                         run_control: str | None, max_links: int, base_run_at: float | None) -> tuple[int, int | None]:
         record = observation.to_record()
         run_where, run_params = same_control("congestion_control", run_control)
         obs_where, obs_params = same_control("congestion_control", observation.congestion_control)
@@ -497,41 +520,40 @@ class Store:
             # The refit rests on a run that did not record its control (taken as this one's, the default):
             # the observations stored beside it did not record theirs either, and count too.
             obs_where = f"({obs_where} OR congestion_control IS NULL)"
-        with self.db.transaction(write=True) as tx:
-            destination_id = self.link_id(tx, src, dest, max_links)
-            now = self.clock()
-            observation_id = tx.execute(
-                f"INSERT INTO observations (destination_id, observed_at, {', '.join(record)}) "
-                f"VALUES (?, ?, {', '.join('?' for _ in record)}) RETURNING id",
-                (destination_id, now, *record.values()),
-            ).fetchone()[0]
-            if not observation.feeds_fit:
+        destination_id = self.link_id(tx, src, dest, max_links)
+        now = self.clock()
+        observation_id = tx.execute(
+            f"INSERT INTO observations (destination_id, observed_at, {', '.join(record)}) "
+            f"VALUES (?, ?, {', '.join('?' for _ in record)}) RETURNING id",
+            (destination_id, now, *record.values()),
+        ).fetchone()[0]
+        if not observation.feeds_fit:
+            return observation_id, None
+        run = tx.execute(
+            f"SELECT max(finished_at) FROM probe_runs WHERE destination_id = ? AND {run_where}",
+            (destination_id, *run_params),
+        ).fetchone()
+        since = run[0] if run and run[0] is not None else 0.0
+        if base_run_at is not None:
+            base_where, base_params = same_control("r.congestion_control", run_control)
+            (newest_base,) = tx.execute(
+                f"SELECT max(r.finished_at) FROM probe_runs r WHERE r.destination_id = ? AND {base_where} "
+                "AND EXISTS (SELECT 1 FROM probe_results p WHERE p.probe_run_id = r.id)",
+                (destination_id, *base_params)).fetchone()
+            if newest_base is not None and newest_base > base_run_at:
                 return observation_id, None
-            run = tx.execute(
-                f"SELECT max(finished_at) FROM probe_runs WHERE destination_id = ? AND {run_where}",
-                (destination_id, *run_params),
-            ).fetchone()
-            since = run[0] if run and run[0] is not None else 0.0
-            if base_run_at is not None:
-                base_where, base_params = same_control("r.congestion_control", run_control)
-                (newest_base,) = tx.execute(
-                    f"SELECT max(r.finished_at) FROM probe_runs r WHERE r.destination_id = ? AND {base_where} "
-                    "AND EXISTS (SELECT 1 FROM probe_results p WHERE p.probe_run_id = r.id)",
-                    (destination_id, *base_params)).fetchone()
-                if newest_base is not None and newest_base > base_run_at:
-                    return observation_id, None
-            rows = tx.execute(
-                f"SELECT streams, throughput_bps, duration_s, stream_bps, stream_retransmits FROM observations "
-                f"WHERE destination_id = ? AND {obs_where} AND observed_at >= ? AND tame_streams = 0 "
-                "ORDER BY id DESC LIMIT ?",
-                (destination_id, *obs_params, since, limit),
-            ).fetchall()
-            fit = refit([{"streams": r[0], "throughput_bps": r[1], "duration_s": r[2],
-                          "stream_bps": _from_json_list(r[3]), "stream_retransmits": _from_json_list(r[4])}
-                         for r in rows])
-            if fit is None:
-                return observation_id, None
-            return observation_id, self._insert_fit(tx, destination_id, None, fit)
+        rows = tx.execute(
+            f"SELECT streams, throughput_bps, duration_s, stream_bps, stream_retransmits FROM observations "
+            f"WHERE destination_id = ? AND {obs_where} AND observed_at >= ? AND tame_streams = 0 "
+            "ORDER BY id DESC LIMIT ?",
+            (destination_id, *obs_params, since, limit),
+        ).fetchall()
+        fit = refit([{"streams": r[0], "throughput_bps": r[1], "duration_s": r[2],
+                      "stream_bps": _from_json_list(r[3]), "stream_retransmits": _from_json_list(r[4])}
+                     for r in rows])
+        if fit is None:
+            return observation_id, None
+        return observation_id, self._insert_fit(tx, destination_id, None, fit)
 
     def observation(self, observation_id: int) -> tuple[str, str, float, Observation] | None:
         """(source site, destination key, observed_at, observation) of a stored observation, or None."""

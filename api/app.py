@@ -24,9 +24,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 from starlette.staticfiles import StaticFiles
 
+from advisor import idempotency
 from advisor.allowlist import Resolver, system_resolver
 from advisor.destinations import parse_destination
 from advisor.errors import (BatchTooLarge, BudgetConflict, DestinationNotAllowed, InvalidRequest, QueueFull,
@@ -55,6 +57,8 @@ _STATUS = {
     QueueFull: 429,
     StoreError: 503,
 }
+# What a stored write answers, the first time and when sent again under its Idempotency-Key.
+_WRITE_STATUS = {idempotency.PROBE_RUN: 201, idempotency.OBSERVATION: 202}
 STORE_UNAVAILABLE = "the advice store is unavailable; try again shortly"
 _ERROR_MEANING = {
     401: "a token is configured and the request did not carry it",
@@ -155,6 +159,20 @@ def create_app(settings: Settings, store: Store, driver: ProbeDriver | None = No
     for kind in _STATUS:
         app.add_exception_handler(kind, _advisor_error)
 
+    @app.exception_handler(idempotency.AlreadyTaken)
+    async def _replayed(request: Request, exc: idempotency.AlreadyTaken):
+        # Sent again under its Idempotency-Key: the first request's answer, nothing stored.
+        response = _json(exc.answer, _WRITE_STATUS[exc.kind])
+        response.headers["Idempotent-Replayed"] = "true"
+        return response
+
+    def _keyed(kind: str, key: str | None, body: BaseModel,
+               exclude: set[str] = frozenset()) -> idempotency.KeyedRequest | None:
+        if key is None:
+            return None
+        return idempotency.KeyedRequest.checked(service.site(body.src), kind, key,
+                                                body.model_dump(mode="json", exclude=exclude))
+
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError):
         return JSONResponse({"detail": _describe_validation(exc)}, status_code=422)
@@ -203,14 +221,20 @@ def create_app(settings: Settings, store: Store, driver: ProbeDriver | None = No
 
     @app.post("/v1/observations", status_code=202, response_model=schemas.ObservationOut,
               responses={**_BODY_ERRORS, **_responses(403)})
-    def post_observation(body: schemas.ObservationIn, request: Request) -> Response:
+    def post_observation(body: schemas.ObservationIn, request: Request,
+                         idempotency_key: schemas.IdempotencyKey = None) -> Response:
         check_src(request, body.src)
-        return _json(service.observe(body.dest, body.streams, body.throughput_bps, **body.detail()), 202)
+        keyed = _keyed(idempotency.OBSERVATION, idempotency_key, body)
+        return _json(service.observe(body.dest, body.streams, body.throughput_bps, request=keyed, **body.detail()),
+                     _WRITE_STATUS[idempotency.OBSERVATION])
 
     @app.post("/v1/probe-runs", status_code=201, response_model=schemas.ProbeRunOut,
               responses={**_BODY_ERRORS, **_responses(403)})
-    def post_probe_run(body: schemas.ProbeRunIn, request: Request) -> Response:
+    def post_probe_run(body: schemas.ProbeRunIn, request: Request,
+                       idempotency_key: schemas.IdempotencyKey = None) -> Response:
         check_src(request, body.src)
+        # A re-sent run's age has grown since the first send: the one field that may differ under one key.
+        keyed = _keyed(idempotency.PROBE_RUN, idempotency_key, body, exclude={"measured_ago_s"})
         dest = parse_destination(body.dest)
         # A pushed run becomes advice schedulers read, as an observation does: only where probes are allowed.
         service.check_allowed(dest)
@@ -221,12 +245,16 @@ def create_app(settings: Settings, store: Store, driver: ProbeDriver | None = No
         results = [ProbeResult(dest=dest.key, congestion_control=body.congestion_control if claimed else None,
                                **p.result_fields()) for p in body.probes]
         asked = claimed.congestion_control if claimed else body.congestion_control
+
+        def answer(run_id: int, error: str | None) -> dict[str, Any]:
+            return {"src": src, "dest": dest.key, "probe_run_id": run_id, "congestion_control": body.congestion_control,
+                    "fitted": error is None, "error": error}
+
         run_id, error = service.ingest_run(dest, body.idle_rtt_s, results, body.started_at or clock(), source="push",
                                            congestion_control=asked, src=src,
                                            job_id=claimed.id if claimed else None, job_owner=body.owner,
-                                           measured_ago_s=body.measured_ago_s)
-        return _json({"src": src, "dest": dest.key, "probe_run_id": run_id, "congestion_control": body.congestion_control,
-                      "fitted": error is None, "error": error}, 201)
+                                           measured_ago_s=body.measured_ago_s, request=keyed, answer=answer)
+        return _json(answer(run_id, error), _WRITE_STATUS[idempotency.PROBE_RUN])
 
     @app.put("/v1/sites/{site}", response_model=schemas.SiteOut, responses={**_BODY_ERRORS, **_responses(403, 409)})
     def put_site(site: str, body: schemas.SiteIn) -> Response:

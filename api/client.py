@@ -61,6 +61,12 @@ class TameError(Exception):
         self.status = status
         self.detail = detail
 
+    @property
+    def retryable(self) -> bool:
+        """True when the same request may succeed later: no answer (status 0), the service's trouble (5xx), a
+        timeout or a rate limit; any other 4xx is the request's own fault."""
+        return self.status in (0, 408, 429) or self.status >= 500
+
 
 class TameClient:
     def __init__(self, base_url: str, token: str | None = None, timeout_s: float = 10.0):
@@ -129,15 +135,18 @@ class TameClient:
         return self._call("GET", f"/v1/paths/{httpx.URL(path=dest).raw_path.decode()}/curve",
                           params=_given(cc=cc, src=src))
 
-    def observe(self, dest: str, streams: int, throughput_bps: float, **detail: Any) -> dict[str, Any]:
+    def observe(self, dest: str, streams: int, throughput_bps: float, idempotency_key: str | None = None,
+                **detail: Any) -> dict[str, Any]:
         """POST /v1/observations; ``detail``: its optional fields (src, congestion_control, stream_bps,
-        fractional_multiplier, ...; None values are left out)."""
+        fractional_multiplier, ...; None values are left out). Sent again with the same ``idempotency_key``,
+        it is stored once."""
         body = {"dest": dest, "streams": streams, "throughput_bps": throughput_bps,
                 **{k: v for k, v in detail.items() if v is not None}}
-        return self._call("POST", "/v1/observations", json=body)
+        return self._call("POST", "/v1/observations", json=body, headers=_keyed(idempotency_key))
 
-    def push_probe_run(self, payload: dict[str, Any]) -> dict[str, Any]:
-        return self._call("POST", "/v1/probe-runs", json=payload)
+    def push_probe_run(self, payload: dict[str, Any], idempotency_key: str | None = None) -> dict[str, Any]:
+        """POST /v1/probe-runs; sent again with the same ``idempotency_key``, the run is stored once."""
+        return self._call("POST", "/v1/probe-runs", json=payload, headers=_keyed(idempotency_key))
 
     def register_site(self, site: str, dests: Sequence[str], budget: dict[str, Any],
                       congestion_control: str | None = None, owner: str | None = None) -> dict[str, Any]:
@@ -150,6 +159,10 @@ class TameClient:
         """POST /v1/sites/SITE/claims: the site's next due probe for agent ``owner`` ({"job": None} when none)."""
         return self._call("POST", f"/v1/sites/{httpx.URL(path=site).raw_path.decode()}/claims",
                           json={"owner": owner, "max_streams": max_streams})
+
+
+def _keyed(idempotency_key: str | None) -> dict[str, str]:
+    return {"Idempotency-Key": idempotency_key} if idempotency_key is not None else {}
 
 
 def _given(**values: Any) -> dict[str, Any]:

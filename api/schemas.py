@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
+from fastapi import Header
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from advisor import limits
@@ -217,6 +218,14 @@ class CurveOut(BaseModel):
     probed_at: float
     stale: bool
     curve: list[CurvePointOut]
+
+
+# A client's name for one write, sent again unchanged when it does not know whether the first send was stored
+# (advisor/idempotency.py): the second stores nothing and gets the first's answer, with Idempotent-Replayed: true.
+IdempotencyKey = Annotated[str | None, Header(
+    alias="Idempotency-Key", description="a key of the client's (a UUID, say) that names this write: sent again "
+    "with it, the request stores nothing and is answered as the first time (header Idempotent-Replayed: true); "
+    "refused (422) with another body")]
 
 
 class ObservationIn(BaseModel):

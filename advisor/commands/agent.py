@@ -142,9 +142,6 @@ def _enqueue_due(service: AdviceService, dests: list[str]) -> None:
 
 
 SPOOL_FORM = "tame-agent-spool/1"
-# Statuses after which the same run may be taken later: no answer (0), the service's trouble (5xx),
-# a timeout or rate limit. Any other 4xx is the run's own fault and sending it again cannot help.
-_RETRY_STATUSES = {0, 408, 429}
 
 
 def default_spool_dir(env=os.environ) -> Path:
@@ -153,19 +150,17 @@ def default_spool_dir(env=os.environ) -> Path:
     return Path(base) / "tame" / "spool"
 
 
-def _worth_retrying(status: int) -> bool:
-    return status in _RETRY_STATUSES or status >= 500
-
-
-def _spool(spool: Path, payload: dict[str, Any]) -> Path:
-    """Write a run that was not delivered to ``spool`` (atomically: a reader never sees half a file)."""
+def _spool(spool: Path, payload: dict[str, Any], key: str) -> Path:
+    """Write a run that was not delivered to ``spool`` (atomically: a reader never sees half a file), with the
+    Idempotency-Key it was sent under: a run the service stored without its answer arriving is not stored twice."""
     spool.mkdir(parents=True, exist_ok=True)
     name = f"{time.time_ns()}-{uuid.uuid4().hex[:8]}.json"
     tmp = spool / f".{name}.tmp"
     # spooled_at: when the run was first sent, just after its probes ended (by this host's clock); delivered later,
     # the run says how long ago that was (measured_ago_s), so its advice is as old as its probes.
     with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(json.dumps({"form": SPOOL_FORM, "payload": payload, "spooled_at": time.time()}))
+        fh.write(json.dumps({"form": SPOOL_FORM, "payload": payload, "spooled_at": time.time(),
+                             "idempotency_key": key}))
         fh.flush()
         os.fsync(fh.fileno())  # on disk before its name is: a host that loses power keeps the run, or no file
     os.replace(tmp, spool / name)
@@ -184,21 +179,23 @@ def _set_aside(path: Path) -> Path:
     return rejected / path.name
 
 
-def _push(client, payload: dict[str, Any], spool: Path, path: Path | None = None) -> bool:
-    """POST one run; a run not taken goes to (or stays in) ``spool``. False when the service could not take it now."""
+def _push(client, payload: dict[str, Any], spool: Path, path: Path | None = None, key: str | None = None) -> bool:
+    """POST one run under Idempotency-Key ``key`` (None: a new run, a new key); a run not taken goes to (or stays
+    in) ``spool``. False when the service could not take it now."""
     from api.client import TameError
 
     dest = payload.get("dest")
+    key = key or uuid.uuid4().hex
     try:
-        answer = client.push_probe_run(payload)
+        answer = client.push_probe_run(payload, idempotency_key=key)
     except TameError as exc:
-        if _worth_retrying(exc.status):
-            where = path or _spool(spool, payload)
+        if exc.retryable:
+            where = path or _spool(spool, payload, key)
             print(f"tame agent: {dest}: not delivered ({exc}); kept in {where}, sent again next round",
                   file=sys.stderr, flush=True)
             return False
         if path is None:
-            path = _spool(spool, payload)
+            path = _spool(spool, payload, key)
         print(f"tame agent: {dest}: the service refused the run ({exc}); set aside in {_set_aside(path)}, "
               f"not sent again", file=sys.stderr, flush=True)
         return True
@@ -219,6 +216,9 @@ def _deliver_spooled(client, spool: Path) -> None:
             if record.get("form") != SPOOL_FORM:
                 raise ValueError(f"form {record.get('form')!r} is not {SPOOL_FORM!r}")
             payload = record["payload"]
+            key = record.get("idempotency_key")  # a record spooled before keys were kept has none: a new one
+            if key is not None and not isinstance(key, str):
+                raise ValueError(f"idempotency_key {key!r} is not a string")
             spooled_at = record.get("spooled_at")  # a record spooled before it was kept has none
             if isinstance(spooled_at, (int, float)) and not isinstance(spooled_at, bool) and math.isfinite(spooled_at):
                 payload = {**payload, "measured_ago_s": min(max(0.0, time.time() - spooled_at), MAX_MEASURED_AGO_S)}
@@ -226,7 +226,7 @@ def _deliver_spooled(client, spool: Path) -> None:
             print(f"tame agent: spooled run {path} is unreadable ({exc}); set aside in {_set_aside(path)}",
                   file=sys.stderr, flush=True)
             continue
-        if not _push(client, payload, spool, path):
+        if not _push(client, payload, spool, path, key):
             return
 
 
@@ -244,7 +244,7 @@ def _run_site(args, settings, driver) -> int:
                 agent.round(read_destinations(args.dest_file))
             except TameError as exc:
                 # Refused (a bad token, another budget the site's agents run with: 409): asking again cannot help.
-                refused = 400 <= exc.status < 500 and exc.status not in _RETRY_STATUSES
+                refused = not exc.retryable
                 print(f"tame agent: site {args.site}: {exc}" + ("; stopping" if refused else ""), file=sys.stderr,
                       flush=True)
                 if refused:

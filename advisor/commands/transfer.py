@@ -19,6 +19,8 @@ import math
 import os
 import signal
 import sys
+import time
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +46,9 @@ MAX_BYTES = 2**50
 DEADLINE_SLACK_S = 30.0
 DEFAULT_BYTES_TIMEOUT_S = 3600.0
 EXIT_TRANSFER_FAILED = 1
+# Seconds between the sends of an observation the service did not take (no answer, 5xx, 408, 429): a replica
+# restarting loses no transfer's report.
+OBSERVATION_RETRY_DELAYS_S = (1.0, 3.0)
 
 
 def _budget(text: str) -> float:
@@ -342,10 +347,16 @@ class LinkReporter:
         if rep._client is not None:
             from api.client import TameError
 
-            try:
-                return rep._client.observe(self.dest.key, streams, throughput_bps, src=self.src, **detail), None
-            except TameError as exc:
-                return None, f"{rep._client.shown_url}: {exc}"
+            # Sent again under one Idempotency-Key when the service did not answer: stored once whatever happened.
+            key = uuid.uuid4().hex
+            for delay_s in (*OBSERVATION_RETRY_DELAYS_S, None):
+                try:
+                    return rep._client.observe(self.dest.key, streams, throughput_bps, idempotency_key=key,
+                                               src=self.src, **detail), None
+                except TameError as exc:
+                    if delay_s is None or not exc.retryable:
+                        return None, f"{rep._client.shown_url}: {exc}"
+                time.sleep(delay_s)
         try:
             return rep._service.observe(self.dest.key, streams, throughput_bps, src=self.src, **detail), None
         except AdvisorError as exc:

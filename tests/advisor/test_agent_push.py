@@ -139,3 +139,42 @@ def _healthy(base):
 def test_the_default_spool_follows_xdg_state_home(tmp_path):
     assert default_spool_dir({"XDG_STATE_HOME": str(tmp_path)}) == tmp_path / "tame" / "spool"
     assert default_spool_dir({}).parts[-4:] == (".local", "state", "tame", "spool")
+
+
+def test_a_run_stored_whose_answer_was_lost_is_sent_again_and_stored_once(tmp_path, iperf_server):
+    """The service commits the run, and the network loses its answer: the agent keeps the run and sends it again
+    under the same Idempotency-Key next round, which stores nothing new and delivers it from the spool."""
+    from tests.api.dropping_proxy import DroppingProxy
+
+    env, dests = agent_setup(tmp_path, iperf_server)
+    spool = tmp_path / "spool"
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen([sys.executable, "-m", "advisor", "serve", "--host", "127.0.0.1", "--port", str(port),
+                               "--no-worker"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: _healthy(base), what="tame serve")
+        with DroppingProxy(("127.0.0.1", port), b"POST /v1/probe-runs") as proxy:
+            push = ["--dest-file", str(dests), "--push", proxy.url, "--spool", str(spool), "--once"]
+            first = agent(env, *push)
+            assert first.returncode == 0 and proxy.dropped == 1, (first.stdout, first.stderr)
+            assert "not delivered" in first.stderr and "kept in" in first.stderr
+            [spooled] = spool.glob("*.json")
+            key = json.loads(spooled.read_text())["idempotency_key"]
+            stored = httpx.get(f"{base}/v1/paths", timeout=30).json()["paths"]
+            assert [p["dest"] for p in stored] == [iperf_server]  # the service had it all along
+            second = agent(env, *push)
+            assert second.returncode == 0, second.stderr
+            assert "from the spool" in second.stdout and second.stdout.count("pushed run") == 1, second.stdout
+            assert list(spool.glob("*.json")) == []
+    finally:
+        server.terminate()
+        server.wait(30)
+    db = Database(env["TAME_DATABASE_URL"])
+    try:
+        with db.transaction() as tx:
+            runs = tx.execute("SELECT count(*) FROM probe_runs").fetchone()[0]
+            keys = tx.execute("SELECT idempotency_key FROM request_keys").fetchall()
+    finally:
+        db.close()
+    assert runs == 1 and keys == [(key,)]
