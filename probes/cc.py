@@ -297,13 +297,16 @@ _UNWINDING_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
 
 def restore_fm(addr: Address, previous: CcSetting | None) -> None:
     """Put ``addr``'s entry back to ``previous`` (None: remove it), with the unwinding signals held back until it is
-    done (they are delivered after)."""
+    done (they are delivered after). Nothing to do when the control was unregistered meanwhile: the map, and the
+    entry with it, went with the registration (the transfer's sockets kept the control until they closed)."""
     held = signal.pthread_sigmask(signal.SIG_BLOCK, _UNWINDING_SIGNALS)
     try:
         if previous is not None:
             set_fm(addr, previous)
         else:
             delete_fm(addr)
+    except CcNotLoaded:
+        pass
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
 

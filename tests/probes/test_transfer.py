@@ -202,6 +202,45 @@ def test_a_transfer_ended_by_a_hang_up_or_a_second_ctrl_c_puts_the_fm_entry_back
 
 @netns
 @pytest.mark.parametrize("testbed_path", [PATH], indirect=True)
+def test_a_transfer_across_an_unload_completes_and_stores_what_it_got(testbed_path, seeded):
+    """`tame cc unload` while a transfer's tame stream runs: the kernel keeps the control for that socket until it
+    closes, so the transfer completes and is reported; its FM entry went with the map, so there is none to put back."""
+    store, settings, _ = seeded
+    reg, ours = cc.load()
+    if not ours:
+        cc_owner = f"struct_ops id {reg.struct_ops_id}"
+        pytest.skip(f"tame is registered by someone else ({cc_owner}): this test must not unload it")
+    addr = ipaddress.ip_address(testbed_path.server_addr)
+    try:
+        with pathcheck.iperf3_server(testbed_path.testbed, FRACTIONAL_PORT):
+            proc = subprocess.Popen(testbed_path.in_sender([sys.executable, "-m", "advisor", "transfer",
+                                                            testbed_path.server_addr, "--duration", "6", "--json",
+                                                            "--max-impact", str(FRACTIONAL_BUDGET)]),
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    env=_env(settings.database_url))
+            try:
+                deadline = time.monotonic() + 30
+                while cc.settings().get(addr) is None:  # until the transfer has set its FM
+                    assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+                    time.sleep(0.05)
+                time.sleep(1.0)  # its tame stream is connected under the control
+                assert cc.unload()
+                out, err = proc.communicate(timeout=60)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.communicate()
+    finally:
+        cc.unload()
+    assert proc.returncode == 0, err
+    report = json.loads(out)
+    assert report["opened"]["fractional_multiplier"] > 1 and report["observation_id"] is not None
+    _, _, _, observed = store.observation(report["observation_id"])
+    assert observed.tame_streams == 1 and observed.stream_bps[-1] > 0
+
+
+@netns
+@pytest.mark.parametrize("testbed_path", [PATH], indirect=True)
 def test_a_second_transfer_or_apply_to_an_address_a_transfer_is_using_is_refused(tame_loaded, testbed_path, seeded):
     """Two transfers to one address would share its FM entry (the first to end would put it back under the other):
     while one runs, another, or `tame cc apply` for that address, exits 2 and changes nothing."""
