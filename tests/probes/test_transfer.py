@@ -202,6 +202,37 @@ def test_a_transfer_ended_by_a_hang_up_or_a_second_ctrl_c_puts_the_fm_entry_back
 
 @netns
 @pytest.mark.parametrize("testbed_path", [PATH], indirect=True)
+def test_a_transfer_started_with_nohup_keeps_going_through_a_hang_up(tame_loaded, testbed_path, seeded):
+    """`nohup tame transfer ...`: SIGHUP ignored by its caller stays ignored, so the terminal going away does not
+    end the transfer; it completes, is stored and puts its FM entry back."""
+    store, settings, _ = seeded
+    addr = ipaddress.ip_address(testbed_path.server_addr)
+    before = cc.settings().get(addr)
+    with pathcheck.iperf3_server(testbed_path.testbed, FRACTIONAL_PORT):
+        proc = subprocess.Popen(testbed_path.in_sender(["nohup", sys.executable, "-m", "advisor", "transfer",
+                                                        testbed_path.server_addr, "--duration", "4", "--json",
+                                                        "--max-impact", str(FRACTIONAL_BUDGET)]),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=_env(settings.database_url))
+        try:
+            deadline = time.monotonic() + 30
+            while cc.settings().get(addr) == before:  # until the transfer has set its FM
+                assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+                time.sleep(0.05)
+            time.sleep(0.5)
+            proc.send_signal(signal.SIGHUP)
+            out, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert proc.returncode == 0, err
+    assert json.loads(out)["observation_id"] is not None
+    assert cc.settings().get(addr) == before
+
+
+@netns
+@pytest.mark.parametrize("testbed_path", [PATH], indirect=True)
 def test_a_transfer_across_an_unload_completes_and_stores_what_it_got(testbed_path, seeded):
     """`tame cc unload` while a transfer's tame stream runs: the kernel keeps the control for that socket until it
     closes, so the transfer completes and is reported; its FM entry went with the map, so there is none to put back."""
