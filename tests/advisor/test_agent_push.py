@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 
 import httpx
 import pytest
@@ -52,6 +53,21 @@ def agent_setup(tmp_path, dest):
     return env, dests
 
 
+@contextmanager
+def served(env, port=None):
+    """A `tame serve --no-worker` on 127.0.0.1 (``port``, else a free one) over env's database: yields its URL."""
+    port = port or free_port()
+    base = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen([sys.executable, "-m", "advisor", "serve", "--host", "127.0.0.1", "--port", str(port),
+                               "--no-worker"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: _healthy(base), what="tame serve")
+        yield base
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
 def test_a_run_the_service_could_not_take_is_spooled_and_delivered_next_round(tmp_path, iperf_server):
     env, dests = agent_setup(tmp_path, iperf_server)
     spool = tmp_path / "spool"
@@ -76,10 +92,7 @@ def test_a_run_the_service_could_not_take_is_spooled_and_delivered_next_round(tm
     bad.write_text(json.dumps({"form": SPOOL_FORM, "payload": {
         "dest": iperf_server, "probes": [{"streams": 0, "throughput_bps": 1e6}]}}))
 
-    server = subprocess.Popen([sys.executable, "-m", "advisor", "serve", "--host", "127.0.0.1", "--port", str(port),
-                               "--no-worker"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        wait_for(lambda: _healthy(base), what="tame serve")
+    with served(env, port):
         # Round 2: the spool goes first. The refused run is set aside, the kept one delivered, and the
         # destination is then fresh, so no new probe runs.
         second = agent(env, *push)
@@ -92,16 +105,8 @@ def test_a_run_the_service_could_not_take_is_spooled_and_delivered_next_round(tm
         paths = httpx.get(f"{base}/v1/paths", timeout=30).json()["paths"]
         assert [p["dest"] for p in paths] == [iperf_server]
         assert 600 <= paths[0]["age_s"] < 700 and paths[0]["stale"] is False
-    finally:
-        server.terminate()
-        server.wait(30)
-    db = Database(env["TAME_DATABASE_URL"])
-    try:
-        with db.transaction() as tx:
-            runs = tx.execute("SELECT r.source, count(p.id) FROM probe_runs r JOIN probe_results p "
-                              "ON p.probe_run_id = r.id GROUP BY r.id").fetchall()
-    finally:
-        db.close()
+    runs = rows(env, "SELECT r.source, count(p.id) FROM probe_runs r JOIN probe_results p ON p.probe_run_id = r.id "
+                     "GROUP BY r.id")
     assert len(runs) == 1 and runs[0][1] == 2  # the one run, with both probes
 
 
@@ -109,12 +114,7 @@ def test_a_pushing_agent_judges_freshness_by_its_server_s_own_site(tmp_path, ipe
     """Runs pushed without src are the server's own site's: another site's fresh advice for the same destination
     does not make the agent skip it."""
     env, dests = agent_setup(tmp_path, iperf_server)
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([sys.executable, "-m", "advisor", "serve", "--host", "127.0.0.1", "--port", str(port),
-                               "--no-worker"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        wait_for(lambda: _healthy(base), what="tame serve")
+    with served(env) as base:
         other_site = httpx.post(f"{base}/v1/probe-runs", timeout=30, json={
             "src": "dtn1", "dest": iperf_server, "probes": [{"streams": 1, "throughput_bps": 1e8},
                                                            {"streams": 2, "throughput_bps": 1.5e8}]})
@@ -124,9 +124,16 @@ def test_a_pushing_agent_judges_freshness_by_its_server_s_own_site(tmp_path, ipe
         assert done.stdout.count("pushed run") == 1, (done.stdout, done.stderr)
         own = httpx.get(f"{base}/v1/advice", params={"dest": iperf_server, "max_impact": 0.3}, timeout=30)
         assert own.status_code == 200 and own.json()["src"] != "dtn1"
+
+
+def rows(env, sql):
+    """The rows ``sql`` reads from the server's database."""
+    db = Database(env["TAME_DATABASE_URL"])
+    try:
+        with db.transaction() as tx:
+            return [tuple(r) for r in tx.execute(sql).fetchall()]
     finally:
-        server.terminate()
-        server.wait(30)
+        db.close()
 
 
 def _healthy(base):
@@ -148,12 +155,8 @@ def test_a_run_stored_whose_answer_was_lost_is_sent_again_and_stored_once(tmp_pa
 
     env, dests = agent_setup(tmp_path, iperf_server)
     spool = tmp_path / "spool"
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([sys.executable, "-m", "advisor", "serve", "--host", "127.0.0.1", "--port", str(port),
-                               "--no-worker"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        wait_for(lambda: _healthy(base), what="tame serve")
+    with served(env) as base:
+        port = int(base.rsplit(":", 1)[1])
         with DroppingProxy(("127.0.0.1", port), b"POST /v1/probe-runs") as proxy:
             push = ["--dest-file", str(dests), "--push", proxy.url, "--spool", str(spool), "--once"]
             first = agent(env, *push)
@@ -167,14 +170,5 @@ def test_a_run_stored_whose_answer_was_lost_is_sent_again_and_stored_once(tmp_pa
             assert second.returncode == 0, second.stderr
             assert "from the spool" in second.stdout and second.stdout.count("pushed run") == 1, second.stdout
             assert list(spool.glob("*.json")) == []
-    finally:
-        server.terminate()
-        server.wait(30)
-    db = Database(env["TAME_DATABASE_URL"])
-    try:
-        with db.transaction() as tx:
-            runs = tx.execute("SELECT count(*) FROM probe_runs").fetchone()[0]
-            keys = tx.execute("SELECT idempotency_key FROM request_keys").fetchall()
-    finally:
-        db.close()
-    assert runs == 1 and keys == [(key,)]
+    assert rows(env, "SELECT count(*) FROM probe_runs") == [(1,)]
+    assert rows(env, "SELECT idempotency_key FROM request_keys") == [(key,)]

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 
 import pytest
 
@@ -162,6 +163,33 @@ def test_a_real_transfer_opens_the_advice_in_both_forms_and_stores_what_it_got(t
     assert cc.settings().get(addr) == before
 
 
+@contextmanager
+def fm_set_by_transfer(tb_path, url: str, duration_s: float, *argv_before: str, default_signals: bool = False):
+    """A `tame transfer` (fractional form, ``--duration duration_s --json``) started in the sender namespace (under
+    ``argv_before``, e.g. nohup), yielded once it has set the receiver's FM entry; killed if still running after the
+    block. ``default_signals``: start it with SIGINT and SIGHUP at their defaults, as from a terminal (a shell without
+    job control, CI's, starts background commands with SIGINT ignored, which Python does not turn into Ctrl-C)."""
+    addr = ipaddress.ip_address(tb_path.server_addr)
+    before = cc.settings().get(addr)
+    restore = (lambda: [signal.signal(s, signal.SIG_DFL) for s in (signal.SIGINT, signal.SIGHUP)]) \
+        if default_signals else None
+    proc = subprocess.Popen(tb_path.in_sender([*argv_before, sys.executable, "-m", "advisor", "transfer",
+                                               tb_path.server_addr, "--duration", str(duration_s), "--json",
+                                               "--max-impact", str(FRACTIONAL_BUDGET)]),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(url),
+                            preexec_fn=restore)
+    try:
+        deadline = time.monotonic() + 30
+        while cc.settings().get(addr) == before:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
 @netns
 @pytest.mark.parametrize("testbed_path", [PATH], indirect=True)
 @pytest.mark.parametrize("signals", [("SIGHUP",), ("SIGINT", "SIGINT")], ids=["hang-up", "ctrl-c-twice"])
@@ -172,30 +200,13 @@ def test_a_transfer_ended_by_a_hang_up_or_a_second_ctrl_c_puts_the_fm_entry_back
     _, settings, _ = seeded
     addr = ipaddress.ip_address(testbed_path.server_addr)
     before = cc.settings().get(addr)
-    with pathcheck.iperf3_server(testbed_path.testbed, FRACTIONAL_PORT):
-        # As from a terminal: a shell without job control (CI) starts background commands with SIGINT ignored, and
-        # an ignored SIGINT is not Ctrl-C to Python.
-        proc = subprocess.Popen(testbed_path.in_sender([sys.executable, "-m", "advisor", "transfer",
-                                                        testbed_path.server_addr, "--duration", "20",
-                                                        "--max-impact", str(FRACTIONAL_BUDGET)]),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env=_env(settings.database_url),
-                                preexec_fn=lambda: [signal.signal(s, signal.SIG_DFL) for s in (signal.SIGINT,
-                                                                                               signal.SIGHUP)])
-        try:
-            deadline = time.monotonic() + 30
-            while cc.settings().get(addr) == before:  # until the transfer has set its FM
-                assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-                time.sleep(0.05)
-            time.sleep(0.5)  # its clients are running
-            for name in signals:
-                proc.send_signal(getattr(signal, name))
-                time.sleep(0.01)
-            proc.communicate(timeout=30)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
+    with pathcheck.iperf3_server(testbed_path.testbed, FRACTIONAL_PORT), \
+            fm_set_by_transfer(testbed_path, settings.database_url, 20, default_signals=True) as proc:
+        time.sleep(0.5)  # its clients are running
+        for name in signals:
+            proc.send_signal(getattr(signal, name))
+            time.sleep(0.01)
+        proc.communicate(timeout=30)
     assert proc.returncode != 0
     assert cc.settings().get(addr) == before
 
@@ -208,24 +219,11 @@ def test_a_transfer_started_with_nohup_keeps_going_through_a_hang_up(tame_loaded
     store, settings, _ = seeded
     addr = ipaddress.ip_address(testbed_path.server_addr)
     before = cc.settings().get(addr)
-    with pathcheck.iperf3_server(testbed_path.testbed, FRACTIONAL_PORT):
-        proc = subprocess.Popen(testbed_path.in_sender(["nohup", sys.executable, "-m", "advisor", "transfer",
-                                                        testbed_path.server_addr, "--duration", "4", "--json",
-                                                        "--max-impact", str(FRACTIONAL_BUDGET)]),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env=_env(settings.database_url))
-        try:
-            deadline = time.monotonic() + 30
-            while cc.settings().get(addr) == before:  # until the transfer has set its FM
-                assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-                time.sleep(0.05)
-            time.sleep(0.5)
-            proc.send_signal(signal.SIGHUP)
-            out, err = proc.communicate(timeout=60)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
+    with pathcheck.iperf3_server(testbed_path.testbed, FRACTIONAL_PORT), \
+            fm_set_by_transfer(testbed_path, settings.database_url, 4, "nohup") as proc:
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGHUP)
+        out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert json.loads(out)["observation_id"] is not None
     assert cc.settings().get(addr) == before
@@ -241,26 +239,12 @@ def test_a_transfer_across_an_unload_completes_and_stores_what_it_got(testbed_pa
     if not ours:
         cc_owner = f"struct_ops id {reg.struct_ops_id}"
         pytest.skip(f"tame is registered by someone else ({cc_owner}): this test must not unload it")
-    addr = ipaddress.ip_address(testbed_path.server_addr)
     try:
-        with pathcheck.iperf3_server(testbed_path.testbed, FRACTIONAL_PORT):
-            proc = subprocess.Popen(testbed_path.in_sender([sys.executable, "-m", "advisor", "transfer",
-                                                            testbed_path.server_addr, "--duration", "6", "--json",
-                                                            "--max-impact", str(FRACTIONAL_BUDGET)]),
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                    env=_env(settings.database_url))
-            try:
-                deadline = time.monotonic() + 30
-                while cc.settings().get(addr) is None:  # until the transfer has set its FM
-                    assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-                    time.sleep(0.05)
-                time.sleep(1.0)  # its tame stream is connected under the control
-                assert cc.unload()
-                out, err = proc.communicate(timeout=60)
-            finally:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.communicate()
+        with pathcheck.iperf3_server(testbed_path.testbed, FRACTIONAL_PORT), \
+                fm_set_by_transfer(testbed_path, settings.database_url, 6) as proc:
+            time.sleep(1.0)  # its tame stream is connected under the control
+            assert cc.unload()
+            out, err = proc.communicate(timeout=60)
     finally:
         cc.unload()
     assert proc.returncode == 0, err
@@ -280,25 +264,15 @@ def test_a_second_transfer_or_apply_to_an_address_a_transfer_is_using_is_refused
     before = cc.settings().get(addr)
     transfer = [sys.executable, "-m", "advisor", "transfer", testbed_path.server_addr, "--max-impact",
                 str(FRACTIONAL_BUDGET)]
-    with pathcheck.iperf3_server(testbed_path.testbed, FRACTIONAL_PORT):
-        first = subprocess.Popen(testbed_path.in_sender([*transfer, "--duration", "8"]), stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, text=True, env=_env(settings.database_url))
-        try:
-            deadline = time.monotonic() + 30
-            while cc.settings().get(addr) == before:
-                assert first.poll() is None and time.monotonic() < deadline, first.communicate()
-                time.sleep(0.05)
-            held = cc.settings().get(addr)
-            for argv in ([*transfer, "--duration", "2", "--streams", "4"],
-                         [sys.executable, "-m", "advisor", "cc", "apply", str(addr), "--tcp-equivalent", "1.5"]):
-                second = subprocess.run(testbed_path.in_sender(argv), capture_output=True, text=True, timeout=60,
-                                        env=_env(settings.database_url))
-                assert second.returncode == 2 and "run one at a time per address" in second.stderr, second.stderr
-                assert cc.settings().get(addr) == held
-            out, err = first.communicate(timeout=60)
-        finally:
-            if first.poll() is None:
-                first.kill()
-                first.communicate()
+    with pathcheck.iperf3_server(testbed_path.testbed, FRACTIONAL_PORT), \
+            fm_set_by_transfer(testbed_path, settings.database_url, 8) as first:
+        held = cc.settings().get(addr)
+        for argv in ([*transfer, "--duration", "2", "--streams", "4"],
+                     [sys.executable, "-m", "advisor", "cc", "apply", str(addr), "--tcp-equivalent", "1.5"]):
+            second = subprocess.run(testbed_path.in_sender(argv), capture_output=True, text=True, timeout=60,
+                                    env=_env(settings.database_url))
+            assert second.returncode == 2 and "run one at a time per address" in second.stderr, second.stderr
+            assert cc.settings().get(addr) == held
+        out, err = first.communicate(timeout=60)
     assert first.returncode == 0, err
     assert cc.settings().get(addr) == before
