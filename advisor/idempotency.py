@@ -5,8 +5,9 @@ from its spool; with the key it sent the first time, the second request stores n
 answer (IETF draft-ietf-httpapi-idempotency-key-header). The key is claimed in the write's own transaction, so the
 run and its key commit together or not at all, and two requests with one key at once store one run: the second
 waits for the first's commit and then answers from it. A key is scoped by the writing site and the kind of write;
-sent again with another body (``measured_ago_s`` aside: a re-sent run's age grows), it is refused. Keys are kept
-:data:`KEYS_KEPT_S` (advisor/retention.py prunes them); a request sent again after that is stored again.
+sent again with another body (``measured_ago_s`` aside: a re-sent run's age grows), it is refused. A key lives as
+long as the record it names: advisor/retention.py removes it when it prunes that run or observation, so keys are
+bounded as the records are; a request sent again after that is stored again.
 """
 
 from __future__ import annotations
@@ -20,9 +21,6 @@ from typing import Any
 from advisor.db import Tx
 from advisor.errors import InvalidRequest, StoreError
 
-# How long a key is remembered: a run spooled by an agent is normally re-sent within a round or two, and after an
-# outage of the service as soon as it is back; a month covers both with room to spare.
-KEYS_KEPT_S = 30 * 86400.0
 MAX_KEY_LENGTH = 128
 _KEY = re.compile(r"[A-Za-z0-9._:~+/=-]+")
 PROBE_RUN = "probe-run"
@@ -55,7 +53,9 @@ class KeyedRequest:
     @classmethod
     def checked(cls, src: str, kind: str, key: str, fields: dict[str, Any]) -> "KeyedRequest":
         """From a header's value (one pair of surrounding quotes allowed, as a structured-field string) and the
-        request's fields (JSON values); InvalidRequest for a key that is empty, too long or not URL-safe."""
+        request's fields (JSON values, those left at their defaults left out, so that a field written out at its
+        default, or added later with a default, is the same request); InvalidRequest for a key that is empty, too
+        long or not URL-safe."""
         bare = key[1:-1] if len(key) >= 2 and key[0] == key[-1] == '"' else key
         if not 1 <= len(bare) <= MAX_KEY_LENGTH or not _KEY.fullmatch(bare):
             raise InvalidRequest(f"Idempotency-Key must be 1-{MAX_KEY_LENGTH} characters of letters, digits and "
@@ -85,7 +85,12 @@ class KeyedRequest:
                             "request its own key, and send a request again only with the body it had")
         raise AlreadyTaken(self.kind, json.loads(row[1]))
 
-    def remember(self, tx: Tx, answer: dict[str, Any]) -> None:
-        """Keep ``answer`` (JSON values) as what the key's request was answered; in the transaction that claimed it."""
-        tx.execute("UPDATE request_keys SET answer = ? WHERE src = ? AND kind = ? AND idempotency_key = ?",
-                   (json.dumps(answer, allow_nan=False), self.src, self.kind, self.key))
+    def remember(self, tx: Tx, record_id: int, answer: dict[str, Any]) -> None:
+        """Keep the stored record's id and ``answer`` (JSON values), what the key's request was answered; in the
+        transaction that claimed it."""
+        tx.execute("UPDATE request_keys SET record_id = ?, answer = ? WHERE src = ? AND kind = ? AND idempotency_key = ?",
+                   (record_id, json.dumps(answer, allow_nan=False), self.src, self.kind, self.key))
+
+
+# The table each kind's record_id names a row of.
+RECORD_TABLES = {PROBE_RUN: "probe_runs", OBSERVATION: "observations"}

@@ -8,8 +8,8 @@ base an observation refits on, :meth:`advisor.store.Store.latest_run_points`); t
 (never fewer than the refit window, :data:`advisor.store.REFIT_OBSERVATIONS`, so the
 observations the current fit used stay); queued and running probe jobs, and the newest
 ``keep_runs`` finished ones, within the same age; the probe-seconds of lapsed attempts (``spent_attempts``) for
-as long as a site's budget counts them (:data:`advisor.sites.BUDGET_WINDOW_S`); the Idempotency-Keys of stored
-writes for :data:`advisor.idempotency.KEYS_KEPT_S`. The SQL views (current_fits,
+as long as a site's budget counts them (:data:`advisor.sites.BUDGET_WINDOW_S`); the Idempotency-Key of a stored
+write (advisor/idempotency.py) as long as the run or observation it names. The SQL views (current_fits,
 current_advice) read only the newest fit and its curve, which stay as long as their link (below).
 
 A probe's ``raw`` record (iperf3's report, summarised: up to ``probes.iperf_parse.RAW_MAX_CHARS`` characters) is kept
@@ -45,7 +45,7 @@ from typing import Callable, Sequence
 
 from advisor.db import Tx
 from advisor.errors import AdvisorError
-from advisor.idempotency import KEYS_KEPT_S
+from advisor.idempotency import RECORD_TABLES
 from advisor.sites import BUDGET_WINDOW_S
 from advisor.store import REFIT_OBSERVATIONS, Store
 
@@ -250,13 +250,15 @@ def prune(store: Store, retention: Retention, *, pause_s: float = 0.0, max_batch
         return len(ids)
 
     def keys(tx: Tx) -> int:
-        # A write sent again after this long is stored again (advisor/idempotency.py).
-        rows = tx.execute("SELECT src, kind, idempotency_key FROM request_keys WHERE created_at < ? "
-                          "ORDER BY created_at LIMIT ?", (now - KEYS_KEPT_S, b)).fetchall()
-        for row in rows:
-            tx.execute("DELETE FROM request_keys WHERE src = ? AND kind = ? AND idempotency_key = ?", row)
-        counts.add("request_keys", len(rows))
-        return len(rows)
+        # A key goes with the record it names: bounded as the records are (advisor/idempotency.py).
+        gone = " OR ".join(f"(k.kind = '{kind}' AND NOT EXISTS (SELECT 1 FROM {table} t WHERE t.id = k.record_id))"
+                           for kind, table in RECORD_TABLES.items())
+        ids = [r[0] for r in tx.execute(f"SELECT k.id FROM request_keys k WHERE {gone} ORDER BY k.id LIMIT ?",
+                                        (b,)).fetchall()]
+        if ids:
+            tx.execute(f"DELETE FROM request_keys WHERE id IN ({_placeholders(ids)})", ids)
+        counts.add("request_keys", len(ids))
+        return len(ids)
 
     def links(tx: Tx) -> int:
         ids = _idle_links(tx, older_than, b)
@@ -285,9 +287,10 @@ def prune(store: Store, retention: Retention, *, pause_s: float = 0.0, max_batch
 
     # Fits first: a run is kept while a fit rests on it. Raw after runs: what goes anyway is not rewritten first.
     # Links last: they go once what they held has gone.
-    steps = [fits, runs, raw, observations, jobs, spent, keys]
+    steps = [fits, runs, raw, observations, jobs, spent]
     if older_than is not None:
         steps.append(links)
+    steps.append(keys)  # after every step that removes runs and observations
     for step in steps:
         batches(step)
     return counts

@@ -450,7 +450,7 @@ class Store:
                 )
             step("job")
             if request is not None:
-                request.remember(tx, answer(run_id))
+                request.remember(tx, run_id, answer(run_id))
         return run_id
 
     def latest_run_points(self, dest_key: str, control: str | None = None, *,
@@ -507,7 +507,7 @@ class Store:
             ids = self._add_observation(tx, dest, observation, refit, limit, src=src, run_control=run_control,
                                         max_links=max_links, base_run_at=base_run_at)
             if request is not None:
-                request.remember(tx, answer(*ids))
+                request.remember(tx, ids[0], answer(*ids))
         return ids
 
     def _add_observation(self, tx: Tx, dest: Destination, observation: Observation,

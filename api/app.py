@@ -88,6 +88,11 @@ def _responses(*codes: int) -> dict[int, dict]:
     return out
 
 
+# A write's answer; also when it was sent again under its Idempotency-Key, answered from the first (nothing stored).
+_REPLAYABLE = {"description": "stored; or, sent again under its Idempotency-Key, the first answer (nothing stored)",
+               "headers": {"Idempotent-Replayed": {"description": "true when this answers a request sent again",
+                                                   "schema": {"type": "string", "enum": ["true"]}}}}
+
 # Every route may answer 401 (tokens), 422 and 503; those that take a body also 408 and 413 (api/boundary.py).
 _ERRORS = _responses(401, 404, 422, 503)
 _BODY_ERRORS = _responses(401, 404, 408, 413, 422, 503)
@@ -170,8 +175,10 @@ def create_app(settings: Settings, store: Store, driver: ProbeDriver | None = No
                exclude: set[str] = frozenset()) -> idempotency.KeyedRequest | None:
         if key is None:
             return None
-        return idempotency.KeyedRequest.checked(service.site(body.src), kind, key,
-                                                body.model_dump(mode="json", exclude=exclude))
+        # One request whether its src is left out or names the site it resolves to.
+        src = service.site(body.src)
+        fields = body.model_dump(mode="json", exclude={"src", *exclude}, exclude_defaults=True)
+        return idempotency.KeyedRequest.checked(src, kind, key, {**fields, "src": src})
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError):
@@ -220,7 +227,7 @@ def create_app(settings: Settings, store: Store, driver: ProbeDriver | None = No
         return _json(service.curve(dest, cc, src))
 
     @app.post("/v1/observations", status_code=202, response_model=schemas.ObservationOut,
-              responses={**_BODY_ERRORS, **_responses(403)})
+              responses={**_BODY_ERRORS, **_responses(403), 202: _REPLAYABLE})
     def post_observation(body: schemas.ObservationIn, request: Request,
                          idempotency_key: schemas.IdempotencyKey = None) -> Response:
         check_src(request, body.src)
@@ -229,7 +236,7 @@ def create_app(settings: Settings, store: Store, driver: ProbeDriver | None = No
                      _WRITE_STATUS[idempotency.OBSERVATION])
 
     @app.post("/v1/probe-runs", status_code=201, response_model=schemas.ProbeRunOut,
-              responses={**_BODY_ERRORS, **_responses(403)})
+              responses={**_BODY_ERRORS, **_responses(403), 201: _REPLAYABLE})
     def post_probe_run(body: schemas.ProbeRunIn, request: Request,
                        idempotency_key: schemas.IdempotencyKey = None) -> Response:
         check_src(request, body.src)

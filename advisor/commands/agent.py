@@ -216,8 +216,9 @@ def _deliver_spooled(client, spool: Path) -> None:
             if record.get("form") != SPOOL_FORM:
                 raise ValueError(f"form {record.get('form')!r} is not {SPOOL_FORM!r}")
             payload = record["payload"]
-            key = record.get("idempotency_key")  # a record spooled before keys were kept has none: a new one
-            if key is not None and not isinstance(key, str):
+            # A record spooled before keys were kept has none: its file's name, which stays as long as it does.
+            key = record.get("idempotency_key", f"spool-{path.stem}")
+            if not isinstance(key, str):
                 raise ValueError(f"idempotency_key {key!r} is not a string")
             spooled_at = record.get("spooled_at")  # a record spooled before it was kept has none
             if isinstance(spooled_at, (int, float)) and not isinstance(spooled_at, bool) and math.isfinite(spooled_at):

@@ -49,6 +49,9 @@ EXIT_TRANSFER_FAILED = 1
 # Seconds between the sends of an observation the service did not take (no answer, 5xx, 408, 429): a replica
 # restarting loses no transfer's report.
 OBSERVATION_RETRY_DELAYS_S = (1.0, 3.0)
+# Sent again only within this many seconds of the first send: a service that timed out (30 s) is not waited for
+# again, and a transfer ends soon after it ran.
+OBSERVATION_RETRY_WITHIN_S = 10.0
 
 
 def _budget(text: str) -> float:
@@ -349,12 +352,14 @@ class LinkReporter:
 
             # Sent again under one Idempotency-Key when the service did not answer: stored once whatever happened.
             key = uuid.uuid4().hex
+            started = time.monotonic()
             for delay_s in (*OBSERVATION_RETRY_DELAYS_S, None):
                 try:
                     return rep._client.observe(self.dest.key, streams, throughput_bps, idempotency_key=key,
                                                src=self.src, **detail), None
                 except TameError as exc:
-                    if delay_s is None or not exc.retryable:
+                    if (delay_s is None or not exc.retryable
+                            or time.monotonic() + delay_s - started > OBSERVATION_RETRY_WITHIN_S):
                         return None, f"{rep._client.shown_url}: {exc}"
                 time.sleep(delay_s)
         try:

@@ -1,8 +1,9 @@
 """Writes sent again under their Idempotency-Key are stored once (advisor/idempotency.py), over HTTP on a real
 SQLite file and on PostgreSQL: the repeat gets the first answer and stores nothing, at once from many threads as
 well; a key sent with another body, and a malformed key, are refused (422) with nothing stored; keys are per site
-and per kind of write; pruning forgets them after KEYS_KEPT_S. The two clients that send again (the agent's spool,
-`tame transfer`'s report) are tested through a relay that loses the server's answer after it committed."""
+and per kind of write; a key goes when retention prunes the record it names. The two clients that send again (the
+agent's spool, `tame transfer`'s report) are tested through a relay that loses the server's answer after it
+committed."""
 
 import json
 import socket
@@ -12,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from advisor.destinations import parse_destination
-from advisor.idempotency import KEYS_KEPT_S, MAX_KEY_LENGTH
+from advisor.idempotency import MAX_KEY_LENGTH
 from advisor.observations import Observation
 from tests.api.conftest import rate
 from tests.api.dropping_proxy import DroppingProxy
@@ -157,21 +158,41 @@ def test_the_longest_key_is_taken(tmp_path, service_factory):
 
 
 @pytest.mark.parametrize("database", DATABASES)
-def test_pruning_forgets_keys_after_their_time(database, request, tmp_path, service_factory, clock):
-    from advisor.retention import prune
+def test_a_key_goes_when_its_record_is_pruned(database, request, tmp_path, service_factory, clock):
+    """Keys are bounded as the records are: a client writing under ever new keys grows the keys no faster than the
+    runs and observations retention keeps."""
+    from advisor.retention import Retention, prune
 
+    retention = Retention(keep_fits=1, keep_runs=1, run_max_age_s=3 * 86400.0)
+    base, client, app = make(database, request, tmp_path, service_factory, retention=retention)
+    store = app.state.service.store
+    keys = [uuid.uuid4().hex for _ in range(3)]
+    first = [client.post("/v1/probe-runs", json=RUN, headers=keyed(k)).json() for k in keys]
+    assert prune(store, retention).deleted["request_keys"] == 2  # the two older runs went, and their keys
+    assert counts(app)["probe_runs"] == counts(app)["request_keys"] == 1
+    newest = client.post("/v1/probe-runs", json=RUN, headers=keyed(keys[2]))
+    assert newest.headers["idempotent-replayed"] == "true" and newest.json() == first[2]
+    # A write sent again after its record went is another write.
+    again = client.post("/v1/probe-runs", json=RUN, headers=keyed(keys[0]))
+    assert again.status_code == 201 and "idempotent-replayed" not in again.headers
+    # A link that ages out takes its records' keys with it.
+    clock.advance(retention.run_max_age_s + 60)
+    counted = prune(store, retention)
+    assert counted.deleted["destinations"] == 1 and counts(app)["request_keys"] == 0
+
+
+@pytest.mark.parametrize("database", DATABASES)
+def test_an_equivalent_body_is_the_same_request(database, request, tmp_path, service_factory):
+    """src left out or naming the site it resolves to, and a field written out at its default, do not change the
+    request a key names."""
     base, client, app = make(database, request, tmp_path, service_factory)
-    store, retention = app.state.service.store, app.state.settings.retention
-    key = uuid.uuid4().hex
-    assert client.post("/v1/observations", json=OBSERVATION, headers=keyed(key)).status_code == 202
-    clock.advance(KEYS_KEPT_S - 60)
-    prune(store, retention)
-    assert counts(app)["request_keys"] == 1
-    assert client.post("/v1/observations", json=OBSERVATION, headers=keyed(key)).headers["idempotent-replayed"]
-    clock.advance(120)
-    assert prune(store, retention).deleted["request_keys"] == 1
-    again = client.post("/v1/observations", json=OBSERVATION, headers=keyed(key))
-    assert again.status_code == 202 and "idempotent-replayed" not in again.headers
+    own = app.state.settings.site
+    for route, body in (("/v1/probe-runs", RUN), ("/v1/observations", OBSERVATION)):
+        key = uuid.uuid4().hex
+        first = client.post(route, json=body, headers=keyed(key)).json()
+        for same in ({**body, "src": own}, {**body, "congestion_control": None}, {**body, "src": None}):
+            again = client.post(route, json=same, headers=keyed(key))
+            assert again.headers.get("idempotent-replayed") == "true" and again.json() == first, (same, again.text)
 
 
 def test_a_transfer_s_report_whose_answer_was_lost_is_sent_again_and_stored_once(tmp_path, service_factory,
@@ -190,3 +211,37 @@ def test_a_transfer_s_report_whose_answer_was_lost_is_sent_again_and_stored_once
     assert proxy.dropped == 1
     assert error is None and stored["accepted"] is True, error
     assert counts(app)["observations"] == 1
+
+
+def test_a_report_is_not_sent_again_past_the_retry_window(tmp_path, service_factory, monkeypatch):
+    from advisor.commands import transfer
+
+    monkeypatch.setattr(transfer, "OBSERVATION_RETRY_DELAYS_S", (0.1, 0.1))
+    monkeypatch.setattr(transfer, "OBSERVATION_RETRY_WITHIN_S", 0.05)
+    monkeypatch.delenv("TAME_TOKEN", raising=False)
+    monkeypatch.delenv("TAME_READ_TOKEN", raising=False)
+    base, client, app = service_factory(start_worker=False)
+    port = int(base.rsplit(":", 1)[1])
+    with DroppingProxy(("127.0.0.1", port), b"POST /v1/observations", drops=3) as proxy, \
+            transfer.Reporter(proxy.url) as reporter:
+        stored, error = reporter.link(None, parse_destination(DEST)).observe(Observation.checked(3, rate(3)))
+    assert stored is None and "cannot reach the advice service" in error and proxy.dropped == 1
+
+
+def test_a_run_spooled_before_keys_were_kept_is_sent_under_one_key(tmp_path, service_factory):
+    """A spool record from before keys (none in it) is sent under a key made from its file's name, the same at every
+    delivery: its answer lost once, it is still stored once."""
+    from advisor.commands.agent import SPOOL_FORM, _deliver_spooled
+    from api.client import TameClient
+
+    base, client, app = service_factory(start_worker=False)
+    port = int(base.rsplit(":", 1)[1])
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    (spool / "1-old.json").write_text(json.dumps({"form": SPOOL_FORM, "payload": RUN}))
+    with DroppingProxy(("127.0.0.1", port), b"POST /v1/probe-runs") as proxy, TameClient(proxy.url) as remote:
+        _deliver_spooled(remote, spool)
+        assert proxy.dropped == 1 and [p.name for p in spool.glob("*.json")] == ["1-old.json"]
+        _deliver_spooled(remote, spool)
+    assert list(spool.glob("*.json")) == []
+    assert counts(app)["probe_runs"] == 1
