@@ -76,3 +76,16 @@ def canonical_address(host: str) -> str | None:
         if address.ipv4_mapped is not None:
             return address.ipv4_mapped.compressed
     return address.compressed
+
+
+def client_key(host: str) -> str:
+    """Who a remote address is, for the per-client limits (connections held, probes queued): the address in its one
+    spelling (canonical_address), an IPv6 address but ::1 as its /64 (a host is given a whole /64 and may use any
+    address in it); a host that is not an address (a proxy's header may say anything) as written."""
+    canonical = canonical_address(host)
+    if canonical is None:
+        return host
+    address = ipaddress.ip_address(canonical.partition("%")[0])
+    if address.version == 6 and not address.is_loopback:
+        return ipaddress.ip_network(f"{address}/64", strict=False).compressed
+    return canonical

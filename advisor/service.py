@@ -24,7 +24,7 @@ from typing import Any, Callable, Sequence
 from advisor.advice import Advice, curve_to_json
 from advisor.alternatives import alternatives, budget_met
 from advisor.allowlist import Resolver, system_resolver
-from advisor.destinations import Destination, canonical_address, parse_destination
+from advisor.destinations import Destination, client_key, parse_destination
 from advisor.errors import (AdvisorError, BatchTooLarge, DestinationNotAllowed, InvalidRequest, QueueFull,
                             UnknownDestination, UnknownProbe)
 from advisor.fitcodec import fit_from_stored, fit_to_record
@@ -580,9 +580,9 @@ class AdviceService:
         remote address), and another site, are each held to settings.max_queued_probes_per_client queued jobs."""
         if client is not None:
             # One key per client, however its address is written (an X-Forwarded-For from a trusted proxy, a
-            # dual-stack socket's ::ffff:a.b.c.d), or it would get a fresh cap with each spelling. A host that is
-            # not an address (uvicorn passes on what the header says) is kept as given.
-            client = canonical_address(client) or client
+            # dual-stack socket's ::ffff:a.b.c.d) and whichever address of its IPv6 /64 it uses, or it would get a
+            # fresh cap with each.
+            client = client_key(client)
         dest = parse_destination(dest_text)
         control = self.control(congestion_control)
         site = self.site(src)

@@ -263,6 +263,8 @@ class Settings:
     header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
     max_connections: int = 1000
+    # The most of them one client (api.boundary.client_key; not the trusted proxies) may hold open.
+    max_client_connections: int = 100
     backlog: int = 2048
     # Request bodies over api.boundary.LARGE_BODY_BYTES are read and handled by at most max_large_bodies requests at
     # once; one more waits up to large_body_wait_s for its turn, then gets 503 (api/boundary.py).
@@ -307,7 +309,8 @@ class Settings:
         TAME_MAX_QUEUED_PROBES_PER_CLIENT (queued jobs one remote address, or one other site, may have),
         TAME_FORWARDED_ALLOW_IPS (trusted proxies whose X-Forwarded-For names the remote address; see
         forwarded_allow_ips), TAME_KEEPALIVE_TIMEOUT_S, TAME_HEADER_TIMEOUT_S, TAME_BODY_TIMEOUT_S,
-        TAME_MAX_CONNECTIONS, TAME_BACKLOG, TAME_MAX_LARGE_BODIES (request bodies over 1 MiB read at once, default
+        TAME_MAX_CONNECTIONS, TAME_MAX_CLIENT_CONNECTIONS (connections one client address, an IPv6 /64, may hold
+        open; default 100 or TAME_MAX_CONNECTIONS if lower, at most TAME_MAX_CONNECTIONS), TAME_BACKLOG, TAME_MAX_LARGE_BODIES (request bodies over 1 MiB read at once, default
         4), TAME_LARGE_BODY_WAIT_S (how long one more waits for its turn before 503, default 5), TAME_MAX_SITE_LINKS (links the store keeps from one site, default 2000),
         TAME_CONGESTION_CONTROL (the control probes and advice use when a request names none; default this host's,
         net.ipv4.tcp_congestion_control), TAME_SITE (this service's site, the source of the links it probes;
@@ -365,6 +368,7 @@ class Settings:
             raise ConfigError(f"TAME_PROBE_MAX_AGE_S={env['TAME_PROBE_MAX_AGE_S']!r} must be at least TAME_TTL_S "
                               f"({ttl_s:g} s): it bounds how long transfers alone may keep a link fresh")
         control = default_control(env)
+        max_connections = number("TAME_MAX_CONNECTIONS", 1000, 1, 1_000_000, int)
         # Each ceiling from 1 to its hard cap, which is its default: unset, a site may ask for what it always could.
         caps = SITE_HARD_CAPS.to_json()
         settings = cls(
@@ -390,7 +394,9 @@ class Settings:
             keepalive_timeout_s=number("TAME_KEEPALIVE_TIMEOUT_S", 5.0, 0.1, 300.0),
             header_timeout_s=number("TAME_HEADER_TIMEOUT_S", 10.0, 0.1, 300.0),
             body_timeout_s=number("TAME_BODY_TIMEOUT_S", 30.0, 0.1, 3600.0),
-            max_connections=number("TAME_MAX_CONNECTIONS", 1000, 1, 1_000_000, int),
+            max_connections=max_connections,
+            max_client_connections=number("TAME_MAX_CLIENT_CONNECTIONS", min(100, max_connections), 1,
+                                          max_connections, int),
             backlog=number("TAME_BACKLOG", 2048, 1, 65535, int),
             max_large_bodies=number("TAME_MAX_LARGE_BODIES", 4, 1, 1024, int),
             large_body_wait_s=number("TAME_LARGE_BODY_WAIT_S", 5.0, 0.0, 300.0),

@@ -79,7 +79,9 @@ def http(method: str, url: str, body: dict | None = None) -> tuple[int, bytes]:
 
 def start_server(folder: str, database_url: str | None) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    env = {**os.environ, "TAME_DATABASE_URL": database_url or f"sqlite:///{folder}/bench.sqlite3"}
+    # Every load client connects from 127.0.0.1: one client to the server, which must take all its connections.
+    env = {**os.environ, "TAME_DATABASE_URL": database_url or f"sqlite:///{folder}/bench.sqlite3",
+           "TAME_MAX_CLIENT_CONNECTIONS": os.environ.get("TAME_MAX_CONNECTIONS", "1000")}
     proc = subprocess.Popen([sys.executable, "-m", "advisor", "serve", "--no-worker", "--port", str(port)],
                             env=env, stdout=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"

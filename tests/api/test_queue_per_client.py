@@ -68,7 +68,9 @@ def test_x_forwarded_for_counts_only_from_a_trusted_proxy(tmp_path, monkeypatch,
 # Spellings of one client, as a proxy may write them in X-Forwarded-For; each group holds 3 requests, one past the cap
 # of 2. A host that is not an address is kept as the header gives it.
 SPELLINGS = [("10.0.0.5", "::ffff:10.0.0.5", "[::FFFF:a00:5]:4321"), ("::1", "0:0::1", "0000:0000:0000::0001"),
-             ("2001:DB8::7", "2001:db8:0:0::7", "[2001:db8::0:7]"), ("gateway", "gateway", "gateway")]
+             ("2001:DB8::7", "2001:db8:0:0::7", "[2001:db8::0:7]"), ("gateway", "gateway", "gateway"),
+             # Three addresses of one IPv6 /64: one client, as a host may take any address of its /64.
+             ("2001:db8:0:1::1", "2001:db8:0:1::2", "2001:db8:0:1:ffff::9")]
 
 
 def test_a_client_behind_a_trusted_proxy_cannot_escape_its_cap_by_spelling_its_address_again(tmp_path, monkeypatch):
@@ -84,7 +86,8 @@ def test_a_client_behind_a_trusted_proxy_cannot_escape_its_cap_by_spelling_its_a
     finally:
         stop(proc)
     assert statuses == [[202, 202, 429]] * len(SPELLINGS)
-    assert clients_in(db_path) == {"10.0.0.5": 2, "::1": 2, "2001:db8::7": 2, "gateway": 2}
+    # An IPv6 client is its /64 (but ::1).
+    assert clients_in(db_path) == {"10.0.0.5": 2, "::1": 2, "2001:db8::/64": 2, "gateway": 2, "2001:db8:0:1::/64": 2}
 
 
 def test_a_dual_stack_listener_counts_an_ipv4_client_under_its_ipv4_address(tmp_path):

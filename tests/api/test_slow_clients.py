@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 import pytest
 import uvicorn
 
-from api.server import MAX_HEADER_BYTES, header_deadline_protocol
+from api.server import MAX_HEADER_BYTES, MAX_HEADERS, MAX_PIPELINED, header_deadline_protocol
 from tests.api.conftest import free_port, wait_for
 
 HEALTH = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
@@ -185,3 +185,99 @@ def test_an_endless_request_line_gets_431_at_the_header_byte_cap(http):
                 while received < 100_000:
                     received += len(sock.recv(65536))
         assert status_of(base) == 200
+
+
+def connect_from(base, source_host):
+    """A connection to ``base`` from the local address ``source_host`` (any 127.x.y.z works on loopback)."""
+    parts = urlsplit(base)
+    return socket.create_connection((parts.hostname, parts.port), timeout=10, source_address=(source_host, 0))
+
+
+def refused_at_once(sock) -> bytes:
+    """What the server sent a connection it refused as it opened, before any request: its 503, then EOF."""
+    answer = b""
+    sock.settimeout(10)
+    try:
+        while chunk := sock.recv(4096):
+            answer += chunk
+    except ConnectionResetError:
+        pass
+    return answer
+
+
+def test_one_client_cannot_hold_more_than_its_share_of_connections(service_factory):
+    """One address holding TAME_MAX_CLIENT_CONNECTIONS idle connections gets 503 on the next as it opens, while
+    another address is served; the limit on all connections refuses as the connection opens too."""
+    base, client, app = service_factory(start_worker=False, max_connections=6, max_client_connections=3,
+                                        header_timeout_s=60.0)
+    held = [connect_from(base, "127.0.0.5") for _ in range(3)]
+    try:
+        with connect_from(base, "127.0.0.5") as one_too_many:
+            answer = refused_at_once(one_too_many)
+            assert answer.startswith(b"HTTP/1.1 503") and b"TAME_MAX_CLIENT_CONNECTIONS" in answer, answer
+        assert status_of(base) == 200  # 127.0.0.1, another client
+        # Six open in all (three each from two more addresses): the seventh is refused before it sends a byte.
+        held += [connect_from(base, "127.0.0.6") for _ in range(3)]
+        with connect_from(base, "127.0.0.7") as seventh:
+            assert refused_at_once(seventh).startswith(b"HTTP/1.1 503")
+    finally:
+        for sock in held:
+            sock.close()
+    wait_for(lambda: status_of(base) == 200, timeout_s=10, what="service once the connections closed")
+    with connect_from(base, "127.0.0.5") as again:
+        again.sendall(HEALTH)
+        assert again.recv(4096).startswith(b"HTTP/1.1 200")
+
+
+def test_a_head_of_more_header_lines_than_the_cap_gets_431(service_factory):
+    base, client, app = service_factory(start_worker=False)
+    lines = b"".join(b"x-%d: 1\r\n" % i for i in range(MAX_HEADERS - 1))  # with Host: MAX_HEADERS lines
+    assert status_of(base, b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + lines + b"\r\n") == 200
+    assert status_of(base, b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + lines + b"x-last: 1\r\n\r\n") == 431
+
+
+def test_a_pipelined_head_is_capped_while_a_response_is_pending(service_factory):
+    """A client that does not read a streamed file's response and sends an endless next request line: the app
+    awaits receive() for a disconnect, which lets the parser read on; the head cap holds whatever the response's
+    state, so the server closes the connection instead of buffering the request line."""
+    base, client, app = service_factory(start_worker=False)
+    parts = urlsplit(base)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.settimeout(10)
+    sock.connect((parts.hostname, parts.port))
+    sent = 0
+    with sock:
+        sock.sendall(b"GET /docs/assets/swagger-ui-bundle.js HTTP/1.1\r\nHost: x\r\n\r\nGET /")
+        try:
+            while sent < 64 * MAX_HEADER_BYTES:
+                sock.sendall(b"a" * 8192)
+                sent += 8192
+        except (BrokenPipeError, ConnectionResetError, socket.timeout):
+            pass
+    assert sent < 64 * MAX_HEADER_BYTES, "the server read a request line 64 times the cap"
+    assert status_of(base) == 200
+
+
+def answers_to(base, request: bytes, count: int) -> int:
+    """How many answers the server sends to ``count`` copies of ``request`` sent at once (HTTP pipelining)."""
+    with connect(base) as sock:
+        sock.sendall(request * count)
+        received = b""
+        try:
+            while chunk := sock.recv(65536):
+                received += chunk
+                if received.count(b"HTTP/1.1 200") == count:
+                    break
+        except (ConnectionResetError, socket.timeout):
+            pass
+    return received.count(b"HTTP/1.1 200")
+
+
+def test_pipelined_requests_are_answered_up_to_the_pipelining_cap(service_factory):
+    # Each answer lets the parser read on, and one read holds a thousand small requests: without a cap a client
+    # that sends faster than it reads queues them without end.
+    base, client, app = service_factory(start_worker=False)
+    assert answers_to(base, HEALTH, MAX_PIPELINED) == MAX_PIPELINED
+    assert answers_to(base, HEALTH, 2000) < 2000  # the connection is closed once MAX_PIPELINED wait
+    assert status_of(base) == 200
