@@ -7,7 +7,8 @@ any kept fit rests on (fits.probe_run_id) and the newest run with results under 
 base an observation refits on, :meth:`advisor.store.Store.latest_run_points`); the newest ``keep_observations`` observations
 (never fewer than the refit window, :data:`advisor.store.REFIT_OBSERVATIONS`, so the
 observations the current fit used stay); queued and running probe jobs, and the newest
-``keep_runs`` finished ones, within the same age; the probe-seconds of lapsed attempts (``spent_attempts``) for
+``keep_runs`` finished ones, within the same age, and every job of a registered site started within the hour its
+probe budget counts (:data:`advisor.sites.BUDGET_WINDOW_S`); the probe-seconds of lapsed attempts (``spent_attempts``) for
 as long as a site's budget counts them (:data:`advisor.sites.BUDGET_WINDOW_S`); the Idempotency-Key of a stored
 write (advisor/idempotency.py) as long as the run or observation it names. The SQL views (current_fits,
 current_advice) read only the newest fit and its curve, which stay as long as their link (below).
@@ -146,15 +147,18 @@ def _stale_raw(tx: Tx, limit: int) -> list[int]:
     return [r[0] for r in rows]
 
 
-def _prunable_jobs(tx: Tx, keep: int, older_than: float | None, limit: int) -> list[str]:
+def _prunable_jobs(tx: Tx, keep: int, older_than: float | None, limit: int, budget_since: float) -> list[str]:
     # Finished jobs only; their order is finished_at (job ids are random). A client polling a job
-    # pruned gets 404, so the newest few per link stay for as long as runs do.
+    # pruned gets 404, so the newest few per link stay for as long as runs do. A registered site's job started since
+    # ``budget_since`` stays whatever else holds: the site's hourly probe budget counts its seconds from its row
+    # (advisor.sites).
     rows = tx.execute(
         "SELECT j.id FROM probe_jobs j WHERE j.status IN ('done', 'failed') AND (j.finished_at < ? OR "
         "(SELECT count(*) FROM probe_jobs j2 WHERE j2.dest = j.dest AND j2.src = j.src AND j2.status IN ('done', 'failed') "
         "AND (j2.finished_at > j.finished_at OR (j2.finished_at = j.finished_at AND j2.id > j.id))) >= ?) "
+        "AND (j.started_at IS NULL OR j.started_at < ? OR NOT EXISTS (SELECT 1 FROM sites s WHERE s.name = j.src)) "
         "ORDER BY j.finished_at LIMIT ?",
-        (-1.0 if older_than is None else older_than, keep, limit)).fetchall()
+        (-1.0 if older_than is None else older_than, keep, budget_since, limit)).fetchall()
     return [r[0] for r in rows]
 
 
@@ -233,7 +237,7 @@ def prune(store: Store, retention: Retention, *, pause_s: float = 0.0, max_batch
         return len(ids)
 
     def jobs(tx: Tx) -> int:
-        ids = _prunable_jobs(tx, retention.keep_runs, older_than, b)
+        ids = _prunable_jobs(tx, retention.keep_runs, older_than, b, now - BUDGET_WINDOW_S)
         if ids:
             tx.execute(f"DELETE FROM probe_jobs WHERE id IN ({_placeholders(ids)}) "
                        "AND status IN ('done', 'failed')", ids)

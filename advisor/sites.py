@@ -19,7 +19,7 @@ from advisor.destinations import Destination
 from advisor.errors import BudgetConflict, InvalidRequest, TooManyLinks
 from advisor.limits import (BUDGET_WINDOW_S, MAX_SITE_LINKS, MAX_SITE_PROBE_SECONDS_PER_HOUR, MAX_SITE_PROBES,
                             MAX_SITE_STREAMS)
-from advisor.store import JOB_COLUMNS, Job, Store, fail_job_in, job_from_row
+from advisor.store import JOB_COLUMNS, Job, Store, fail_job_in, job_from_row, lock_claims
 
 # How long after its agents' last sign of life (a registration or a claimed probe; one under a lease counts until the
 # lease runs out) a site's budget stays held against a different one, seconds. An agent registers every round
@@ -240,6 +240,7 @@ def claim_job(store: Store, site: str, owner: str, *, max_streams: int, adaptive
     now = store.clock()
     lock, skip = _row_lock(store), _row_lock(store, "FOR UPDATE SKIP LOCKED")
     with store.db.transaction(write=True) as tx:
+        lock_claims(tx)  # claims from other sites check the same running destinations
         row = tx.execute(f"SELECT max_probes, max_streams, probe_seconds_per_hour FROM sites WHERE name = ?{lock}",
                          (site,)).fetchone()
         if row is None:

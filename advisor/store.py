@@ -38,6 +38,10 @@ REFIT_OBSERVATIONS = 200
 # PostgreSQL advisory locks of the link count, one per site (the first of two keys; the migrations' lock is one key):
 # two transactions adding a site's last allowed link must not both count one less than the cap and insert.
 LINK_COUNT_LOCK = 7316
+# The PostgreSQL advisory lock every claim of a probe job takes first (this service's worker and the sites' agents,
+# advisor.sites.claim_job): a claim checks that no probe of the job's destination runs, from any site, and marks the
+# job running; two claims at once from different sites would both see the destination idle.
+CLAIM_LOCK = 7317
 # The key of Tx.memo holding the link counts check_new_link keeps for the transaction.
 _LINK_COUNTS = "site_link_counts"
 
@@ -247,9 +251,18 @@ def _owner_is_dead_here(owner: str | None) -> bool:
 
 
 def fail_job_in(tx: Tx, job_id: str, error: str, now: float) -> None:
-    """Finish a queued or running job as failed with ``error``, inside the caller's transaction ``tx``."""
-    tx.execute("UPDATE probe_jobs SET status = 'failed', finished_at = ?, error = ?, owner = NULL, lease_until = NULL "
+    """Finish a queued or running job as failed with ``error``, inside the caller's transaction ``tx``. A queued job
+    fails without running: a started_at left from a lapsed attempt (kept in spent_attempts) goes, or a site's budget
+    would count the job's time in the queue as probing."""
+    tx.execute("UPDATE probe_jobs SET status = 'failed', finished_at = ?, error = ?, owner = NULL, lease_until = NULL, "
+               "started_at = CASE WHEN status = 'queued' THEN NULL ELSE started_at END "
                "WHERE id = ? AND status IN ('queued', 'running')", (now, error, job_id))
+
+
+def lock_claims(tx: Tx) -> None:
+    """Take the claims' lock (CLAIM_LOCK) for ``tx`` on PostgreSQL; SQLite runs one write transaction at a time."""
+    if tx.dialect == "postgresql":
+        tx.execute(f"SELECT pg_advisory_xact_lock({CLAIM_LOCK})")
 
 
 class Store:
@@ -649,16 +662,19 @@ class Store:
         """Mark site ``src``'s oldest queued job running for ``owner`` if fewer than ``limit`` of that site's
         probes run (a site's probes share its links)."""
         with self.db.transaction(write=True) as tx:
+            lock_claims(tx)
             if self.db.dialect == "postgresql":
                 tx.execute("LOCK TABLE probe_jobs IN SHARE ROW EXCLUSIVE MODE")
             running = tx.execute("SELECT count(*) FROM probe_jobs WHERE status = 'running' AND src = ?",
                                  (src,)).fetchone()[0]
             if running >= limit:
                 return None
-            # A job whose address (as it resolved when it last ran) has a probe running waits its turn.
+            # A job whose destination another site's agent probes, or whose address (as it resolved when it last
+            # ran) has a probe running, waits its turn.
             row = tx.execute(
                 f"SELECT {JOB_COLUMNS} FROM probe_jobs WHERE status = 'queued' AND src = ? AND (address IS NULL OR "
                 "address NOT IN (SELECT address FROM probe_jobs WHERE status = 'running' AND address IS NOT NULL)) "
+                "AND dest NOT IN (SELECT dest FROM probe_jobs WHERE status = 'running') "
                 "ORDER BY requested_at, id LIMIT 1", (src,)
             ).fetchone()
             if row is None:
@@ -676,6 +692,7 @@ class Store:
         """Record that ``owner``'s running job probes ``address`` (and renew its lease), unless another
         running job probes that address: False then, and the job should wait (:meth:`release_job`)."""
         with self.db.transaction(write=True) as tx:
+            lock_claims(tx)
             if self.db.dialect == "postgresql":
                 tx.execute("LOCK TABLE probe_jobs IN SHARE ROW EXCLUSIVE MODE")
             busy = tx.execute(

@@ -402,7 +402,7 @@ def test_a_site_registered_before_setters_were_kept_holds_its_budget(tmp_path, r
     monkeypatch.setattr(advisor.db, "migrations", lambda: everything)
     store = Store(advisor.db.Database(url), clock=clock)
     try:
-        assert store.db.migrate() == [15]
+        assert store.db.migrate() == [v for v in sorted(everything) if v >= 15]
         with pytest.raises(BudgetConflict, match=r"max_probes=2, .* set by an agent that gave no owner, and its agents "
                                                  r"are alive \(last seen 10 s ago\)"):
             register_site(store, "a", OTHER, DESTS[:1], owner="agent-1")
@@ -520,3 +520,82 @@ def test_a_fractional_budget_is_named_as_given_when_a_probe_never_fits():
     # 3600.5 probe-seconds allow no probe of 3600.7: the message gives 3600.5, not a rounded 3601 or 3600.
     error = never_fits("a", 10, 3600.7, SiteBudget(1, 64, 3600.5), SITE_HARD_CAPS)
     assert "needs 3601 probe-seconds in an hour; site a's budget in force allows 3600.5 (" in error
+
+
+def test_this_service_s_worker_waits_for_a_destination_another_site_probes(store):
+    """The worker's own claim (Store.claim_job) skips a destination an agent of another site is probing: two probes
+    through one bottleneck would measure each other, and iperf3 refuses the second as busy."""
+    register_site(store, "a", SiteBudget(max_probes=4), DESTS[:1])
+    queue(store, "a", DESTS[:1])
+    remote = _claim(store, "a")
+    assert remote.job is not None
+    queue(store, "local", DESTS[:1])
+    assert store.claim_job("worker-1", lambda job: 100.0, 4, src="local") is None
+    _finish(store, remote)
+    assert store.claim_job("worker-1", lambda job: 100.0, 4, src="local").dest == DESTS[0].key
+
+
+@pytest.mark.postgres
+def test_sites_claiming_one_destination_at_once_never_probe_it_twice(pg_url):
+    """Four sites whose agents were last seen long ago (so no turn orders them) each have a probe of one destination
+    queued, and claim at the same moment on PostgreSQL, from separate connections: one claim takes it."""
+    stores = [Store.open(pg_url, clock=Clock()) for _ in range(4)]
+    sites = ["a", "b", "c", "d"]
+    try:
+        for trial in range(20):
+            with stores[0].db.transaction(write=True) as tx:
+                tx.execute("DELETE FROM probe_jobs")
+            for site in sites:
+                register_site(stores[0], site, SiteBudget(max_probes=4), DESTS[:1])
+                stores[0].enqueue_job(DESTS[0], [1, 10], 30.0, src=site)
+            for store in stores:
+                store.clock.advance(BUDGET_HOLD_S + 1)  # no site's agents seen lately: none waits for a turn
+            claims = run_together(lambda i, _: _claim(stores[i], sites[i]), 4)
+            assert sum(c.job is not None for c in claims) == 1, (trial, [c.waiting for c in claims])
+    finally:
+        for store in stores:
+            store.close()
+
+
+def test_pruning_keeps_the_jobs_a_site_s_hourly_budget_counts(store):
+    """An agent that re-probes one link over and over within the hour: retention keeps the newest TAME_KEEP_RUNS
+    finished jobs of a link, but not one its site's budget still counts, or the budget would never fill."""
+    from advisor.retention import Retention, prune
+
+    register_site(store, "a", SiteBudget(max_probes=1, max_streams=64, probe_seconds_per_hour=2550), DESTS[:1])
+    for _ in range(25):
+        queue(store, "a", DESTS[:1])
+        claim = _claim(store, "a")
+        store.clock.advance(100)
+        _finish(store, claim)
+    spent = site_use(store, "a").seconds
+    assert spent == pytest.approx(25 * 100)
+    prune(store, Retention(keep_runs=5))
+    assert site_use(store, "a").seconds == pytest.approx(spent)
+    queue(store, "a", DESTS[:1])
+    refused = _claim(store, "a")
+    assert refused.job is None and "2500 of a's 2550 probe-seconds" in refused.waiting
+    # An hour after they started, they are history like any other job: pruned down to the newest 5.
+    store.clock.advance(3700)
+    prune(store, Retention(keep_runs=5))
+    with store.db.transaction() as tx:
+        assert tx.execute("SELECT count(*) FROM probe_jobs WHERE status = 'done'").fetchone()[0] == 5
+
+
+def test_a_queued_job_that_fails_without_running_counts_no_probe_seconds(store):
+    """A job whose attempt lapsed (its seconds kept as a spent attempt) and which later fails at a claim without
+    running (the budget lowered under it): its time in the queue is not counted as probing."""
+    register_site(store, "a", SiteBudget(max_probes=1, max_streams=64, probe_seconds_per_hour=3600), DESTS[:1],
+                  owner="agent-1")
+    queue(store, "a", DESTS[:1])
+    first = _claim(store, "a")
+    store.clock.advance(116)
+    assert store.recover_jobs(3, owner_is_dead=lambda owner: False) == 1
+    assert site_use(store, "a").seconds == pytest.approx(115)
+    register_site(store, "a", SiteBudget(max_probes=1, max_streams=2, probe_seconds_per_hour=3600), DESTS[:1],
+                  owner="agent-1")
+    store.clock.advance(3000)
+    assert _claim(store, "a").job is None
+    failed = store.job(first.job.id)
+    assert failed.status == "failed" and "never run" in failed.error
+    assert site_use(store, "a").seconds == pytest.approx(115)
