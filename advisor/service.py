@@ -728,6 +728,19 @@ class AdviceService:
                 "waiting": claimed.waiting, "budget": claimed.budget.to_json(),
                 "use": site_use(self.store, name).to_json()}
 
+    def fail_claim(self, site: Any, job_id: str, owner: Any, error: str) -> dict[str, Any]:
+        """Agent ``owner`` of ``site`` could not run its claimed probe ``job_id`` (``error``, as it saw it): the job goes
+        back to the queue, behind the site's others, or fails after settings.max_probe_attempts attempts; the site's
+        budget counts the seconds the attempt took. The job as GET /v1/probes/ID shows it; UnknownProbe when the
+        agent does not hold it."""
+        name = check_site(site, "site")
+        check_owner(owner)
+        job = self.store.fail_attempt(job_id, owner, name, error, self.settings.max_probe_attempts)
+        if job is None:
+            raise UnknownProbe(f"{owner} of {name} holds no running probe {job_id} (finished, or its lease ran out and "
+                               "went to another agent): nothing to report")
+        return self.probe_status(job.id)
+
     def claimed_job(self, job_id: str | None, owner: str | None, src: str, dest: Destination) -> Job | None:
         """The running job ``job_id`` if ``owner`` holds it as a probe of the link from ``src`` to ``dest``, else
         None (no claim named, or its lease went to another agent: the run is kept, the job stays with its holder).

@@ -43,7 +43,7 @@ def run_payload(dest: str, plan: PlanResult, started_at: float, control: str | N
 @dataclasses.dataclass
 class SiteAgent:
     """One agent of ``site``: ``client`` is an api.client.TameClient, ``push(payload)`` sends a run (spooling it
-    when the service cannot take it now)."""
+    when the service cannot take it now), ``report_failure(job_id, error)`` a claimed probe that could not run."""
 
     client: Any
     site: str
@@ -53,6 +53,9 @@ class SiteAgent:
     driver: ProbeDriver
     push: Callable[[dict[str, Any]], bool]
     clock: Callable[[], float]
+    # report_failure(job id, error): tells the service a claimed probe could not run (left unreported, its lease
+    # runs out and returns it to the queue later).
+    report_failure: Callable[[str, str], None] = lambda job_id, error: None
     log: Callable[[str], None] = lambda line: print(line, flush=True)
     stop: threading.Event = dataclasses.field(default_factory=threading.Event)
 
@@ -104,7 +107,8 @@ class SiteAgent:
                             next_level=level_chooser(self.settings.model, min(self.settings.n_max, claim["max_streams"])))
             used = plan_control(plan.probes, control)
         except (AdvisorError, ProbeError, ValueError) as exc:
-            # The job is left to its lease: it goes back to the queue and counts as an attempt.
             print(f"tame agent: {self.site} -> {dest}: {exc}", file=sys.stderr, flush=True)
+            # Its job goes behind the site's others, and the budget counts the seconds it took, not its lease's worth.
+            self.report_failure(job["id"], str(exc))
             return
         self.push(run_payload(dest, plan, started, used, src=self.site, job_id=job["id"], owner=self.owner))

@@ -723,6 +723,32 @@ class Store:
                        "AND status = 'running'",
                        (progress, None if detail is None else json.dumps(detail), job_id, owner))
 
+    def fail_attempt(self, job_id: str, owner: str, src: str, error: str, max_attempts: int) -> Job | None:
+        """``owner``'s attempt at its running job (a probe of a link from ``src``) failed with ``error``, reported by
+        that agent: the job goes to the back of the site's queue (failed when this was its ``max_attempts``-th
+        attempt), and the attempt's probe-seconds are what it took, started_at to now (not its lease's worth, as a
+        lapsed one counts). None when ``owner`` does not hold the job (its lease went to another agent)."""
+        now = self.clock()
+        with self.db.transaction(write=True) as tx:
+            row = tx.execute("SELECT attempts, started_at FROM probe_jobs WHERE id = ? AND owner = ? AND src = ? "
+                             "AND status = 'running'", (job_id, owner, src)).fetchone()
+            if row is None:
+                return None
+            attempts, started_at = row
+            held = "id = ? AND owner = ? AND status = 'running'"
+            if attempts >= max_attempts:
+                tx.execute("UPDATE probe_jobs SET status = 'failed', finished_at = ?, owner = NULL, lease_until = NULL, "
+                           f"error = ? WHERE {held}",
+                           (now, f"failed {attempts} times; giving up. Last: {error}", job_id, owner))
+            else:
+                # Behind the site's other queued jobs: one that fails at once must not hold the head of the queue.
+                tx.execute("UPDATE probe_jobs SET status = 'queued', progress = 0, progress_detail = NULL, owner = NULL, "
+                           f"lease_until = NULL, address = NULL, requested_at = ?, error = ? WHERE {held}",
+                           (now, f"attempt {attempts} failed: {error}; re-queued", job_id, owner))
+                tx.execute("INSERT INTO spent_attempts (src, job_id, started_at, seconds) VALUES (?, ?, ?, ?)",
+                           (src, job_id, started_at, max(0.0, now - started_at)))
+        return self.job(job_id)
+
     def fail_job(self, job_id: str, error: str) -> None:
         with self.db.transaction(write=True) as tx:
             fail_job_in(tx, job_id, error, self.clock())

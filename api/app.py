@@ -272,6 +272,12 @@ def create_app(settings: Settings, store: Store, driver: ProbeDriver | None = No
     def post_claim(site: str, body: schemas.ClaimIn) -> Response:
         return _json(service.claim(site, body.owner, body.max_streams))
 
+    @app.post("/v1/sites/{site}/claims/{probe_id}/failure", response_model=schemas.ProbeStatus,
+              responses={**_BODY_ERRORS, **_responses(403)})
+    def post_claim_failure(site: str, probe_id: str, body: schemas.ClaimFailureIn) -> Response:
+        # The attempt counts what it took of the site's budget, not its whole lease, and its job queues again.
+        return _json(service.fail_claim(site, probe_id, body.owner, body.error))
+
     @app.get("/healthz", response_model=schemas.Health, responses=_responses(503))
     def healthz() -> Response:
         store.job_counts()  # touches the database; StoreError -> 503

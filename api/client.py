@@ -132,7 +132,7 @@ class TameClient:
         return self._call("GET", "/v1/links", params=_given(src=src))
 
     def curve(self, dest: str, cc: str | None = None, src: str | None = None) -> dict[str, Any]:
-        return self._call("GET", f"/v1/paths/{httpx.URL(path=dest).raw_path.decode()}/curve",
+        return self._call("GET", f"/v1/paths/{_segment(dest)}/curve",
                           params=_given(cc=cc, src=src))
 
     def observe(self, dest: str, streams: int, throughput_bps: float, idempotency_key: str | None = None,
@@ -148,17 +148,27 @@ class TameClient:
         """POST /v1/probe-runs; sent again with the same ``idempotency_key``, the run is stored once."""
         return self._call("POST", "/v1/probe-runs", json=payload, headers=_keyed(idempotency_key))
 
+    def fail_claim(self, site: str, job_id: str, owner: str, error: str) -> dict[str, Any]:
+        """POST /v1/sites/SITE/claims/ID/failure: agent ``owner`` could not run its claimed probe (``error``)."""
+        return self._call("POST", f"/v1/sites/{_segment(site)}/claims/{_segment(job_id)}/failure",
+                          json={"owner": owner, "error": error[:1000]})
+
     def register_site(self, site: str, dests: Sequence[str], budget: dict[str, Any],
                       congestion_control: str | None = None, owner: str | None = None) -> dict[str, Any]:
         """PUT /v1/sites/SITE: the site's links (dests) and probe budget (advisor.sites.SiteBudget.to_json()), from
         agent ``owner`` (409 when the site's live agents run with another budget)."""
         body = {"dests": list(dests), **budget, **_given(congestion_control=congestion_control, owner=owner)}
-        return self._call("PUT", f"/v1/sites/{httpx.URL(path=site).raw_path.decode()}", json=body)
+        return self._call("PUT", f"/v1/sites/{_segment(site)}", json=body)
 
     def claim(self, site: str, owner: str, max_streams: int) -> dict[str, Any]:
         """POST /v1/sites/SITE/claims: the site's next due probe for agent ``owner`` ({"job": None} when none)."""
-        return self._call("POST", f"/v1/sites/{httpx.URL(path=site).raw_path.decode()}/claims",
+        return self._call("POST", f"/v1/sites/{_segment(site)}/claims",
                           json={"owner": owner, "max_streams": max_streams})
+
+
+def _segment(text: str) -> str:
+    """``text`` as one path segment, escaped."""
+    return httpx.URL(path=text).raw_path.decode()
 
 
 def _keyed(idempotency_key: str | None) -> dict[str, str]:

@@ -397,6 +397,14 @@ class ClaimIn(BaseModel):
                              description="the most streams this agent's probe may open")
 
 
+class ClaimFailureIn(BaseModel):
+    """A claimed probe its agent could not run (the destination refused it, say)."""
+
+    model_config = ConfigDict(extra="forbid")
+    owner: Owner = Field(description="the agent that claimed it")
+    error: str = Field(min_length=1, max_length=1000, description="what went wrong, as the agent saw it")
+
+
 class ClaimOut(BaseModel):
     site: str
     job: ProbeStatus | None = Field(description="the claimed probe; null when none is due or the budget is spent")

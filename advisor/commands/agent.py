@@ -237,8 +237,18 @@ def _run_site(args, settings, driver) -> int:
     spool = args.spool or default_spool_dir()
     budget = SiteBudget(args.max_probes, args.max_streams, float(args.probe_seconds_per_hour))
     with TameClient(args.push, token=settings.token, timeout_s=30) as client:
-        agent = SiteAgent(client, args.site, process_owner(), budget, settings, driver,
-                          push=lambda payload: _push(client, payload, spool), clock=time.time)
+        owner = process_owner()
+
+        def report_failure(job_id: str, error: str) -> None:
+            try:
+                client.fail_claim(args.site, job_id, owner, error)
+            except TameError as exc:
+                print(f"tame agent: site {args.site}: could not report the failed probe {job_id} ({exc}); its lease "
+                      "will return it to the queue", file=sys.stderr, flush=True)
+
+        agent = SiteAgent(client, args.site, owner, budget, settings, driver,
+                          push=lambda payload: _push(client, payload, spool), clock=time.time,
+                          report_failure=report_failure)
         while not agent.stop.is_set():
             _deliver_spooled(client, spool)
             try:

@@ -5,11 +5,12 @@ import os
 import sqlite3
 import subprocess
 
+import httpx
 import psycopg
 import pytest
 
-from tests.api.conftest import wait_for
-from tests.api.procs import TAME, start_serve, stop
+from tests.api.conftest import free_port, wait_for
+from tests.api.procs import TAME, start_iperf3, start_serve, stop
 
 
 @pytest.mark.parametrize("argv, says", [
@@ -154,3 +155,38 @@ def test_two_agents_of_a_site_with_different_budgets_through_tame_serve(tmp_path
         first.kill()
         first.wait(30)
         stop(serve)
+
+
+@pytest.mark.iperf
+def test_a_destination_that_refuses_probes_neither_blocks_the_site_nor_spends_its_budget(tmp_path):
+    """A real agent with two links, one where nothing listens: each failed claim is reported at once, so the live
+    link is probed in the same round, the dead link's job fails after TAME_MAX_PROBE_ATTEMPTS attempts, and the
+    site's hour holds the seconds they took, not three leases' worth (the budget would be spent by the dead link)."""
+    live_port, dead_port = free_port(), free_port()
+    iperf = start_iperf3(tmp_path, live_port)
+    probes = {"TAME_PROBE_LEVELS": "1,2", "TAME_PROBE_DURATION_S": "1", "TAME_PROBE_MAX_DURATION_S": "1",
+              "TAME_MODEL": "lu"}
+    (tmp_path / "serve").mkdir()
+    serve, base = start_serve(tmp_path / "serve", tmp_path / "tame.sqlite3", env=probes, args=("--no-worker",))
+    dests = tmp_path / "dests"
+    dests.write_text(f"127.0.0.1:{dead_port}\n127.0.0.1:{live_port}\n")
+    env = {**os.environ, **probes, "XDG_STATE_HOME": str(tmp_path / "state")}
+    env.pop("TAME_TOKEN", None)
+    try:
+        done = subprocess.run([TAME, "agent", "--site", "dtn1", "--server", base, "--dest-file", str(dests), "--once",
+                               "--probe-seconds-per-hour", "600"], env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        with sqlite3.connect(tmp_path / "tame.sqlite3") as conn:
+            jobs = dict(conn.execute("SELECT dest, status FROM probe_jobs").fetchall())
+            dead_error = conn.execute("SELECT error FROM probe_jobs WHERE dest = ?",
+                                      (f"127.0.0.1:{dead_port}",)).fetchone()[0]
+            runs = conn.execute("SELECT d.dest FROM probe_runs r JOIN destinations d ON d.id = r.destination_id"
+                                ).fetchall()
+        assert jobs == {f"127.0.0.1:{dead_port}": "failed", f"127.0.0.1:{live_port}": "done"}, (jobs, done.stderr)
+        assert "failed 3 times" in dead_error, dead_error
+        assert runs == [(f"127.0.0.1:{live_port}",)]
+        use = httpx.post(f"{base}/v1/sites/dtn1/claims", json={"owner": "x"}, timeout=30).json()["use"]
+        assert use["probe_seconds"] < 60, use  # a few seconds of probing, not 3 x 875 s of leases
+    finally:
+        stop(serve)
+        stop(iperf)

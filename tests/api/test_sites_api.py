@@ -385,6 +385,7 @@ def test_a_site_token_registers_claims_and_pushes_for_its_own_site(service_facto
     ("PUT", "/v1/sites/Site-B", {"dests": [DEST]}, "not site-b"),
     ("PUT", "/v1/sites/bad%20site", {"dests": [DEST]}, "not that name"),
     ("POST", "/v1/sites/site-b/claims", {"owner": "agent-a"}, "use /v1/sites/site-a"),
+    ("POST", "/v1/sites/site-b/claims/0123abcd/failure", {"owner": "agent-a", "error": "x"}, "use /v1/sites/site-a"),
     ("POST", "/v1/probe-runs", {"src": "site-b", "dest": DEST, "probes": PROBES},
      'it writes only links from site-a, not from site-b; give "src": "site-a"'),
     ("POST", "/v1/probe-runs", {"dest": DEST, "probes": PROBES}, 'the request names no src; give "src": "site-a"'),
@@ -554,3 +555,48 @@ def test_a_registration_counts_fits_that_recorded_no_control_for_the_default_con
     assert client.get("/v1/advice", params={**advice, "src": "dtn2", "cc": other}).status_code == 404
     assert client.put("/v1/sites/dtn2", json={"dests": [DEST], "congestion_control": other}).json()["queued"] == 1
     assert client.put("/v1/sites/dtn3", json={"dests": [DEST], "congestion_control": default}).json()["queued"] == 0
+
+
+def test_a_claimed_probe_its_agent_could_not_run_goes_behind_the_site_s_others_and_counts_what_it_took(
+        service_factory, clock):
+    """An agent whose probe fails at once (nothing listens there) reports it: the job queues again behind the site's
+    other probes, the site's budget counts the seconds the attempt took (not its lease's worth), and after
+    TAME_MAX_PROBE_ATTEMPTS attempts the job fails saying why. Only the agent holding the claim may report it."""
+    base, client, app = service_factory(start_worker=False)
+    dead, live = "127.0.0.9:5201", DEST
+    assert client.put("/v1/sites/dtn2", json={"dests": [dead], "owner": "agent-1"}).status_code == 200
+    clock.advance(1)
+    assert client.put("/v1/sites/dtn2", json={"dests": [dead, live], "owner": "agent-1"}).status_code == 200
+    attempts = app.state.settings.max_probe_attempts
+    for attempt in range(1, attempts + 1):
+        job = client.post("/v1/sites/dtn2/claims", json={"owner": "agent-1"}).json()["job"]
+        assert job["dest"] == (dead if attempt == 1 else live if attempt == 2 else dead), (attempt, job)
+        if job["dest"] == live:
+            # The live link, behind the failed one, gets its turn; the failed one comes back after it.
+            ran = client.post("/v1/probe-runs", json={"src": "dtn2", "dest": live, "probes": PROBES,
+                                                      "job_id": job["id"], "owner": "agent-1"})
+            assert ran.status_code == 201, ran.text
+            job = client.post("/v1/sites/dtn2/claims", json={"owner": "agent-1"}).json()["job"]
+        clock.advance(2)
+        for who, status in (("agent-2", 404), ("agent-1", 200), ("agent-1", 404)):  # only its holder, once
+            told = client.post(f"/v1/sites/dtn2/claims/{job['id']}/failure",
+                               json={"owner": who, "error": "connection refused"})
+            assert told.status_code == status, told.text
+        assert told.json()["detail"].startswith("agent-1 of dtn2 holds no running probe")
+    final = client.get(f"/v1/probes/{job['id']}").json()
+    assert final["status"] == "failed" and f"failed {attempts} times" in final["error"]
+    assert "connection refused" in final["error"]
+    use = client.post("/v1/sites/dtn2/claims", json={"owner": "agent-1"}).json()["use"]
+    assert use["probe_seconds"] == pytest.approx(2 * attempts)  # what the dead attempts took; the live probe none
+
+
+@pytest.mark.parametrize("body", [{"owner": "agent-1"}, {"owner": "agent-1", "error": ""},
+                                  {"owner": "agent-1", "error": "x" * 1001}, {"owner": "agent-1", "error": "x", "y": 1},
+                                  {"owner": "", "error": "x"}, {"owner": "agent\n1", "error": "x"}])
+def test_a_bad_failure_report_is_refused_and_the_claim_kept(service_factory, body):
+    base, client, app = service_factory(start_worker=False)
+    assert client.put("/v1/sites/dtn2", json={"dests": [DEST], "owner": "agent-1"}).status_code == 200
+    job = client.post("/v1/sites/dtn2/claims", json={"owner": "agent-1"}).json()["job"]
+    told = client.post(f"/v1/sites/dtn2/claims/{job['id']}/failure", json=body)
+    assert told.status_code == 422, told.text
+    assert client.get(f"/v1/probes/{job['id']}").json()["status"] == "running"
