@@ -19,7 +19,7 @@ from advisor.destinations import Destination
 from advisor.errors import BudgetConflict, InvalidRequest, TooManyLinks
 from advisor.limits import (BUDGET_WINDOW_S, MAX_SITE_LINKS, MAX_SITE_PROBE_SECONDS_PER_HOUR, MAX_SITE_PROBES,
                             MAX_SITE_STREAMS)
-from advisor.store import JOB_COLUMNS, Job, Store, fail_job_in, job_from_row, lock_claims
+from advisor.store import ANSWERED_JOB, JOB_COLUMNS, Job, Store, fail_job_in, job_from_row, lock_claims
 
 # How long after its agents' last sign of life (a registration or a claimed probe; one under a lease counts until the
 # lease runs out) a site's budget stays held against a different one, seconds. An agent registers every round
@@ -308,9 +308,9 @@ def never_fits(site: str, needed: int, seconds: float, held: SiteBudget, ceiling
 
 
 def holds(store: Store, job_id: str, owner: str, src: str, dest_key: str) -> bool:
-    """True when ``owner`` holds the running job ``job_id`` (its lease not yet handed to another agent), a probe of
-    the link from ``src`` to ``dest_key``."""
+    """True when a run from ``owner`` of the link from ``src`` to ``dest_key`` answers job ``job_id``: ``owner``
+    holds it (its lease not yet handed to another agent), or it is back in the queue (:data:`ANSWERED_JOB`)."""
     with store.db.transaction() as tx:
-        row = tx.execute("SELECT 1 FROM probe_jobs WHERE id = ? AND owner = ? AND status = 'running' AND src = ? "
-                         "AND dest = ?", (job_id, owner, src, dest_key)).fetchone()
+        row = tx.execute(f"SELECT 1 FROM probe_jobs WHERE id = ? AND {ANSWERED_JOB}",
+                         (job_id, owner, src, dest_key)).fetchone()
     return row is not None

@@ -38,6 +38,10 @@ REFIT_OBSERVATIONS = 200
 # PostgreSQL advisory locks of the link count, one per site (the first of two keys; the migrations' lock is one key):
 # two transactions adding a site's last allowed link must not both count one less than the cap and insert.
 LINK_COUNT_LOCK = 7316
+# The job a run pushed for a claim closes (parameters: owner, src, dest): the claim's holder's running job, or one
+# back in the queue after its lease lapsed (the run came late, from the agent's spool say: the probe it asked for is
+# done, and probing the link again would be traffic for nothing), a probe of that link. One another agent holds is not.
+ANSWERED_JOB = "((status = 'running' AND owner = ?) OR status = 'queued') AND src = ? AND dest = ?"
 # The PostgreSQL advisory lock every claim of a probe job takes first (this service's worker and the sites' agents,
 # advisor.sites.claim_job): a claim checks that no probe of the job's destination runs, from any site, and marks the
 # job running; two claims at once from different sites would both see the destination idle.
@@ -427,8 +431,8 @@ class Store:
 
         ``address`` is the IP address the probes went to, when the service resolved it itself;
         ``congestion_control`` the control the probes' streams used (None: not known). With ``job_owner`` the job
-        is closed only while that owner holds it as a probe of this link (an agent's claim: a run whose lease went
-        to another agent is stored, and the other agent's job stays open)."""
+        is closed only while that owner holds it as a probe of this link, or it is back in the queue (an agent's claim:
+        a run whose lease went to another agent is stored, and the other agent's job stays open; :data:`ANSWERED_JOB`)."""
         step = self._step
         with self.db.transaction(write=True) as tx:
             step("begin")
@@ -455,9 +459,11 @@ class Store:
                 self._insert_fit(tx, destination_id, run_id, fit, step)
             if job_id is not None:
                 held, held_params = ("", ()) if job_owner is None else (
-                    " AND status = 'running' AND owner = ? AND src = ? AND dest = ?", (job_owner, src, dest.key))
+                    f" AND {ANSWERED_JOB}", (job_owner, src, dest.key))
+                # A queued job answered late: its lapsed attempt's seconds are in spent_attempts, not counted again.
                 tx.execute(
                     "UPDATE probe_jobs SET status = ?, finished_at = ?, progress = 1, error = ?, probe_run_id = ?, "
+                    "started_at = CASE WHEN status = 'queued' THEN NULL ELSE started_at END, "
                     f"owner = NULL, lease_until = NULL WHERE id = ?{held}",
                     ("failed" if job_error else "done", self.clock(), job_error, run_id, job_id, *held_params),
                 )

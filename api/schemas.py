@@ -134,7 +134,7 @@ class BatchOut(BaseModel):
 
 
 class ProbeRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     src: Site | None = Field(default=None, description="the site to probe from (default: the service's own, probed "
                                                       "here; another site's probes wait for its agent)"
                                                       f"{SITE_TOKEN_SRC}")
@@ -232,7 +232,7 @@ class ObservationIn(BaseModel):
     """A finished transfer. Only one whose streams were all standard refits the curve; one with a stream
     under the tame congestion control is stored with its detail but does not (advisor/observations.py)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     src: Site | None = Field(default=None, description="the site the transfer ran from (default: the service's own)"
                                                       f"{SITE_TOKEN_SRC}")
     dest: str = Dest
@@ -272,7 +272,7 @@ class ObservationOut(BaseModel):
 
 
 class ProbeResultIn(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     streams: int = Field(ge=1, le=limits.MAX_PROBE_STREAMS, description="streams of the probe (iperf3 opens at most 128)")
     throughput_bps: float = Field(ge=limits.MIN_THROUGHPUT_BPS, lt=limits.MAX_THROUGHPUT_BPS, allow_inf_nan=False)
     sender_bps: float | None = Field(default=None, ge=0, lt=limits.MAX_THROUGHPUT_BPS, allow_inf_nan=False)
@@ -308,7 +308,7 @@ class ProbeResultIn(BaseModel):
 class ProbeRunIn(BaseModel):
     """A probe run measured elsewhere (``tame agent --push``)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     src: Site | None = Field(default=None, description="the site the probes ran from (default: the service's own)"
                                                       f"{SITE_TOKEN_SRC}")
     dest: str = Dest
@@ -361,7 +361,7 @@ class LinksOut(BaseModel):
 class SiteIn(BaseModel):
     """An agent's site: its probe budget and the destinations it probes (each one a link from the site)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     dests: list[Annotated[str, Dest]] = Field(max_length=limits.MAX_SITE_LINKS)
     max_probes: int = Field(default=1, ge=1, le=limits.MAX_SITE_PROBES, description="probes at once")
     max_streams: int = Field(default=64, ge=1, le=limits.MAX_SITE_STREAMS, description="probe streams at once")
@@ -391,16 +391,17 @@ class SiteOut(BaseModel):
 
 
 class ClaimIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     owner: Owner = Field(description="the agent claiming (a name unique to it)")
     max_streams: int = Field(default=64, ge=1, le=limits.MAX_SITE_STREAMS,
-                             description="the most streams this agent's probe may open")
+                             description="the most streams this agent lets a probe's adaptive level open (its "
+                                         "fixed levels are the job's, held to the site's budget)")
 
 
 class ClaimFailureIn(BaseModel):
     """A claimed probe its agent could not run (the destination refused it, say)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     owner: Owner = Field(description="the agent that claimed it")
     error: str = Field(min_length=1, max_length=1000, description="what went wrong, as the agent saw it")
 

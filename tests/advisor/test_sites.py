@@ -599,3 +599,4 @@ def test_a_queued_job_that_fails_without_running_counts_no_probe_seconds(store):
     failed = store.job(first.job.id)
     assert failed.status == "failed" and "never run" in failed.error
     assert site_use(store, "a").seconds == pytest.approx(115)
+

@@ -7,7 +7,7 @@ import sqlite3
 import pytest
 
 from advisor.service import fresh_destinations
-from advisor.sites import SiteBudget
+from advisor.sites import SiteBudget, site_use
 from tests.api.conftest import rate
 from tests.sites import SITE
 
@@ -133,6 +133,15 @@ def test_an_agent_registers_claims_and_its_run_closes_the_job(service_factory, t
     ("PUT", "/v1/sites/dtn2", {"dests": [DEST], "owner": "agent\x1b[2J"}, 422, "printable"),
     ("PUT", "/v1/sites/dtn2", {"dests": [DEST], "owner": "agent\u202e1"}, 422, "printable"),
     ("POST", "/v1/sites/dtn2/claims", {"owner": "agent\n1"}, 422, "printable"),
+    # Numbers are numbers: not true for 1, nor text, nor 2.0 for a whole number.
+    ("PUT", "/v1/sites/dtn2", {"dests": [DEST], "max_probes": True}, 422, "max_probes: Input should be a valid integer"),
+    ("PUT", "/v1/sites/dtn2", {"dests": [DEST], "max_probes": "2"}, 422, "max_probes"),
+    ("PUT", "/v1/sites/dtn2", {"dests": [DEST], "max_streams": 2.0}, 422, "max_streams"),
+    ("PUT", "/v1/sites/dtn2", {"dests": [DEST], "probe_seconds_per_hour": "900"}, 422, "probe_seconds_per_hour"),
+    ("POST", "/v1/sites/dtn2/claims", {"owner": "a", "max_streams": True}, 422, "max_streams"),
+    ("POST", "/v1/observations", {"dest": DEST, "streams": True, "throughput_bps": 1e6}, 422, "streams"),
+    ("POST", "/v1/probe-runs", {"dest": DEST, "probes": [{"streams": 1.0, "throughput_bps": 1e6}]}, 422, "streams"),
+    ("POST", "/v1/probes", {"dest": DEST, "duration_s": "10"}, 422, "duration_s"),
 ])
 def test_bad_site_input_is_refused_and_nothing_is_stored(service_factory, tmp_path, method, path, body, status, says):
     base, client, app = service_factory(start_worker=False)
@@ -600,3 +609,24 @@ def test_a_bad_failure_report_is_refused_and_the_claim_kept(service_factory, bod
     told = client.post(f"/v1/sites/dtn2/claims/{job['id']}/failure", json=body)
     assert told.status_code == 422, told.text
     assert client.get(f"/v1/probes/{job['id']}").json()["status"] == "running"
+
+
+def test_a_run_pushed_after_its_lease_lapsed_closes_the_job_back_in_the_queue(service_factory, clock):
+    """The agent's run arrives late (its spool held it past the lease): no one holds the job, which is back in the
+    queue, so the run closes it rather than leaving the link to be probed again; the site's hour counts the lapsed
+    attempt once (its lease's worth, as spent_attempts keeps it)."""
+    base, client, app = service_factory(start_worker=False)
+    assert client.put("/v1/sites/dtn2", json={"dests": [DEST], "owner": "agent-1"}).status_code == 200
+    claim = client.post("/v1/sites/dtn2/claims", json={"owner": "agent-1"}).json()
+    job = claim["job"]
+    clock.now = claim["lease_until"] + 1
+    assert app.state.service.store.recover_jobs(3, owner_is_dead=lambda owner: False) == 1
+    assert client.get(f"/v1/probes/{job['id']}").json()["status"] == "queued"
+    spent = site_use(app.state.service.store, "dtn2").seconds
+    late = client.post("/v1/probe-runs", json={"src": "dtn2", "dest": DEST, "probes": PROBES, "job_id": job["id"],
+                                               "owner": "agent-1"})
+    assert late.status_code == 201 and late.json()["fitted"], late.text
+    assert client.get(f"/v1/probes/{job['id']}").json()["status"] == "done"
+    after = client.post("/v1/sites/dtn2/claims", json={"owner": "agent-2"}).json()
+    assert after["job"] is None and after["waiting"] == "no queued probe"
+    assert after["use"]["probe_seconds"] == pytest.approx(spent)
