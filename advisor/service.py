@@ -713,7 +713,8 @@ class AdviceService:
 
     def claim(self, site: Any, owner: Any, max_streams: Any) -> dict[str, Any]:
         """Claim the site's next queued probe for agent ``owner``, within the site's budget (advisor.sites.claim_job):
-        {"site", "job": the job (as GET /v1/probes/ID shows it) or None, "max_streams", "lease_until", "waiting",
+        {"site", "job": the job (as GET /v1/probes/ID shows it) or None, "max_streams", "lease_until", "lease_s" (how
+        long from now, by this service's clock), "waiting",
         "budget": the budget in force, "use"}; jobs whose agent's lease ran out are queued again first."""
         name = check_site(site, "site")
         check_owner(owner)
@@ -725,6 +726,7 @@ class AdviceService:
                             worst_case_s=self.worst_case_s, ceiling=self.settings.site_ceiling)
         return {"site": name, "job": None if claimed.job is None else self.probe_status(claimed.job.id),
                 "max_streams": claimed.streams or None, "lease_until": claimed.lease_until,
+                "lease_s": None if claimed.lease_until is None else claimed.lease_until - self.store.clock(),
                 "waiting": claimed.waiting, "budget": claimed.budget.to_json(),
                 "use": site_use(self.store, name).to_json()}
 

@@ -40,6 +40,20 @@ def run_payload(dest: str, plan: PlanResult, started_at: float, control: str | N
             **{k: v for k, v in claim.items() if v is not None}}
 
 
+# What a plan leaves of its lease at least: the push of its run (the service's lease has 15 s past its own worst case).
+LEASE_MARGIN_S = 5.0
+
+
+def check_plan_fits_lease(worst_case_s: float, lease_s: float | None) -> None:
+    """ValueError when a plan that may take ``worst_case_s`` could outlast its claim's lease (``lease_s`` from the
+    claim; None: a service that does not say): the job would go to another agent mid-probe, and the link would be
+    probed twice at once."""
+    if lease_s is not None and worst_case_s > lease_s - LEASE_MARGIN_S:
+        raise ValueError(f"this agent's probe plan may take {worst_case_s:.0f} s, longer than the {lease_s:.0f} s lease "
+                         "its claim holds: run the agent with the service's TAME_MODEL, TAME_PROBE_DURATION_S and "
+                         "TAME_PROBE_MAX_DURATION_S")
+
+
 @dataclasses.dataclass
 class SiteAgent:
     """One agent of ``site``: ``client`` is an api.client.TameClient, ``push(payload)`` sends a run (spooling it
@@ -103,7 +117,9 @@ class SiteAgent:
             target = probe_target(self.settings.allowed.checked_address(parsed), parsed.port)
             started = self.clock()
             control = job["congestion_control"] or self.settings.congestion_control
-            plan = run_plan(self.driver, target, plan_for(self.settings, job["levels"], job["duration_s"], control),
+            planned = plan_for(self.settings, job["levels"], job["duration_s"], control)
+            check_plan_fits_lease(planned.worst_case_s, claim.get("lease_s"))
+            plan = run_plan(self.driver, target, planned,
                             next_level=level_chooser(self.settings.model, min(self.settings.n_max, claim["max_streams"])))
             used = plan_control(plan.probes, control)
         except (AdvisorError, ProbeError, ValueError) as exc:

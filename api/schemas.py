@@ -411,6 +411,8 @@ class ClaimOut(BaseModel):
     job: ProbeStatus | None = Field(description="the claimed probe; null when none is due or the budget is spent")
     max_streams: int | None = Field(description="the most streams the claimed probe may open, its adaptive one too")
     lease_until: float | None = Field(description="Unix seconds: the job goes back to the queue if not done by then")
+    lease_s: float | None = Field(default=None, description="the lease's length from the claim, seconds (whatever the "
+                                                            "agent's clock says): its plan must end within it")
     waiting: str | None = Field(description="why nothing was claimed")
     budget: dict[str, float] = Field(description="the site's budget in force: as registered, held to the operator's "
                                                  "ceiling (TAME_MAX_SITE_PROBES, _STREAMS, _PROBE_SECONDS_PER_HOUR)")

@@ -190,3 +190,26 @@ def test_a_destination_that_refuses_probes_neither_blocks_the_site_nor_spends_it
     finally:
         stop(serve)
         stop(iperf)
+
+
+def test_an_agent_whose_plan_could_outlast_its_lease_does_not_probe(tmp_path):
+    """The lease is the service's plan's worst case: an agent configured for longer probes would still be probing
+    when its job went to another agent (the link probed twice at once). It probes nothing and reports why."""
+    short = {"TAME_PROBE_LEVELS": "1,2", "TAME_PROBE_DURATION_S": "1", "TAME_PROBE_MAX_DURATION_S": "1",
+             "TAME_MODEL": "lu"}
+    (tmp_path / "serve").mkdir()
+    serve, base = start_serve(tmp_path / "serve", tmp_path / "tame.sqlite3", env=short, args=("--no-worker",))
+    dests = tmp_path / "dests"
+    dests.write_text(f"127.0.0.1:{free_port()}\n")
+    env = {**os.environ, **short, "TAME_PROBE_MAX_DURATION_S": "600", "XDG_STATE_HOME": str(tmp_path / "state")}
+    env.pop("TAME_TOKEN", None)
+    try:
+        done = subprocess.run([TAME, "agent", "--site", "dtn1", "--server", base, "--dest-file", str(dests), "--once"],
+                              env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        assert "longer than the" in done.stderr and "TAME_PROBE_MAX_DURATION_S" in done.stderr, done.stderr
+        with sqlite3.connect(tmp_path / "tame.sqlite3") as conn:
+            assert conn.execute("SELECT status FROM probe_jobs").fetchall() == [("failed",)]
+            assert conn.execute("SELECT count(*) FROM probe_runs").fetchone() == (0,)
+    finally:
+        stop(serve)
