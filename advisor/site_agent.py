@@ -125,6 +125,6 @@ class SiteAgent:
         except (AdvisorError, ProbeError, ValueError) as exc:
             print(f"tame agent: {self.site} -> {dest}: {exc}", file=sys.stderr, flush=True)
             # Its job goes behind the site's others, and the budget counts the seconds it took, not its lease's worth.
-            self.report_failure(job["id"], str(exc))
+            self.report_failure(job["id"], str(exc) or type(exc).__name__)
             return
         self.push(run_payload(dest, plan, started, used, src=self.site, job_id=job["id"], owner=self.owner))

@@ -41,7 +41,7 @@ LINK_COUNT_LOCK = 7316
 # The job a run pushed for a claim closes (parameters: owner, src, dest): the claim's holder's running job, or one
 # back in the queue after its lease lapsed (the run came late, from the agent's spool say: the probe it asked for is
 # done, and probing the link again would be traffic for nothing), a probe of that link. One another agent holds is not.
-ANSWERED_JOB = "((status = 'running' AND owner = ?) OR status = 'queued') AND src = ? AND dest = ?"
+ANSWERED_JOB = "((status = 'running' AND owner = ?) OR (status = 'queued' AND attempts > 0)) AND src = ? AND dest = ?"
 # The PostgreSQL advisory lock every claim of a probe job takes first (this service's worker and the sites' agents,
 # advisor.sites.claim_job): a claim checks that no probe of the job's destination runs, from any site, and marks the
 # job running; two claims at once from different sites would both see the destination idle.
@@ -736,23 +736,26 @@ class Store:
         lapsed one counts). None when ``owner`` does not hold the job (its lease went to another agent)."""
         now = self.clock()
         with self.db.transaction(write=True) as tx:
-            row = tx.execute("SELECT attempts, started_at FROM probe_jobs WHERE id = ? AND owner = ? AND src = ? "
-                             "AND status = 'running'", (job_id, owner, src)).fetchone()
+            # Locked as read: a lease lapsing meanwhile (recover_jobs) re-queues the job once, not under this report.
+            held = "id = ? AND owner = ? AND src = ? AND status = 'running'"
+            lock = " FOR UPDATE" if tx.dialect == "postgresql" else ""
+            row = tx.execute(f"SELECT attempts, started_at, lease_until FROM probe_jobs WHERE {held}{lock}",
+                             (job_id, owner, src)).fetchone()
             if row is None:
                 return None
-            attempts, started_at = row
-            held = "id = ? AND owner = ? AND status = 'running'"
+            attempts, started_at, lease_until = row
+            stopped = now if lease_until is None else min(now, lease_until)
             if attempts >= max_attempts:
                 tx.execute("UPDATE probe_jobs SET status = 'failed', finished_at = ?, owner = NULL, lease_until = NULL, "
                            f"error = ? WHERE {held}",
-                           (now, f"failed {attempts} times; giving up. Last: {error}", job_id, owner))
+                           (stopped, f"failed {attempts} times; giving up. Last: {error}", job_id, owner, src))
             else:
                 # Behind the site's other queued jobs: one that fails at once must not hold the head of the queue.
                 tx.execute("UPDATE probe_jobs SET status = 'queued', progress = 0, progress_detail = NULL, owner = NULL, "
                            f"lease_until = NULL, address = NULL, requested_at = ?, error = ? WHERE {held}",
-                           (now, f"attempt {attempts} failed: {error}; re-queued", job_id, owner))
+                           (now, f"attempt {attempts} failed: {error}; re-queued", job_id, owner, src))
                 tx.execute("INSERT INTO spent_attempts (src, job_id, started_at, seconds) VALUES (?, ?, ?, ?)",
-                           (src, job_id, started_at, max(0.0, now - started_at)))
+                           (src, job_id, started_at, max(0.0, stopped - started_at)))
         return self.job(job_id)
 
     def fail_job(self, job_id: str, error: str) -> None:

@@ -19,7 +19,7 @@ from typing import Sequence
 
 import uvicorn
 
-from advisor.destinations import client_key
+from advisor.destinations import canonical_address, client_key
 from advisor.settings import Settings
 
 log = logging.getLogger("tame.server")
@@ -80,10 +80,10 @@ class _HeaderDeadline:
         if self.max_client_connections is None or not self.client:
             return None
         host = self.client[0]
-        try:
-            address = ipaddress.ip_address(host)
-        except ValueError:
+        canonical = canonical_address(host)  # an IPv4 peer of a dual-stack listener is ::ffff:a.b.c.d
+        if canonical is None:
             return None
+        address = ipaddress.ip_address(canonical.partition("%")[0])
         if any(address in network for network in self.trusted):
             return None
         self._client_key = client_key(host)
@@ -122,8 +122,13 @@ class _HeaderDeadline:
         self._refused = True
         self._cancel_header_timer()
         if not self.transport.is_closing():
-            self.transport.write(answer)
-            self.transport.close()
+            if self.cycle is None or self.cycle.response_complete:
+                self.transport.write(answer)
+                self.transport.close()
+            else:
+                # An answer is being sent: this one would land inside it, and a client that does not read would keep
+                # the connection open while the rest waits to be flushed. Dropped at once.
+                self.transport.abort()
 
     def connection_lost(self, exc) -> None:
         self._cancel_header_timer()
@@ -163,10 +168,23 @@ class _HttpToolsHead:
     def connection_made(self, transport) -> None:
         self._in_head = True  # the parser is in a request's line or headers (or between requests)
         self._head_lines = 0
+        self._head_parsed = 0  # bytes of the request line and header lines parsed: a head read in one piece too
         super().connection_made(transport)
 
     def _in_request_head(self) -> bool:
         return self._in_head
+
+    def _parsed(self, size: int) -> bool:
+        """Count ``size`` bytes of the head as parsed; False (the connection refused) past MAX_HEADER_BYTES."""
+        self._head_parsed += size
+        if self._head_parsed > MAX_HEADER_BYTES:
+            self._refuse(_TOO_LARGE)
+            return False
+        return True
+
+    def on_url(self, url: bytes) -> None:
+        if not self._refused and self._parsed(len(url)):
+            super().on_url(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if self._refused:
@@ -175,7 +193,8 @@ class _HttpToolsHead:
         if self._head_lines > MAX_HEADERS:
             self._refuse(_TOO_LARGE)
             return
-        super().on_header(name, value)
+        if self._parsed(len(name) + len(value) + 4):
+            super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
         if self._refused:
@@ -187,6 +206,7 @@ class _HttpToolsHead:
             return
         self._in_head = False
         self._head_lines = 0
+        self._head_parsed = 0
         self._header_byte_count = 0
         super().on_headers_complete()
 
@@ -226,6 +246,9 @@ def uvicorn_config(app, host: str, port: int, log_level: str = "warning") -> uvi
                           lifespan="on", timeout_graceful_shutdown=5, timeout_keep_alive=settings.keepalive_timeout_s,
                           limit_concurrency=settings.max_connections, backlog=settings.backlog,
                           h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+                          # No route is a WebSocket; an upgrade handed to uvicorn's WebSocket protocol would leave
+                          # this protocol without its connection_lost (a client's connection slot never freed).
+                          ws="none",
                           proxy_headers=bool(proxies), forwarded_allow_ips=proxies)
 
 

@@ -600,3 +600,13 @@ def test_a_queued_job_that_fails_without_running_counts_no_probe_seconds(store):
     assert failed.status == "failed" and "never run" in failed.error
     assert site_use(store, "a").seconds == pytest.approx(115)
 
+
+
+def test_a_failure_reported_after_the_lease_lapsed_counts_the_attempt_once(store):
+    register_site(store, "a", SiteBudget(max_probes=1, max_streams=64, probe_seconds_per_hour=3600), DESTS[:1])
+    queue(store, "a", DESTS[:1])
+    claim = _claim(store, "a")
+    store.clock.advance(116)
+    assert store.recover_jobs(3, owner_is_dead=lambda owner: False) == 1
+    assert store.fail_attempt(claim.job.id, "agent-a", "a", "refused", 3) is None  # no longer its claim
+    assert site_use(store, "a").seconds == pytest.approx(115)

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 import pytest
 import uvicorn
 
-from api.server import MAX_HEADER_BYTES, MAX_HEADERS, MAX_PIPELINED, header_deadline_protocol
+from api.server import MAX_HEADER_BYTES, MAX_HEADERS, MAX_PIPELINED, bind, header_deadline_protocol
 from tests.api.conftest import free_port, wait_for
 
 HEALTH = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
@@ -239,23 +239,29 @@ def test_a_head_of_more_header_lines_than_the_cap_gets_431(service_factory):
 def test_a_pipelined_head_is_capped_while_a_response_is_pending(service_factory):
     """A client that does not read a streamed file's response and sends an endless next request line: the app
     awaits receive() for a disconnect, which lets the parser read on; the head cap holds whatever the response's
-    state, so the server closes the connection instead of buffering the request line."""
-    base, client, app = service_factory(start_worker=False)
+    state, so the server drops the connection mid-answer instead of buffering the request line."""
+    base, client, app = service_factory(start_worker=False, header_timeout_s=60.0)
+    asset = "/docs/assets/swagger-ui-bundle.js"
+    whole = len(client.get(asset).content)
     parts = urlsplit(base)
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.settimeout(10)
     sock.connect((parts.hostname, parts.port))
-    sent = 0
     with sock:
-        sock.sendall(b"GET /docs/assets/swagger-ui-bundle.js HTTP/1.1\r\nHost: x\r\n\r\nGET /")
+        sock.sendall(f"GET {asset} HTTP/1.1\r\nHost: x\r\n\r\nGET /".encode())
         try:
-            while sent < 64 * MAX_HEADER_BYTES:
+            for _ in range(16):  # 8 times the cap
                 sock.sendall(b"a" * 8192)
-                sent += 8192
         except (BrokenPipeError, ConnectionResetError, socket.timeout):
             pass
-    assert sent < 64 * MAX_HEADER_BYTES, "the server read a request line 64 times the cap"
+        received = 0
+        try:
+            while chunk := sock.recv(65536):
+                received += len(chunk)
+        except ConnectionResetError:
+            pass
+    assert received < whole, f"the whole {whole}-byte answer was sent: the endless line was read along"
     assert status_of(base) == 200
 
 
@@ -281,3 +287,56 @@ def test_pipelined_requests_are_answered_up_to_the_pipelining_cap(service_factor
     assert answers_to(base, HEALTH, MAX_PIPELINED) == MAX_PIPELINED
     assert answers_to(base, HEALTH, 2000) < 2000  # the connection is closed once MAX_PIPELINED wait
     assert status_of(base) == 200
+
+
+def test_websocket_upgrades_do_not_keep_a_client_s_connection_slots(service_factory):
+    # No route is a WebSocket: an upgrade handed to uvicorn's WebSocket protocol never gave its slot back.
+    base, client, app = service_factory(start_worker=False, max_client_connections=3)
+    upgrade = (b"GET /healthz HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+               b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+    for _ in range(5):
+        with connect_from(base, "127.0.0.9") as sock:
+            sock.sendall(upgrade)
+            sock.recv(4096)
+    wait_for(lambda: status_of_from(base, "127.0.0.9") == 200, timeout_s=10, what="a slot for 127.0.0.9")
+
+
+def status_of_from(base, source_host, request=HEALTH):
+    with connect_from(base, source_host) as sock:
+        sock.sendall(request)
+        head = sock.recv(4096)
+        return int(head.split()[1]) if head else None
+
+
+def test_a_head_read_in_one_piece_is_capped_too(service_factory):
+    base, client, app = service_factory(start_worker=False)
+    big = b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + b"".join(b"x-%d: %s\r\n" % (i, b"v" * 1000) for i in range(40))
+    assert status_of(base, big + b"\r\n") == 431
+
+
+def test_a_trusted_proxy_on_a_dual_stack_listener_is_not_capped():
+    """Listening on ::, an IPv4 proxy connects as ::ffff:127.0.0.1: still the trusted 127.0.0.1."""
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    port = free_port()
+    protocol = header_deadline_protocol("httptools", 30.0, max_client_connections=2, trusted=("127.0.0.1/32",))
+    server = uvicorn.Server(uvicorn.Config(app, host="::", port=port, lifespan="off", log_level="warning",
+                                           http=protocol))
+    listener = bind("::", port, 16)  # as tame serve --host :: binds: dual-stack
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: server.started, timeout_s=30, what="uvicorn start")
+        base = f"http://127.0.0.1:{port}"
+        held = [connect(base) for _ in range(3)]
+        try:
+            assert status_of(base) == 200
+        finally:
+            for sock in held:
+                sock.close()
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        listener.close()
