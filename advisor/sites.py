@@ -212,14 +212,15 @@ def site_use(store: Store, site: str) -> SiteUse:
 
 
 # Whether candidate job ``j`` must wait its turn: another site seen within BUDGET_HOLD_S (its agents alive; the
-# parameter is that time) has a job queued for the same destination and last started a probe of it before j's site
+# parameter is that time), whose latest claim was not refused for its budget (it could take the destination now), has
+# a job queued for the same destination and last started a probe of it before j's site
 # did (never counts as earliest; on a tie, the one queued first goes first, as the queue orders them). Sites so take turns at a destination
 # they share: one site's agents cannot keep it busy (claiming it again and again, or holding claims they never
 # finish) while another's probe of it waits.
 _LAST_TURN = "coalesce((SELECT max(t.started_at) FROM probe_jobs t WHERE t.src = {src} AND t.dest = j.dest), -1)"
 _TURN_WAITS = (
     "EXISTS (SELECT 1 FROM probe_jobs o JOIN sites s ON s.name = o.src WHERE o.dest = j.dest AND o.status = 'queued' "
-    "AND o.src <> j.src AND s.last_seen_at >= ? AND ("
+    "AND o.src <> j.src AND s.last_seen_at >= ? AND s.budget_refused_at IS NULL AND ("
     f"{_LAST_TURN.format(src='o.src')} < {_LAST_TURN.format(src='j.src')} OR "
     f"({_LAST_TURN.format(src='o.src')} = {_LAST_TURN.format(src='j.src')} AND (o.requested_at < j.requested_at OR "
     "(o.requested_at = j.requested_at AND o.id < j.id)))))")
@@ -248,8 +249,14 @@ def claim_job(store: Store, site: str, owner: str, *, max_streams: int, adaptive
         held = SiteBudget(*row)
         budget = held.capped(ceiling)
         use = _use(tx, site, now)
+
+        def over_budget(waiting: str) -> Claim:
+            # Until a claim of its own is granted, the site holds no other site's turn (_TURN_WAITS).
+            tx.execute("UPDATE sites SET budget_refused_at = ? WHERE name = ?", (now, site))
+            return Claim(None, budget, waiting=waiting)
+
         if use.probes >= budget.max_probes:
-            return Claim(None, budget, waiting=f"{use.probes} probe(s) of {site} running, at most {budget.max_probes}")
+            return over_budget(f"{use.probes} probe(s) of {site} running, at most {budget.max_probes}")
         while True:
             # A destination being probed from any site waits (an iperf3 server runs one test at a time, and two
             # probes through one bottleneck would measure each other); one that another live site also waits for
@@ -274,11 +281,11 @@ def claim_job(store: Store, site: str, owner: str, *, max_streams: int, adaptive
             fail_job_in(tx, job.id, f"never run: {never}", now)
         streams_left = budget.max_streams - use.streams
         if streams_left < needed:
-            return Claim(None, budget, waiting=f"{use.streams} of {site}'s {budget.max_streams} streams are probing; "
-                                               f"the next probe needs {needed}")
+            return over_budget(f"{use.streams} of {site}'s {budget.max_streams} streams are probing; the next probe "
+                               f"needs {needed}")
         if use.seconds + seconds > budget.probe_seconds_per_hour:
-            return Claim(None, budget, waiting=f"{use.seconds:.0f} of {site}'s {budget.probe_seconds_per_hour:g} "
-                                               f"probe-seconds this hour are spent; the next probe may take {seconds:.0f}")
+            return over_budget(f"{use.seconds:.0f} of {site}'s {budget.probe_seconds_per_hour:g} probe-seconds this "
+                               f"hour are spent; the next probe may take {seconds:.0f}")
         share = budget.max_streams // budget.max_probes
         streams = max(needed, min(max_streams, streams_left, share)) if adaptive else needed
         lease_until = now + seconds + lease_slack_s
@@ -287,7 +294,7 @@ def claim_job(store: Store, site: str, owner: str, *, max_streams: int, adaptive
             "attempts = attempts + 1, owner = ?, lease_until = ?, error = NULL, streams_reserved = ?, "
             "seconds_reserved = ? WHERE id = ?",
             (now, owner, lease_until, streams, seconds, job.id))
-        tx.execute("UPDATE sites SET last_seen_at = ? WHERE name = ?", (now, site))
+        tx.execute("UPDATE sites SET last_seen_at = ?, budget_refused_at = NULL WHERE name = ?", (now, site))
     return Claim(store.job(job.id), budget, streams, lease_until)
 
 

@@ -610,3 +610,30 @@ def test_a_failure_reported_after_the_lease_lapsed_counts_the_attempt_once(store
     assert store.recover_jobs(3, owner_is_dead=lambda owner: False) == 1
     assert store.fail_attempt(claim.job.id, "agent-a", "a", "refused", 3) is None  # no longer its claim
     assert site_use(store, "a").seconds == pytest.approx(115)
+
+
+def test_a_site_whose_budget_is_spent_does_not_hold_another_s_turn(store):
+    """Site b's hour is spent, so it cannot take the destination it shares with a (idle, b's turn older): a claim
+    of b refused for its budget lets a go on instead of waiting for b's hour to end."""
+    register_site(store, "a", SiteBudget(max_probes=1, max_streams=64, probe_seconds_per_hour=3600), DESTS[:1])
+    register_site(store, "b", SiteBudget(max_probes=1, max_streams=64, probe_seconds_per_hour=180), DESTS[:2])
+    queue(store, "a", DESTS[:1])
+    first = _claim(store, "a")
+    store.clock.advance(90)
+    _finish(store, first)  # a probed the shared destination; b never did
+    queue(store, "b", DESTS[1:2])
+    spend = _claim(store, "b")
+    store.clock.advance(90)
+    _finish(store, spend)  # b has spent 90 of its 180 s
+    queue(store, "b", DESTS[:1])
+    queue(store, "a", DESTS[:1])
+    assert _claim(store, "a").job is None  # b's turn at it is older, and b may take it, as far as a claim knows
+    refused = _claim(store, "b")
+    assert refused.job is None and "90 of b's 180 probe-seconds" in refused.waiting
+    granted = _claim(store, "a")
+    assert granted.job is not None and granted.job.dest == DESTS[0].key
+    # Once b's hour frees, its claims are granted again.
+    _finish(store, granted)
+    queue(store, "a", DESTS[:1])
+    store.clock.advance(3600)
+    assert _claim(store, "b").job.dest == DESTS[0].key
