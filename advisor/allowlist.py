@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import re
 import socket
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
@@ -51,28 +52,60 @@ def _parse_entry(item: str) -> Network | str:
     return item.lower().rstrip(".")
 
 
+ALL_PORTS = ((1, 65535),)
+_PORT_RANGE = re.compile(r"([0-9]{1,5})(?:-([0-9]{1,5}))?")
+
+
+def parse_ports(text: str) -> tuple[tuple[int, int], ...]:
+    """TAME_ALLOWED_PORTS: ports and ranges, comma-separated (e.g. ``5201-5210,5300``); ConfigError names a bad one."""
+    ranges = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        match = _PORT_RANGE.fullmatch(item)
+        first = int(match.group(1)) if match else 0
+        last = int(match.group(2) or first) if match else 0
+        if not 1 <= first <= last <= 65535:
+            raise ConfigError(f"TAME_ALLOWED_PORTS: {item!r} is not a port or a range of ports in 1-65535 (low-high); "
+                              "give e.g. 5201-5210,5300")
+        ranges.append((first, last))
+    if not ranges:
+        raise ConfigError("TAME_ALLOWED_PORTS is set but lists no port; give e.g. 5201-5210, or unset it for any port")
+    return tuple(ranges)
+
+
 @dataclass(frozen=True)
 class AllowList:
-    """CIDR networks and host names (``*.suffix`` matches sub-domains).
+    """CIDR networks and host names (``*.suffix`` matches sub-domains), and the ports probes may go to.
 
     An IP literal must be inside a listed network. A host name is allowed if it is listed
     itself, or if every address it resolves to is inside a listed network (so an unlisted
-    name cannot be pointed at a third party's address).
+    name cannot be pointed at a third party's address). The port must be in one of ``ports`` (ranges, inclusive).
     """
 
     networks: tuple[Network, ...]
     names: tuple[str, ...]
+    ports: tuple[tuple[int, int], ...] = ALL_PORTS
 
     @classmethod
-    def parse(cls, text: str) -> "AllowList":
-        """The list as TAME_ALLOWED_DESTINATIONS gives it, comma-separated; ConfigError names a bad entry."""
+    def parse(cls, text: str, ports: str | None = None) -> "AllowList":
+        """The list as TAME_ALLOWED_DESTINATIONS gives it, comma-separated, and TAME_ALLOWED_PORTS (None: any port);
+        ConfigError names a bad entry."""
         networks, names = [], []
         for item in (part.strip() for part in text.split(",")):
             if not item:
                 continue
             entry = _parse_entry(item)
             (networks if isinstance(entry, (ipaddress.IPv4Network, ipaddress.IPv6Network)) else names).append(entry)
-        return cls(tuple(networks), tuple(names))
+        return cls(tuple(networks), tuple(names), ALL_PORTS if ports is None else parse_ports(ports))
+
+    def _check_port(self, dest: Destination) -> None:
+        if not any(low <= dest.port <= high for low, high in self.ports):
+            raise DestinationNotAllowed(f"probes to port {dest.port} are not allowed on this service (ports "
+                                        f"{self._ports_text()}); ask the operator to add it to TAME_ALLOWED_PORTS")
+
+    def _ports_text(self) -> str:
+        return ",".join(str(low) if low == high else f"{low}-{high}" for low, high in self.ports)
 
     def _name_listed(self, host: str) -> bool:
         return any(host == n or (n.startswith("*.") and host.endswith(n[1:])) for n in self.names)
@@ -85,6 +118,7 @@ class AllowList:
 
     def check(self, dest: Destination, resolver: Resolver = system_resolver) -> None:
         """Raise DestinationNotAllowed (or InvalidRequest if the name does not resolve)."""
+        self._check_port(dest)
         if dest.ip is not None:
             self._check_addresses(dest, [dest.host])
             return
@@ -100,6 +134,7 @@ class AllowList:
         listed name is allowed whatever it resolves to; otherwise every address it resolves to
         must be inside a listed network. The first address the resolver gives is chosen.
         """
+        self._check_port(dest)
         if dest.ip is not None:
             self._check_addresses(dest, [dest.host])
             return dest.ip.compressed
@@ -128,4 +163,5 @@ class AllowList:
         )
 
     def describe(self) -> Iterable[str]:
-        return [str(n) for n in self.networks] + list(self.names)
+        ports = [] if self.ports == ALL_PORTS else [f"ports {self._ports_text()}"]
+        return [str(n) for n in self.networks] + list(self.names) + ports

@@ -301,7 +301,8 @@ class Settings:
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
         """TAME_DATABASE_URL, TAME_DB_POOL_SIZE (the most connections this process holds open to the store, default
         advisor.db.DEFAULT_POOL_SIZE), TAME_TOKEN, TAME_READ_TOKEN, TAME_SITE_TOKENS (or TAME_SITE_TOKENS_FILE; see
-        site_tokens), TAME_ALLOWED_DESTINATIONS, TAME_TTL_S,
+        site_tokens), TAME_ALLOWED_DESTINATIONS, TAME_ALLOWED_PORTS (the ports probes may go to, e.g. 5201-5210; default
+        any), TAME_TTL_S,
         TAME_PROBE_MAX_AGE_S (a link whose newest probe is older is probed again even while finished transfers keep
         its advice fresh; default 24 times TAME_TTL_S, at least TAME_TTL_S),
         TAME_MAX_CONCURRENT_PROBES, TAME_MODEL, TAME_PROBE_LEVELS (e.g. "1,10"), TAME_PROBE_DURATION_S,
@@ -379,7 +380,8 @@ class Settings:
             token=token,
             read_token=read_token,
             site_tokens=site_tokens(env, token, read_token),
-            allowed=AllowList.parse(env.get("TAME_ALLOWED_DESTINATIONS") or DEFAULT_ALLOWED),
+            allowed=AllowList.parse(env.get("TAME_ALLOWED_DESTINATIONS") or DEFAULT_ALLOWED,
+                                    env.get("TAME_ALLOWED_PORTS") or None),
             ttl_s=ttl_s,
             probe_max_age_s=probe_max_age_s,
             max_concurrent_probes=number("TAME_MAX_CONCURRENT_PROBES", 1, 1, 64, int),

@@ -54,3 +54,23 @@ def test_observations_outside_the_allow_list_become_no_advice(service_factory):
     assert refused.status_code == 403 and "TAME_ALLOWED_DESTINATIONS" in refused.json()["detail"]
     assert stored_destinations(app) == ["127.0.0.1:5201"]
     assert client.get("/v1/advice", params={"dest": "192.0.2.1", "max_impact": 0.1}).status_code == 404
+
+
+def test_ports_outside_tame_allowed_ports_are_refused_and_nothing_is_stored(service_factory):
+    """An allowed host's other services (ssh, a web server) are not probe targets: with TAME_ALLOWED_PORTS set, a
+    probe, pushed run or observation for another port is refused (403 naming the variable) and nothing is stored."""
+    from advisor.allowlist import AllowList
+
+    _, client, app = service_factory(start_worker=False,
+                                     allowed=AllowList.parse("127.0.0.0/8", "5201-5210,5300"))
+    probes = [{"streams": n, "throughput_bps": 1e8 * n} for n in (1, 10)]
+    for dest in ("127.0.0.1:22", "127.0.0.1:5211", "127.0.0.1:80", "localhost:443"):
+        for path, body in (("/v1/probes", {"dest": dest}), ("/v1/probe-runs", {"dest": dest, "probes": probes}),
+                           ("/v1/observations", {"dest": dest, "streams": 2, "throughput_bps": 1e8})):
+            refused = client.post(path, json=body)
+            assert refused.status_code == 403, (dest, path, refused.text)
+            assert "TAME_ALLOWED_PORTS" in refused.json()["detail"] and "5201-5210,5300" in refused.json()["detail"]
+    assert stored_destinations(app) == [] and queued_jobs(app) == []
+    for dest in ("127.0.0.1:5201", "127.0.0.1:5210", "127.0.0.1:5300"):
+        assert client.post("/v1/observations", json={"dest": dest, "streams": 2, "throughput_bps": 1e8}
+                           ).status_code == 202

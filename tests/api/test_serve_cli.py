@@ -351,6 +351,14 @@ def test_serve_exits_2_naming_a_bad_allow_list_entry(tmp_path):
     assert "TAME_ALLOWED_DESTINATIONS: '10.0.0.0/33'" in done.stderr and "listening" not in done.stdout
 
 
+@pytest.mark.parametrize("ports, says", [("22-21", "'22-21' is not a port or a range"), ("0", "'0' is not a port"),
+                                         ("5201,70000", "'70000'"), ("ssh", "'ssh'"), (",", "lists no port")])
+def test_serve_exits_2_naming_a_bad_allowed_port(tmp_path, ports, says):
+    done = run_serve(tmp_path, "--port", str(free_port()), env={"TAME_ALLOWED_PORTS": ports})
+    assert done.returncode == 2, done
+    assert "TAME_ALLOWED_PORTS" in done.stderr and says in done.stderr and "listening" not in done.stdout
+
+
 @pytest.mark.parametrize("value, says", [("1 day", "is not a number"), ("60", "at least TAME_TTL_S")])
 def test_serve_exits_2_naming_a_bad_probe_max_age(tmp_path, value, says):
     done = run_serve(tmp_path, "--port", str(free_port()), env={"TAME_TTL_S": "3600", "TAME_PROBE_MAX_AGE_S": value})
