@@ -269,6 +269,29 @@ def lock_claims(tx: Tx) -> None:
         tx.execute(f"SELECT pg_advisory_xact_lock({CLAIM_LOCK})")
 
 
+def _end_attempt_in(tx: Tx, held: str, held_params: Sequence[Any], *, job_id: str, src: str, attempts: int,
+                   started_at: float | None, lease_until: float | None, now: float, max_attempts: int, gave_up: str,
+                   requeued: str, requeued_at: float | None = None) -> bool:
+    """End a running job's attempt, inside ``tx``, if the job still matches ``held`` (a WHERE clause, its
+    ``held_params``). The attempt stopped ``now``, or when its lease ran out if that was earlier (the longest it
+    was allowed to send). It fails with ``gave_up`` (finished then, its seconds counted from its own row) when it
+    was the ``max_attempts``-th, else goes back in the queue with ``requeued`` (behind the site's others when
+    ``requeued_at`` is given) and the seconds it took kept in spent_attempts, as a site's hourly budget counts them.
+    Returns whether the job matched."""
+    stopped = now if lease_until is None else min(now, lease_until)
+    if attempts >= max_attempts:
+        return tx.execute("UPDATE probe_jobs SET status = 'failed', finished_at = ?, owner = NULL, lease_until = NULL, "
+                          f"error = ? WHERE {held} RETURNING id", (stopped, gave_up, *held_params)).fetchone() is not None
+    behind, behind_params = ("requested_at = ?, ", (requeued_at,)) if requeued_at is not None else ("", ())
+    done = tx.execute("UPDATE probe_jobs SET status = 'queued', progress = 0, progress_detail = NULL, owner = NULL, "
+                      f"lease_until = NULL, address = NULL, {behind}error = ? WHERE {held} RETURNING id",
+                      (*behind_params, requeued, *held_params)).fetchone() is not None
+    if done and started_at is not None:
+        tx.execute("INSERT INTO spent_attempts (src, job_id, started_at, seconds) VALUES (?, ?, ?, ?)",
+                   (src, job_id, started_at, max(0.0, stopped - started_at)))
+    return done
+
+
 class Store:
     """All reads and writes of the advice store. ``clock`` gives Unix seconds."""
 
@@ -744,18 +767,11 @@ class Store:
             if row is None:
                 return None
             attempts, started_at, lease_until = row
-            stopped = now if lease_until is None else min(now, lease_until)
-            if attempts >= max_attempts:
-                tx.execute("UPDATE probe_jobs SET status = 'failed', finished_at = ?, owner = NULL, lease_until = NULL, "
-                           f"error = ? WHERE {held}",
-                           (stopped, f"failed {attempts} times; giving up. Last: {error}", job_id, owner, src))
-            else:
-                # Behind the site's other queued jobs: one that fails at once must not hold the head of the queue.
-                tx.execute("UPDATE probe_jobs SET status = 'queued', progress = 0, progress_detail = NULL, owner = NULL, "
-                           f"lease_until = NULL, address = NULL, requested_at = ?, error = ? WHERE {held}",
-                           (now, f"attempt {attempts} failed: {error}; re-queued", job_id, owner, src))
-                tx.execute("INSERT INTO spent_attempts (src, job_id, started_at, seconds) VALUES (?, ?, ?, ?)",
-                           (src, job_id, started_at, max(0.0, stopped - started_at)))
+            # Behind the site's other queued jobs: one that fails at once must not hold the head of the queue.
+            _end_attempt_in(tx, held, (job_id, owner, src), job_id=job_id, src=src, attempts=attempts,
+                           started_at=started_at, lease_until=lease_until, now=now,
+                           max_attempts=max_attempts, gave_up=f"failed {attempts} times; giving up. Last: {error}",
+                           requeued=f"attempt {attempts} failed: {error}; re-queued", requeued_at=now)
         return self.job(job_id)
 
     def fail_job(self, job_id: str, error: str) -> None:
@@ -784,26 +800,13 @@ class Store:
                 unchanged = ("id = ? AND status = 'running' AND owner IS NOT DISTINCT FROM ? "
                              "AND lease_until IS NOT DISTINCT FROM ?")
                 # When the attempt stopped is not known: an owner found dead here stopped by now, a remote one
-                # may have sent until its lease ran out (the longest it was allowed).
-                stopped = now if lease_until is None else min(now, lease_until)
-                if attempts >= max_attempts:
-                    done = tx.execute(
-                        "UPDATE probe_jobs SET status = 'failed', finished_at = ?, owner = NULL, lease_until = NULL, "
-                        f"error = ? WHERE {unchanged} RETURNING id",
-                        (stopped, f"interrupted {attempts} times (the probing process stopped); giving up", job_id,
-                         owner, lease_until),
-                    ).fetchone()
-                else:
-                    done = tx.execute(
-                        "UPDATE probe_jobs SET status = 'queued', progress = 0, progress_detail = NULL, owner = NULL, "
-                        "lease_until = NULL, address = NULL, "
-                        f"error = 'interrupted: the probing process stopped; re-queued' WHERE {unchanged} RETURNING id",
-                        (job_id, owner, lease_until),
-                    ).fetchone()
-                    if done is not None and started_at is not None:
-                        tx.execute("INSERT INTO spent_attempts (src, job_id, started_at, seconds) VALUES (?, ?, ?, ?)",
-                                   (src, job_id, started_at, max(0.0, stopped - started_at)))
-                recovered += done is not None
+                # may have sent until its lease ran out.
+                recovered += _end_attempt_in(
+                    tx, unchanged, (job_id, owner, lease_until), job_id=job_id, src=src, attempts=attempts,
+                    started_at=started_at, lease_until=lease_until, now=now,
+                    max_attempts=max_attempts,
+                    gave_up=f"interrupted {attempts} times (the probing process stopped); giving up",
+                    requeued="interrupted: the probing process stopped; re-queued")
         return recovered
 
     def job_counts(self) -> dict[str, int]:

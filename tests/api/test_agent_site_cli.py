@@ -157,6 +157,23 @@ def test_two_agents_of_a_site_with_different_budgets_through_tame_serve(tmp_path
         stop(serve)
 
 
+# Probes of a second at two levels, no adaptive level: a plan of a few seconds.
+SHORT_PROBES = {"TAME_PROBE_LEVELS": "1,2", "TAME_PROBE_DURATION_S": "1", "TAME_PROBE_MAX_DURATION_S": "1",
+                "TAME_MODEL": "lu"}
+
+
+def short_probe_site(tmp_path, dests, agent_env=None):
+    """(tame serve --no-worker over tmp_path/tame.sqlite3 with SHORT_PROBES, its URL, a destination file listing
+    ``dests``, the environment of an agent of it: SHORT_PROBES and ``agent_env``, no token)."""
+    (tmp_path / "serve").mkdir()
+    serve, base = start_serve(tmp_path / "serve", tmp_path / "tame.sqlite3", env=SHORT_PROBES, args=("--no-worker",))
+    dest_file = tmp_path / "dests"
+    dest_file.write_text("".join(f"{dest}\n" for dest in dests))
+    env = {**os.environ, **SHORT_PROBES, **(agent_env or {}), "XDG_STATE_HOME": str(tmp_path / "state")}
+    env.pop("TAME_TOKEN", None)
+    return serve, base, dest_file, env
+
+
 @pytest.mark.iperf
 def test_a_destination_that_refuses_probes_neither_blocks_the_site_nor_spends_its_budget(tmp_path):
     """A real agent with two links, one where nothing listens: each failed claim is reported at once, so the live
@@ -164,14 +181,7 @@ def test_a_destination_that_refuses_probes_neither_blocks_the_site_nor_spends_it
     site's hour holds the seconds they took, not three leases' worth (the budget would be spent by the dead link)."""
     live_port, dead_port = free_port(), free_port()
     iperf = start_iperf3(tmp_path, live_port)
-    probes = {"TAME_PROBE_LEVELS": "1,2", "TAME_PROBE_DURATION_S": "1", "TAME_PROBE_MAX_DURATION_S": "1",
-              "TAME_MODEL": "lu"}
-    (tmp_path / "serve").mkdir()
-    serve, base = start_serve(tmp_path / "serve", tmp_path / "tame.sqlite3", env=probes, args=("--no-worker",))
-    dests = tmp_path / "dests"
-    dests.write_text(f"127.0.0.1:{dead_port}\n127.0.0.1:{live_port}\n")
-    env = {**os.environ, **probes, "XDG_STATE_HOME": str(tmp_path / "state")}
-    env.pop("TAME_TOKEN", None)
+    serve, base, dests, env = short_probe_site(tmp_path, [f"127.0.0.1:{dead_port}", f"127.0.0.1:{live_port}"])
     try:
         done = subprocess.run([TAME, "agent", "--site", "dtn1", "--server", base, "--dest-file", str(dests), "--once",
                                "--probe-seconds-per-hour", "600"], env=env, capture_output=True, text=True, timeout=300)
@@ -195,14 +205,8 @@ def test_a_destination_that_refuses_probes_neither_blocks_the_site_nor_spends_it
 def test_an_agent_whose_plan_could_outlast_its_lease_does_not_probe(tmp_path):
     """The lease is the service's plan's worst case: an agent configured for longer probes would still be probing
     when its job went to another agent (the link probed twice at once). It probes nothing and reports why."""
-    short = {"TAME_PROBE_LEVELS": "1,2", "TAME_PROBE_DURATION_S": "1", "TAME_PROBE_MAX_DURATION_S": "1",
-             "TAME_MODEL": "lu"}
-    (tmp_path / "serve").mkdir()
-    serve, base = start_serve(tmp_path / "serve", tmp_path / "tame.sqlite3", env=short, args=("--no-worker",))
-    dests = tmp_path / "dests"
-    dests.write_text(f"127.0.0.1:{free_port()}\n")
-    env = {**os.environ, **short, "TAME_PROBE_MAX_DURATION_S": "600", "XDG_STATE_HOME": str(tmp_path / "state")}
-    env.pop("TAME_TOKEN", None)
+    serve, base, dests, env = short_probe_site(tmp_path, [f"127.0.0.1:{free_port()}"],
+                                               agent_env={"TAME_PROBE_MAX_DURATION_S": "600"})
     try:
         done = subprocess.run([TAME, "agent", "--site", "dtn1", "--server", base, "--dest-file", str(dests), "--once"],
                               env=env, capture_output=True, text=True, timeout=300)
