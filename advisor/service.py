@@ -3,8 +3,8 @@
 Everything the HTTP API and the CLI do goes through here; it knows nothing of HTTP.
 Advice is per link: a source site (``src``; default this service's own, settings.site) and a destination.
 It is cached in memory per (src, canonical dest, max_impact, congestion control), at most _CACHE_LIMIT entries
-(the least recently read goes first), and the cache is dropped on every write this process makes; for writes
-made by other processes sharing the database, an entry is never served older than ``settings.cache_max_age_s``
+(the least recently read goes first); a write this process makes drops the entries of its link (see
+_GENERATION_STRIPES), and for writes made by other processes sharing the database, an entry is never served older than ``settings.cache_max_age_s``
 (see _REFRESH_AHEAD).
 """
 
@@ -50,6 +50,11 @@ log = logging.getLogger(__name__)
 # Advice entries kept (1.4-2.6 KB each: mostly the advice's JSON, longer when it lists alternatives); past it the
 # least recently read is dropped, one at a time.
 _CACHE_LIMIT = 50_000
+# Write generations, one per stripe of links (a link's stripe: the hash of (src, canonical dest)): a write of this
+# process moves its link's stripe on, and an entry loaded under an older generation of its stripe is no longer
+# served or kept. A fixed table whatever links are written; a write drops the entries of the links sharing its
+# stripe (about 1 in 4,096 of the others), not the whole cache.
+_GENERATION_STRIPES = 4096
 # Locks that give each key one loader at a time (see _refresh_lock): a fixed table, whatever readers ask for.
 _REFRESH_STRIPES = 256
 # A stale destination's re-probe is requested at most this often from the read path.
@@ -90,14 +95,15 @@ class AdviceEntry:
     probed_at: float  # payload["probed_at"]: the probes' time (advisor.freshness)
     evidence_at: float  # FitRow.evidence_at: age_s and stale are judged by it
     loaded_at: float
+    stripe: int  # the link's write stripe (AdviceService._stripe) and its generation when the entry was read
     generation: int
     fit_ids: tuple[int, ...]  # current fits of the destination, every control, when loaded (alternatives read them all)
 
     @classmethod
-    def of(cls, payload: dict[str, Any], evidence_at: float, loaded_at: float, generation: int,
+    def of(cls, payload: dict[str, Any], evidence_at: float, loaded_at: float, stripe: int, generation: int,
            fit_ids: tuple[int, ...]) -> "AdviceEntry":
         return cls(json.dumps(payload, separators=(",", ":")).encode()[:-1], payload["dest"], payload["probed_at"],
-                   evidence_at, loaded_at, generation, fit_ids)
+                   evidence_at, loaded_at, stripe, generation, fit_ids)
 
     def json_bytes(self, age_s: float, stale: bool) -> bytes:
         """The advice as a reader gets it (GET /v1/advice, batch items), as compact JSON."""
@@ -142,7 +148,7 @@ class AdviceService:
         # Least recently read first; guarded by _lock.
         self._cache: OrderedDict[CacheKey, AdviceEntry] = OrderedDict()
         self._cache_limit = _CACHE_LIMIT
-        self._generation = 0
+        self._generations = [0] * _GENERATION_STRIPES  # per stripe of links; guarded by _lock
         # When the read path last asked for each link's probe: a key per link read with advice (writers add links;
         # pruned links leave theirs, dropped with the rest at _CACHE_LIMIT, see _reprobe).
         self._refresh_requested: dict[tuple[str, str, str], float] = {}
@@ -164,10 +170,26 @@ class AdviceService:
         """Call ``listener`` after a probe job is queued (the local worker wakes up)."""
         self._listeners.append(listener)
 
-    def invalidate(self) -> None:
+    @staticmethod
+    def _stripe(src: str, dest_key: str) -> int:
+        """The write stripe of the link from ``src`` to ``dest_key`` (canonical)."""
+        return hash((src, dest_key)) % _GENERATION_STRIPES
+
+    def invalidate(self, src: str, dest_key: str) -> None:
+        """A write of this process to the link from ``src`` to ``dest_key`` (canonical) committed: the link's cached
+        advice is not served again, nor kept by a read that began before the write."""
         with self._lock:
-            self._generation += 1
+            self._generations[self._stripe(src, dest_key)] += 1
+
+    def drop_cache(self) -> None:
+        """Forget all cached advice (the store was written other than through this service)."""
+        with self._lock:
+            self._generations = [generation + 1 for generation in self._generations]
             self._cache.clear()
+
+    def _no_write_since(self, entry: AdviceEntry) -> bool:
+        """No write of this process to the entry's link (or its stripe) since the entry was read."""
+        return entry.generation == self._generations[entry.stripe]
 
     # -- fits -----------------------------------------------------------------------------
 
@@ -231,12 +253,13 @@ class AdviceService:
         if error is None and congestion_control is not None and used != congestion_control:
             error = (f"the probes were asked to run under {congestion_control} but used {used} (is {congestion_control} "
                      f"allowed for this process? net.ipv4.tcp_allowed_congestion_control); kept as {used}'s advice")
-        run_id = self.store.record_run(dest, src=self.site(src), source=source, idle_rtt_s=idle_rtt_s, results=results,
+        site = self.site(src)
+        run_id = self.store.record_run(dest, src=site, source=source, idle_rtt_s=idle_rtt_s, results=results,
                                        started_at=started_at, fit=new_fit, job_id=job_id, job_error=error,
                                        address=address, congestion_control=used, job_owner=job_owner,
                                        max_links=self.settings.max_site_links, request=request,
                                        answer=None if answer is None else lambda run_id: answer(run_id, error))
-        self.invalidate()
+        self.invalidate(site, dest.key)
         return run_id, error
 
     # -- advice ---------------------------------------------------------------------------
@@ -302,7 +325,7 @@ class AdviceService:
                 return None
             cached = self._cached(key)
         now = self.clock()
-        if cached is None or cached.generation != self._generation:
+        if cached is None or not self._no_write_since(cached):
             return None
         lagging = self._lagging(key, cached, now)
         if not lagging and not self._servable(cached, now):
@@ -349,7 +372,7 @@ class AdviceService:
         """Cache ``entry`` as the most recently read, unless a write came since it was read; past _cache_limit the
         least recently read entry goes (one, not all: the other readers' entries stay warm)."""
         with self._lock:
-            if entry.generation != self._generation:
+            if not self._no_write_since(entry):
                 return
             self._cache[key] = entry
             self._cache.move_to_end(key)
@@ -358,7 +381,7 @@ class AdviceService:
 
     def _servable(self, cached: AdviceEntry | None, now: float) -> bool:
         """Within the consistency bound: it may be served."""
-        return (cached is not None and cached.generation == self._generation
+        return (cached is not None and self._no_write_since(cached)
                 and now - cached.loaded_at <= self.settings.cache_max_age_s)
 
     def _answer(self, entry: AdviceEntry, now: float, lagging: bool) -> tuple[AdviceEntry, float, bool]:
@@ -369,7 +392,7 @@ class AdviceService:
         """Past the consistency bound while its background re-read is asking the store (a slow store; not one
         still queued, which its reader does sooner itself), no write of this process since and at most
         _LAGGING_LIMIT_S old: served marked stale instead of waited for."""
-        return (cached is not None and cached.generation == self._generation
+        return (cached is not None and self._no_write_since(cached)
                 and self.settings.cache_max_age_s < now - cached.loaded_at <= _LAGGING_LIMIT_S
                 and key in self._refresh_reading)
 
@@ -439,7 +462,8 @@ class AdviceService:
 
     def _load_entry(self, key: CacheKey, previous: AdviceEntry | None) -> AdviceEntry:
         src, dest_key, budget, control = key
-        generation = self._generation
+        stripe = self._stripe(src, dest_key)
+        generation = self._generations[stripe]
         now = self.clock()
         if previous is not None and previous.generation == generation \
                 and self.store.current_fit_ids(dest_key, src=src) == previous.fit_ids:
@@ -472,7 +496,7 @@ class AdviceService:
         payload.update(src=src, dest=dest_key, fitted_at=row.fitted_at, probed_at=row.probed_at,
                        observations_used=row.observations_used,
                        open=how_to_open(advice, dest_key, row.idle_rtt_s))
-        entry = AdviceEntry.of(payload, row.evidence_at, now, generation, fit_ids)
+        entry = AdviceEntry.of(payload, row.evidence_at, now, stripe, generation, fit_ids)
         self._count_read("reloaded")
         self._keep(key, entry)
         return entry
@@ -815,5 +839,5 @@ class AdviceService:
         ids = self.store.add_observation(dest, observation, refit, src=site, run_control=run_control,
                                          max_links=self.settings.max_site_links, base_run_at=run_at, request=request,
                                          answer=answer)
-        self.invalidate()
+        self.invalidate(site, dest.key)
         return answer(*ids)

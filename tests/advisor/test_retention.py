@@ -101,7 +101,7 @@ def check_bounded_and_unchanged(service):
     control = service.settings.congestion_control
     before_fits = {dest: store.current_fit(dest, control, src=SITE) for dest in DESTS}
     prune(store, RETENTION)
-    service.invalidate()
+    service.drop_cache()
     assert current_view(store) == before_view
     assert advice(service) == before_advice
     assert {dest: store.current_fit(dest, control, src=SITE) for dest in DESTS} == before_fits
@@ -353,7 +353,7 @@ def test_links_that_hold_nothing_newer_than_the_age_kept_go_fits_and_all_and_the
         pruned = prune(store, aged)
         assert pruned.deleted["destinations"] == 4
         assert links(store) == sorted([*DESTS, queued, recent])
-        service.invalidate()
+        service.drop_cache()
         assert current_view(store) == [row for row in before_view if row[0] != fitted_long_ago]
         assert advice(service) == before_advice
         with store.db.transaction() as tx:
@@ -452,7 +452,7 @@ def test_only_each_links_newest_run_keeps_its_raw_record(tmp_path, request, back
         assert got.deleted["probe_results.raw"] == 2 * (2 + 3)
         assert got.batches >= 4  # 10 results, 3 per batch
         assert not any(n for table, n in got.deleted.items() if table != "probe_results.raw"), got.deleted
-        service.invalidate()
+        service.drop_cache()
         after = (counts(store), results_but_raw(store), current_view(store), advice(service),
                  {(d, c): store.current_fit(d, c, src=SITE) for d in DESTS for c in (control, other)},
                  [store.latest_run_points(d, c, src=SITE) for d in DESTS for c in (control, other)])

@@ -196,7 +196,7 @@ def test_fits_are_stored_as_their_own_records_and_rows_stored_before_still_read(
     # A row written before records were kept (record_json NULL) reads back to the same advice.
     with store.db.transaction(write=True) as tx:
         tx.execute("UPDATE fits SET record_json = NULL")
-    service.invalidate()
+    service.drop_cache()
     assert store.current_fit("127.0.0.1:5201", src=SITE).record is None
     assert service.advice("127.0.0.1", 0.3) == fresh
     store.close()

@@ -95,7 +95,7 @@ def store_fit(service, fitted):
     new_fit = service.stored_fit(rebuilt, points, idle_rtt_s=0.04, probed_at=service.clock())
     service.store.record_run(DEST, source="test", idle_rtt_s=0.04, results=[], started_at=service.clock(),
                              fit=new_fit, src=SITE)
-    service.invalidate()
+    service.drop_cache()
     return rebuilt
 
 
@@ -238,7 +238,7 @@ def test_migrated_knee_curve_gives_the_api_answer(tmp_path):
             tx.execute("DELETE FROM schema_migrations WHERE version IN (4, 9)")
         # 0004 holds it over whole counts in SQL; 0009 writes it again from the fit, over the search grid.
         assert store.db.migrate() == [4, 9]
-        service.invalidate()
+        service.drop_cache()
         for budget in np.round(np.arange(0.0, 1.0001, 0.005), 3):
             assert scheduler_streams(store, float(budget)) == service.advice(DEST.key, float(budget))["num_flows"], budget
     finally:
@@ -261,7 +261,7 @@ def test_view_gives_the_api_answer_per_congestion_control(tmp_path):
             store.record_run(DEST, source="test", idle_rtt_s=0.04, results=[], started_at=service.clock(),
                              fit=service.stored_fit(rebuilt, points, 0.04, service.clock(), congestion_control=control),
                              congestion_control=control, src=SITE)
-        service.invalidate()
+        service.drop_cache()
         for budget in budgets:
             for control in ("bbr", "cubic"):
                 with store.db.transaction() as tx:

@@ -1,5 +1,5 @@
 """What a reader can make the advice cache hold, over HTTP on a real SQLite file: destinations that fail leave
-nothing behind, one link spelt many ways is one entry, more budgets than the cache holds evict the least
+nothing behind, one link spelt many ways is one entry, a write drops its own link's entries and no other, more budgets than the cache holds evict the least
 recently read entries one at a time (no miss storm for every client at once), and an entry is little more than
 the JSON that GET and batch items send as it is."""
 
@@ -97,6 +97,39 @@ def test_more_budgets_than_the_cache_holds_evict_the_least_recently_read(service
     assert client.get("/v1/advice", params={"dest": DEST, "max_impact": budgets[0]}).status_code == 200
     assert service.cache_reads()["reloaded"] == loads + 1
     assert len(service._cache) == limit
+
+
+def test_a_write_drops_its_own_links_advice_and_no_other(service_factory):
+    # A replica that takes agents' runs and transfers' observations for many links keeps every other link's advice
+    # warm: a write is followed by one store read, of its own link, not of every link its readers ask for.
+    _, client, app = service_factory(start_worker=False)
+    service = app.state.service
+    other = "127.0.0.1:5202"
+    seed(app)
+    seed(app, other)
+    read = {"dest": DEST, "max_impact": 0.1}
+    assert client.get("/v1/advice", params=read).status_code == 200
+    written = client.get("/v1/advice", params={"dest": other, "max_impact": 0.1}).json()
+    loads = service.cache_reads()["reloaded"]
+
+    # Written over HTTP as agents and transfers write: a probe run from another site to DEST, then to the other
+    # link a run and an observation from this site.
+    probes = [{"streams": n, "throughput_bps": 0.5 * rate(n)} for n in (1, 10)]
+    assert client.post("/v1/probe-runs", json={"src": "dtn2", "dest": DEST, "probes": probes}).status_code == 201
+    assert service.cached_entry(DEST, 0.1) is not None  # another link, though the same destination
+    assert client.post("/v1/probe-runs", json={"dest": other, "probes": probes}).status_code == 201
+    assert service.cached_entry(other, 0.1) is None  # not served again: it predates the write
+    assert service.cached_entry(DEST, 0.1) is not None
+    rewritten = client.get("/v1/advice", params={"dest": other, "max_impact": 0.1}).json()
+    assert rewritten["params"] != written["params"]  # the new run's fit
+    observed = client.post("/v1/observations", json={"dest": other, "streams": 2, "throughput_bps": rate(2)})
+    assert observed.status_code == 202 and observed.json()["refit"] is True
+    assert service.cached_entry(other, 0.1) is None
+    assert client.get("/v1/advice", params={"dest": other, "max_impact": 0.1}).json()["observations_used"] == 1
+
+    assert client.get("/v1/advice", params=read).status_code == 200
+    # Two loads of the written link after its two writes; DEST's entry was never read from the store again.
+    assert service.cache_reads()["reloaded"] == loads + 2
 
 
 def test_a_batch_item_carries_the_bytes_get_sends(service_factory):

@@ -558,7 +558,7 @@ def test_a_registration_counts_fits_that_recorded_no_control_for_the_default_con
     with sqlite3.connect(app.state.service.store.db.url[len("sqlite:///"):]) as conn:
         conn.execute("UPDATE fits SET congestion_control = NULL")
         conn.execute("UPDATE probe_runs SET congestion_control = NULL")
-    app.state.service.invalidate()
+    app.state.service.drop_cache()
     advice = {"dest": DEST, "max_impact": 0.1}
     assert client.get("/v1/advice", params={**advice, "src": "dtn2"}).status_code == 200
     assert client.get("/v1/advice", params={**advice, "src": "dtn2", "cc": other}).status_code == 404
