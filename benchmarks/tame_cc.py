@@ -142,14 +142,16 @@ def measure(tb: testbed.Testbed, groups: Sequence[Group], seconds: float, omit_s
             setting: cc.CcSetting | None, label: str = "") -> Run:
     """Run every group at once for ``omit_s`` + ``seconds``; goodput over the last ``seconds``.
 
-    ``setting`` is written for the receiver's address first (the tame groups read it), or the entry removed.
+    ``setting`` is written for the receiver's address, for the sender namespace's sockets, first (the tame groups
+    read it), or the entry removed.
     """
     addr = cc.canonical_address(tb.receiver_addr)
+    sender = cc.netns_cookie(tb.sender_ns)
     if setting is None:
-        if cc.registration() is not None and addr in cc.settings():
-            cc.delete_fm(addr)
+        if cc.registration() is not None:
+            cc.delete_fm(addr, sender)
     else:
-        cc.set_fm(addr, setting)
+        cc.set_fm(addr, setting, sender)
     spec = tb.spec
     run = Run(rtt_s=spec.rtt_s, rate_bps=spec.rate_bps, cross_flows=spec.cross_flows,
               groups=[asdict(g) for g in groups], setting=None if setting is None else asdict(setting),
@@ -527,7 +529,7 @@ def cycles(args) -> list[str]:
     spec = path_spec(args.rate, args.rtts[0] / 1000, 0, "tcccycle")
     with bed(spec, servers=1) as tb:
         cc.load()
-        cc.set_fm(cc.canonical_address(tb.receiver_addr), cc.CcSetting(4.0))
+        cc.set_fm(cc.canonical_address(tb.receiver_addr), cc.CcSetting(4.0), cc.netns_cookie(tb.sender_ns))
         seconds = 10
         proc = _client(tb, BASE_PORT, Group(1, cc.NAME), seconds, 0)
         time.sleep(CLIENT_SETUP_S + seconds / 2)

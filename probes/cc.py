@@ -4,8 +4,10 @@ This is the one module that runs bpftool and ``ip route`` for it; every call is 
 a deadline (:func:`probes.netns.run`), and failures become :class:`CcError` subclasses.
 
 * Registration is kernel-wide (``bpftool struct_ops register``); its hash map of fractional
-  multipliers (FM x 1000 per destination, key the 16-byte IPv6 or IPv4-mapped address) lives as
-  long as the registration. The map is found by id, not by a pin: the struct_ops map ``tame`` and
+  multipliers (FM x 1000 per destination, key the network namespace's cookie and the 16-byte IPv6 or
+  IPv4-mapped address) lives as long as the registration. Entries are per namespace, as routes are:
+  every function here reads and writes those of the namespace it runs in unless given another's cookie
+  (:func:`netns_cookie`), so a transfer or ``apply`` in one container never sets another's streams. The map is found by id, not by a pin: the struct_ops map ``tame`` and
   ``tame_fm`` share one BTF object id. Pins under /sys/fs/bpf are invisible inside
   ``ip netns exec`` (it remounts /sys), where the test bed's senders run.
 * Routes are per network namespace: ``apply`` adds ``DEST/32`` (``/128``) with ``congctl tame``
@@ -23,7 +25,10 @@ import json
 import math
 import os
 import signal
+import socket
 import struct
+import subprocess
+import sys
 import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -78,17 +83,39 @@ def canonical_address(dest: str) -> Address:
     return addr
 
 
-def map_key(addr: Address) -> bytes:
-    """The 16-byte map key: the IPv6 address, or an IPv4 address in its IPv4-mapped form (::ffff:a.b.c.d)."""
-    if isinstance(addr, ipaddress.IPv4Address):
-        return bytes(10) + b"\xff\xff" + addr.packed
-    return addr.packed
+# getsockopt(SOL_SOCKET, SO_NETNS_COOKIE): the u64 cookie of a socket's network namespace (Linux 5.14).
+SO_NETNS_COOKIE = 71
 
 
-def address_from_key(key: bytes) -> Address:
-    """Inverse of :func:`map_key`."""
-    addr = ipaddress.IPv6Address(key)
-    return addr.ipv4_mapped or addr
+def netns_cookie(namespace: str | None = None) -> int:
+    """The cookie of this process's network namespace, or of the named one (``ip netns``): what the map's entries
+    are keyed by, as the kernel gives the program each socket's."""
+    if namespace is not None:
+        try:
+            done = subprocess.run(["ip", "netns", "exec", namespace, sys.executable, "-c",
+                                   "from probes.cc import netns_cookie; print(netns_cookie())"],
+                                  capture_output=True, text=True, timeout=30, check=True,
+                                  cwd=Path(__file__).resolve().parent.parent)
+        except subprocess.CalledProcessError as exc:
+            raise CcCommandFailed(f"cannot read network namespace {namespace!r}'s cookie: {exc.stderr.strip()}") \
+                from None
+        return int(done.stdout)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        return struct.unpack("<Q", sock.getsockopt(socket.SOL_SOCKET, SO_NETNS_COOKIE, 8))[0]
+
+
+def map_key(addr: Address, netns: int) -> bytes:
+    """The 24-byte map key (struct tame_key): the namespace cookie as a little-endian u64, then the IPv6 address or
+    an IPv4 address in its IPv4-mapped form (::ffff:a.b.c.d)."""
+    packed = bytes(10) + b"\xff\xff" + addr.packed if isinstance(addr, ipaddress.IPv4Address) else addr.packed
+    return struct.pack("<Q", netns) + packed
+
+
+def key_parts(key: bytes) -> tuple[int, Address]:
+    """Inverse of :func:`map_key`: (namespace cookie, address)."""
+    (netns,) = struct.unpack("<Q", key[:8])
+    addr = ipaddress.IPv6Address(key[8:])
+    return netns, addr.ipv4_mapped or addr
 
 
 @dataclass(frozen=True)
@@ -230,46 +257,50 @@ def unload() -> bool:
     return True
 
 
-def settings() -> dict[Address, CcSetting]:
-    """Every destination's setting in the registered control's map."""
+def all_settings() -> dict[tuple[int, Address], CcSetting]:
+    """Every entry in the registered control's map, of every network namespace: {(cookie, address): setting}."""
     reg = _require_registration()
     dumped = _bpftool_json("map", "dump", "id", str(reg.fm_map_id)) or []
-    result: dict[Address, CcSetting] = {}
-    for entry in dumped:
-        key = bytes(int(b, 16) for b in entry["key"])
-        result[address_from_key(key)] = CcSetting.from_value(bytes(int(b, 16) for b in entry["value"]))
-    return result
+    return {key_parts(bytes(int(b, 16) for b in entry["key"])):
+            CcSetting.from_value(bytes(int(b, 16) for b in entry["value"])) for entry in dumped}
 
 
-def set_fm(addr: Address, setting: CcSetting) -> None:
-    """Write ``addr``'s setting into the map."""
+def settings(netns: int | None = None) -> dict[Address, CcSetting]:
+    """Every destination's setting for the sockets of one network namespace (None: this process's)."""
+    cookie = netns_cookie() if netns is None else netns
+    return {addr: setting for (owner, addr), setting in all_settings().items() if owner == cookie}
+
+
+def set_fm(addr: Address, setting: CcSetting, netns: int | None = None) -> None:
+    """Write ``addr``'s setting into the map for one network namespace's sockets (None: this process's)."""
     value = setting.to_value()
     require_root()
     reg = _require_registration()
+    key = map_key(addr, netns_cookie() if netns is None else netns)
     try:
-        run(["bpftool", "map", "update", "id", str(reg.fm_map_id),
-             "key", "hex", *(f"{b:02x}" for b in map_key(addr)),
+        run(["bpftool", "map", "update", "id", str(reg.fm_map_id), "key", "hex", *(f"{b:02x}" for b in key),
              "value", "hex", *(f"{b:02x}" for b in value)], timeout_s=BPFTOOL_TIMEOUT_S)
     except TestbedCommandFailed as exc:
         raise CcCommandFailed(f"cannot set FM for {addr}: {exc}") from exc
 
 
-def delete_fm(addr: Address) -> bool:
-    """Remove ``addr``'s entry; returns False when it had none."""
+def delete_fm(addr: Address, netns: int | None = None) -> bool:
+    """Remove ``addr``'s entry for one network namespace (None: this process's); returns False when it had none."""
     require_root()
-    if addr not in settings():
+    cookie = netns_cookie() if netns is None else netns
+    if addr not in settings(cookie):
         return False
     reg = _require_registration()
     try:
         run(["bpftool", "map", "delete", "id", str(reg.fm_map_id),
-             "key", "hex", *(f"{b:02x}" for b in map_key(addr))], timeout_s=BPFTOOL_TIMEOUT_S)
+             "key", "hex", *(f"{b:02x}" for b in map_key(addr, cookie))], timeout_s=BPFTOOL_TIMEOUT_S)
     except TestbedCommandFailed as exc:
         raise CcCommandFailed(f"cannot delete the entry for {addr}: {exc}") from exc
     return True
 
 
-# Lock files, one per destination address, that a process setting its FM holds (flock: released when the process
-# ends, killed too). Root's: only root sets the map.
+# Lock files, one per (network namespace, destination address), that a process setting its FM holds (flock:
+# released when the process ends, killed too). Root's: only root sets the map.
 LOCK_DIR = Path("/run/tame")
 
 
@@ -278,7 +309,7 @@ def exclusive_setting(addr: Address) -> Iterator[None]:
     """Hold ``addr``'s FM entry for this process for the block: CcBusy when another process holds it (two transfers
     to one address would share its entry, and the one that ends first would put it back under the other)."""
     LOCK_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd = os.open(LOCK_DIR / f"fm-{addr}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fd = os.open(LOCK_DIR / f"fm-{netns_cookie()}-{addr}.lock", os.O_RDWR | os.O_CREAT, 0o600)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -83,7 +83,8 @@ def register(subparsers) -> None:
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     actions.add_parser("load", help="build (first time) and register the control")
     actions.add_parser("unload", help="unregister the control; its settings go with it")
-    status = actions.add_parser("status", help="whether it is registered, and every destination's FM")
+    status = actions.add_parser("status", help="whether it is registered, and every destination's FM in this network "
+                                                  "namespace")
     status.add_argument("--json", action="store_true", help="print JSON")
     apply = actions.add_parser(
         "apply", help="set a destination's FM and route it through the control",
@@ -139,26 +140,37 @@ def _status(args) -> int:
     cc.require_root()
     reg = cc.registration()
     entries = []
+    elsewhere = 0  # entries of other network namespaces (theirs to list, from there)
+    here = cc.netns_cookie()
     if reg is not None:
-        for addr, entry in sorted(cc.settings().items(), key=lambda item: (item[0].version, item[0])):
+        every = cc.all_settings()
+        elsewhere = sum(1 for netns, _ in every if netns != here)
+        mine = sorted(((addr, entry) for (netns, addr), entry in every.items() if netns == here),
+                      key=lambda item: (item[0].version, item[0]))
+        for addr, entry in mine:
             entries.append({"dest": str(addr), "fractional_multiplier": entry.fractional_multiplier,
                             "scale_slow_start": entry.scale_slow_start, "route": cc.describe_route(addr)})
     if args.json:
         json.dump({"name": cc.NAME, "registered": reg is not None,
                    "struct_ops_id": reg.struct_ops_id if reg else None,
-                   "fm_map_id": reg.fm_map_id if reg else None,
-                   "destinations": entries}, sys.stdout)
+                   "fm_map_id": reg.fm_map_id if reg else None, "netns_cookie": here,
+                   "destinations": entries, "other_namespaces_entries": elsewhere}, sys.stdout)
         print()
         return 0
     if reg is None:
         print(f"{cc.NAME}: not registered")
         return 0
     print(f"{cc.NAME}: registered (struct_ops map id {reg.struct_ops_id}, FM map id {reg.fm_map_id}); "
-          f"destinations without an entry get FM 1 (Reno)")
+          f"destinations without an entry get FM 1 (Reno); entries of this network namespace (cookie {here}):")
     for e in entries:
         route = e["route"] or "no route here (this namespace): only sockets choosing -C tame get it"
         slow_start = ", slow start scaled" if e["scale_slow_start"] else ""
         print(f"  {e['dest']}: FM {e['fractional_multiplier']:g}{slow_start}; route: {route}")
+    if not entries:
+        print("  none")
+    if elsewhere:
+        print(f"  and {elsewhere} entr{'y' if elsewhere == 1 else 'ies'} of other network namespaces (run tame cc "
+              "status there to see them)")
     return 0
 
 

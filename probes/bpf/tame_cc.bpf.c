@@ -1,9 +1,11 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
  * tame: a Reno congestion control whose additive increase is scaled by 1/FM (Hacker et al. 2004's
- * fractional stream), FM read per destination address from a pinned BPF hash map.
+ * fractional stream), FM read per (network namespace, destination address) from a BPF hash map.
  *
- * Key: the destination as 16 bytes, IPv4 as its IPv4-mapped IPv6 form (::ffff:a.b.c.d), so an IPv4
+ * Key: the socket's network namespace cookie (SO_NETNS_COOKIE; the map is kernel-wide, routes and the
+ * processes that set entries are per namespace, so one namespace's entry never reaches another's sockets)
+ * and the destination as 16 bytes, IPv4 as its IPv4-mapped IPv6 form (::ffff:a.b.c.d), so an IPv4
  * destination reached from a dual-stack socket finds the same entry. Value: struct tame_setting, FM x 1000
  * and flags. A destination without an entry gets FM 1: plain Reno. The map is read on every call, so
  * `tame cc apply` acts on connections already open.
@@ -28,6 +30,7 @@ char _license[] SEC("license") = "GPL";
 #define FM_UNIT 1000ULL /* the map holds FM x FM_UNIT */
 
 struct tame_key {
+	__u64 netns; /* net->net_cookie of the socket's namespace */
 	__u8 addr[16];
 };
 
@@ -71,6 +74,7 @@ static __always_inline struct tame_setting setting_of(const struct sock *sk)
 	struct tame_key key = {};
 	struct tame_setting *found;
 
+	key.netns = sk->__sk_common.skc_net.net->net_cookie;
 	if (sk->__sk_common.skc_family == AF_INET) {
 		key.addr[10] = 0xff;
 		key.addr[11] = 0xff;

@@ -29,13 +29,14 @@ PORT = 5399
 
 # -- pure: keys, values, addresses ----------------------------------------------------------
 
-def test_map_key_is_ipv6_or_ipv4_mapped_and_round_trips():
+def test_map_key_is_the_namespace_cookie_then_ipv6_or_ipv4_mapped_and_round_trips():
+    cookie = 0x0102030405060708
     v4 = ipaddress.ip_address("10.77.0.2")
-    assert cc.map_key(v4) == bytes(10) + b"\xff\xff" + bytes([10, 77, 0, 2])
-    assert cc.address_from_key(cc.map_key(v4)) == v4
+    assert cc.map_key(v4, cookie) == bytes(range(8, 0, -1)) + bytes(10) + b"\xff\xff" + bytes([10, 77, 0, 2])
+    assert cc.key_parts(cc.map_key(v4, cookie)) == (cookie, v4)
     v6 = ipaddress.ip_address("fd77::2")
-    assert cc.map_key(v6) == v6.packed
-    assert cc.address_from_key(cc.map_key(v6)) == v6
+    assert cc.map_key(v6, 1) == (1).to_bytes(8, "little") + v6.packed
+    assert cc.key_parts(cc.map_key(v6, 1)) == (1, v6)
 
 
 def test_canonical_address_maps_v4_mapped_to_v4_and_refuses_names():
@@ -181,7 +182,9 @@ def test_apply_and_clear_change_the_map_entry_and_the_route(loaded, pair):
     done = _tame(pair.a, "apply", B4, "--tcp-equivalent", "2.5", "--standard-control", "cubic", "--rtt", "0.1")
     assert done.returncode == 0, done.stderr
     expected = round(law_for("cubic").multiplier_for(0.5, 0.1), 3)
-    assert cc.settings() == {ipaddress.ip_address(B4): cc.CcSetting(expected)}
+    a = cc.netns_cookie(pair.a)  # the entries are A's sockets', as its routes are
+    assert cc.settings(a) == {ipaddress.ip_address(B4): cc.CcSetting(expected)}
+    assert cc.settings() == {}
     assert "congctl tame" in _route(pair.a, B4) and "proto 250" in _route(pair.a, B4)
 
     # Aggregate form, 8 streams taking n* 2 of a control not measured (theory, FM^-1/2): each at FM (8/2)^2 = 16;
@@ -191,7 +194,7 @@ def test_apply_and_clear_change_the_map_entry_and_the_route(loaded, pair):
     assert json.loads(done.stdout)["fractional_multiplier"] == 16.0
     done = _tame(pair.a, "apply", B6, "--tcp-equivalent", "0.25", "--standard-control", "bbr")  # FM 1/0.25^2 = 16
     assert done.returncode == 0, done.stderr
-    assert cc.settings() == {ipaddress.ip_address(B4): cc.CcSetting(16.0), ipaddress.ip_address(B6): cc.CcSetting(16.0)}
+    assert cc.settings(a) == {ipaddress.ip_address(B4): cc.CcSetting(16.0), ipaddress.ip_address(B6): cc.CcSetting(16.0)}
     assert "congctl tame" in _route(pair.a, B6)
 
     status = json.loads(_tame(pair.a, "status", "--json").stdout)
@@ -201,7 +204,7 @@ def test_apply_and_clear_change_the_map_entry_and_the_route(loaded, pair):
         done = _tame(pair.a, "clear", dest)
         assert done.returncode == 0, done.stderr
         assert _route(pair.a, dest) == ""
-    assert cc.settings() == {}
+    assert cc.all_settings() == {}
     assert "10.77.0.0/24" in _ip("-n", pair.a, "route")  # the link's own route is untouched
 
 
@@ -213,22 +216,46 @@ def test_apply_refuses_a_route_it_did_not_add_and_a_local_address(loaded, pair):
     assert "congctl" not in _route(pair.a, B4)
     done = _tame(pair.a, "apply", A4, "--tcp-equivalent", "1.5")
     assert done.returncode == 2 and "own address" in done.stderr
-    assert cc.settings() == {}  # no entry left behind by either refusal
+    assert cc.all_settings() == {}  # no entry left behind by either refusal
     # Unreachable from here: input to change (2), not a failure of the machine.
     done = _tame(pair.a, "apply", "192.0.2.1", "--tcp-equivalent", "1.5")
     assert done.returncode == 2 and "no route to 192.0.2.1" in done.stderr, done.stderr
     # A refusal puts back the entry it found (set by another apply or a running transfer), not deletes it.
-    theirs = cc.CcSetting(7.5)
-    cc.set_fm(ipaddress.ip_address(B4), theirs)
+    theirs, a = cc.CcSetting(7.5), cc.netns_cookie(pair.a)
+    cc.set_fm(ipaddress.ip_address(B4), theirs, a)
     done = _tame(pair.a, "apply", B4, "--tcp-equivalent", "1.5")
     assert done.returncode == 2 and "tame did not add" in done.stderr
-    assert cc.settings() == {ipaddress.ip_address(B4): theirs}
-    cc.delete_fm(ipaddress.ip_address(B4))
+    assert cc.all_settings() == {(a, ipaddress.ip_address(B4)): theirs}
+    cc.delete_fm(ipaddress.ip_address(B4), a)
     # clear removes only a route apply made: a blackhole given tame's protocol number is not one.
     _ip("-n", pair.a, "route", "add", "blackhole", "192.0.2.9/32", "proto", cc.ROUTE_PROTO)
     done = _tame(pair.a, "clear", "192.0.2.9")
     assert done.returncode == 0 and "nothing to clear" in done.stdout, (done.stdout, done.stderr)
     assert "blackhole" in _route(pair.a, "192.0.2.9")
+
+
+@netns
+def test_each_network_namespace_has_its_own_entries(loaded, pair):
+    # A and B both apply tame to one address on their link (C, on-link for both): one container's transfer or apply
+    # never sets, lists or clears another's entry.
+    a, b = cc.netns_cookie(pair.a), cc.netns_cookie(pair.b)
+    assert len({a, b, cc.netns_cookie()}) == 3
+    c = "10.77.0.3"
+    assert _tame(pair.a, "apply", c, "--tcp-equivalent", "0.5", "--standard-control", "bbr").returncode == 0  # FM 4
+    assert _tame(pair.b, "apply", c, "--tcp-equivalent", "0.25", "--standard-control", "bbr").returncode == 0  # 16
+    addr = ipaddress.ip_address(c)
+    assert cc.all_settings() == {(a, addr): cc.CcSetting(4.0), (b, addr): cc.CcSetting(16.0)}
+    status = json.loads(_tame(pair.a, "status", "--json").stdout)
+    assert status["netns_cookie"] == a and status["other_namespaces_entries"] == 1
+    assert [(d["dest"], d["fractional_multiplier"]) for d in status["destinations"]] == [(c, 4.0)]
+    assert "1 entry of other network namespaces" in _tame(pair.a, "status").stdout
+
+    done = _tame(pair.b, "clear", c)
+    assert done.returncode == 0 and "cleared (route, FM entry)" in done.stdout, done.stdout
+    assert cc.all_settings() == {(a, addr): cc.CcSetting(4.0)}  # A's entry and route stay
+    assert "congctl tame" in _route(pair.a, c)
+    assert _tame(pair.a, "clear", c).returncode == 0
+    assert cc.all_settings() == {}
 
 
 def _iperf3(pair: Pair, *client_args: str) -> dict:
@@ -294,7 +321,12 @@ def test_fm_slows_a_stream_where_random_loss_limits_it(loaded, testbed_path):
     # 0.5 % random loss, far below the 100 Mbit/s bottleneck: each stream sees the loss rate alone, the
     # case where AIMD's rate goes as sqrt(additive increase). FM 16 grows 1/16 segment a round trip, so it
     # should move about 1/4 of what FM 1 (no entry: Reno) moves; the bounds leave room for ~25 losses' noise.
+    # An entry for the address in another network namespace (this process's) is not the sender's: still Reno.
     reno = _goodput(testbed_path)
-    cc.set_fm(cc.canonical_address(testbed_path.server_addr), cc.CcSetting(16.0))
+    addr = cc.canonical_address(testbed_path.server_addr)
+    cc.set_fm(addr, cc.CcSetting(16.0))
+    elsewhere = _goodput(testbed_path)
+    cc.set_fm(addr, cc.CcSetting(16.0), cc.netns_cookie(testbed_path.testbed.sender_ns))
     slowed = _goodput(testbed_path)
     assert 0.08 < slowed / reno < 0.55, (reno, slowed)
+    assert elsewhere / reno > 0.7, (reno, elsewhere)

@@ -90,7 +90,7 @@ def _transfer(tb_path, url: str, *args: str) -> tuple[dict, list[float]]:
     try:
         deadline = time.monotonic() + TRANSFER_S + 60
         while proc.poll() is None and time.monotonic() < deadline:
-            entry = cc.settings().get(addr)
+            entry = _sender_entries(tb_path).get(addr)
             if entry is not None:
                 seen.append(entry.fractional_multiplier)
             time.sleep(0.2)
@@ -103,6 +103,18 @@ def _transfer(tb_path, url: str, *args: str) -> tuple[dict, list[float]]:
     return json.loads(out), seen
 
 
+_cookies: dict[tuple[str, int], int] = {}
+
+
+def _sender_entries(tb_path) -> dict:
+    """The FM map's entries for the sender namespace's sockets (the namespace `tame transfer` runs in)."""
+    ns = tb_path.testbed.sender_ns
+    ident = (ns, os.stat(f"/run/netns/{ns}").st_ino)  # a namespace made again under the name is another
+    if ident not in _cookies:
+        _cookies[ident] = cc.netns_cookie(ns)
+    return cc.settings(_cookies[ident])
+
+
 def _standard_control(tb_path) -> str:
     return subprocess.run(tb_path.in_sender(["cat", "/proc/sys/net/ipv4/tcp_congestion_control"]),
                           capture_output=True, text=True, check=True, timeout=10).stdout.strip()
@@ -113,7 +125,7 @@ def _standard_control(tb_path) -> str:
 def test_a_real_transfer_opens_the_advice_in_both_forms_and_stores_what_it_got(tame_loaded, testbed_path, seeded):
     store, settings, dest = seeded
     addr = ipaddress.ip_address(testbed_path.server_addr)
-    before = cc.settings().get(addr)
+    before = _sender_entries(testbed_path).get(addr)
     control = _standard_control(testbed_path)
     fits_used = store.current_fit(dest.key, control, src=SITE).observations_used
 
@@ -131,7 +143,7 @@ def test_a_real_transfer_opens_the_advice_in_both_forms_and_stores_what_it_got(t
                                  "congestion_control": cc.NAME, "streams": 3}
         assert got["advice"]["open"]["command"].startswith(f"tame cc apply {addr} --tcp-equivalent ")
         assert expected_fm in seen  # the entry held the FM during the transfer
-        assert cc.settings().get(addr) == before  # and was put back after
+        assert _sender_entries(testbed_path).get(addr) == before  # and was put back after
         assert got["throughput_bps"] > 0 and got["duration_s"] >= TRANSFER_S - 0.5
         _, _, _, observed = store.observation(got["observation_id"])
         # iperf3 reported each client's control: the standard ones ran the sender's, the fractional one tame.
@@ -148,7 +160,7 @@ def test_a_real_transfer_opens_the_advice_in_both_forms_and_stores_what_it_got(t
         assert got["opened"] == {"standard_streams": 0, "fractional_multiplier": expected_fm,
                                  "congestion_control": cc.NAME, "streams": 4}
         assert expected_fm in seen
-        assert cc.settings().get(addr) == before
+        assert _sender_entries(testbed_path).get(addr) == before
         _, _, _, observed = store.observation(got["observation_id"])
         assert observed.stream_congestion_controls == (cc.NAME,) * 4 and observed.tame_streams == 4
 
@@ -160,7 +172,7 @@ def test_a_real_transfer_opens_the_advice_in_both_forms_and_stores_what_it_got(t
         _, _, _, observed = store.observation(got["observation_id"])
         assert observed.stream_congestion_controls == (control,) * 7 and observed.tame_streams == 0
         assert store.current_fit(dest.key, control, src=SITE).observations_used == fits_used + 1
-    assert cc.settings().get(addr) == before
+    assert _sender_entries(testbed_path).get(addr) == before
 
 
 @contextmanager
@@ -170,7 +182,7 @@ def fm_set_by_transfer(tb_path, url: str, duration_s: float, *argv_before: str, 
     block. ``default_signals``: start it with SIGINT and SIGHUP at their defaults, as from a terminal (a shell without
     job control, CI's, starts background commands with SIGINT ignored, which Python does not turn into Ctrl-C)."""
     addr = ipaddress.ip_address(tb_path.server_addr)
-    before = cc.settings().get(addr)
+    before = _sender_entries(tb_path).get(addr)
     restore = (lambda: [signal.signal(s, signal.SIG_DFL) for s in (signal.SIGINT, signal.SIGHUP)]) \
         if default_signals else None
     proc = subprocess.Popen(tb_path.in_sender([*argv_before, sys.executable, "-m", "advisor", "transfer",
@@ -180,7 +192,7 @@ def fm_set_by_transfer(tb_path, url: str, duration_s: float, *argv_before: str, 
                             preexec_fn=restore)
     try:
         deadline = time.monotonic() + 30
-        while cc.settings().get(addr) == before:
+        while _sender_entries(tb_path).get(addr) == before:
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
             time.sleep(0.05)
         yield proc
@@ -199,7 +211,7 @@ def test_a_transfer_ended_by_a_hang_up_or_a_second_ctrl_c_puts_the_fm_entry_back
     leave the transfer's FM set for the address: the next transfer would take it for the entry to put back."""
     _, settings, _ = seeded
     addr = ipaddress.ip_address(testbed_path.server_addr)
-    before = cc.settings().get(addr)
+    before = _sender_entries(testbed_path).get(addr)
     with pathcheck.iperf3_server(testbed_path.testbed, FRACTIONAL_PORT), \
             fm_set_by_transfer(testbed_path, settings.database_url, 20, default_signals=True) as proc:
         time.sleep(0.5)  # its clients are running
@@ -208,7 +220,7 @@ def test_a_transfer_ended_by_a_hang_up_or_a_second_ctrl_c_puts_the_fm_entry_back
             time.sleep(0.01)
         proc.communicate(timeout=30)
     assert proc.returncode != 0
-    assert cc.settings().get(addr) == before
+    assert _sender_entries(testbed_path).get(addr) == before
 
 
 @netns
@@ -218,7 +230,7 @@ def test_a_transfer_started_with_nohup_keeps_going_through_a_hang_up(tame_loaded
     end the transfer; it completes, is stored and puts its FM entry back."""
     store, settings, _ = seeded
     addr = ipaddress.ip_address(testbed_path.server_addr)
-    before = cc.settings().get(addr)
+    before = _sender_entries(testbed_path).get(addr)
     with pathcheck.iperf3_server(testbed_path.testbed, FRACTIONAL_PORT), \
             fm_set_by_transfer(testbed_path, settings.database_url, 4, "nohup") as proc:
         time.sleep(0.5)
@@ -226,7 +238,7 @@ def test_a_transfer_started_with_nohup_keeps_going_through_a_hang_up(tame_loaded
         out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert json.loads(out)["observation_id"] is not None
-    assert cc.settings().get(addr) == before
+    assert _sender_entries(testbed_path).get(addr) == before
 
 
 @netns
@@ -261,18 +273,18 @@ def test_a_second_transfer_or_apply_to_an_address_a_transfer_is_using_is_refused
     while one runs, another, or `tame cc apply` for that address, exits 2 and changes nothing."""
     _, settings, _ = seeded
     addr = ipaddress.ip_address(testbed_path.server_addr)
-    before = cc.settings().get(addr)
+    before = _sender_entries(testbed_path).get(addr)
     transfer = [sys.executable, "-m", "advisor", "transfer", testbed_path.server_addr, "--max-impact",
                 str(FRACTIONAL_BUDGET)]
     with pathcheck.iperf3_server(testbed_path.testbed, FRACTIONAL_PORT), \
             fm_set_by_transfer(testbed_path, settings.database_url, 8) as first:
-        held = cc.settings().get(addr)
+        held = _sender_entries(testbed_path).get(addr)
         for argv in ([*transfer, "--duration", "2", "--streams", "4"],
                      [sys.executable, "-m", "advisor", "cc", "apply", str(addr), "--tcp-equivalent", "1.5"]):
             second = subprocess.run(testbed_path.in_sender(argv), capture_output=True, text=True, timeout=60,
                                     env=_env(settings.database_url))
             assert second.returncode == 2 and "run one at a time per address" in second.stderr, second.stderr
-            assert cc.settings().get(addr) == held
+            assert _sender_entries(testbed_path).get(addr) == held
         out, err = first.communicate(timeout=60)
     assert first.returncode == 0, err
-    assert cc.settings().get(addr) == before
+    assert _sender_entries(testbed_path).get(addr) == before
