@@ -24,6 +24,7 @@ import ipaddress
 import json
 import math
 import os
+import re
 import signal
 import socket
 import struct
@@ -363,71 +364,130 @@ def _prefix(addr: Address) -> str:
     return f"{addr}/{addr.max_prefixlen}"
 
 
-def host_route(addr: Address) -> dict | None:
-    """This namespace's main-table route for exactly ``addr``/32 (/128), as ``ip -j`` reports it, or None."""
+# What apply_route copies from the route the kernel picks for a destination. A route with anything else (an encap,
+# a metric this does not know) is refused: a copy without it would forward differently.
+_ROUTE_KEYS = {"type", "dst", "gateway", "via", "dev", "table", "protocol", "scope", "flags", "metrics", "nexthops",
+               "prefsrc", "metric", "pref", "nhid"}
+_COPIED_METRICS = {"mtu", "advmss", "window", "initcwnd", "initrwnd", "hoplimit", "reordering", "quickack",
+                   "fastopen_no_cookie", "ssthresh", "cwnd"}
+_HOP_FLAGS = {"onlink"}  # kept; the others (linkdown, dead, pervasive, offload...) are the kernel's state
+
+
+def _routes(addr: Address, *args: str) -> list[dict]:
     try:
-        out = run([*_ip(addr), "-j", "route", "show", "exact", _prefix(addr)])
+        return json.loads(run([*_ip(addr), "-j", "-d", "route", *args]) or "[]")
     except TestbedCommandFailed as exc:
         raise CcCommandFailed(str(exc)) from exc
-    routes = json.loads(out or "[]")
-    return routes[0] if routes else None
+
+
+def host_route(addr: Address) -> dict | None:
+    """This namespace's route for exactly ``addr``/32 (/128) that :func:`apply_route` added, in whichever table, as
+    ``ip -j`` reports it; else any route for exactly it; None when there is none."""
+    routes = _routes(addr, "show", "table", "all", "exact", _prefix(addr))
+    ours = [r for r in routes if route_is_ours(r)]
+    return (ours or routes or [None])[0]
 
 
 def route_is_ours(route: dict | None) -> bool:
     """Whether ``route`` was added by :func:`apply_route`: its protocol is ROUTE_PROTO and it is a unicast route
-    through a device, as apply_route makes them (a blackhole or unreachable route given that protocol is not)."""
+    through a device or next hops, as apply_route makes them (a blackhole or unreachable route given that protocol
+    is not)."""
     return (route is not None and str(route.get("protocol")) == ROUTE_PROTO
-            and route.get("type", "unicast") == "unicast" and bool(route.get("dev")))
+            and route.get("type", "unicast") == "unicast"
+            and bool(route.get("dev") or route.get("nexthops") or route.get("nhid")))
+
+
+def _locked_metrics(addr: Address) -> set[str]:
+    """The metrics the route the kernel picks for ``addr`` locks (``mtu lock 1400``): ``ip -j`` does not say."""
+    try:
+        text = run([*_ip(addr), "route", "get", str(addr), "fibmatch"])
+    except TestbedCommandFailed as exc:
+        raise CcCommandFailed(str(exc)) from exc
+    return set(re.findall(r"\b([a-z_]+) lock\b", text))
+
+
+def _hop_args(hop: dict) -> list[str]:
+    argv = ["via", hop["gateway"]] if hop.get("gateway") else []
+    argv += ["dev", hop["dev"]] if hop.get("dev") else []
+    return argv + [flag for flag in hop.get("flags", []) if flag in _HOP_FLAGS]
+
+
+def route_argv(addr: Address, picked: dict, locked: set[str]) -> list[str]:
+    """``ip route replace`` for exactly ``addr`` as the route the kernel picks for it (``picked``, ``ip -j -d route
+    get ADDR fibmatch``: its table, next hops or nexthop object, source, scope, preference and metrics, with the
+    ``locked`` ones locked), plus ``congctl tame`` and protocol ROUTE_PROTO. CcRouteConflict for a route it cannot
+    copy."""
+    odd = sorted(set(picked) - _ROUTE_KEYS)
+    metrics = {k: v for m in picked.get("metrics", []) for k, v in m.items() if k != "congestion"}
+    odd += sorted(set(metrics) - _COPIED_METRICS)
+    if odd:
+        raise CcRouteConflict(
+            f"the route to {addr} ({picked.get('dst')}, table {picked.get('table', 'main')}) has {', '.join(odd)}, "
+            f"which tame cc apply does not copy: add 'congctl {NAME}' to a route for {_prefix(addr)} yourself")
+    argv = [*_ip(addr), "route", "replace", _prefix(addr), "table", str(picked.get("table", "main"))]
+    if picked.get("prefsrc"):
+        argv += ["src", picked["prefsrc"]]
+    if picked.get("scope") in ("link", "host"):
+        argv += ["scope", picked["scope"]]
+    if picked.get("pref"):
+        argv += ["pref", picked["pref"]]
+    for name, value in metrics.items():
+        argv += [name, *(["lock"] if name in locked else []), str(value)]
+    argv += ["proto", ROUTE_PROTO, "congctl", NAME]
+    if picked.get("nhid"):
+        return argv + ["nhid", str(picked["nhid"])]
+    if picked.get("nexthops"):
+        for hop in picked["nexthops"]:
+            argv += ["nexthop", *_hop_args(hop), "weight", str(hop.get("weight", 1))]
+        return argv
+    return argv + _hop_args(picked) + [flag for flag in picked.get("flags", []) if flag in _HOP_FLAGS]
 
 
 def apply_route(addr: Address) -> str:
-    """Route ``addr`` as now, plus ``congctl tame``, in this namespace; returns the route as ``ip`` prints it."""
+    """Route ``addr`` as the kernel routes it now (policy rules, table, next hops, MTU and other metrics), plus
+    ``congctl tame``, in this namespace; returns the route as ``ip`` prints it."""
     require_root()
-    existing = host_route(addr)
-    if existing is not None and not route_is_ours(existing):
-        raise CcRouteConflict(
-            f"a route for {_prefix(addr)} that tame did not add exists ({existing.get('dev', '?')}); "
-            "remove it or add 'congctl tame' to it yourself"
-        )
     try:
-        got = json.loads(run([*_ip(addr), "-j", "route", "get", str(addr)]) or "[]")
+        got = json.loads(run([*_ip(addr), "-j", "-d", "route", "get", str(addr), "fibmatch"]) or "[]")
     except TestbedCommandFailed as exc:  # unreachable from here: the destination to change, not the machine
         raise CcRouteConflict(f"no route to {addr} here: {exc}") from exc
     if not got or got[0].get("type", "unicast") != "unicast" or got[0].get("dev") == "lo":
         raise CcRouteConflict(f"{addr} is not reached through a unicast route here (it may be this host's own address)")
-    hop = got[0]
-    argv = [*_ip(addr), "route", "replace", _prefix(addr)]
-    # When a route of ours is already there, `route get` answers with it: the next hop it was made from.
-    if hop.get("gateway"):
-        argv += ["via", hop["gateway"]]
-    argv += ["dev", hop["dev"], "proto", ROUTE_PROTO, "congctl", NAME]
+    picked = got[0]
+    # A route for exactly the address is the one picked: ours from an earlier apply (copied again as it is), or
+    # someone else's, not ours to replace.
+    if picked.get("dst") in (str(addr), _prefix(addr)) and not route_is_ours(picked):
+        raise CcRouteConflict(
+            f"a route for {_prefix(addr)} that tame did not add exists ({picked.get('dev', '?')}, table "
+            f"{picked.get('table', 'main')}); remove it or add 'congctl {NAME}' to it yourself")
     try:
-        run(argv)
+        run(route_argv(addr, picked, _locked_metrics(addr)))
     except TestbedCommandFailed as exc:
         raise CcCommandFailed(f"cannot add the route for {addr}: {exc}") from exc
     return describe_route(addr) or ""
 
 
 def clear_route(addr: Address) -> bool:
-    """Remove ``addr``'s route if :func:`apply_route` added it; returns whether one was removed."""
+    """Remove ``addr``'s route if :func:`apply_route` added it, from its table; returns whether one was removed."""
     require_root()
     existing = host_route(addr)
     if not route_is_ours(existing):
         return False
     try:
-        run([*_ip(addr), "route", "del", _prefix(addr), "proto", ROUTE_PROTO])
+        run([*_ip(addr), "route", "del", _prefix(addr), "table", str(existing.get("table", "main")),
+             "proto", ROUTE_PROTO])
     except TestbedCommandFailed as exc:
         raise CcCommandFailed(f"cannot remove the route for {addr}: {exc}") from exc
     return True
 
 
 def describe_route(addr: Address) -> str | None:
-    """``ip route show exact`` for ``addr`` in plain text, or None when there is no such route."""
+    """This namespace's routes for exactly ``addr``, every table, in plain text on one line (None: none)."""
     try:
-        out = run([*_ip(addr), "route", "show", "exact", _prefix(addr)]).strip()
+        out = run([*_ip(addr), "-o", "route", "show", "table", "all", "exact", _prefix(addr)]).strip()
     except TestbedCommandFailed as exc:
         raise CcCommandFailed(str(exc)) from exc
-    return out or None
+    return " ".join(out.replace("\\", " ").split()) or None
 
 
 if __name__ == "__main__":  # `python -m probes.cc`: build for this kernel (the install step) and print the path

@@ -258,7 +258,53 @@ def test_each_network_namespace_has_its_own_entries(loaded, pair):
     assert cc.all_settings() == {}
 
 
-def _iperf3(pair: Pair, *client_args: str) -> dict:
+@netns
+def test_apply_copies_the_route_the_kernel_picks_table_next_hops_and_metrics(loaded, pair):
+    # 10.88/16: two next hops (weights 2 and 1), a locked MTU and an advmss; 10.89/16: by a policy rule, table 100,
+    # MTU 1300. The route apply adds forwards as the one it covers, in the table the kernel looks up.
+    _ip("-n", pair.b, "addr", "add", "10.77.0.4/24", "dev", "tccvb")
+    _ip("-n", pair.b, "addr", "add", "10.89.0.9/32", "dev", "lo")
+    _ip("-n", pair.a, "route", "add", "10.88.0.0/16", "mtu", "lock", "1400", "advmss", "1300",
+        "nexthop", "via", B4, "dev", "tccva", "weight", "2", "nexthop", "via", "10.77.0.4", "dev", "tccva")
+    _ip("-n", pair.a, "route", "add", "10.89.0.0/16", "via", B4, "dev", "tccva", "table", "100", "mtu", "1300")
+    _ip("-n", pair.a, "rule", "add", "to", "10.89.0.0/16", "lookup", "100", "pref", "100")
+
+    for dest in ("10.88.0.9", "10.89.0.9"):
+        done = _tame(pair.a, "apply", dest, "--tcp-equivalent", "1.5", "--standard-control", "bbr")
+        assert done.returncode == 0, done.stderr
+    ecmp, = json.loads(_ip("-n", pair.a, "-j", "-d", "route", "show", "table", "all", "exact", "10.88.0.9/32"))
+    assert ecmp["table"] == "main" and str(ecmp["protocol"]) == cc.ROUTE_PROTO
+    assert [(h["gateway"], h["dev"], h["weight"]) for h in ecmp["nexthops"]] == [(B4, "tccva", 2),
+                                                                                ("10.77.0.4", "tccva", 1)]
+    assert ecmp["metrics"] == [{"mtu": 1400, "advmss": 1300, "congestion": "tame"}]
+    assert "mtu lock 1400" in _ip("-n", pair.a, "route", "show", "exact", "10.88.0.9/32")
+    policy, = json.loads(_ip("-n", pair.a, "-j", "-d", "route", "show", "table", "all", "exact", "10.89.0.9/32"))
+    assert (policy["table"], policy["gateway"], policy["metrics"]) == ("100", B4, [{"mtu": 1300, "congestion": "tame"}])
+    # An unmodified client to the policy-routed address gets tame from the route (the main table is not looked up).
+    assert _iperf3(pair, dest="10.89.0.9")["end"]["sender_tcp_congestion"] == "tame"
+    # Applied again: the same route (its own copy is what the kernel picks now).
+    assert _tame(pair.a, "apply", "10.89.0.9", "--tcp-equivalent", "1.5", "--standard-control", "bbr").returncode == 0
+    assert json.loads(_ip("-n", pair.a, "-j", "-d", "route", "show", "table", "all", "exact", "10.89.0.9/32")) == [policy]
+
+    for dest in ("10.88.0.9", "10.89.0.9"):
+        done = _tame(pair.a, "clear", dest)
+        assert done.returncode == 0 and "cleared (route, FM entry)" in done.stdout, (done.stdout, done.stderr)
+        assert _ip("-n", pair.a, "route", "show", "table", "all", "exact", f"{dest}/32") == ""
+    assert "10.88.0.0/16" in _ip("-n", pair.a, "route") and "10.89.0.0/16" in _ip("-n", pair.a, "route", "show",
+                                                                                     "table", "100")
+    assert cc.all_settings() == {}
+
+
+def test_a_route_with_what_apply_cannot_copy_is_refused():
+    addr = ipaddress.ip_address("10.88.0.9")
+    picked = {"type": "unicast", "dst": "10.88.0.0/16", "gateway": B4, "dev": "tccva", "table": "main", "flags": []}
+    assert cc.route_argv(addr, picked, set())[-8:] == ["proto", "250", "congctl", "tame", "via", B4, "dev", "tccva"]
+    for odd in ({"encap": {"proto": "mpls"}}, {"metrics": [{"rtt": 20}]}):
+        with pytest.raises(cc.CcRouteConflict, match="does not copy"):
+            cc.route_argv(addr, {**picked, **odd}, set())
+
+
+def _iperf3(pair: Pair, *client_args: str, dest: str = B4) -> dict:
     server = subprocess.Popen(["ip", "netns", "exec", pair.b, "iperf3", "-s", "-1", "-p", str(PORT)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     ticks = process_start_ticks(server.pid)
@@ -267,7 +313,7 @@ def _iperf3(pair: Pair, *client_args: str) -> dict:
             if _listening(pair.b):
                 break
             time.sleep(0.05)
-        done = subprocess.run(["ip", "netns", "exec", pair.a, "iperf3", "-c", B4, "-p", str(PORT), "-t", "1", "-J",
+        done = subprocess.run(["ip", "netns", "exec", pair.a, "iperf3", "-c", dest, "-p", str(PORT), "-t", "1", "-J",
                                *client_args], capture_output=True, text=True, timeout=20)
         result = json.loads(done.stdout)
         assert "error" not in result, result.get("error")
