@@ -735,8 +735,9 @@ class AdviceService:
             raise InvalidRequest(f"{name} {have:g} is below {plan_need_text(name, need)}: give at least "
                                  f"{math.ceil(need)}")
 
-    def claim(self, site: Any, owner: Any, max_streams: Any) -> dict[str, Any]:
-        """Claim the site's next queued probe for agent ``owner``, within the site's budget (advisor.sites.claim_job):
+    def claim(self, site: Any, owner: Any, max_streams: Any, holding: Sequence[str] | None = None) -> dict[str, Any]:
+        """Claim the site's next queued probe for agent ``owner``, within the site's budget (advisor.sites.claim_job;
+        ``holding``: the ids of the probes the agent runs, None when it does not say):
         {"site", "job": the job (as GET /v1/probes/ID shows it) or None, "max_streams", "lease_until", "lease_s" (how
         long from now, by this service's clock), "waiting",
         "budget": the budget in force, "use"}; jobs whose agent's lease ran out are queued again first."""
@@ -747,7 +748,7 @@ class AdviceService:
             raise InvalidRequest(f"max_streams must be a whole number from 1 to {MAX_SITE_STREAMS}; got {max_streams!r}")
         self.store.recover_jobs(self.settings.max_probe_attempts, local_src=self.settings.site)
         claimed = claim_job(self.store, name, owner, max_streams=cap, adaptive=adaptive_probes(self.settings.model) > 0,
-                            worst_case_s=self.worst_case_s, ceiling=self.settings.site_ceiling)
+                            worst_case_s=self.worst_case_s, ceiling=self.settings.site_ceiling, holding=holding)
         return {"site": name, "job": None if claimed.job is None else self.probe_status(claimed.job.id),
                 "max_streams": claimed.streams or None, "lease_until": claimed.lease_until,
                 "lease_s": None if claimed.lease_until is None else claimed.lease_until - self.store.clock(),

@@ -89,14 +89,16 @@ class SiteAgent:
             print(f"tame agent: site {self.site}: {refused['dest']} left out: {refused['error']}", file=sys.stderr,
                   flush=True)
         ran = 0
-        running: set[Future] = set()
+        running: dict[Future, str] = {}  # each probe running, by its job's id
         with ThreadPoolExecutor(max_workers=self.budget.max_probes, thread_name_prefix="tame-site-probe") as pool:
             while not self.stop.is_set():
-                running = {f for f in running if not f.done()}
+                running = {f: job_id for f, job_id in running.items() if not f.done()}
                 if len(running) >= self.budget.max_probes:
                     self.stop.wait(0.05)
                     continue
-                claim = self.client.claim(self.site, self.owner, self.budget.max_streams)
+                # The probes running are named: one the service gave this agent in an answer that never came back is
+                # given again, not left to hold the site's budget until its lease runs out.
+                claim = self.client.claim(self.site, self.owner, self.budget.max_streams, holding=running.values())
                 if claim["job"] is None:
                     if not running:
                         if claim["waiting"] != "no queued probe":
@@ -104,7 +106,7 @@ class SiteAgent:
                         break
                     self.stop.wait(1.0)  # a running probe may free the budget, or its link had the last job
                     continue
-                running.add(pool.submit(self._probe, claim))
+                running[pool.submit(self._probe, claim)] = claim["job"]["id"]
                 ran += 1
         return ran
 

@@ -228,7 +228,7 @@ _TURN_WAITS = (
 
 def claim_job(store: Store, site: str, owner: str, *, max_streams: int, adaptive: bool,
               worst_case_s: Callable[[Job], float], lease_slack_s: float = 15.0,
-              ceiling: SiteBudget = SITE_HARD_CAPS) -> Claim:
+              ceiling: SiteBudget = SITE_HARD_CAPS, holding: Sequence[str] | None = None) -> Claim:
     """Claim the site's oldest queued job for ``owner`` if the site's budget, held to the operator's ``ceiling``,
     allows it (a budget stored before the ceiling was lowered never takes effect above it).
 
@@ -236,7 +236,11 @@ def claim_job(store: Store, site: str, owner: str, *, max_streams: int, adaptive
     (the model adds one above its fixed levels) it may open, and holds, up to ``max_streams`` (the agent's own
     cap), the site's stream budget shared among its probes at once, and what that budget has left. It holds
     ``worst_case_s(job)`` seconds of the hourly budget while it runs, and its lease lasts that long plus
-    ``lease_slack_s``. A queued job that budget could not give even with nothing else running (:func:`never_fits`)
+    ``lease_slack_s``.
+
+    ``holding``: the ids of the probes ``owner`` is running (None: not said). A running job held in ``owner``'s name
+    and not among them was claimed by it without its knowing (the answer was lost on the way): it is given again
+    first, as claimed now (a fresh lease; the time it sat unknown is not charged, no attempt is counted). A queued job that budget could not give even with nothing else running (:func:`never_fits`)
     fails, saying why, and the claim goes on to the next."""
     now = store.clock()
     lock, skip = _row_lock(store), _row_lock(store, "FOR UPDATE SKIP LOCKED")
@@ -248,6 +252,11 @@ def claim_job(store: Store, site: str, owner: str, *, max_streams: int, adaptive
             raise InvalidRequest(f"site {site!r} is not registered: PUT /v1/sites/{site} first (tame agent does)")
         held = SiteBudget(*row)
         budget = held.capped(ceiling)
+        if holding is not None:
+            unknown = _held_unknown(tx, site, owner, holding, now, lease_slack_s)
+            if unknown is not None:
+                job, streams, lease_until = unknown
+                return Claim(job, budget, streams, lease_until)
         use = _use(tx, site, now)
 
         def over_budget(waiting: str) -> Claim:
@@ -296,6 +305,23 @@ def claim_job(store: Store, site: str, owner: str, *, max_streams: int, adaptive
             (now, owner, lease_until, streams, seconds, job.id))
         tx.execute("UPDATE sites SET last_seen_at = ?, budget_refused_at = NULL WHERE name = ?", (now, site))
     return Claim(store.job(job.id), budget, streams, lease_until)
+
+
+def _held_unknown(tx, site: str, owner: str, holding: Sequence[str], now: float,
+                  lease_slack_s: float) -> tuple[Job, int, float] | None:
+    """A running job of ``site`` held by ``owner`` but not among the ``holding`` it says it runs, made claimed now (its
+    lease renewed from now for its reserved seconds): (job, streams reserved, lease until); None when there is none."""
+    known = tuple(holding)
+    exclude = f" AND id NOT IN ({', '.join('?' * len(known))})" if known else ""
+    row = tx.execute(f"SELECT {JOB_COLUMNS}, streams_reserved, seconds_reserved FROM probe_jobs WHERE src = ? AND "
+                     f"status = 'running' AND owner = ?{exclude} ORDER BY started_at, id LIMIT 1",
+                     (site, owner, *known)).fetchone()
+    if row is None:
+        return None
+    job, streams, seconds = job_from_row(row), row[-2], row[-1]
+    lease_until = now + float(seconds or 0.0) + lease_slack_s
+    tx.execute("UPDATE probe_jobs SET started_at = ?, lease_until = ? WHERE id = ?", (now, lease_until, job.id))
+    return job, int(streams or 0), lease_until
 
 
 def never_fits(site: str, needed: int, seconds: float, held: SiteBudget, ceiling: SiteBudget) -> str | None:

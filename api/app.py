@@ -270,7 +270,7 @@ def create_app(settings: Settings, store: Store, driver: ProbeDriver | None = No
 
     @app.post("/v1/sites/{site}/claims", response_model=schemas.ClaimOut, responses={**_BODY_ERRORS, **_responses(403)})
     def post_claim(site: str, body: schemas.ClaimIn) -> Response:
-        return _json(service.claim(site, body.owner, body.max_streams))
+        return _json(service.claim(site, body.owner, body.max_streams, body.holding))
 
     @app.post("/v1/sites/{site}/claims/{probe_id}/failure", response_model=schemas.ProbeStatus,
               responses={**_BODY_ERRORS, **_responses(403)})

@@ -160,10 +160,11 @@ class TameClient:
         body = {"dests": list(dests), **budget, **_given(congestion_control=congestion_control, owner=owner)}
         return self._call("PUT", f"/v1/sites/{_segment(site)}", json=body)
 
-    def claim(self, site: str, owner: str, max_streams: int) -> dict[str, Any]:
-        """POST /v1/sites/SITE/claims: the site's next due probe for agent ``owner`` ({"job": None} when none)."""
+    def claim(self, site: str, owner: str, max_streams: int, holding: Sequence[str] = ()) -> dict[str, Any]:
+        """POST /v1/sites/SITE/claims: the site's next due probe for agent ``owner`` ({"job": None} when none), which
+        runs the probes ``holding`` (ids) now: one claimed in its name before and not among them comes first."""
         return self._call("POST", f"/v1/sites/{_segment(site)}/claims",
-                          json={"owner": owner, "max_streams": max_streams})
+                          json={"owner": owner, "max_streams": max_streams, "holding": list(holding)})
 
 
 def _segment(text: str) -> str:

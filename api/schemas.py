@@ -396,6 +396,10 @@ class ClaimIn(BaseModel):
     max_streams: int = Field(default=64, ge=1, le=limits.MAX_SITE_STREAMS,
                              description="the most streams this agent lets a probe's adaptive level open (its "
                                          "fixed levels are the job's, held to the site's budget)")
+    holding: list[Annotated[str, Field(min_length=1, max_length=64)]] | None = Field(
+        default=None, max_length=limits.MAX_SITE_PROBES,
+        description="the ids of the probes this agent is running now: a running probe claimed in its name and not "
+                    "listed (the claim's answer never reached it) is given to it again first, with a fresh lease")
 
 
 class ClaimFailureIn(BaseModel):

@@ -202,6 +202,39 @@ def test_a_destination_that_refuses_probes_neither_blocks_the_site_nor_spends_it
         stop(iperf)
 
 
+@pytest.mark.iperf
+def test_a_claim_whose_answer_was_lost_is_probed_in_the_agent_s_next_round(tmp_path):
+    """The service commits a claim and the network loses its answer: the job was held in the agent's name for the
+    whole lease (139 s for this plan, 875 s by default), the site's only probe slot with it, and the lease charged
+    to its hour. The agent's next claim names the probes it runs, and gets that job back."""
+    from tests.api.dropping_proxy import DroppingProxy
+
+    port = free_port()
+    iperf = start_iperf3(tmp_path, port)
+    serve, base, dests, env = short_probe_site(tmp_path, [f"127.0.0.1:{port}"])
+    agent = None
+    try:
+        with DroppingProxy(("127.0.0.1", int(base.rsplit(":", 1)[1])), b"POST /v1/sites/dtn1/claims") as proxy:
+            agent = subprocess.Popen([TAME, "agent", "--site", "dtn1", "--server", proxy.url, "--dest-file", str(dests),
+                                      "--interval", "1"], env=env, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
+
+            def probed():
+                with sqlite3.connect(tmp_path / "tame.sqlite3") as conn:
+                    return conn.execute("SELECT count(*) FROM probe_runs").fetchone()[0] > 0
+            wait_for(probed, timeout_s=60, what="the claimed link's run")
+            assert proxy.dropped == 1
+        with sqlite3.connect(tmp_path / "tame.sqlite3") as conn:
+            assert conn.execute("SELECT status, attempts FROM probe_jobs").fetchall() == [("done", 1)]
+            assert conn.execute("SELECT count(*) FROM spent_attempts").fetchone() == (0,)  # no lapsed lease charged
+    finally:
+        if agent is not None:
+            agent.kill()
+            agent.wait(30)
+        stop(serve)
+        stop(iperf)
+
+
 def test_an_agent_whose_plan_could_outlast_its_lease_does_not_probe(tmp_path):
     """The lease is the service's plan's worst case: an agent configured for longer probes would still be probing
     when its job went to another agent (the link probed twice at once). It probes nothing and reports why."""

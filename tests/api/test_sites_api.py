@@ -105,6 +105,27 @@ def test_an_agent_registers_claims_and_its_run_closes_the_job(service_factory, t
     assert client.post("/v1/sites/dtn2/claims", json={"owner": "agent-2"}).json()["job"]["dest"] == other
 
 
+def test_a_claim_whose_answer_never_came_is_given_again_to_its_agent_alone(service_factory):
+    # The service commits a claim and its answer is lost: the agent's next claim names the probes it runs, and the
+    # one it was given without knowing comes back with a fresh lease, before any other job and within the budget.
+    base, client, app = service_factory(start_worker=False)
+    registration = {"dests": [DEST, "127.0.0.2"], "max_probes": 2, "max_streams": 64, "probe_seconds_per_hour": 3600}
+    assert client.put("/v1/sites/dtn2", json=registration).status_code == 200
+    claims = "/v1/sites/dtn2/claims"
+    lost = client.post(claims, json={"owner": "agent-1", "holding": []}).json()
+    service = app.state.service
+    service.clock = lambda: lost["lease_until"] - lost["lease_s"] + 100.0  # 100 s later
+    again = client.post(claims, json={"owner": "agent-1", "holding": []}).json()
+    assert again["job"]["id"] == lost["job"]["id"] and again["job"]["attempts"] == 1
+    assert again["lease_until"] == pytest.approx(lost["lease_until"] + 100.0) and again["max_streams"] == lost["max_streams"]
+    assert again["use"]["probes"] == 1  # one probe, not a second job beside the forgotten one
+    # Another agent of the site, or the same one naming it, gets the next job instead.
+    assert client.post(claims, json={"owner": "agent-2", "holding": []}).json()["job"]["id"] != lost["job"]["id"]
+    assert client.post(claims, json={"owner": "agent-1", "holding": [lost["job"]["id"]]}).json()["job"] is None
+    # An agent that does not say what it runs (older ones) is not given anything twice.
+    assert client.post(claims, json={"owner": "agent-1"}).json()["job"] is None
+
+
 @pytest.mark.parametrize("method, path, body, status, says", [
     ("PUT", "/v1/sites/bad%20site", {"dests": [DEST]}, 422, "must name a site"),
     ("PUT", "/v1/sites/" + "a" * 65, {"dests": [DEST]}, 422, "at most 64"),
@@ -139,6 +160,11 @@ def test_an_agent_registers_claims_and_its_run_closes_the_job(service_factory, t
     ("PUT", "/v1/sites/dtn2", {"dests": [DEST], "max_streams": 2.0}, 422, "max_streams"),
     ("PUT", "/v1/sites/dtn2", {"dests": [DEST], "probe_seconds_per_hour": "900"}, 422, "probe_seconds_per_hour"),
     ("POST", "/v1/sites/dtn2/claims", {"owner": "a", "max_streams": True}, 422, "max_streams"),
+    ("POST", "/v1/sites/dtn2/claims", {"owner": "a", "holding": "job-1"}, 422, "holding"),
+    ("POST", "/v1/sites/dtn2/claims", {"owner": "a", "holding": [""]}, 422, "holding"),
+    ("POST", "/v1/sites/dtn2/claims", {"owner": "a", "holding": ["x" * 65]}, 422, "holding"),
+    ("POST", "/v1/sites/dtn2/claims", {"owner": "a", "holding": [str(i) for i in range(65)]}, 422, "holding"),
+    ("POST", "/v1/sites/dtn2/claims", {"owner": "a", "holding": [1]}, 422, "holding"),
     ("POST", "/v1/observations", {"dest": DEST, "streams": True, "throughput_bps": 1e6}, 422, "streams"),
     ("POST", "/v1/probe-runs", {"dest": DEST, "probes": [{"streams": 1.0, "throughput_bps": 1e6}]}, 422, "streams"),
     ("POST", "/v1/probes", {"dest": DEST, "duration_s": "10"}, 422, "duration_s"),
