@@ -367,7 +367,8 @@ def _prefix(addr: Address) -> str:
 # What apply_route copies from the route the kernel picks for a destination. A route with anything else (an encap,
 # a metric this does not know) is refused: a copy without it would forward differently.
 _ROUTE_KEYS = {"type", "dst", "gateway", "via", "dev", "table", "protocol", "scope", "flags", "metrics", "nexthops",
-               "prefsrc", "metric", "pref", "nhid"}
+               "prefsrc", "metric", "pref", "nhid",
+               "expires", "nh_info"}  # the last two not copied: an RA route's lifetime, what nhid already names
 _COPIED_METRICS = {"mtu", "advmss", "window", "initcwnd", "initrwnd", "hoplimit", "reordering", "quickack",
                    "fastopen_no_cookie", "ssthresh", "cwnd"}
 _HOP_FLAGS = {"onlink"}  # kept; the others (linkdown, dead, pervasive, offload...) are the kernel's state

@@ -299,6 +299,14 @@ def test_a_route_with_what_apply_cannot_copy_is_refused():
     addr = ipaddress.ip_address("10.88.0.9")
     picked = {"type": "unicast", "dst": "10.88.0.0/16", "gateway": B4, "dev": "tccva", "table": "main", "flags": []}
     assert cc.route_argv(addr, picked, set())[-8:] == ["proto", "250", "congctl", "tame", "via", B4, "dev", "tccva"]
+    # An IPv6 default route learnt from a router advertisement expires; the copy is the address's for as long as
+    # apply keeps it.
+    v6 = ipaddress.ip_address("fd88::9")
+    learnt = {"type": "unicast", "dst": "default", "gateway": "fe80::1", "dev": "tccva", "protocol": "ra",
+              "metric": 1024, "expires": 1790, "pref": "medium", "flags": []}
+    assert cc.route_argv(v6, learnt, set()) == ["ip", "-6", "route", "replace", "fd88::9/128", "table", "main", "pref",
+                                                "medium", "proto", "250", "congctl", "tame", "via", "fe80::1", "dev",
+                                                "tccva"]
     for odd in ({"encap": {"proto": "mpls"}}, {"metrics": [{"rtt": 20}]}):
         with pytest.raises(cc.CcRouteConflict, match="does not copy"):
             cc.route_argv(addr, {**picked, **odd}, set())
