@@ -27,6 +27,7 @@ from advisor.allowlist import Resolver, system_resolver
 from advisor.destinations import Destination, client_key, parse_destination
 from advisor.errors import (AdvisorError, BatchTooLarge, DestinationNotAllowed, InvalidRequest, QueueFull,
                             UnknownDestination, UnknownProbe)
+from advisor.curves import curve_of
 from advisor.fitcodec import fit_from_stored, fit_to_record
 from advisor.idempotency import KeyedRequest
 from advisor.limits import (check_available_control, check_congestion_control, check_max_impact, check_probe_duration_s,
@@ -38,7 +39,7 @@ from advisor.settings import Settings
 from advisor.sites import (SITE_CEILING_VARIABLES, SiteBudget, claim_job, holds, never_fits, register_site, site_budget,
                            site_use)
 from advisor.store import FitRow, Job, NewFit, Store
-from advisor.tame import advise, plan_control, point_from_probe, representative_rtt_s, stored_curve
+from advisor.tame import CURVE_VERSION, advise, plan_control, point_from_probe, representative_rtt_s
 from models.errors import FitError
 from models.parallel import ParallelFit, ProbePoint
 from models.registry import MIN_LEVELS, fit
@@ -215,12 +216,14 @@ class AdviceService:
     def stored_fit(self, fitted: ParallelFit, points: Sequence[ProbePoint], idle_rtt_s: float | None,
                    probed_at: float, observations_used: int = 0, congestion_control: str | None = None) -> NewFit:
         """What the store keeps of ``fitted`` (probed under ``congestion_control``): its record and its curve,
-        advisable up to the throughput peak."""
+        advisable up to the throughput peak, of the fit as read back from that record (as the advice reads it)."""
+        record = fit_to_record(fitted)
         return NewFit(
-            record=fit_to_record(fitted), curve=stored_curve(fitted, self.settings.n_max),
+            record=record, curve=curve_of(record, self.settings.n_max),
             probes=[{"streams": float(p.streams), "throughput_bps": float(p.throughput_bps)} for p in points],
             observations_used=observations_used, idle_rtt_s=representative_rtt_s(points, idle_rtt_s),
             n_max=self.settings.n_max, probed_at=probed_at, congestion_control=congestion_control,
+            curve_version=CURVE_VERSION,
         )
 
     def ingest_run(self, dest: Destination, idle_rtt_s: float | None, results: Sequence[ProbeResult],

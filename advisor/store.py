@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from advisor.advice import CurvePoint
+from advisor.curves import rebuild_outdated_curves, write_curve
 from advisor.db import DEFAULT_POOL_SIZE, Database, Tx
 from advisor.destinations import Destination
 from advisor.errors import QueueFull, StoreError, TooManyLinks, UnknownProbe
@@ -112,6 +113,7 @@ class NewFit:
     n_max: int
     probed_at: float
     congestion_control: str | None = None
+    curve_version: int | None = None  # the advisor.tame.CURVE_VERSION the curve was computed under (None: not known)
 
 
 JOB_COLUMNS = ("id, dest, status, levels_json, duration_s, requested_at, started_at, finished_at, "
@@ -190,19 +192,6 @@ def _start_ticks(pid: int) -> int | None:
         return int(fields[19])
     except (IndexError, ValueError):
         return -1
-
-
-def write_curve(tx: Tx, fit_id: int, curve: Sequence[tuple[CurvePoint, bool]],
-                halfway: Callable[[], None] | None = None) -> None:
-    """Store a fit's curve, (point, advisable) for n = 1 .. n_max, in its curve_points rows."""
-    for index, (point, advisable) in enumerate(curve):
-        if halfway is not None and index == len(curve) // 2:
-            halfway()
-        tx.execute(
-            "INSERT INTO curve_points (fit_id, streams, throughput_bps, impact, impact_bound, advisable) "
-            "VALUES (?, ?, ?, ?, ?, ?)",
-            (fit_id, point.streams, point.throughput_bps, point.impact, point.impact_bound, 1 if advisable else 0),
-        )
 
 
 def process_owner() -> str:
@@ -304,6 +293,8 @@ class Store:
     def open(cls, url: str, clock: Clock = time.time, pool_size: int = DEFAULT_POOL_SIZE) -> "Store":
         db = Database(url, pool_size)
         db.migrate()
+        # Curves written by an older program than this one's stored_curve: the view must give this one's advice.
+        rebuild_outdated_curves(db)
         return cls(db, clock)
 
     def close(self) -> None:
@@ -388,11 +379,12 @@ class Store:
         fit_id = tx.execute(
             "INSERT INTO fits (destination_id, probe_run_id, model, params_json, regime, warnings_json, "
             "probe_streams_json, probes_json, observations_used, idle_rtt_s, n_max, fitted_at, probed_at, "
-            "record_json, congestion_control) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+            "record_json, congestion_control, curve_version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+            "RETURNING id",
             (destination_id, probe_run_id, rec["model"], json.dumps(rec["params"]), rec["regime"],
              json.dumps(rec["warnings"]), json.dumps(rec["probe_streams"]), json.dumps(fit.probes),
              fit.observations_used, fit.idle_rtt_s, fit.n_max, self.clock(), fit.probed_at,
-             json.dumps(rec["fit"]), fit.congestion_control),
+             json.dumps(rec["fit"]), fit.congestion_control, fit.curve_version),
         ).fetchone()[0]
         step("fit")
         write_curve(tx, fit_id, fit.curve, halfway=lambda: step("curve"))
