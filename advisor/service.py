@@ -246,10 +246,11 @@ class AdviceService:
         except ValueError as exc:
             raise InvalidRequest(f"probes: {exc}") from exc
         points = [point_from_probe(r) for r in results]
+        probed_at = self.clock() - measured_ago_s
         error = None
         new_fit = None
         try:
-            new_fit = self.build_fit(points, idle_rtt_s, probed_at=self.clock() - measured_ago_s,
+            new_fit = self.build_fit(points, idle_rtt_s, probed_at=probed_at,
                                      congestion_control=used)
         except FitError as exc:
             error = f"the probes could not be fitted: {exc}"
@@ -261,7 +262,8 @@ class AdviceService:
                                        started_at=started_at, fit=new_fit, job_id=job_id, job_error=error,
                                        address=address, congestion_control=used, job_owner=job_owner,
                                        max_links=self.settings.max_site_links, request=request,
-                                       answer=None if answer is None else lambda run_id: answer(run_id, error))
+                                       answer=None if answer is None else lambda run_id: answer(run_id, error),
+                                       probed_at=probed_at)
         self.invalidate(site, dest.key)
         return run_id, error
 
@@ -806,18 +808,18 @@ class AdviceService:
         # An observation becomes advice schedulers read: only for destinations this service may probe.
         self.check_allowed(dest)
         run_control: str | None = control
-        run_at, idle_rtt_s, run_points = self.store.latest_run_points(dest.key, control, src=site)
-        if not run_points and control == self.settings.congestion_control:
+        run = self.store.latest_run_points(dest.key, control, src=site)
+        if run is None and control == self.settings.congestion_control:
             # As the advice does: runs that did not record their control count as the default's.
             run_control = None
-            run_at, idle_rtt_s, run_points = self.store.latest_run_points(dest.key, None, src=site)
+            run = self.store.latest_run_points(dest.key, None, src=site)
         base = [ProbePoint(streams=p["streams"], throughput_bps=p["throughput_bps"], rtt_s=p["rtt_mean_s"],
                            retransmits=p["retransmits"], duration_s=p["duration_s"], mss_bytes=p["mss_bytes"],
                            stream_bps=p["stream_bps"], stream_retransmits=p["stream_retransmits"])
-                for p in run_points]
+                for p in (run.points if run is not None else ())]
 
         def refit(observations: list[dict[str, float]]) -> NewFit | None:
-            if not base:
+            if run is None:
                 # No probe run under this control: transfers alone do not make a curve (nor a "measured" control).
                 log.info("observation from %s to %s under %s stored without a refit: no probe run under it", site,
                          dest.key, control)
@@ -829,7 +831,9 @@ class AdviceService:
                                         retransmits=sum(o["stream_retransmits"]) if o["stream_retransmits"] else None)
                              for o in observations]
             try:
-                return self.build_fit(points, idle_rtt_s, probed_at=run_at if run_at is not None else self.clock(),
+                # Dated by the run's probes, as the run's own fit was: transfers since do not make them newer
+                # (FitRow.evidence_at counts the transfers).
+                return self.build_fit(points, run.idle_rtt_s, probed_at=run.probed_at,
                                       observations_used=len(observations), congestion_control=control)
             except FitError as exc:
                 log.info("observation for %s stored without a refit: %s", dest.key, exc)
@@ -840,7 +844,8 @@ class AdviceService:
                     "refit": fit_id is not None, "id": observation_id, "feeds_fit": observation.feeds_fit}
 
         ids = self.store.add_observation(dest, observation, refit, src=site, run_control=run_control,
-                                         max_links=self.settings.max_site_links, base_run_at=run_at, request=request,
+                                         max_links=self.settings.max_site_links,
+                                         base_run_at=None if run is None else run.finished_at, request=request,
                                          answer=answer)
         self.invalidate(site, dest.key)
         return answer(*ids)

@@ -116,6 +116,19 @@ class NewFit:
     curve_version: int | None = None  # the advisor.tame.CURVE_VERSION the curve was computed under (None: not known)
 
 
+@dataclass(frozen=True)
+class BaseRun:
+    """A link's newest probe run with results under one control: what an observation's refit rests on."""
+
+    id: int
+    probed_at: float  # Unix seconds when its probes ended (its fit's probed_at): the refit's probes are as old
+    finished_at: float  # when the store took it: observations from then on came after it
+    idle_rtt_s: float | None
+    # [{streams, throughput_bps, rtt_mean_s, retransmits, duration_s, mss_bytes, stream_bps, stream_retransmits}];
+    # the per-stream lists are tuples, empty where the run did not store them.
+    points: list[dict[str, Any]]
+
+
 JOB_COLUMNS = ("id, dest, status, levels_json, duration_s, requested_at, started_at, finished_at, "
                 "progress, attempts, error, probe_run_id, progress_detail, address, congestion_control, src")
 _FIT_COLUMNS = ("id, dest, model, params_json, regime, warnings_json, probe_streams_json, probes_json, "
@@ -438,12 +451,14 @@ class Store:
                    job_id: str | None = None, job_error: str | None = None, address: str | None = None,
                    congestion_control: str | None = None, job_owner: str | None = None,
                    max_links: int = MAX_SITE_LINKS, request: KeyedRequest | None = None,
-                   answer: Callable[[int], dict[str, Any]] | None = None) -> int:
+                   answer: Callable[[int], dict[str, Any]] | None = None, probed_at: float | None = None) -> int:
         """Store a finished probe run from site ``src``, its results and fit, and close its job, in one transaction
         (a run that would be a new link past ``max_links``: TooManyLinks, nothing stored). With ``request`` (a
         client's Idempotency-Key) the key is claimed first (AlreadyTaken when an earlier request stored it: nothing
         stored) and ``answer(run id)`` kept with it.
 
+        ``probed_at``: when the probes ended (None: now), kept with the run as its fit's is, so a refit on it later
+        (:meth:`latest_run_points`) is dated by its probes, not by when the run reached the store (finished_at).
         ``address`` is the IP address the probes went to, when the service resolved it itself;
         ``congestion_control`` the control the probes' streams used (None: not known). With ``job_owner`` the job
         is closed only while that owner holds it as a probe of this link, or it is back in the queue (an agent's claim:
@@ -455,10 +470,12 @@ class Store:
                 request.claim(tx, self.clock())
             destination_id = self.link_id(tx, src, dest, max_links)
             step("destination")
+            now = self.clock()
             run_id = tx.execute(
                 "INSERT INTO probe_runs (destination_id, job_id, source, idle_rtt_s, started_at, finished_at, address, "
-                "congestion_control) VALUES (?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
-                (destination_id, job_id, source, idle_rtt_s, started_at, self.clock(), address, congestion_control),
+                "congestion_control, probed_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+                (destination_id, job_id, source, idle_rtt_s, started_at, now, address, congestion_control,
+                 now if probed_at is None else probed_at),
             ).fetchone()[0]
             for r in results:
                 tx.execute(
@@ -487,29 +504,27 @@ class Store:
                 request.remember(tx, run_id, answer(run_id))
         return run_id
 
-    def latest_run_points(self, dest_key: str, control: str | None = None, *,
-                          src: str) -> tuple[float | None, float | None, list[dict[str, Any]]]:
-        """(run finished_at, idle RTT, [{streams, throughput_bps, rtt_mean_s, retransmits, duration_s, mss_bytes,
-        stream_bps, stream_retransmits}]) of the newest run under ``control`` (None: runs that did not record
-        one), or (None, None, []); the per-stream lists are tuples, empty where the run did not store them."""
+    def latest_run_points(self, dest_key: str, control: str | None = None, *, src: str) -> BaseRun | None:
+        """The newest run with results under ``control`` (None: runs that did not record one), or None."""
         where, params = same_control("r.congestion_control", control)
         with self.db.transaction() as tx:
             run = tx.execute(
-                "SELECT r.id, r.finished_at, r.idle_rtt_s FROM probe_runs r JOIN destinations d ON d.id = r.destination_id "
-                f"WHERE d.src = ? AND d.dest = ? AND {where} "
+                "SELECT r.id, coalesce(r.probed_at, r.finished_at), r.finished_at, r.idle_rtt_s FROM probe_runs r "
+                f"JOIN destinations d ON d.id = r.destination_id WHERE d.src = ? AND d.dest = ? AND {where} "
                 "AND EXISTS (SELECT 1 FROM probe_results p WHERE p.probe_run_id = r.id) ORDER BY r.id DESC LIMIT 1",
                 (src, dest_key, *params),
             ).fetchone()
             if not run:
-                return None, None, []
+                return None
             rows = tx.execute(
                 "SELECT streams, throughput_bps, rtt_mean_s, retransmits, duration_s, mss_bytes, stream_bps, "
                 "stream_retransmits FROM probe_results WHERE probe_run_id = ? ORDER BY id",
                 (run[0],),
             ).fetchall()
         names = ("streams", "throughput_bps", "rtt_mean_s", "retransmits", "duration_s", "mss_bytes")
-        return run[1], run[2], [{**dict(zip(names, r[:6])), "stream_bps": _from_json_list(r[6]),
-                                 "stream_retransmits": _from_json_list(r[7])} for r in rows]
+        return BaseRun(run[0], run[1], run[2], run[3],
+                       [{**dict(zip(names, r[:6])), "stream_bps": _from_json_list(r[6]),
+                         "stream_retransmits": _from_json_list(r[7])} for r in rows])
 
     # -- observations ---------------------------------------------------------------------
 

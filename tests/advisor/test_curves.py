@@ -39,7 +39,8 @@ def url(request, tmp_path):
 
 
 def service_on(store):
-    return AdviceService(store, Settings(model=AUTO, congestion_control=CONTROL), resolver=lambda host: ["127.0.0.1"],
+    return AdviceService(store, Settings(model=AUTO, congestion_control=CONTROL), clock=store.clock,
+                         resolver=lambda host: ["127.0.0.1"],
                          controls=lambda: [CONTROL])
 
 
