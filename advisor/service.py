@@ -38,7 +38,7 @@ from advisor.plan_runner import adaptive_probes, plan_for, plan_need_text, plan_
 from advisor.settings import Settings
 from advisor.sites import (SITE_CEILING_VARIABLES, SiteBudget, claim_job, holds, never_fits, register_site, site_budget,
                            site_use)
-from advisor.store import FitRow, Job, NewFit, Store
+from advisor.store import FitRow, Job, NewFit, Store, StoredRun
 from advisor.tame import CURVE_VERSION, advise, plan_control, point_from_probe, representative_rtt_s
 from models.errors import FitError
 from models.parallel import ParallelFit, ProbePoint
@@ -231,11 +231,12 @@ class AdviceService:
                    address: str | None = None, congestion_control: str | None = None,
                    src: Any = None, job_owner: str | None = None, measured_ago_s: float = 0.0,
                    request: KeyedRequest | None = None,
-                   answer: Callable[[int, str | None], dict[str, Any]] | None = None) -> tuple[int, str | None]:
+                   answer: Callable[[StoredRun, str | None], dict[str, Any]] | None = None) -> tuple[StoredRun, str | None]:
         """Fit and store a finished probe run from site ``src`` (None: this service's) and close its job, in one
-        transaction: (run id, fit error). ``measured_ago_s``: how long ago the probes ended (a pushed run held back
+        transaction: (the stored run, fit error). A run whose probes are older than those of the link's current fit
+        under its control (delivered late) is kept as history: the newer fit stays the advice (Store.record_run). ``measured_ago_s``: how long ago the probes ended (a pushed run held back
         by its agent), seconds; the fit's probed_at, and so the advice's age, counts from then. ``request``: the
-        client's Idempotency-Key, kept with ``answer(run id, fit error)`` (AlreadyTaken when it was stored before).
+        client's Idempotency-Key, kept with ``answer(stored run, fit error)`` (AlreadyTaken when it was stored before).
 
         ``address``: the IP address the probes went to, when this service resolved it. The run and its fit
         are stored under the control the probes report they used, else ``congestion_control`` (the one
@@ -258,14 +259,14 @@ class AdviceService:
             error = (f"the probes were asked to run under {congestion_control} but used {used} (is {congestion_control} "
                      f"allowed for this process? net.ipv4.tcp_allowed_congestion_control); kept as {used}'s advice")
         site = self.site(src)
-        run_id = self.store.record_run(dest, src=site, source=source, idle_rtt_s=idle_rtt_s, results=results,
-                                       started_at=started_at, fit=new_fit, job_id=job_id, job_error=error,
-                                       address=address, congestion_control=used, job_owner=job_owner,
-                                       max_links=self.settings.max_site_links, request=request,
-                                       answer=None if answer is None else lambda run_id: answer(run_id, error),
-                                       probed_at=probed_at)
+        run = self.store.record_run(dest, src=site, source=source, idle_rtt_s=idle_rtt_s, results=results,
+                                    started_at=started_at, fit=new_fit, job_id=job_id, job_error=error,
+                                    address=address, congestion_control=used, job_owner=job_owner,
+                                    max_links=self.settings.max_site_links, request=request,
+                                    answer=None if answer is None else lambda stored: answer(stored, error),
+                                    probed_at=probed_at)
         self.invalidate(site, dest.key)
-        return run_id, error
+        return run, error
 
     # -- advice ---------------------------------------------------------------------------
 
@@ -844,8 +845,7 @@ class AdviceService:
                     "refit": fit_id is not None, "id": observation_id, "feeds_fit": observation.feeds_fit}
 
         ids = self.store.add_observation(dest, observation, refit, src=site, run_control=run_control,
-                                         max_links=self.settings.max_site_links,
-                                         base_run_at=None if run is None else run.finished_at, request=request,
+                                         max_links=self.settings.max_site_links, base_run=run, request=request,
                                          answer=answer)
         self.invalidate(site, dest.key)
         return answer(*ids)

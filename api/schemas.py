@@ -340,6 +340,11 @@ class ProbeRunOut(BaseModel):
     congestion_control: str | None = Field(description="the control the run is kept under (null: not recorded)")
     fitted: bool
     error: str | None
+    current: bool = Field(description="its fit is the link's advice under its control now; false without a fit, or "
+                                      "when the link's current fit rests on newer probes (a run delivered late: "
+                                      "see history)")
+    history: str | None = Field(description="why its fit was kept as history rather than made the advice; null "
+                                            "when it is the advice or has no fit")
 
 
 class LinkOut(BaseModel):

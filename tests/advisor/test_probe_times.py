@@ -5,6 +5,7 @@ import pytest
 
 import advisor.db
 from advisor.store import Store
+from advisor.tame import CURVE_VERSION
 from tests.advisor.test_curves import CONTROL, DEST, run_results, service_on
 from tests.api.conftest import Clock
 from tests.sites import SITE
@@ -57,9 +58,11 @@ def test_runs_stored_before_take_their_fit_s_probe_time(url, monkeypatch):
                     for finished in (1000.0, 2000.0)]
             # The first run's fit was dated 600 s before the run reached the store (measured_ago_s); the second
             # run could not be fitted.
+            # (Its curve, none here, is of this CURVE_VERSION: not the point of this test.)
             tx.execute("INSERT INTO fits (destination_id, probe_run_id, model, params_json, regime, warnings_json, "
-                       "probe_streams_json, probes_json, n_max, fitted_at, probed_at) "
-                       "VALUES (?, ?, 'lu', '{}', 'congested', '[]', '[]', '[]', 64, 1000.0, 400.0)", (did, runs[0]))
+                       "probe_streams_json, probes_json, n_max, fitted_at, probed_at, curve_version) "
+                       "VALUES (?, ?, 'lu', '{}', 'congested', '[]', '[]', '[]', 64, 1000.0, 400.0, ?)",
+                       (did, runs[0], CURVE_VERSION))
         monkeypatch.setattr(advisor.db, "migrations", lambda: everything)
         assert 19 in db.migrate()
         with db.transaction() as tx:
