@@ -47,6 +47,13 @@ MAX_SITE_PROBES = 64
 MAX_SITE_STREAMS = 4096
 MAX_SITE_PROBE_SECONDS_PER_HOUR = BUDGET_WINDOW_S * MAX_SITE_PROBES
 MAX_SITE_LINKS = 2000
+# The largest whole number an INTEGER column holds on both stores (PostgreSQL's integer is 4 bytes, SQLite's up to 8):
+# every count a write stores in one is held to it where it comes in, so both stores take or refuse it alike (422).
+MAX_STORED_INT = 2**31 - 1
+# Retransmitted segments of one probe (probe_results.retransmits, an INTEGER column).
+MAX_RETRANSMITS = MAX_STORED_INT
+# Retransmitted segments of one stream, kept in JSON arrays (exact up to 2**53), not in an INTEGER column.
+MAX_STREAM_RETRANSMITS = 2**53
 # Probe runs pushed at once (``tame agent --push``): the levels plus adaptive ones and re-runs.
 MAX_PROBES_PER_RUN = 16
 # An agent's name: its claims' owner, and who set its site's budget (tame agent gives host:pid:boot:start:nonce).

@@ -15,11 +15,10 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from advisor.errors import InvalidRequest
-from advisor.limits import (MAX_TAME_FM, MAX_OBSERVATION_DURATION_S, MAX_STREAMS, MAX_THROUGHPUT_BPS,
-                            check_congestion_control, check_streams, check_throughput_bps)
+from advisor.limits import (MAX_TAME_FM, MAX_OBSERVATION_DURATION_S, MAX_STREAM_RETRANSMITS, MAX_STREAMS,
+                            MAX_THROUGHPUT_BPS, check_congestion_control, check_streams, check_throughput_bps)
 from probes.cc import NAME as TAME
 from probes.controls import is_control_name
-MAX_RETRANSMITS = 2**53
 
 
 def _number(value: Any) -> bool:
@@ -71,7 +70,7 @@ class Observation:
         if not all(_number(v) and 0 <= v < MAX_THROUGHPUT_BPS for v in stream_bps):
             raise InvalidRequest(f"stream_bps must hold each stream's rate in bits/s, from 0 up to "
                                  f"{MAX_THROUGHPUT_BPS:g}")
-        if not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_RETRANSMITS
+        if not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_STREAM_RETRANSMITS
                    for v in stream_retransmits):
             raise InvalidRequest("stream_retransmits must hold each stream's retransmitted segments, whole numbers >= 0")
         if stream_retransmits and not stream_bps:

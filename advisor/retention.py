@@ -3,7 +3,7 @@
 Kept, per link (a row of destinations: source site and destination): the newest ``keep_fits`` fits with their curves, and always the current
 fit under each congestion control (current_fits); the newest ``keep_runs`` probe runs with their
 results, and of those only runs finished within ``run_max_age_s`` (0: no age limit); always the run
-any kept fit rests on (fits.probe_run_id) and the newest run with results under each control (the
+any kept fit rests on (fits.probe_run_id) and the run with results on the newest probes under each control (the
 base an observation refits on, :meth:`advisor.store.Store.latest_run_points`); the newest ``keep_observations`` observations
 (never fewer than the refit window, :data:`advisor.store.REFIT_OBSERVATIONS`, so the
 observations the current fit used stay); queued and running probe jobs, and the newest
@@ -11,7 +11,7 @@ observations the current fit used stay); queued and running probe jobs, and the 
 probe budget counts (:data:`advisor.sites.BUDGET_WINDOW_S`); the probe-seconds of lapsed attempts (``spent_attempts``) for
 as long as a site's budget counts them (:data:`advisor.sites.BUDGET_WINDOW_S`); the Idempotency-Key of a stored
 write (advisor/idempotency.py) as long as the run or observation it names. The SQL views (current_fits,
-current_advice) read only the newest fit and its curve, which stay as long as their link (below).
+current_advice) read only the current fit (on the newest probes) and its curve, which stay as long as their link (below).
 
 A probe's ``raw`` record (iperf3's report, summarised: up to ``probes.iperf_parse.RAW_MAX_CHARS`` characters) is kept
 only in the results of each link's newest run with results; older runs that stay keep their parsed numbers (what
@@ -127,10 +127,15 @@ def _prunable_runs(tx: Tx, keep: int, older_than: float | None, limit: int) -> l
         "SELECT r.id FROM probe_runs r JOIN cut ON r.destination_id = cut.did "
         "WHERE (r.id <= cut.cutoff OR r.finished_at < ?) AND r.id <> cut.newest AND r.id <> coalesce(cut.base, -1) "
         "AND NOT EXISTS (SELECT 1 FROM fits f WHERE f.probe_run_id = r.id) "
-        # The newest run with results under each control (NULL, not recorded, is one group).
-        "AND r.id NOT IN (SELECT max(r5.id) FROM probe_runs r5 WHERE EXISTS "
-        "(SELECT 1 FROM probe_results p5 WHERE p5.probe_run_id = r5.id) "
-        "GROUP BY r5.destination_id, r5.congestion_control) ORDER BY r.id LIMIT ?",
+        # The run with results on the newest probes under each control (NULL, not recorded, is one group): no newer
+        # one of its link and control, as Store.latest_run_points orders them.
+        "AND NOT (EXISTS (SELECT 1 FROM probe_results p5 WHERE p5.probe_run_id = r.id) AND NOT EXISTS "
+        "(SELECT 1 FROM probe_runs r5 WHERE r5.destination_id = r.destination_id AND (r5.congestion_control = "
+        "r.congestion_control OR (r5.congestion_control IS NULL AND r.congestion_control IS NULL)) "
+        "AND EXISTS (SELECT 1 FROM probe_results p6 WHERE p6.probe_run_id = r5.id) "
+        "AND (coalesce(r5.probed_at, r5.finished_at) > coalesce(r.probed_at, r.finished_at) OR "
+        "(coalesce(r5.probed_at, r5.finished_at) = coalesce(r.probed_at, r.finished_at) AND r5.id > r.id)))) "
+        "ORDER BY r.id LIMIT ?",
         (keep, -1.0 if older_than is None else older_than, limit)).fetchall()
     return [r[0] for r in rows]
 

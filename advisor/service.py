@@ -27,6 +27,7 @@ from advisor.allowlist import Resolver, system_resolver
 from advisor.destinations import Destination, client_key, parse_destination
 from advisor.errors import (AdvisorError, BatchTooLarge, DestinationNotAllowed, InvalidRequest, QueueFull,
                             UnknownDestination, UnknownProbe)
+from advisor.curves import curve_of
 from advisor.fitcodec import fit_from_stored, fit_to_record
 from advisor.idempotency import KeyedRequest
 from advisor.limits import (check_available_control, check_congestion_control, check_max_impact, check_probe_duration_s,
@@ -37,8 +38,8 @@ from advisor.plan_runner import adaptive_probes, plan_for, plan_need_text, plan_
 from advisor.settings import Settings
 from advisor.sites import (SITE_CEILING_VARIABLES, SiteBudget, claim_job, holds, never_fits, register_site, site_budget,
                            site_use)
-from advisor.store import FitRow, Job, NewFit, Store
-from advisor.tame import advise, plan_control, point_from_probe, representative_rtt_s, stored_curve
+from advisor.store import FitRow, Job, NewFit, Store, StoredRun
+from advisor.tame import CURVE_VERSION, advise, plan_control, point_from_probe, representative_rtt_s
 from models.errors import FitError
 from models.parallel import ParallelFit, ProbePoint
 from models.registry import MIN_LEVELS, fit
@@ -215,12 +216,14 @@ class AdviceService:
     def stored_fit(self, fitted: ParallelFit, points: Sequence[ProbePoint], idle_rtt_s: float | None,
                    probed_at: float, observations_used: int = 0, congestion_control: str | None = None) -> NewFit:
         """What the store keeps of ``fitted`` (probed under ``congestion_control``): its record and its curve,
-        advisable up to the throughput peak."""
+        advisable up to the throughput peak, of the fit as read back from that record (as the advice reads it)."""
+        record = fit_to_record(fitted)
         return NewFit(
-            record=fit_to_record(fitted), curve=stored_curve(fitted, self.settings.n_max),
+            record=record, curve=curve_of(record, self.settings.n_max),
             probes=[{"streams": float(p.streams), "throughput_bps": float(p.throughput_bps)} for p in points],
             observations_used=observations_used, idle_rtt_s=representative_rtt_s(points, idle_rtt_s),
             n_max=self.settings.n_max, probed_at=probed_at, congestion_control=congestion_control,
+            curve_version=CURVE_VERSION,
         )
 
     def ingest_run(self, dest: Destination, idle_rtt_s: float | None, results: Sequence[ProbeResult],
@@ -228,11 +231,12 @@ class AdviceService:
                    address: str | None = None, congestion_control: str | None = None,
                    src: Any = None, job_owner: str | None = None, measured_ago_s: float = 0.0,
                    request: KeyedRequest | None = None,
-                   answer: Callable[[int, str | None], dict[str, Any]] | None = None) -> tuple[int, str | None]:
+                   answer: Callable[[StoredRun, str | None], dict[str, Any]] | None = None) -> tuple[StoredRun, str | None]:
         """Fit and store a finished probe run from site ``src`` (None: this service's) and close its job, in one
-        transaction: (run id, fit error). ``measured_ago_s``: how long ago the probes ended (a pushed run held back
+        transaction: (the stored run, fit error). A run whose probes are older than those of the link's current fit
+        under its control (delivered late) is kept as history: the newer fit stays the advice (Store.record_run). ``measured_ago_s``: how long ago the probes ended (a pushed run held back
         by its agent), seconds; the fit's probed_at, and so the advice's age, counts from then. ``request``: the
-        client's Idempotency-Key, kept with ``answer(run id, fit error)`` (AlreadyTaken when it was stored before).
+        client's Idempotency-Key, kept with ``answer(stored run, fit error)`` (AlreadyTaken when it was stored before).
 
         ``address``: the IP address the probes went to, when this service resolved it. The run and its fit
         are stored under the control the probes report they used, else ``congestion_control`` (the one
@@ -243,10 +247,11 @@ class AdviceService:
         except ValueError as exc:
             raise InvalidRequest(f"probes: {exc}") from exc
         points = [point_from_probe(r) for r in results]
+        probed_at = self.clock() - measured_ago_s
         error = None
         new_fit = None
         try:
-            new_fit = self.build_fit(points, idle_rtt_s, probed_at=self.clock() - measured_ago_s,
+            new_fit = self.build_fit(points, idle_rtt_s, probed_at=probed_at,
                                      congestion_control=used)
         except FitError as exc:
             error = f"the probes could not be fitted: {exc}"
@@ -254,13 +259,14 @@ class AdviceService:
             error = (f"the probes were asked to run under {congestion_control} but used {used} (is {congestion_control} "
                      f"allowed for this process? net.ipv4.tcp_allowed_congestion_control); kept as {used}'s advice")
         site = self.site(src)
-        run_id = self.store.record_run(dest, src=site, source=source, idle_rtt_s=idle_rtt_s, results=results,
-                                       started_at=started_at, fit=new_fit, job_id=job_id, job_error=error,
-                                       address=address, congestion_control=used, job_owner=job_owner,
-                                       max_links=self.settings.max_site_links, request=request,
-                                       answer=None if answer is None else lambda run_id: answer(run_id, error))
+        run = self.store.record_run(dest, src=site, source=source, idle_rtt_s=idle_rtt_s, results=results,
+                                    started_at=started_at, fit=new_fit, job_id=job_id, job_error=error,
+                                    address=address, congestion_control=used, job_owner=job_owner,
+                                    max_links=self.settings.max_site_links, request=request,
+                                    answer=None if answer is None else lambda stored: answer(stored, error),
+                                    probed_at=probed_at)
         self.invalidate(site, dest.key)
-        return run_id, error
+        return run, error
 
     # -- advice ---------------------------------------------------------------------------
 
@@ -804,18 +810,18 @@ class AdviceService:
         # An observation becomes advice schedulers read: only for destinations this service may probe.
         self.check_allowed(dest)
         run_control: str | None = control
-        run_at, idle_rtt_s, run_points = self.store.latest_run_points(dest.key, control, src=site)
-        if not run_points and control == self.settings.congestion_control:
+        run = self.store.latest_run_points(dest.key, control, src=site)
+        if run is None and control == self.settings.congestion_control:
             # As the advice does: runs that did not record their control count as the default's.
             run_control = None
-            run_at, idle_rtt_s, run_points = self.store.latest_run_points(dest.key, None, src=site)
+            run = self.store.latest_run_points(dest.key, None, src=site)
         base = [ProbePoint(streams=p["streams"], throughput_bps=p["throughput_bps"], rtt_s=p["rtt_mean_s"],
                            retransmits=p["retransmits"], duration_s=p["duration_s"], mss_bytes=p["mss_bytes"],
                            stream_bps=p["stream_bps"], stream_retransmits=p["stream_retransmits"])
-                for p in run_points]
+                for p in (run.points if run is not None else ())]
 
         def refit(observations: list[dict[str, float]]) -> NewFit | None:
-            if not base:
+            if run is None:
                 # No probe run under this control: transfers alone do not make a curve (nor a "measured" control).
                 log.info("observation from %s to %s under %s stored without a refit: no probe run under it", site,
                          dest.key, control)
@@ -827,7 +833,9 @@ class AdviceService:
                                         retransmits=sum(o["stream_retransmits"]) if o["stream_retransmits"] else None)
                              for o in observations]
             try:
-                return self.build_fit(points, idle_rtt_s, probed_at=run_at if run_at is not None else self.clock(),
+                # Dated by the run's probes, as the run's own fit was: transfers since do not make them newer
+                # (FitRow.evidence_at counts the transfers).
+                return self.build_fit(points, run.idle_rtt_s, probed_at=run.probed_at,
                                       observations_used=len(observations), congestion_control=control)
             except FitError as exc:
                 log.info("observation for %s stored without a refit: %s", dest.key, exc)
@@ -838,7 +846,7 @@ class AdviceService:
                     "refit": fit_id is not None, "id": observation_id, "feeds_fit": observation.feeds_fit}
 
         ids = self.store.add_observation(dest, observation, refit, src=site, run_control=run_control,
-                                         max_links=self.settings.max_site_links, base_run_at=run_at, request=request,
+                                         max_links=self.settings.max_site_links, base_run=run, request=request,
                                          answer=answer)
         self.invalidate(site, dest.key)
         return answer(*ids)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from advisor.advice import CurvePoint
+from advisor.curves import rebuild_outdated_curves, write_curve
 from advisor.db import DEFAULT_POOL_SIZE, Database, Tx
 from advisor.destinations import Destination
 from advisor.errors import QueueFull, StoreError, TooManyLinks, UnknownProbe
@@ -112,6 +113,44 @@ class NewFit:
     n_max: int
     probed_at: float
     congestion_control: str | None = None
+    curve_version: int | None = None  # the advisor.tame.CURVE_VERSION the curve was computed under (None: not known)
+
+
+@dataclass(frozen=True)
+class BaseRun:
+    """A link's newest probe run with results under one control: what an observation's refit rests on."""
+
+    id: int
+    probed_at: float  # Unix seconds when its probes ended (its fit's probed_at): the refit's probes are as old
+    finished_at: float  # when the store took it: observations from then on came after it
+    idle_rtt_s: float | None
+    # [{streams, throughput_bps, rtt_mean_s, retransmits, duration_s, mss_bytes, stream_bps, stream_retransmits}];
+    # the per-stream lists are tuples, empty where the run did not store them.
+    points: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class StoredRun:
+    """A probe run as :meth:`Store.record_run` stored it."""
+
+    id: int
+    probed_at: float  # when its probes ended
+    fitted: bool  # a fit of it was stored
+    # When its fit was kept as history, not made current: the probed_at of the link's current fit under the run's
+    # control, newer than this run's probes (a run delivered late). None: its fit is current, or it has none.
+    newer_probed_at: float | None = None
+
+    @property
+    def current(self) -> bool:
+        """Its fit is the link's current fit under its control (the advice, the views, /v1/paths)."""
+        return self.fitted and self.newer_probed_at is None
+
+    def history_note(self) -> str | None:
+        """Why its fit is not current (None when it is, or there is none)."""
+        if self.newer_probed_at is None:
+            return None
+        return (f"kept as history: the link's current advice under this control rests on probes "
+                f"{self.newer_probed_at - self.probed_at:.0f} s newer than this run's, and stays")
 
 
 JOB_COLUMNS = ("id, dest, status, levels_json, duration_s, requested_at, started_at, finished_at, "
@@ -129,6 +168,21 @@ def _fit(row) -> FitRow:
     return FitRow(row[0], row[1], row[2], json.loads(row[3]), row[4], json.loads(row[5]), json.loads(row[6]),
                   json.loads(row[7]), row[8], row[9], row[10], row[11], row[12],
                   json.loads(row[13]) if row[13] else None, row[14], row[15])
+
+
+# A link's newest probe run with results under a control ({link}: the link's WHERE on d, {control}: the control's on
+# r): the one on the newest probes, so a run an agent held back is not newer for reaching the store later; the newest
+# stored among equals. (id, probed_at, finished_at, idle_rtt_s).
+_NEWEST_RUN = ("SELECT r.id, coalesce(r.probed_at, r.finished_at), r.finished_at, r.idle_rtt_s FROM probe_runs r "
+               "JOIN destinations d ON d.id = r.destination_id WHERE {link} AND {control} "
+               "AND EXISTS (SELECT 1 FROM probe_results p WHERE p.probe_run_id = r.id) "
+               "ORDER BY coalesce(r.probed_at, r.finished_at) DESC, r.id DESC LIMIT 1")
+
+
+def _newest_run(tx: Tx, link: str, link_params: Sequence[Any], control: str | None):
+    """The row of :data:`_NEWEST_RUN` for the link ``link`` (SQL on ``d``) under ``control``, or None."""
+    where, params = same_control("r.congestion_control", control)
+    return tx.execute(_NEWEST_RUN.format(link=link, control=where), (*link_params, *params)).fetchone()
 
 
 def same_control(column: str, control: str | None) -> tuple[str, tuple]:
@@ -190,19 +244,6 @@ def _start_ticks(pid: int) -> int | None:
         return int(fields[19])
     except (IndexError, ValueError):
         return -1
-
-
-def write_curve(tx: Tx, fit_id: int, curve: Sequence[tuple[CurvePoint, bool]],
-                halfway: Callable[[], None] | None = None) -> None:
-    """Store a fit's curve, (point, advisable) for n = 1 .. n_max, in its curve_points rows."""
-    for index, (point, advisable) in enumerate(curve):
-        if halfway is not None and index == len(curve) // 2:
-            halfway()
-        tx.execute(
-            "INSERT INTO curve_points (fit_id, streams, throughput_bps, impact, impact_bound, advisable) "
-            "VALUES (?, ?, ?, ?, ?, ?)",
-            (fit_id, point.streams, point.throughput_bps, point.impact, point.impact_bound, 1 if advisable else 0),
-        )
 
 
 def process_owner() -> str:
@@ -304,6 +345,8 @@ class Store:
     def open(cls, url: str, clock: Clock = time.time, pool_size: int = DEFAULT_POOL_SIZE) -> "Store":
         db = Database(url, pool_size)
         db.migrate()
+        # Curves written by an older program than this one's stored_curve: the view must give this one's advice.
+        rebuild_outdated_curves(db)
         return cls(db, clock)
 
     def close(self) -> None:
@@ -388,11 +431,12 @@ class Store:
         fit_id = tx.execute(
             "INSERT INTO fits (destination_id, probe_run_id, model, params_json, regime, warnings_json, "
             "probe_streams_json, probes_json, observations_used, idle_rtt_s, n_max, fitted_at, probed_at, "
-            "record_json, congestion_control) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+            "record_json, congestion_control, curve_version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+            "RETURNING id",
             (destination_id, probe_run_id, rec["model"], json.dumps(rec["params"]), rec["regime"],
              json.dumps(rec["warnings"]), json.dumps(rec["probe_streams"]), json.dumps(fit.probes),
              fit.observations_used, fit.idle_rtt_s, fit.n_max, self.clock(), fit.probed_at,
-             json.dumps(rec["fit"]), fit.congestion_control),
+             json.dumps(rec["fit"]), fit.congestion_control, fit.curve_version),
         ).fetchone()[0]
         step("fit")
         write_curve(tx, fit_id, fit.curve, halfway=lambda: step("curve"))
@@ -446,12 +490,19 @@ class Store:
                    job_id: str | None = None, job_error: str | None = None, address: str | None = None,
                    congestion_control: str | None = None, job_owner: str | None = None,
                    max_links: int = MAX_SITE_LINKS, request: KeyedRequest | None = None,
-                   answer: Callable[[int], dict[str, Any]] | None = None) -> int:
+                   answer: Callable[[StoredRun], dict[str, Any]] | None = None,
+                   probed_at: float | None = None) -> StoredRun:
         """Store a finished probe run from site ``src``, its results and fit, and close its job, in one transaction
         (a run that would be a new link past ``max_links``: TooManyLinks, nothing stored). With ``request`` (a
         client's Idempotency-Key) the key is claimed first (AlreadyTaken when an earlier request stored it: nothing
-        stored) and ``answer(run id)`` kept with it.
+        stored) and ``answer(the stored run)`` kept with it.
 
+        A link's current fit under a control is the one on the newest probes (the current_fits view): a run whose
+        probes are older than the current fit's (delivered late, from an agent's spool) is stored, its fit kept as
+        history, and its job closed as any other; :attr:`StoredRun.newer_probed_at` says so.
+
+        ``probed_at``: when the probes ended (None: now), kept with the run as its fit's is, so a refit on it later
+        (:meth:`latest_run_points`) is dated by its probes, not by when the run reached the store (finished_at).
         ``address`` is the IP address the probes went to, when the service resolved it itself;
         ``congestion_control`` the control the probes' streams used (None: not known). With ``job_owner`` the job
         is closed only while that owner holds it as a probe of this link, or it is back in the queue (an agent's claim:
@@ -463,10 +514,12 @@ class Store:
                 request.claim(tx, self.clock())
             destination_id = self.link_id(tx, src, dest, max_links)
             step("destination")
+            now = self.clock()
             run_id = tx.execute(
                 "INSERT INTO probe_runs (destination_id, job_id, source, idle_rtt_s, started_at, finished_at, address, "
-                "congestion_control) VALUES (?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
-                (destination_id, job_id, source, idle_rtt_s, started_at, self.clock(), address, congestion_control),
+                "congestion_control, probed_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+                (destination_id, job_id, source, idle_rtt_s, started_at, now, address, congestion_control,
+                 now if probed_at is None else probed_at),
             ).fetchone()[0]
             for r in results:
                 tx.execute(
@@ -478,8 +531,14 @@ class Store:
                      _json_list(r.stream_bps), _json_list(r.stream_retransmits)),
                 )
                 step("result")
+            newer = None
             if fit is not None:
                 self._insert_fit(tx, destination_id, run_id, fit, step)
+                where, params = same_control("congestion_control", fit.congestion_control)
+                (newer,) = tx.execute(
+                    f"SELECT max(probed_at) FROM fits WHERE destination_id = ? AND {where} AND probed_at > ?",
+                    (destination_id, *params, fit.probed_at)).fetchone()
+            stored = StoredRun(run_id, now if probed_at is None else probed_at, fit is not None, newer)
             if job_id is not None:
                 held, held_params = ("", ()) if job_owner is None else (
                     f" AND {ANSWERED_JOB}", (job_owner, src, dest.key))
@@ -492,32 +551,25 @@ class Store:
                 )
             step("job")
             if request is not None:
-                request.remember(tx, run_id, answer(run_id))
-        return run_id
+                request.remember(tx, run_id, answer(stored))
+        return stored
 
-    def latest_run_points(self, dest_key: str, control: str | None = None, *,
-                          src: str) -> tuple[float | None, float | None, list[dict[str, Any]]]:
-        """(run finished_at, idle RTT, [{streams, throughput_bps, rtt_mean_s, retransmits, duration_s, mss_bytes,
-        stream_bps, stream_retransmits}]) of the newest run under ``control`` (None: runs that did not record
-        one), or (None, None, []); the per-stream lists are tuples, empty where the run did not store them."""
-        where, params = same_control("r.congestion_control", control)
+    def latest_run_points(self, dest_key: str, control: str | None = None, *, src: str) -> BaseRun | None:
+        """The link's run with results on the newest probes under ``control`` (None: runs that did not record one),
+        or None."""
         with self.db.transaction() as tx:
-            run = tx.execute(
-                "SELECT r.id, r.finished_at, r.idle_rtt_s FROM probe_runs r JOIN destinations d ON d.id = r.destination_id "
-                f"WHERE d.src = ? AND d.dest = ? AND {where} "
-                "AND EXISTS (SELECT 1 FROM probe_results p WHERE p.probe_run_id = r.id) ORDER BY r.id DESC LIMIT 1",
-                (src, dest_key, *params),
-            ).fetchone()
+            run = _newest_run(tx, "d.src = ? AND d.dest = ?", (src, dest_key), control)
             if not run:
-                return None, None, []
+                return None
             rows = tx.execute(
                 "SELECT streams, throughput_bps, rtt_mean_s, retransmits, duration_s, mss_bytes, stream_bps, "
                 "stream_retransmits FROM probe_results WHERE probe_run_id = ? ORDER BY id",
                 (run[0],),
             ).fetchall()
         names = ("streams", "throughput_bps", "rtt_mean_s", "retransmits", "duration_s", "mss_bytes")
-        return run[1], run[2], [{**dict(zip(names, r[:6])), "stream_bps": _from_json_list(r[6]),
-                                 "stream_retransmits": _from_json_list(r[7])} for r in rows]
+        return BaseRun(run[0], run[1], run[2], run[3],
+                       [{**dict(zip(names, r[:6])), "stream_bps": _from_json_list(r[6]),
+                         "stream_retransmits": _from_json_list(r[7])} for r in rows])
 
     # -- observations ---------------------------------------------------------------------
 
@@ -525,18 +577,19 @@ class Store:
                         refit: Callable[[list[dict[str, float]]], NewFit | None],
                         limit: int = REFIT_OBSERVATIONS, *, src: str,
                         run_control: str | None = None, max_links: int = MAX_SITE_LINKS,
-                        base_run_at: float | None = None, request: KeyedRequest | None = None,
+                        base_run: BaseRun | None = None, request: KeyedRequest | None = None,
                         answer: Callable[[int, int | None], dict[str, Any]] | None = None) -> tuple[int, int | None]:
         """Store an observation of a transfer from site ``src`` and, in the same transaction, the refit ``refit(observations)`` returns.
 
-        ``base_run_at``: the finish time of the run ``refit`` rests on (:meth:`latest_run_points`, read before this
-        transaction); when a newer run with results committed since, the refit would hide it behind older probes, so
-        the observation is stored without one (the newer run's fit stands, and the next observation refits on it).
+        ``base_run``: the run ``refit`` rests on (:meth:`latest_run_points`, read before this transaction); when the
+        link's run on the newest probes is another one by then (one committed since), the refit would hide it behind
+        older probes, so the observation is stored without one (the newer run's fit stands, and the next observation
+        refits on it).
 
         ``refit`` gets the observations ({streams, throughput_bps, duration_s, stream_bps, stream_retransmits}; the
         lists empty where not reported) under the observation's congestion control that feed the fit (all
-        streams standard: :attr:`Observation.feeds_fit`), newer than the newest probe run under ``run_control``
-        (the run the refit rests on: that control's, or None for one that did not record its control), at most
+        streams standard: :attr:`Observation.feeds_fit`), stored since ``base_run`` reached the store (finished_at; under
+        ``run_control``: its control, or None for one that did not record its control), at most
         ``limit``, newest first, and returns the new fit or None. An observation that does not feed the fit is
         stored without calling it. Returns (the observation's id, the new fit's id or None). One that would be a
         new link past ``max_links`` is refused (TooManyLinks), nothing stored. With ``request`` (a client's
@@ -547,16 +600,15 @@ class Store:
             if request is not None:
                 request.claim(tx, self.clock())
             ids = self._add_observation(tx, dest, observation, refit, limit, src=src, run_control=run_control,
-                                        max_links=max_links, base_run_at=base_run_at)
+                                        max_links=max_links, base_run=base_run)
             if request is not None:
                 request.remember(tx, ids[0], answer(*ids))
         return ids
 
     def _add_observation(self, tx: Tx, dest: Destination, observation: Observation,
                          refit: Callable[[list[dict[str, float]]], NewFit | None], limit: int, *, src: str,
-                         run_control: str | None, max_links: int, base_run_at: float | None) -> tuple[int, int | None]:
+                         run_control: str | None, max_links: int, base_run: BaseRun | None) -> tuple[int, int | None]:
         record = observation.to_record()
-        run_where, run_params = same_control("congestion_control", run_control)
         obs_where, obs_params = same_control("congestion_control", observation.congestion_control)
         if run_control is None and observation.congestion_control is not None:
             # The refit rests on a run that did not record its control (taken as this one's, the default):
@@ -571,24 +623,15 @@ class Store:
         ).fetchone()[0]
         if not observation.feeds_fit:
             return observation_id, None
-        run = tx.execute(
-            f"SELECT max(finished_at) FROM probe_runs WHERE destination_id = ? AND {run_where}",
-            (destination_id, *run_params),
-        ).fetchone()
-        since = run[0] if run and run[0] is not None else 0.0
-        if base_run_at is not None:
-            base_where, base_params = same_control("r.congestion_control", run_control)
-            (newest_base,) = tx.execute(
-                f"SELECT max(r.finished_at) FROM probe_runs r WHERE r.destination_id = ? AND {base_where} "
-                "AND EXISTS (SELECT 1 FROM probe_results p WHERE p.probe_run_id = r.id)",
-                (destination_id, *base_params)).fetchone()
-            if newest_base is not None and newest_base > base_run_at:
+        if base_run is not None:
+            newest = _newest_run(tx, "d.id = ?", (destination_id,), run_control)
+            if newest is None or newest[0] != base_run.id:
                 return observation_id, None
         rows = tx.execute(
             f"SELECT streams, throughput_bps, duration_s, stream_bps, stream_retransmits FROM observations "
             f"WHERE destination_id = ? AND {obs_where} AND observed_at >= ? AND tame_streams = 0 "
             "ORDER BY id DESC LIMIT ?",
-            (destination_id, *obs_params, since, limit),
+            (destination_id, *obs_params, 0.0 if base_run is None else base_run.finished_at, limit),
         ).fetchall()
         fit = refit([{"streams": r[0], "throughput_bps": r[1], "duration_s": r[2],
                       "stream_bps": _from_json_list(r[3]), "stream_retransmits": _from_json_list(r[4])}

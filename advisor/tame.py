@@ -307,6 +307,13 @@ def predicted_curve(fitted: ParallelFit, n_max: int = DEFAULT_N_MAX,
     return [CurvePoint(int(k), float(t), float(i), float(b)) for k, t, i, b in zip(n, throughput, impact, bound)]
 
 
+# The version of what stored_curve returns for a fit. Bump it with any change to that (the margin, the held impact,
+# the advisable limit, NO_IMPACT): a store opened by this program then writes its current fits' older curves again
+# (advisor.curves), so the schedulers' view goes on giving the advice's stream count. tests/advisor/test_curves.py
+# pins stored_curve's output to this number, and fails when one changes without the other.
+CURVE_VERSION = 1
+
+
 def stored_curve(fitted: ParallelFit, n_max: int,
                  margin: ImpactMargin = DEFAULT_MARGIN) -> list[tuple[CurvePoint, bool]]:
     """The curve the store keeps of a fit, n = 1 .. n_max, each point with whether the advice may choose it

@@ -37,7 +37,7 @@ from advisor.retention import Pruner
 from advisor.service import AdviceService
 from advisor.settings import Settings
 from advisor.sites import SiteBudget
-from advisor.store import Store
+from advisor.store import Store, StoredRun
 from advisor.worker import ProbeWorker
 from api import schemas
 from api.boundary import Boundary, body_caps, check_src
@@ -253,15 +253,15 @@ def create_app(settings: Settings, store: Store, driver: ProbeDriver | None = No
                                **p.result_fields()) for p in body.probes]
         asked = claimed.congestion_control if claimed else body.congestion_control
 
-        def answer(run_id: int, error: str | None) -> dict[str, Any]:
-            return {"src": src, "dest": dest.key, "probe_run_id": run_id, "congestion_control": body.congestion_control,
-                    "fitted": error is None, "error": error}
+        def answer(run: StoredRun, error: str | None) -> dict[str, Any]:
+            return {"src": src, "dest": dest.key, "probe_run_id": run.id, "congestion_control": body.congestion_control,
+                    "fitted": error is None, "error": error, "current": run.current, "history": run.history_note()}
 
-        run_id, error = service.ingest_run(dest, body.idle_rtt_s, results, body.started_at or clock(), source="push",
+        run, error = service.ingest_run(dest, body.idle_rtt_s, results, body.started_at or clock(), source="push",
                                            congestion_control=asked, src=src,
                                            job_id=claimed.id if claimed else None, job_owner=body.owner,
                                            measured_ago_s=body.measured_ago_s, request=keyed, answer=answer)
-        return _json(answer(run_id, error), _WRITE_STATUS[idempotency.PROBE_RUN])
+        return _json(answer(run, error), _WRITE_STATUS[idempotency.PROBE_RUN])
 
     @app.put("/v1/sites/{site}", response_model=schemas.SiteOut, responses={**_BODY_ERRORS, **_responses(403, 409)})
     def put_site(site: str, body: schemas.SiteIn) -> Response:

@@ -242,7 +242,7 @@ class ObservationIn(BaseModel):
         default=None, description="the control the transfer's standard streams ran (default: the service's)")
     stream_bps: list[Annotated[float, Field(ge=0, lt=limits.MAX_THROUGHPUT_BPS, allow_inf_nan=False)]] = Field(
         default_factory=list, max_length=limits.MAX_STREAMS, description="each stream's rate, bits/s")
-    stream_retransmits: list[Annotated[int, Field(ge=0, le=2**53)]] = Field(
+    stream_retransmits: list[Annotated[int, Field(ge=0, le=limits.MAX_STREAM_RETRANSMITS)]] = Field(
         default_factory=list, max_length=limits.MAX_STREAMS,
         description="each stream's retransmitted segments, in stream_bps's order")
     stream_congestion_controls: list[Annotated[str, Field(max_length=MAX_CONTROL_NAME,
@@ -276,7 +276,7 @@ class ProbeResultIn(BaseModel):
     streams: int = Field(ge=1, le=limits.MAX_PROBE_STREAMS, description="streams of the probe (iperf3 opens at most 128)")
     throughput_bps: float = Field(ge=limits.MIN_THROUGHPUT_BPS, lt=limits.MAX_THROUGHPUT_BPS, allow_inf_nan=False)
     sender_bps: float | None = Field(default=None, ge=0, lt=limits.MAX_THROUGHPUT_BPS, allow_inf_nan=False)
-    retransmits: int | None = Field(default=None, ge=0, le=2**53)
+    retransmits: int | None = Field(default=None, ge=0, le=limits.MAX_RETRANSMITS)
     rtt_mean_s: float | None = Field(default=None, gt=0, lt=1e4, allow_inf_nan=False)
     duration_s: float = Field(default=10.0, gt=0, le=3600, allow_inf_nan=False)
     omit_s: float = Field(default=0.0, ge=0, le=3600, allow_inf_nan=False)
@@ -285,7 +285,7 @@ class ProbeResultIn(BaseModel):
     mss_bytes: int | None = Field(default=None, ge=1, le=65535)
     stream_bps: list[Annotated[float, Field(ge=0, lt=limits.MAX_THROUGHPUT_BPS, allow_inf_nan=False)]] = Field(
         default_factory=list, max_length=limits.MAX_PROBE_STREAMS, description="each stream's rate over the window, bits/s")
-    stream_retransmits: list[Annotated[int, Field(ge=0, le=2**53)]] = Field(
+    stream_retransmits: list[Annotated[int, Field(ge=0, le=limits.MAX_STREAM_RETRANSMITS)]] = Field(
         default_factory=list, max_length=limits.MAX_PROBE_STREAMS,
         description="each stream's retransmitted segments over the window, in stream_bps's order")
     raw: str = Field(default="", max_length=RAW_MAX_CHARS)
@@ -340,6 +340,11 @@ class ProbeRunOut(BaseModel):
     congestion_control: str | None = Field(description="the control the run is kept under (null: not recorded)")
     fitted: bool
     error: str | None
+    current: bool = Field(description="its fit is the link's advice under its control now; false without a fit, or "
+                                      "when the link's current fit rests on newer probes (a run delivered late: "
+                                      "see history)")
+    history: str | None = Field(description="why its fit was kept as history rather than made the advice; null "
+                                            "when it is the advice or has no fit")
 
 
 class LinkOut(BaseModel):

@@ -14,7 +14,7 @@ import os
 
 from advisor.db import Tx
 
-_VIEWS = (
+VIEWS = (
     # The newest fit of each link under each control (NULL, not recorded, is a group of its own).
     """CREATE VIEW current_fits AS
 SELECT d.src, d.dest, f.*
@@ -66,5 +66,5 @@ def upgrade(tx: Tx) -> None:
     tx.execute("DROP INDEX probe_jobs_one_active_per_dest_control")
     tx.execute("CREATE UNIQUE INDEX probe_jobs_one_active_per_link_control ON probe_jobs "
                "(src, dest, coalesce(congestion_control, '')) WHERE status IN ('queued', 'running')")
-    for view in _VIEWS:
+    for view in VIEWS:
         tx.execute(view)

@@ -116,11 +116,11 @@ def check_bounded_and_unchanged(service):
     assert c["observations"] <= n * RETENTION.keep_observations, c
     assert c["probe_jobs"] <= n * RETENTION.keep_runs, c
     # The next observation refits on the newest run and the observations since, as it would have unpruned.
-    run_at, _, points = store.latest_run_points(DESTS[0], service.settings.congestion_control, src=SITE)
-    assert [p["streams"] for p in points] == [1, 10]
+    run = store.latest_run_points(DESTS[0], service.settings.congestion_control, src=SITE)
+    assert [p["streams"] for p in run.points] == [1, 10]
     with store.db.transaction() as tx:
         (since,) = tx.execute("SELECT count(*) FROM observations o JOIN destinations d ON d.id = o.destination_id "
-                              "WHERE d.dest = ? AND o.observed_at >= ?", (DESTS[0], run_at)).fetchone()
+                              "WHERE d.dest = ? AND o.observed_at >= ?", (DESTS[0], run.finished_at)).fetchone()
     assert since == OBSERVATIONS_PER_RUN == before_fits[DESTS[0]].observations_used
     return c
 

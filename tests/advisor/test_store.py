@@ -164,9 +164,9 @@ def test_a_stored_run_keeps_the_evidence_the_auto_model_reads(tmp_path):
                for n, r in ((1, 0), (10, 7))]
     store.record_run(parse_destination("127.0.0.1"), source="probe", idle_rtt_s=0.05, results=results,
                      started_at=0.0, fit=None, src=SITE)
-    _, idle, points = store.latest_run_points("127.0.0.1:5201", src=SITE)
-    assert idle == 0.05
-    assert points == [
+    run = store.latest_run_points("127.0.0.1:5201", src=SITE)
+    assert run.idle_rtt_s == 0.05
+    assert run.points == [
         {"streams": 1, "throughput_bps": 2e6, "rtt_mean_s": 0.05, "retransmits": 0, "duration_s": 30.0, "mss_bytes": 1448,
          "stream_bps": (), "stream_retransmits": ()},
         {"streams": 10, "throughput_bps": 2e7, "rtt_mean_s": 0.05, "retransmits": 7, "duration_s": 30.0, "mss_bytes": 1448,

@@ -235,7 +235,7 @@ def test_a_pushed_run_keeps_each_stream_s_rate_and_losses_and_refuses_lists_that
     response = client.post("/v1/probe-runs", json={"dest": "127.0.0.1:5301", "probes": [
         {"streams": 1, "throughput_bps": rate(1)}, ten]})
     assert response.status_code == 201
-    _, _, points = app.state.service.store.latest_run_points("127.0.0.1:5301", src=SITE)
+    points = app.state.service.store.latest_run_points("127.0.0.1:5301", src=SITE).points
     assert [(p["stream_bps"], p["stream_retransmits"]) for p in points] == [
         ((), ()), (tuple(ten["stream_bps"]), tuple(ten["stream_retransmits"]))]
     bad = client.post("/v1/probe-runs", json={"dest": "127.0.0.1:5301", "probes": [
