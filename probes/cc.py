@@ -38,7 +38,7 @@ from typing import Iterator
 
 from probes.controls import available_controls
 from probes.delayline import cache_dir
-from probes.errors import CcBusy, CcCommandFailed, CcNotLoaded, CcNotRoot, CcRouteConflict, CcUnavailable
+from probes.errors import CcBusy, CcCommandFailed, CcNotLoaded, CcNotRoot, CcOutdated, CcRouteConflict, CcUnavailable
 from probes.netns import TestbedCommandFailed, run
 
 NAME = "tame"
@@ -103,6 +103,10 @@ def netns_cookie(namespace: str | None = None) -> int:
         return int(done.stdout)
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         return struct.unpack("<Q", sock.getsockopt(socket.SOL_SOCKET, SO_NETNS_COOKIE, 8))[0]
+
+
+KEY_BYTES, VALUE_BYTES = 24, 8
+"""The FM map's key (struct tame_key: the namespace cookie and the address) and value (struct tame_setting) sizes."""
 
 
 def map_key(addr: Address, netns: int) -> bytes:
@@ -219,6 +223,11 @@ def registration() -> Registration | None:
     fm = [m for m in maps if m.get("name") == FM_MAP and m.get("btf_id") == ops.get("btf_id")]
     if len(fm) != 1:
         raise CcCommandFailed(f"{NAME} is registered (struct_ops id {ops['id']}) but its {FM_MAP} map was not found")
+    if (fm[0].get("bytes_key"), fm[0].get("bytes_value")) != (KEY_BYTES, VALUE_BYTES):
+        raise CcOutdated(
+            f"the registered {NAME} (struct_ops id {ops['id']}) is an older build: its {FM_MAP} map has "
+            f"{fm[0].get('bytes_key')}-byte keys, this one {KEY_BYTES}; clear its routes (tame cc clear DEST, in each "
+            f"namespace), then run 'tame cc unload' and 'tame cc load'")
     return Registration(struct_ops_id=int(ops["id"]), fm_map_id=int(fm[0]["id"]))
 
 
@@ -301,7 +310,8 @@ def delete_fm(addr: Address, netns: int | None = None) -> bool:
 
 
 # Lock files, one per (network namespace, destination address), that a process setting its FM holds (flock:
-# released when the process ends, killed too). Root's: only root sets the map.
+# released when the process ends, killed too). Root's: only root sets the map. The holder removes its file as it lets
+# go (namespace cookies are never reused, so files left behind would pile up); a process killed meanwhile leaves one.
 LOCK_DIR = Path("/run/tame")
 
 
@@ -310,15 +320,25 @@ def exclusive_setting(addr: Address) -> Iterator[None]:
     """Hold ``addr``'s FM entry for this process for the block: CcBusy when another process holds it (two transfers
     to one address would share its entry, and the one that ends first would put it back under the other)."""
     LOCK_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd = os.open(LOCK_DIR / f"fm-{netns_cookie()}-{addr}.lock", os.O_RDWR | os.O_CREAT, 0o600)
-    try:
+    path = LOCK_DIR / f"fm-{netns_cookie()}-{addr}.lock"
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            os.close(fd)
             raise CcBusy(f"another process (a tame transfer or apply) is setting the FM for {addr}: run one at a "
                          "time per address") from None
+        try:
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)  # its holder removed the file as it let go: lock the one there now
+    try:
         yield
     finally:
+        path.unlink(missing_ok=True)  # while still held: a process waiting on this file locks a new one
         os.close(fd)
 
 
@@ -408,7 +428,8 @@ def _locked_metrics(addr: Address) -> set[str]:
 
 
 def _hop_args(hop: dict) -> list[str]:
-    argv = ["via", hop["gateway"]] if hop.get("gateway") else []
+    via = hop.get("via")  # a next hop of the other family (an IPv4 route via an IPv6 router, RFC 5549)
+    argv = ["via", hop["gateway"]] if hop.get("gateway") else ["via", via["family"], via["host"]] if via else []
     argv += ["dev", hop["dev"]] if hop.get("dev") else []
     return argv + [flag for flag in hop.get("flags", []) if flag in _HOP_FLAGS]
 

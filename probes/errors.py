@@ -53,6 +53,11 @@ class CcNotLoaded(CcError):
     """The control is not registered, so it has no settings to read or change."""
 
 
+class CcOutdated(CcError):
+    """The registered control is an older build whose FM map this one cannot read or write (registration outlives an
+    upgrade): it must be unloaded and loaded again."""
+
+
 class CcBusy(CcError):
     """Another process (a tame transfer, an apply) is setting the same destination's FM."""
 

@@ -177,6 +177,34 @@ def test_load_registers_and_unload_leaves_no_program_or_map():
 
 
 @netns
+def test_an_older_build_left_registered_is_named_and_unloads(tmp_path):
+    # Registration outlives an upgrade: the build before per-namespace keys (16-byte keys) still registered. Every
+    # command that reads its map says so and what to do (exit 2), rather than failing on bpftool's key format;
+    # unload still removes it.
+    assert cc.registration() is None, "a tame congestion control is already registered: not ours to unload"
+    source = cc.SOURCE.read_text()
+    for line in ("\t__u64 netns; /* net->net_cookie of the socket's namespace */\n",
+                 "\tkey.netns = sk->__sk_common.skc_net.net->net_cookie;\n"):
+        assert line in source
+        source = source.replace(line, "")
+    (tmp_path / "tame_cc.bpf.c").write_text(source)
+    (tmp_path / "build.sh").write_text(cc.BUILD_SCRIPT.read_text())
+    subprocess.run(["bash", str(tmp_path / "build.sh"), str(tmp_path / "old.o")], check=True, capture_output=True,
+                   timeout=120)
+    before = _steady_counts()
+    subprocess.run(["bpftool", "struct_ops", "register", str(tmp_path / "old.o")], check=True, capture_output=True,
+                   timeout=30)
+    try:
+        for argv in (["status"], ["load"], ["apply", "198.51.100.7", "--tcp-equivalent", "1.5"]):
+            done = subprocess.run([sys.executable, "-m", "advisor", "cc", *argv], capture_output=True, text=True,
+                                  timeout=60)
+            assert done.returncode == 2 and "older build" in done.stderr and "tame cc unload" in done.stderr, done
+    finally:
+        assert cc.unload() is True
+    assert _settle_counts(before) == before
+
+
+@netns
 def test_apply_and_clear_change_the_map_entry_and_the_route(loaded, pair):
     # Fractional form, n* 2.5 beside cubic on a 100 ms path: the remainder 0.5 at the FM the measured law gives.
     done = _tame(pair.a, "apply", B4, "--tcp-equivalent", "2.5", "--standard-control", "cubic", "--rtt", "0.1")
@@ -256,6 +284,8 @@ def test_each_network_namespace_has_its_own_entries(loaded, pair):
     assert "congctl tame" in _route(pair.a, c)
     assert _tame(pair.a, "clear", c).returncode == 0
     assert cc.all_settings() == {}
+    # Each apply let go of its lock and removed its file: cookies are never reused, so files left would pile up.
+    assert not [p for p in cc.LOCK_DIR.glob("fm-*.lock") if p.name.split("-")[1] in (str(a), str(b))]
 
 
 @netns
@@ -268,10 +298,14 @@ def test_apply_copies_the_route_the_kernel_picks_table_next_hops_and_metrics(loa
         "nexthop", "via", B4, "dev", "tccva", "weight", "2", "nexthop", "via", "10.77.0.4", "dev", "tccva")
     _ip("-n", pair.a, "route", "add", "10.89.0.0/16", "via", B4, "dev", "tccva", "table", "100", "mtu", "1300")
     _ip("-n", pair.a, "rule", "add", "to", "10.89.0.0/16", "lookup", "100", "pref", "100")
+    # 10.87/16: an IPv4 route through an IPv6 router (RFC 5549).
+    _ip("-n", pair.a, "route", "add", "10.87.0.0/16", "via", "inet6", "fe80::1", "dev", "tccva")
 
-    for dest in ("10.88.0.9", "10.89.0.9"):
+    for dest in ("10.88.0.9", "10.89.0.9", "10.87.0.9"):
         done = _tame(pair.a, "apply", dest, "--tcp-equivalent", "1.5", "--standard-control", "bbr")
         assert done.returncode == 0, done.stderr
+    v6hop, = json.loads(_ip("-n", pair.a, "-j", "-d", "route", "show", "table", "all", "exact", "10.87.0.9/32"))
+    assert v6hop["via"] == {"family": "inet6", "host": "fe80::1"} and v6hop["dev"] == "tccva"
     ecmp, = json.loads(_ip("-n", pair.a, "-j", "-d", "route", "show", "table", "all", "exact", "10.88.0.9/32"))
     assert ecmp["table"] == "main" and str(ecmp["protocol"]) == cc.ROUTE_PROTO
     assert [(h["gateway"], h["dev"], h["weight"]) for h in ecmp["nexthops"]] == [(B4, "tccva", 2),
@@ -286,7 +320,7 @@ def test_apply_copies_the_route_the_kernel_picks_table_next_hops_and_metrics(loa
     assert _tame(pair.a, "apply", "10.89.0.9", "--tcp-equivalent", "1.5", "--standard-control", "bbr").returncode == 0
     assert json.loads(_ip("-n", pair.a, "-j", "-d", "route", "show", "table", "all", "exact", "10.89.0.9/32")) == [policy]
 
-    for dest in ("10.88.0.9", "10.89.0.9"):
+    for dest in ("10.88.0.9", "10.89.0.9", "10.87.0.9"):
         done = _tame(pair.a, "clear", dest)
         assert done.returncode == 0 and "cleared (route, FM entry)" in done.stdout, (done.stdout, done.stderr)
         assert _ip("-n", pair.a, "route", "show", "table", "all", "exact", f"{dest}/32") == ""
@@ -299,6 +333,8 @@ def test_a_route_with_what_apply_cannot_copy_is_refused():
     addr = ipaddress.ip_address("10.88.0.9")
     picked = {"type": "unicast", "dst": "10.88.0.0/16", "gateway": B4, "dev": "tccva", "table": "main", "flags": []}
     assert cc.route_argv(addr, picked, set())[-8:] == ["proto", "250", "congctl", "tame", "via", B4, "dev", "tccva"]
+    via6 = {**picked, "gateway": None, "via": {"family": "inet6", "host": "fe80::1"}}
+    assert cc.route_argv(addr, via6, set())[-5:] == ["via", "inet6", "fe80::1", "dev", "tccva"]
     # An IPv6 default route learnt from a router advertisement expires; the copy is the address's for as long as
     # apply keeps it.
     v6 = ipaddress.ip_address("fd88::9")
