@@ -30,12 +30,24 @@ WHERE f.id = (SELECT f2.id FROM fits f2
               ORDER BY f2.probed_at DESC, f2.id DESC LIMIT 1)"""
 
 
+# The run a refit (fits row) was made on, as refits were dated before this: same link and control, and the refit's
+# probed_at is the run's finished_at.
+_BASE_RUN = ("r.destination_id = fits.destination_id AND r.finished_at = fits.probed_at AND "
+             "(r.congestion_control = fits.congestion_control OR "
+             "(r.congestion_control IS NULL AND fits.congestion_control IS NULL))")
+
+
 def upgrade(tx: Tx) -> None:
     from advisor.curves import rebuild_curves
 
     tx.execute("ALTER TABLE probe_runs ADD COLUMN probed_at DOUBLE PRECISION")
     tx.execute("UPDATE probe_runs SET probed_at = coalesce((SELECT min(f.probed_at) FROM fits f "
                "WHERE f.probe_run_id = probe_runs.id), finished_at)")
+    # A refit stored before this was dated by its run's finished_at: it takes the run's probed_at too, or the
+    # link's next refit (dated by probed_at, earlier) would be older than it and never become current.
+    tx.execute(f"UPDATE fits SET probed_at = (SELECT r.probed_at FROM probe_runs r WHERE {_BASE_RUN} "
+               f"ORDER BY r.id DESC LIMIT 1) WHERE probe_run_id IS NULL AND observations_used > 0 "
+               f"AND EXISTS (SELECT 1 FROM probe_runs r WHERE {_BASE_RUN})")
     tx.execute("CREATE INDEX fits_destination_probed ON fits (destination_id, probed_at, id)")
     tx.execute("DROP VIEW current_advice")
     tx.execute("DROP VIEW current_fits")

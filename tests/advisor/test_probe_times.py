@@ -63,10 +63,20 @@ def test_runs_stored_before_take_their_fit_s_probe_time(url, monkeypatch):
                        "probe_streams_json, probes_json, n_max, fitted_at, probed_at, curve_version) "
                        "VALUES (?, ?, 'lu', '{}', 'congested', '[]', '[]', '[]', 64, 1000.0, 400.0, ?)",
                        (did, runs[0], CURVE_VERSION))
+            # A transfer refitted on the first run, dated (as refits were) by when that run reached the store.
+            refit = tx.execute(
+                "INSERT INTO fits (destination_id, probe_run_id, model, params_json, regime, warnings_json, "
+                "probe_streams_json, probes_json, n_max, fitted_at, probed_at, curve_version, observations_used) "
+                "VALUES (?, NULL, 'lu', '{}', 'congested', '[]', '[]', '[]', 64, 1500.0, 1000.0, ?, 1) RETURNING id",
+                (did, CURVE_VERSION)).fetchone()[0]
         monkeypatch.setattr(advisor.db, "migrations", lambda: everything)
         assert 19 in db.migrate()
         with db.transaction() as tx:
             assert tx.execute("SELECT id, probed_at FROM probe_runs ORDER BY id").fetchall() == [
                 (runs[0], 400.0), (runs[1], 2000.0)]
+            # The refit is dated by the probes it was made on, as refits are now: the next one (dated 400 s, stored
+            # after it) becomes current, not kept as older than it (the review's refit_hidden_after_upgrade.py).
+            assert tx.execute("SELECT probed_at FROM fits WHERE id = ?", (refit,)).fetchone() == (400.0,)
+            assert tx.execute("SELECT id FROM current_fits").fetchall() == [(refit,)]
     finally:
         db.close()
