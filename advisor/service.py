@@ -774,6 +774,18 @@ class AdviceService:
                                "went to another agent): nothing to report")
         return self.probe_status(job.id)
 
+    def release_claim(self, site: Any, job_id: str, owner: Any) -> dict[str, Any]:
+        """Agent ``owner`` of ``site`` hands back its claimed probe ``job_id`` unfinished (it is stopping): the job is
+        queued again at once, the attempt not counted, and the site's budget counts the seconds it took. The job as
+        GET /v1/probes/ID shows it; UnknownProbe when the agent does not hold it."""
+        name = check_site(site, "site")
+        check_owner(owner)
+        job = self.store.release_attempt(job_id, owner, name, f"handed back by {owner}, which stopped; re-queued")
+        if job is None:
+            raise UnknownProbe(f"{owner} of {name} holds no running probe {job_id} (finished, or its lease ran out and "
+                               "went to another agent): nothing to hand back")
+        return self.probe_status(job.id)
+
     def claimed_job(self, job_id: str | None, owner: str | None, src: str, dest: Destination) -> Job | None:
         """The running job ``job_id`` if ``owner`` holds it as a probe of the link from ``src`` to ``dest``, else
         None (no claim named, or its lease went to another agent: the run is kept, the job stays with its holder).

@@ -4,13 +4,16 @@ pushes their runs (`tame agent --site NAME --server URL`).
 Each round it registers the site (its links and probe budget; the service queues a probe for each link whose
 advice is missing or stale), then claims queued probes one at a time, runs up to the budget's probes at once,
 and pushes each run with the claim's job id so that the service closes the job. A claim is a lease: if this
-agent dies, the job goes back to the queue when the lease runs out and another agent of the site claims it.
+agent dies, the job goes back to the queue when the lease runs out and another agent of the site claims it; one
+that is stopped (``stop``, set on SIGTERM) kills its probes and hands their jobs back at once.
 Runs the service did not take wait in the spool (advisor/commands/agent.py) and go first next round.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import logging
 import sys
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -26,6 +29,8 @@ from advisor.worker import probe_target
 from probes.base import ProbeDriver
 from probes.errors import ProbeError
 from probes.plan import PlanResult, run_plan
+
+log = logging.getLogger("tame")
 
 # ProbeResult fields a pushed run does not carry (api.schemas.ProbeResultIn ignores them).
 _NOT_PUSHED = ("dest", "stream_rtts", "interval_bps", "interval_side", "settled", "window_throughput_bps",
@@ -70,6 +75,8 @@ class SiteAgent:
     # report_failure(job id, error): tells the service a claimed probe could not run (left unreported, its lease
     # runs out and returns it to the queue later).
     report_failure: Callable[[str, str], None] = lambda job_id, error: None
+    # hand_back(job id): gives back a claimed probe this agent stopped (``stop``) before it ended: queued again at once.
+    hand_back: Callable[[str], None] = lambda job_id: None
     log: Callable[[str], None] = lambda line: print(line, flush=True)
     stop: threading.Event = dataclasses.field(default_factory=threading.Event)
 
@@ -106,9 +113,22 @@ class SiteAgent:
                         break
                     self.stop.wait(1.0)  # a running probe may free the budget, or its link had the last job
                     continue
-                running[pool.submit(self._probe, claim)] = claim["job"]["id"]
+                probe = pool.submit(self._probe, claim)
+                probe.add_done_callback(functools.partial(self._finished, claim))  # read, however the round ends
+                running[probe] = claim["job"]["id"]
                 ran += 1
         return ran
+
+    def _finished(self, claim: dict[str, Any], future: Future) -> None:
+        """A probe's thread ended: one that raised (a bug) is logged, and its claim is reported as failed, so its job
+        is queued again now rather than when its lease ends."""
+        exc = future.exception()
+        if exc is None:
+            return
+        job = claim["job"]
+        log.error("site %s -> %s: the probe of job %s ended with an error", self.site, job["dest"], job["id"],
+                  exc_info=exc)
+        self.report_failure(job["id"], f"the agent failed: {type(exc).__name__}: {exc}")
 
     def _probe(self, claim: dict[str, Any]) -> None:
         job = claim["job"]
@@ -125,6 +145,9 @@ class SiteAgent:
                             next_level=level_chooser(self.settings.model, min(self.settings.n_max, claim["max_streams"])))
             used = plan_control(plan.probes, control)
         except (AdvisorError, ProbeError, ValueError) as exc:
+            if self.stop.is_set():  # stopping killed the probe: not the job's fault, so not a failed attempt
+                self.hand_back(job["id"])
+                return
             print(f"tame agent: {self.site} -> {dest}: {exc}", file=sys.stderr, flush=True)
             # Its job goes behind the site's others, and the budget counts the seconds it took, not its lease's worth.
             self.report_failure(job["id"], str(exc) or type(exc).__name__)

@@ -312,21 +312,25 @@ def lock_claims(tx: Tx) -> None:
 
 def _end_attempt_in(tx: Tx, held: str, held_params: Sequence[Any], *, job_id: str, src: str, attempts: int,
                    started_at: float | None, lease_until: float | None, now: float, max_attempts: int, gave_up: str,
-                   requeued: str, requeued_at: float | None = None) -> bool:
+                   requeued: str, requeued_at: float | None = None, counted: bool = True,
+                   address: str | None = None) -> bool:
     """End a running job's attempt, inside ``tx``, if the job still matches ``held`` (a WHERE clause, its
     ``held_params``). The attempt stopped ``now``, or when its lease ran out if that was earlier (the longest it
     was allowed to send). It fails with ``gave_up`` (finished then, its seconds counted from its own row) when it
     was the ``max_attempts``-th, else goes back in the queue with ``requeued`` (behind the site's others when
-    ``requeued_at`` is given) and the seconds it took kept in spent_attempts, as a site's hourly budget counts them.
-    Returns whether the job matched."""
+    ``requeued_at`` is given; kept from probes of ``address`` while one runs) and the seconds it took from
+    ``started_at`` (None: none to count) kept in spent_attempts, as a site's hourly budget counts them. An attempt
+    not ``counted`` (handed back: its prober stopped, not the job) never gives up and is not one of the job's
+    attempts. Returns whether the job matched."""
     stopped = now if lease_until is None else min(now, lease_until)
-    if attempts >= max_attempts:
+    if counted and attempts >= max_attempts:
         return tx.execute("UPDATE probe_jobs SET status = 'failed', finished_at = ?, owner = NULL, lease_until = NULL, "
                           f"error = ? WHERE {held} RETURNING id", (stopped, gave_up, *held_params)).fetchone() is not None
     behind, behind_params = ("requested_at = ?, ", (requeued_at,)) if requeued_at is not None else ("", ())
+    uncount = "" if counted else "attempts = CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END, "
     done = tx.execute("UPDATE probe_jobs SET status = 'queued', progress = 0, progress_detail = NULL, owner = NULL, "
-                      f"lease_until = NULL, address = NULL, {behind}error = ? WHERE {held} RETURNING id",
-                      (*behind_params, requeued, *held_params)).fetchone() is not None
+                      f"lease_until = NULL, address = ?, {behind}{uncount}error = ? WHERE {held} RETURNING id",
+                      (address, *behind_params, requeued, *held_params)).fetchone() is not None
     if done and started_at is not None:
         tx.execute("INSERT INTO spent_attempts (src, job_id, started_at, seconds) VALUES (?, ?, ?, ?)",
                    (src, job_id, started_at, max(0.0, stopped - started_at)))
@@ -778,15 +782,13 @@ class Store:
         return True
 
     def release_job(self, job_id: str, owner: str, note: str, address: str | None = None) -> None:
-        """Put ``owner``'s running job back in the queue without counting the attempt (a shutdown, or
-        its address is busy: ``address`` is kept so the claim skips the job while that address is probed)."""
+        """Put this service's worker ``owner``'s running job back in the queue without counting the attempt (a
+        shutdown, or its address is busy: ``address`` is kept so the claim skips the job while that address is
+        probed)."""
         with self.db.transaction(write=True) as tx:
-            tx.execute(
-                "UPDATE probe_jobs SET status = 'queued', progress = 0, progress_detail = NULL, owner = NULL, "
-                "lease_until = NULL, attempts = CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END, error = ?, "
-                "address = ? WHERE id = ? AND owner = ? AND status = 'running'",
-                (note, address, job_id, owner),
-            )
+            _end_attempt_in(tx, "id = ? AND owner = ? AND status = 'running'", (job_id, owner), job_id=job_id, src="",
+                            attempts=0, started_at=None, lease_until=None, now=self.clock(), max_attempts=1,
+                            gave_up="", requeued=note, counted=False, address=address)
 
     def set_progress(self, job_id: str, owner: str, progress: float, detail: dict[str, Any] | None = None) -> None:
         """The fraction done and, optionally, where in its plan the job is (a small JSON object)."""
@@ -801,6 +803,23 @@ class Store:
         attempt), and the attempt's probe-seconds are what it took, started_at to now (not its lease's worth, as a
         lapsed one counts). None when ``owner`` does not hold the job (its lease went to another agent)."""
         now = self.clock()
+        # Behind the site's other queued jobs: one that fails at once must not hold the head of the queue.
+        return self._end_agent_attempt(
+            job_id, owner, src, now, max_attempts=max_attempts,
+            gave_up=lambda attempts: f"failed {attempts} times; giving up. Last: {error}",
+            requeued=lambda attempts: f"attempt {attempts} failed: {error}; re-queued", requeued_at=now)
+
+    def release_attempt(self, job_id: str, owner: str, src: str, note: str) -> Job | None:
+        """Agent ``owner`` hands back its running job (a probe of a link from ``src``) unfinished, because it is
+        stopping: the job is queued again at once, in its place, the attempt not counted, and the attempt's
+        probe-seconds are what it took, started_at to now. None when ``owner`` does not hold the job."""
+        return self._end_agent_attempt(job_id, owner, src, self.clock(), max_attempts=1, gave_up=lambda _: "",
+                                       requeued=lambda _: note, counted=False)
+
+    def _end_agent_attempt(self, job_id: str, owner: str, src: str, now: float, *,
+                           gave_up: Callable[[int], str], requeued: Callable[[int], str], **end: Any) -> Job | None:
+        """:func:`_end_attempt_in` for the attempt agent ``owner`` holds at its job (the messages made from the
+        attempt's number); None when it holds none."""
         with self.db.transaction(write=True) as tx:
             # Locked as read: a lease lapsing meanwhile (recover_jobs) re-queues the job once, not under this report.
             held = "id = ? AND owner = ? AND src = ? AND status = 'running'"
@@ -810,11 +829,9 @@ class Store:
             if row is None:
                 return None
             attempts, started_at, lease_until = row
-            # Behind the site's other queued jobs: one that fails at once must not hold the head of the queue.
             _end_attempt_in(tx, held, (job_id, owner, src), job_id=job_id, src=src, attempts=attempts,
-                           started_at=started_at, lease_until=lease_until, now=now,
-                           max_attempts=max_attempts, gave_up=f"failed {attempts} times; giving up. Last: {error}",
-                           requeued=f"attempt {attempts} failed: {error}; re-queued", requeued_at=now)
+                            started_at=started_at, lease_until=lease_until, now=now, gave_up=gave_up(attempts),
+                            requeued=requeued(attempts), **end)
         return self.job(job_id)
 
     def fail_job(self, job_id: str, error: str) -> None:

@@ -278,6 +278,12 @@ def create_app(settings: Settings, store: Store, driver: ProbeDriver | None = No
         # The attempt counts what it took of the site's budget, not its whole lease, and its job queues again.
         return _json(service.fail_claim(site, probe_id, body.owner, body.error))
 
+    @app.post("/v1/sites/{site}/claims/{probe_id}/release", response_model=schemas.ProbeStatus,
+              responses={**_BODY_ERRORS, **_responses(403)})
+    def post_claim_release(site: str, probe_id: str, body: schemas.ClaimReleaseIn) -> Response:
+        # An agent that stops hands its probe back: queued again now, charged what it took, not counted an attempt.
+        return _json(service.release_claim(site, probe_id, body.owner))
+
     @app.get("/healthz", response_model=schemas.Health, responses=_responses(503))
     def healthz() -> Response:
         store.job_counts()  # touches the database; StoreError -> 503

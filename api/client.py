@@ -153,6 +153,11 @@ class TameClient:
         return self._call("POST", f"/v1/sites/{_segment(site)}/claims/{_segment(job_id)}/failure",
                           json={"owner": owner, "error": error[:1000]})
 
+    def release_claim(self, site: str, job_id: str, owner: str) -> dict[str, Any]:
+        """POST /v1/sites/SITE/claims/ID/release: agent ``owner`` stops and hands its claimed probe back."""
+        return self._call("POST", f"/v1/sites/{_segment(site)}/claims/{_segment(job_id)}/release",
+                          json={"owner": owner})
+
     def register_site(self, site: str, dests: Sequence[str], budget: dict[str, Any],
                       congestion_control: str | None = None, owner: str | None = None) -> dict[str, Any]:
         """PUT /v1/sites/SITE: the site's links (dests) and probe budget (advisor.sites.SiteBudget.to_json()), from

@@ -415,6 +415,13 @@ class ClaimFailureIn(BaseModel):
     error: str = Field(min_length=1, max_length=1000, description="what went wrong, as the agent saw it")
 
 
+class ClaimReleaseIn(BaseModel):
+    """A claimed probe its agent hands back unfinished, because it is stopping."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    owner: Owner = Field(description="the agent that claimed it")
+
+
 class ClaimOut(BaseModel):
     site: str
     job: ProbeStatus | None = Field(description="the claimed probe; null when none is due or the budget is spent")

@@ -3,21 +3,23 @@
 from __future__ import annotations
 
 import argparse
-
+import contextlib
 import dataclasses
 import json
 import math
 import os
+import signal
 import sys
 import threading
 import time
 import uuid
+from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 from advisor.cli import UsageError
 from advisor.commands.probe import add_control_option, control_from_args
-from advisor.commands.runtime import default_driver, load_settings, open_store, setup_logging
+from advisor.commands.runtime import default_driver, load_settings, on_stop_signals, open_store, setup_logging
 from advisor.destinations import parse_destination
 from advisor.errors import AdvisorError
 from advisor.limits import MAX_MEASURED_AGO_S
@@ -112,20 +114,41 @@ def run(args) -> int:
     store = open_store(settings)
     service = AdviceService(store, settings)
     worker = ProbeWorker(service, driver)
+    stop = threading.Event()
     try:
-        if args.once:
-            _enqueue_due(service, read_destinations(args.dest_file))
-            store.recover_jobs(settings.max_probe_attempts, local_src=settings.site)
-            while worker.run_once():
-                pass
+        # Stopped, the worker kills its probes and puts their jobs back in the queue, the attempts not counted.
+        with _stopped_by_signals(stop, worker.stop):
+            if args.once:
+                _enqueue_due(service, read_destinations(args.dest_file))
+                store.recover_jobs(settings.max_probe_attempts, local_src=settings.site)
+                while not stop.is_set() and worker.run_once():
+                    pass
+                return 0
+            worker.start()
+            while not stop.is_set():
+                _enqueue_due(service, read_destinations(args.dest_file))
+                stop.wait(args.interval)
             return 0
-        worker.start()
-        while True:
-            _enqueue_due(service, read_destinations(args.dest_file))
-            time.sleep(args.interval)
     finally:
         worker.stop()
         store.close()
+
+
+@contextlib.contextmanager
+def _stopped_by_signals(stop: threading.Event, cancel: Callable[[], None]) -> Iterator[None]:
+    """On SIGTERM or SIGHUP (:data:`advisor.commands.runtime.STOP_SIGNALS`) inside: set ``stop`` and run
+    ``cancel`` (kill the probes), off the main thread, which may hold a lock ``cancel`` takes; says so after."""
+    caught: list[int] = []
+
+    def handler(signum, frame) -> None:
+        caught.append(signum)
+        stop.set()
+        threading.Thread(target=cancel, name="tame-agent-stop", daemon=True).start()
+
+    with on_stop_signals(handler):
+        yield
+    if caught:
+        print(f"tame agent: stopped by {signal.Signals(caught[0]).name}", file=sys.stderr, flush=True)
 
 
 def _enqueue_due(service: AdviceService, dests: list[str]) -> None:
@@ -142,6 +165,9 @@ def _enqueue_due(service: AdviceService, dests: list[str]) -> None:
 
 
 SPOOL_FORM = "tame-agent-spool/1"
+# The most runs an agent holds in memory when its spool cannot be written (each a few kB): past it, the oldest goes.
+MAX_HELD_RUNS = 1000
+_SPOOL_FIX = "free space there, make it writable by this user, or give --spool another directory"
 
 
 def default_spool_dir(env=os.environ) -> Path:
@@ -150,20 +176,41 @@ def default_spool_dir(env=os.environ) -> Path:
     return Path(base) / "tame" / "spool"
 
 
-def _spool(spool: Path, payload: dict[str, Any], key: str) -> Path:
+def check_spool(spool: Path) -> None:
+    """UsageError unless this process can create and remove files in ``spool`` (made if missing): an agent whose
+    spool cannot be written would lose every run the service cannot take, and one that cannot remove a delivered
+    run would send it again at every start."""
+    check = spool / f".write-check-{os.getpid()}"
+    try:
+        spool.mkdir(parents=True, exist_ok=True)
+        os.close(os.open(check, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))
+        check.unlink()
+    except OSError as exc:
+        raise UsageError(f"the spool directory {spool} cannot be written ({exc.strerror or exc}): {_SPOOL_FIX}") \
+            from exc
+
+
+def _spool_record(payload: dict[str, Any], key: str) -> dict[str, Any]:
+    # spooled_at: when the run was first sent, just after its probes ended (by this host's clock); delivered later,
+    # the run says how long ago that was (measured_ago_s), so its advice is as old as its probes.
+    return {"form": SPOOL_FORM, "payload": payload, "spooled_at": time.time(), "idempotency_key": key}
+
+
+def _spool(spool: Path, record: dict[str, Any]) -> Path:
     """Write a run that was not delivered to ``spool`` (atomically: a reader never sees half a file), with the
-    Idempotency-Key it was sent under: a run the service stored without its answer arriving is not stored twice."""
+    Idempotency-Key it was sent under: a run the service stored without its answer arriving is not stored twice.
+    OSError when it cannot (a full or read-only disk): nothing of it is left in ``spool`` then."""
     spool.mkdir(parents=True, exist_ok=True)
     name = f"{time.time_ns()}-{uuid.uuid4().hex[:8]}.json"
     tmp = spool / f".{name}.tmp"
-    # spooled_at: when the run was first sent, just after its probes ended (by this host's clock); delivered later,
-    # the run says how long ago that was (measured_ago_s), so its advice is as old as its probes.
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(json.dumps({"form": SPOOL_FORM, "payload": payload, "spooled_at": time.time(),
-                             "idempotency_key": key}))
-        fh.flush()
-        os.fsync(fh.fileno())  # on disk before its name is: a host that loses power keeps the run, or no file
-    os.replace(tmp, spool / name)
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(json.dumps(record))
+            fh.flush()
+            os.fsync(fh.fileno())  # on disk before its name is: a host that loses power keeps the run, or no file
+        os.replace(tmp, spool / name)
+    finally:
+        tmp.unlink(missing_ok=True)  # gone when replaced; a half-written one would stay for ever
     folder = os.open(spool, os.O_RDONLY)
     try:
         os.fsync(folder)  # and the new name with it
@@ -172,16 +219,66 @@ def _spool(spool: Path, payload: dict[str, Any], key: str) -> Path:
     return spool / name
 
 
-def _set_aside(path: Path) -> Path:
+def _set_aside(path: Path) -> str:
+    """Move a spooled run the service refused (or that cannot be read) to DIR/rejected; what became of it."""
     rejected = path.parent / "rejected"
-    rejected.mkdir(exist_ok=True)
-    os.replace(path, rejected / path.name)
-    return rejected / path.name
+    try:
+        rejected.mkdir(exist_ok=True)
+        os.replace(path, rejected / path.name)
+    except OSError as exc:
+        return f"it cannot be set aside ({exc.strerror or exc}) and stays in {path}: {_SPOOL_FIX}"
+    return f"set aside in {rejected / path.name}"
 
 
-def _push(client, payload: dict[str, Any], spool: Path, path: Path | None = None, key: str | None = None) -> bool:
-    """POST one run under Idempotency-Key ``key`` (None: a new run, a new key); a run not taken goes to (or stays
-    in) ``spool``. False when the service could not take it now."""
+class HeldRuns:
+    """Runs kept in this process's memory because the spool could not be written, oldest first, as the spool keeps
+    them (:func:`_spool_record`). A site agent's probe threads add to it while its main loop sends them."""
+
+    def __init__(self, limit: int = MAX_HELD_RUNS):
+        self._runs: deque[dict[str, Any]] = deque()
+        self._limit = limit
+        self._lock = threading.Lock()
+
+    def add(self, record: dict[str, Any]) -> None:
+        with self._lock:
+            self._runs.append(record)
+            lost = self._runs.popleft() if len(self._runs) > self._limit else None
+        if lost is not None:
+            print(f"tame agent: {lost['payload'].get('dest')}: {self._limit} runs are held in memory already; the "
+                  "oldest is dropped", file=sys.stderr, flush=True)
+
+    def oldest(self) -> dict[str, Any] | None:
+        with self._lock:
+            return self._runs[0] if self._runs else None
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._runs)
+
+    def discard(self, record: dict[str, Any]) -> None:
+        with self._lock:
+            if self._runs and self._runs[0] is record:
+                self._runs.popleft()
+
+
+def _keep(spool: Path, record: dict[str, Any], held: HeldRuns | None) -> str:
+    """Keep a run the service could not take now: in ``spool``, else (it cannot be written) in ``held``, this
+    process's memory, sent again from there until the process ends; where it is kept."""
+    try:
+        return str(_spool(spool, record))
+    except OSError as exc:
+        problem = f"the spool directory {spool} cannot be written ({exc.strerror or exc}): {_SPOOL_FIX}"
+    if held is None:
+        return f"nowhere: {problem}; the run is lost"
+    held.add(record)
+    return f"memory until this agent stops ({problem})"
+
+
+def _push(client, payload: dict[str, Any], spool: Path, path: Path | None = None, key: str | None = None,
+          held: HeldRuns | None = None, from_memory: bool = False) -> bool:
+    """POST one run under Idempotency-Key ``key`` (None: a new run, a new key). A new run not taken goes to
+    ``spool``, or to ``held`` when the spool cannot be written; one from the spool (``path``) or from memory
+    (``from_memory``) stays there. False when the service could not take it now."""
     from api.client import TameError
 
     dest = payload.get("dest")
@@ -190,44 +287,65 @@ def _push(client, payload: dict[str, Any], spool: Path, path: Path | None = None
         answer = client.push_probe_run(payload, idempotency_key=key)
     except TameError as exc:
         if exc.retryable:
-            where = path or _spool(spool, payload, key)
+            where = path or ("memory" if from_memory else _keep(spool, _spool_record(payload, key), held))
             print(f"tame agent: {dest}: not delivered ({exc}); kept in {where}, sent again next round",
                   file=sys.stderr, flush=True)
             return False
-        if path is None:
-            path = _spool(spool, payload, key)
-        print(f"tame agent: {dest}: the service refused the run ({exc}); set aside in {_set_aside(path)}, "
-              f"not sent again", file=sys.stderr, flush=True)
+        if path is None:  # kept aside as spooled runs the service refused are, for whoever looks into why
+            try:
+                path = _spool(spool, _spool_record(payload, key))
+            except OSError as error:
+                fate = f"not kept (the spool directory {spool} cannot be written: {error.strerror or error})"
+        if path is not None:
+            fate = _set_aside(path)
+        print(f"tame agent: {dest}: the service refused the run ({exc}); {fate}, not sent again", file=sys.stderr,
+              flush=True)
         return True
     if path is not None:
-        path.unlink()
+        try:
+            path.unlink()
+        except OSError as exc:
+            # Sent again next round, which stores nothing new: the run carries its Idempotency-Key.
+            print(f"tame agent: {dest}: delivered {path} but cannot remove it ({exc.strerror or exc}): it will be sent "
+                  f"again (stored once); {_SPOOL_FIX}", file=sys.stderr, flush=True)
     print(f"tame agent: {dest}: pushed run {answer['probe_run_id']} (fitted: {answer['fitted']})"
-          f"{' from the spool' if path is not None else ''}", flush=True)
+          f"{' from the spool' if path is not None else ' from memory' if from_memory else ''}", flush=True)
     return True
 
 
-def _deliver_spooled(client, spool: Path) -> None:
-    """Send the spooled runs, oldest first, until the service cannot take one."""
+def _unspooled(record: Any) -> tuple[dict[str, Any], str | None]:
+    """The payload to send for a kept run and its Idempotency-Key (None: a record spooled before keys were kept);
+    ValueError (or KeyError, TypeError, AttributeError) for a record that is not one."""
+    if record.get("form") != SPOOL_FORM:
+        raise ValueError(f"form {record.get('form')!r} is not {SPOOL_FORM!r}")
+    payload = record["payload"]
+    key = record.get("idempotency_key")
+    if key is not None and not isinstance(key, str):
+        raise ValueError(f"idempotency_key {key!r} is not a string")
+    spooled_at = record.get("spooled_at")  # a record spooled before it was kept has none
+    if isinstance(spooled_at, (int, float)) and not isinstance(spooled_at, bool) and math.isfinite(spooled_at):
+        payload = {**payload, "measured_ago_s": min(max(0.0, time.time() - spooled_at), MAX_MEASURED_AGO_S)}
+    return payload, key
+
+
+def _deliver_spooled(client, spool: Path, held: HeldRuns | None = None) -> None:
+    """Send the runs held in memory, then the spooled runs, oldest first, until the service cannot take one."""
+    while held is not None and (record := held.oldest()) is not None:
+        payload, key = _unspooled(record)
+        if not _push(client, payload, spool, key=key, from_memory=True):
+            return
+        held.discard(record)
     if not spool.is_dir():
         return
     for path in sorted(spool.glob("*.json")):
         try:
-            record = json.loads(path.read_text(encoding="utf-8"))
-            if record.get("form") != SPOOL_FORM:
-                raise ValueError(f"form {record.get('form')!r} is not {SPOOL_FORM!r}")
-            payload = record["payload"]
-            # A record spooled before keys were kept has none: its file's name, which stays as long as it does.
-            key = record.get("idempotency_key", f"spool-{path.stem}")
-            if not isinstance(key, str):
-                raise ValueError(f"idempotency_key {key!r} is not a string")
-            spooled_at = record.get("spooled_at")  # a record spooled before it was kept has none
-            if isinstance(spooled_at, (int, float)) and not isinstance(spooled_at, bool) and math.isfinite(spooled_at):
-                payload = {**payload, "measured_ago_s": min(max(0.0, time.time() - spooled_at), MAX_MEASURED_AGO_S)}
+            payload, key = _unspooled(json.loads(path.read_text(encoding="utf-8")))
         except (OSError, ValueError, KeyError, AttributeError, TypeError) as exc:
-            print(f"tame agent: spooled run {path} is unreadable ({exc}); set aside in {_set_aside(path)}",
+            print(f"tame agent: spooled run {path} is unreadable ({exc}); {_set_aside(path)}",
                   file=sys.stderr, flush=True)
             continue
-        if not _push(client, payload, spool, path, key):
+        # A record spooled before keys were kept has none: its file's name, which stays as long as it does.
+        if not _push(client, payload, spool, path, key or f"spool-{path.stem}"):
             return
 
 
@@ -235,47 +353,64 @@ def _run_site(args, settings, driver) -> int:
     from api.client import TameClient, TameError
 
     spool = args.spool or default_spool_dir()
+    check_spool(spool)
+    held = HeldRuns()
     budget = SiteBudget(args.max_probes, args.max_streams, float(args.probe_seconds_per_hour))
     with TameClient(args.push, token=settings.token, timeout_s=30) as client:
         owner = process_owner()
 
-        def report_failure(job_id: str, error: str) -> None:
+        def tell(job_id: str, what: str, call: Callable[[], Any]) -> None:
             try:
-                client.fail_claim(args.site, job_id, owner, error)
+                call()
             except TameError as exc:
-                print(f"tame agent: site {args.site}: could not report the failed probe {job_id} ({exc}); its lease "
-                      "will return it to the queue", file=sys.stderr, flush=True)
+                print(f"tame agent: site {args.site}: could not {what} {job_id} ({exc}); its lease will return it to "
+                      "the queue", file=sys.stderr, flush=True)
 
         agent = SiteAgent(client, args.site, owner, budget, settings, driver,
-                          push=lambda payload: _push(client, payload, spool), clock=time.time,
-                          report_failure=report_failure)
-        while not agent.stop.is_set():
-            _deliver_spooled(client, spool)
-            try:
-                agent.round(read_destinations(args.dest_file))
-            except TameError as exc:
-                # Refused (a bad token, another budget the site's agents run with: 409): asking again cannot help.
-                refused = not exc.retryable
-                print(f"tame agent: site {args.site}: {exc}" + ("; stopping" if refused else ""), file=sys.stderr,
-                      flush=True)
-                if refused:
-                    return 2
-            if args.once:
-                break
-            agent.stop.wait(args.interval)
-    return 0
+                          push=lambda payload: _push(client, payload, spool, held=held), clock=time.time,
+                          report_failure=lambda job_id, error: tell(job_id, "report the failed probe", lambda: (
+                              client.fail_claim(args.site, job_id, owner, error))),
+                          hand_back=lambda job_id: tell(job_id, "hand back the probe", lambda: (
+                              client.release_claim(args.site, job_id, owner))))
+        with _stopped_by_signals(agent.stop, getattr(driver, "cancel", lambda: None)):
+            while not agent.stop.is_set():
+                _deliver_spooled(client, spool, held)
+                try:
+                    agent.round(read_destinations(args.dest_file))
+                except TameError as exc:
+                    # Refused (a bad token, another budget the site's agents run with: 409): asking again cannot help.
+                    refused = not exc.retryable
+                    print(f"tame agent: site {args.site}: {exc}" + ("; stopping" if refused else ""), file=sys.stderr,
+                          flush=True)
+                    if refused:
+                        return _lost(held, 2)
+                if args.once:
+                    break
+                agent.stop.wait(args.interval)
+    return _lost(held, 0)
+
+
+def _lost(held: HeldRuns, status: int) -> int:
+    """``status``, once any runs still held in memory are reported lost."""
+    if len(held):
+        print(f"tame agent: {len(held)} run(s) the service did not take and the spool could not keep are lost",
+              file=sys.stderr, flush=True)
+    return status
 
 
 def _run_push(args, settings, driver) -> int:
     from api.client import TameClient, TameError
 
     spool = args.spool or default_spool_dir()
+    check_spool(spool)
+    held = HeldRuns()
     stop = threading.Event()
     server_site = None  # the site the runs are pushed as (they name none): the server's own, learnt from it
-    with TameClient(args.push, token=settings.token, timeout_s=30) as client:
+    with TameClient(args.push, token=settings.token, timeout_s=30) as client, \
+            _stopped_by_signals(stop, getattr(driver, "cancel", lambda: None)):
         while not stop.is_set():
             # What could not be delivered before goes first: it is older, and it may make a probe unnecessary.
-            _deliver_spooled(client, spool)
+            _deliver_spooled(client, spool, held)
             try:
                 server_site = server_site or client.links()["site"]
                 # The server's default control is not known here: fits that recorded none do not count as fresh.
@@ -284,6 +419,8 @@ def _run_push(args, settings, driver) -> int:
                 print(f"tame agent: {exc}", file=sys.stderr, flush=True)
                 fresh = set()
             for dest in read_destinations(args.dest_file):
+                if stop.is_set():
+                    break
                 if dest in fresh:
                     continue
                 try:
@@ -295,10 +432,11 @@ def _run_push(args, settings, driver) -> int:
                                     next_level=level_chooser(settings.model, settings.n_max))
                     control = plan_control(plan.probes, settings.congestion_control)
                 except (AdvisorError, ProbeError, ValueError) as exc:
-                    print(f"tame agent: {dest}: {exc}", file=sys.stderr, flush=True)
+                    if not stop.is_set():  # else stopping killed it
+                        print(f"tame agent: {dest}: {exc}", file=sys.stderr, flush=True)
                     continue
-                _push(client, run_payload(dest, plan, started, control), spool)
+                _push(client, run_payload(dest, plan, started, control), spool, held=held)
             if args.once:
                 break
             stop.wait(args.interval)
-    return 0
+    return _lost(held, 0)

@@ -1,9 +1,12 @@
-"""Start-up wiring shared by `tame serve` and `tame agent`: settings, store and the default probe driver."""
+"""Start-up wiring shared by the long-running commands: settings, store, the default probe driver, stop signals."""
 
 from __future__ import annotations
 
 import logging
+import signal
 import sys
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 from advisor.cli import UsageError
 from advisor.errors import ConfigError, StoreError
@@ -40,3 +43,21 @@ def default_driver():
 
 def setup_logging() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+
+# A plain kill (SIGTERM: systemctl stop, docker stop) and a hang-up (SIGHUP: the terminal or SSH session went).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+@contextmanager
+def on_stop_signals(handler: Callable[[int, object], None],
+                    signums: tuple[signal.Signals, ...] = STOP_SIGNALS) -> Iterator[None]:
+    """``handler(signum, frame)`` runs on ``signums`` while inside, then the previous handlers are back; a signal the
+    caller set to be ignored (nohup) stays ignored."""
+    previous = {signum: signal.signal(signum, handler) for signum in signums
+                if signal.getsignal(signum) is not signal.SIG_IGN}
+    try:
+        yield
+    finally:
+        for signum, old in previous.items():
+            signal.signal(signum, old)

@@ -22,6 +22,7 @@ from typing import Any
 
 from advisor.cli import UsageError
 from advisor.commands.common import format_bps, print_json, service_url, whole_number
+from advisor.commands.runtime import on_stop_signals
 from advisor.commands.transfer import (DEADLINE_SLACK_S, DEFAULT_BYTES_TIMEOUT_S, Reporter, observation_of,
                                        standard_opening)
 from advisor.errors import AdvisorError, ConfigError, InvalidRequest
@@ -110,7 +111,13 @@ def run(args) -> int:
             if args.plan:
                 _output(args, [p.to_json() for p in planned])
                 return 0
-            reports = _run_all(planned, queue, reporter, args.concurrency)
+            finished: list[dict[str, Any]] = []
+            try:
+                reports = _run_all(planned, queue, reporter, args.concurrency, finished)
+            except KeyboardInterrupt:
+                # Stopped (Ctrl-C, SIGTERM): what finished, stored or not, and the transfers it cut short are said.
+                _output(args, sorted(finished, key=lambda row: row["index"]))
+                raise
     finally:
         if sql is not None:
             sql.close()
@@ -165,10 +172,17 @@ def _plan(t: Transfer, reporter: Reporter, sql: SqlAdvice | None, default_contro
     return Planned(t, src, streams, control, source)
 
 
-def _run_all(planned: list[Planned], queue, reporter: Reporter, concurrency: int) -> list[dict[str, Any]]:
+def _run_all(planned: list[Planned], queue, reporter: Reporter, concurrency: int,
+             finished: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each transfer's report, in the queue's order; each is added to ``finished`` as it ends."""
     cancel = threading.Event()
 
     def one(p: Planned) -> dict[str, Any]:
+        report = _one(p)
+        finished.append(report)
+        return report
+
+    def _one(p: Planned) -> dict[str, Any]:
         t = p.transfer
         report = {**p.to_json(), "opened_streams": None, "throughput_bps": None, "transfer_duration_s": None,
                   "started_at": time.time(), "finished_at": None, "observation_id": None, "error": None}
@@ -195,11 +209,8 @@ def _run_all(planned: list[Planned], queue, reporter: Reporter, concurrency: int
         return report
 
     # A plain kill (SIGTERM) unwinds like Ctrl-C: the running transfers are cancelled and their clients reaped.
-    previous = signal.signal(signal.SIGTERM, _terminate)
-    try:
+    with on_stop_signals(_terminate, (signal.SIGTERM,)):
         return run_concurrently(planned, one, concurrency, key=lambda p: p.transfer.dest.key, cancel=cancel)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _terminate(signum, frame):

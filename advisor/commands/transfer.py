@@ -17,7 +17,6 @@ import contextlib
 import dataclasses
 import math
 import os
-import signal
 import sys
 import time
 import uuid
@@ -28,6 +27,7 @@ from advisor.advice import Advice
 from advisor.cli import UsageError
 from advisor.commands.cc import setting_for
 from advisor.commands.common import add_src_option, format_bps, port_number, print_json, service_url, whole_number
+from advisor.commands.runtime import on_stop_signals
 from advisor.destinations import Destination, parse_destination
 from advisor.errors import AdvisorError, InvalidRequest
 from advisor.limits import MAX_PROBE_STREAMS
@@ -252,17 +252,12 @@ def _transfer(address, opened: Opened, duration_s: float | None, deadline_s: flo
     """Run the clients; the tame FM is set for ``address`` for the transfer and put back after, whatever happens."""
     # A plain kill (SIGTERM) or a hang-up (SIGHUP: the terminal or SSH session went) unwinds like Ctrl-C, so the FM
     # entry is put back and the clients are reaped; a signal the caller set to be ignored (nohup) stays ignored.
-    previous = {signum: signal.signal(signum, _terminate) for signum in (signal.SIGTERM, signal.SIGHUP)
-                if signal.getsignal(signum) is not signal.SIG_IGN}
-    try:
+    with on_stop_signals(_terminate):
         if opened.fractional_multiplier is None:
             return run_transfer(str(address), opened.clients, duration_s, deadline_s)
         setting = cc.CcSetting(opened.fractional_multiplier, scale_slow_start=cc.SCALE_SLOW_START_BY_DEFAULT)
         with cc.temporary_setting(address, setting):
             return run_transfer(str(address), opened.clients, duration_s, deadline_s)
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
 
 
 def _terminate(signum, frame):

@@ -7,7 +7,8 @@ import pytest
 import advisor.db
 from advisor.destinations import parse_destination
 from advisor.errors import BudgetConflict, InvalidRequest
-from advisor.sites import BUDGET_HOLD_S, SiteBudget, claim_job, holds, register_site, site_budget, site_use
+from advisor.sites import (BUDGET_HOLD_S, SiteBudget, SiteUse, claim_job, holds, register_site, site_budget,
+                           site_use)
 from advisor.store import Store
 from tests.api.conftest import Clock
 from tests.together import run_together
@@ -610,6 +611,26 @@ def test_a_failure_reported_after_the_lease_lapsed_counts_the_attempt_once(store
     assert store.recover_jobs(3, owner_is_dead=lambda owner: False) == 1
     assert store.fail_attempt(claim.job.id, "agent-a", "a", "refused", 3) is None  # no longer its claim
     assert site_use(store, "a").seconds == pytest.approx(115)
+
+
+def test_a_job_handed_back_is_queued_at_once_in_its_place_charged_what_it_took_and_not_counted(store):
+    """An agent that stops hands its claim back: the job is queued now (not when its 115 s lease ends), ahead of the
+    jobs queued after it, with its attempts as before the claim, and the site's hour holds the 12 s it probed. Only
+    the holder can: another agent's hand-back, or one after the lease lapsed, changes nothing."""
+    register_site(store, "a", SiteBudget(max_probes=1, max_streams=64, probe_seconds_per_hour=3600), DESTS[:2])
+    queue(store, "a", DESTS[:2])
+    claim = _claim(store, "a")
+    store.clock.advance(12)
+    assert store.release_attempt(claim.job.id, "agent-b", "a", "stopped") is None  # not its claim
+    released = store.release_attempt(claim.job.id, "agent-a", "a", "handed back; re-queued")
+    assert (released.status, released.attempts, released.error) == ("queued", 0, "handed back; re-queued")
+    assert site_use(store, "a") == SiteUse(0, 0, 12.0)
+    again = _claim(store, "a")  # first in the queue still, and the next attempt is its first
+    assert again.job.id == claim.job.id and again.job.attempts == 1
+    store.clock.advance(116)
+    assert store.recover_jobs(3, owner_is_dead=lambda owner: False) == 1
+    assert store.release_attempt(claim.job.id, "agent-a", "a", "late") is None  # its lease lapsed: counted already
+    assert site_use(store, "a").seconds == pytest.approx(12 + 115)
 
 
 def test_a_site_whose_budget_is_spent_does_not_hold_another_s_turn(store):

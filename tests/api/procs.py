@@ -26,14 +26,15 @@ def start_iperf3(tmp_path, port):
     return proc
 
 
-def start_serve(tmp_path, db_path, env=None, args=()):
-    """`tame serve` on a free port over ``db_path``: (Popen, base URL); its output goes to files in tmp_path."""
-    port = free_port()
+def start_serve(tmp_path, db_path, env=None, args=(), port=None):
+    """`tame serve` on ``port`` (else a free one) over ``db_path``: (Popen, base URL); its output goes to files in
+    tmp_path."""
+    port = port or free_port()
     # Tokens only as the test gives them, never from the environment the tests run in.
     inherited = {k: v for k, v in os.environ.items() if not k.startswith(TOKEN_VARIABLES)}
     env = {**inherited, "TAME_DATABASE_URL": f"sqlite:///{db_path}", **(env or {})}
-    out = (tmp_path / f"serve-{port}.out").open("wb")
-    err = (tmp_path / f"serve-{port}.err").open("wb")
+    out = (tmp_path / f"serve-{port}.out").open("ab")
+    err = (tmp_path / f"serve-{port}.err").open("ab")
     proc = subprocess.Popen([TAME, "serve", "--port", str(port), *args], env=env, stdout=out, stderr=err,
                             stdin=subprocess.DEVNULL)
     out.close()

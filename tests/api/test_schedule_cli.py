@@ -3,16 +3,18 @@ transfer started, nothing stored. Against a live server (the fake path of tests/
 
 import json
 import os
+import signal
 import sqlite3
 import subprocess
 import sys
+import time
 
 import httpx
 import pytest
 
 from advisor.db import redact_url
 from tests.advisor.test_db import UNREACHABLE
-from tests.api.conftest import free_port, probe_and_wait
+from tests.api.conftest import free_port, probe_and_wait, wait_for
 from tests.api.procs import start_iperf3, stop
 from tests.sites import SITE
 
@@ -29,14 +31,17 @@ def served(service_factory, tmp_path):
     # The scheduler speaks for the service's own site (TAME_SITE), the source of links that name none.
     env.update(TAME_TOKEN="w", TAME_DATABASE_URL=f"sqlite:///{tmp_path}/other.sqlite3", TAME_SITE=SITE)
 
-    def run(queue, *args, raw=False, extra_env=None):
+    def run(queue, *args, raw=False, extra_env=None, started=False):
+        """The finished `tame schedule`, or with ``started`` the running one (stdout and stderr piped)."""
         path = tmp_path / "queue"
         if raw:
             path.write_bytes(queue)
         else:
             path.write_text(queue if isinstance(queue, str) else json.dumps(queue))
-        return subprocess.run([sys.executable, "-m", "advisor", "schedule", str(path), *args],
-                              env={**env, **(extra_env or {})}, capture_output=True, text=True, timeout=120)
+        argv, run_env = [sys.executable, "-m", "advisor", "schedule", str(path), *args], {**env, **(extra_env or {})}
+        if started:
+            return subprocess.Popen(argv, env=run_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        return subprocess.run(argv, env=run_env, capture_output=True, text=True, timeout=120)
 
     yield base, db_url, run
 
@@ -204,4 +209,42 @@ def test_a_transfer_that_fails_is_reported_and_the_others_still_run_and_are_stor
     assert ran["error"] is None and ran["opened_streams"] == ran["advised_streams"] and ran["observation_id"]
     assert failed["observation_id"] is None and failed["throughput_bps"] is None
     assert failed["error"].startswith("the transfer failed") and "transfer 2" in done.stderr
+    assert _observations(db_url) == 1
+
+
+@pytest.mark.iperf
+def test_a_schedule_stopped_by_sigterm_says_what_finished_before_it_exits(served, tmp_path):
+    """SIGTERM (systemctl stop, a batch system's kill) while the second of two transfers runs: the first, finished
+    and stored, is printed with its observation, the second is cut short (its error says so), nothing else runs,
+    and the exit status is 130."""
+    base, db_url, run = served
+    client = httpx.Client(base_url=base, headers={"Authorization": "Bearer w"}, timeout=30)
+    first, second = free_port(), free_port()
+    servers = []
+    try:
+        for port in (first, second):
+            probe_and_wait(client, dest=f"127.0.0.1:{port}", headers={"Authorization": "Bearer w"})
+            (tmp_path / str(port)).mkdir()  # each its own log
+            servers.append(start_iperf3(tmp_path / str(port), port))
+        schedule = run(f"dest=127.0.0.1:{first} max_impact=0.2 duration_s=1\n"
+                       f"dest=127.0.0.1:{second} max_impact=0.2 duration_s=60\n", "--server", base, "--json",
+                       "--concurrency", "1", started=True)
+        try:
+            wait_for(lambda: _observations(db_url) == 1, timeout_s=60, what="the first transfer stored")
+            time.sleep(1)  # the second is running
+            schedule.send_signal(signal.SIGTERM)
+            out, err = schedule.communicate(timeout=60)
+        finally:
+            if schedule.poll() is None:
+                schedule.kill()
+                schedule.wait(30)
+    finally:
+        for server in servers:
+            stop(server)
+        client.close()
+    assert schedule.returncode == 130, err
+    assert "tame schedule: interrupted" in err and "Traceback" not in err
+    done, cut = json.loads(out)["transfers"]
+    assert done["error"] is None and done["observation_id"] is not None and done["dest"] == f"127.0.0.1:{first}"
+    assert cut["dest"] == f"127.0.0.1:{second}" and "cancelled" in cut["error"] and cut["observation_id"] is None
     assert _observations(db_url) == 1

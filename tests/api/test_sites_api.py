@@ -421,6 +421,7 @@ def test_a_site_token_registers_claims_and_pushes_for_its_own_site(service_facto
     ("PUT", "/v1/sites/bad%20site", {"dests": [DEST]}, "not that name"),
     ("POST", "/v1/sites/site-b/claims", {"owner": "agent-a"}, "use /v1/sites/site-a"),
     ("POST", "/v1/sites/site-b/claims/0123abcd/failure", {"owner": "agent-a", "error": "x"}, "use /v1/sites/site-a"),
+    ("POST", "/v1/sites/site-b/claims/0123abcd/release", {"owner": "agent-a"}, "use /v1/sites/site-a"),
     ("POST", "/v1/probe-runs", {"src": "site-b", "dest": DEST, "probes": PROBES},
      'it writes only links from site-a, not from site-b; give "src": "site-a"'),
     ("POST", "/v1/probe-runs", {"dest": DEST, "probes": PROBES}, 'the request names no src; give "src": "site-a"'),
@@ -623,6 +624,25 @@ def test_a_claimed_probe_its_agent_could_not_run_goes_behind_the_site_s_others_a
     assert "connection refused" in final["error"]
     use = client.post("/v1/sites/dtn2/claims", json={"owner": "agent-1"}).json()["use"]
     assert use["probe_seconds"] == pytest.approx(2 * attempts)  # what the dead attempts took; the live probe none
+
+
+def test_a_claimed_probe_handed_back_is_queued_at_once_and_counts_only_what_it_took(service_factory, clock):
+    """POST /v1/sites/NAME/claims/ID/release (an agent stopping): the job is queued again now, its attempt not
+    counted, the site's hour holds the 5 s it ran; only its holder may hand it back, and only once."""
+    base, client, app = service_factory(start_worker=False)
+    assert client.put("/v1/sites/dtn2", json={"dests": [DEST], "owner": "agent-1"}).status_code == 200
+    job = client.post("/v1/sites/dtn2/claims", json={"owner": "agent-1"}).json()["job"]
+    clock.advance(5)
+    for who, status in (("agent-2", 404), ("agent-1", 200), ("agent-1", 404)):
+        told = client.post(f"/v1/sites/dtn2/claims/{job['id']}/release", json={"owner": who})
+        assert told.status_code == status, told.text
+    assert "holds no running probe" in told.json()["detail"]
+    back = client.get(f"/v1/probes/{job['id']}").json()
+    assert (back["status"], back["attempts"]) == ("queued", 0) and "handed back by agent-1" in back["error"]
+    again = client.post("/v1/sites/dtn2/claims", json={"owner": "agent-3"}).json()
+    assert again["job"]["id"] == job["id"] and again["use"]["probe_seconds"] > 5  # 5 s spent + the new claim's
+    assert client.post(f"/v1/sites/dtn2/claims/{job['id']}/release", json={"owner": "agent-3", "x": 1}
+                       ).status_code == 422
 
 
 @pytest.mark.parametrize("body", [{"owner": "agent-1"}, {"owner": "agent-1", "error": ""},
