@@ -16,11 +16,13 @@ import functools
 import logging
 import sys
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from advisor.destinations import parse_destination
 from advisor.errors import AdvisorError
+from advisor.limits import MAX_SITE_PROBES
 from advisor.plan_runner import level_chooser, plan_for
 from advisor.settings import Settings
 from advisor.sites import SiteBudget
@@ -79,6 +81,9 @@ class SiteAgent:
     hand_back: Callable[[str], None] = lambda job_id: None
     log: Callable[[str], None] = lambda line: print(line, flush=True)
     stop: threading.Event = dataclasses.field(default_factory=threading.Event)
+    # Every job this agent claimed, by id, to when its lease ends (time.monotonic()): named in each claim while it
+    # lasts (see _holding), whether its probe runs or its run waits to be delivered.
+    claimed: dict[str, float] = dataclasses.field(default_factory=dict)
 
     def register(self, dests: list[str]) -> dict[str, Any]:
         """PUT /v1/sites/NAME: the site's links and budget; the service queues the probes that are due."""
@@ -103,9 +108,10 @@ class SiteAgent:
                 if len(running) >= self.budget.max_probes:
                     self.stop.wait(0.05)
                     continue
-                # The probes running are named: one the service gave this agent in an answer that never came back is
+                # The jobs this agent holds are named: one the service gave it in an answer that never came back is
                 # given again, not left to hold the site's budget until its lease runs out.
-                claim = self.client.claim(self.site, self.owner, self.budget.max_streams, holding=running.values())
+                claim = self.client.claim(self.site, self.owner, self.budget.max_streams,
+                                          holding=self._holding(running.values()))
                 if claim["job"] is None:
                     if not running:
                         if claim["waiting"] != "no queued probe":
@@ -113,11 +119,23 @@ class SiteAgent:
                         break
                     self.stop.wait(1.0)  # a running probe may free the budget, or its link had the last job
                     continue
+                self.claimed[claim["job"]["id"]] = time.monotonic() + float(claim.get("lease_s") or 0.0)
                 probe = pool.submit(self._probe, claim)
                 probe.add_done_callback(functools.partial(self._finished, claim))  # read, however the round ends
                 running[probe] = claim["job"]["id"]
                 ran += 1
         return ran
+
+    def _holding(self, running: Iterable[str]) -> list[str]:
+        """The jobs to name in a claim: those probing now, then those claimed since whose lease has not ended (their
+        run not delivered yet, say: spooled while the service was down, or refused), newest first; at most
+        MAX_SITE_PROBES. A job left out (more claims than that in one lease) may be given back and probed once
+        more."""
+        now = time.monotonic()
+        for job_id in [job_id for job_id, ends in self.claimed.items() if ends <= now]:
+            del self.claimed[job_id]
+        named = list(dict.fromkeys([*running, *reversed(self.claimed)]))
+        return named[:MAX_SITE_PROBES]
 
     def _finished(self, claim: dict[str, Any], future: Future) -> None:
         """A probe's thread ended: one that raised (a bug) is logged, and its claim is reported as failed, so its job
