@@ -125,6 +125,25 @@ def check_probe_duration_s(value: Any) -> float:
     return float(value)
 
 
+TOKEN_RULE = "printable ASCII without white space"
+
+
+def is_token(value: Any) -> bool:
+    """Whether ``value`` can be a bearer token: non-empty printable ASCII without white space. A header carries
+    printable ASCII (other bytes reach the boundary as Latin-1, and a client cannot send them at all), so a token
+    breaking this rule never matches."""
+    return isinstance(value, str) and bool(value) and value.isascii() and value.isprintable() \
+        and not any(c.isspace() for c in value)
+
+
+def check_token(value: Any, name: str) -> str:
+    """A bearer token from ``name`` (TAME_TOKEN, ...): InvalidRequest names the variable, never the value (a secret)."""
+    if not is_token(value):
+        raise InvalidRequest(f"{name} is not a usable token: a token is {TOKEN_RULE} (a newline or a non-ASCII "
+                             f"character cannot go in an Authorization header); set {name} to the token as it was "
+                             "given, e.g. one made with `openssl rand -hex 32`")
+    return value
+
 
 def check_congestion_control(value: Any, name: str = "congestion_control") -> str:
     """A standard streams' TCP congestion control, named as the kernel does: a lowercase letter, then lowercase

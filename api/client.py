@@ -7,6 +7,9 @@ from typing import Any, Sequence
 
 import httpx
 
+from advisor.errors import InvalidRequest
+from advisor.limits import check_token
+
 # "scheme://" at the start: the user part of a URL follows it (or starts the text when it is missing).
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 
@@ -53,6 +56,10 @@ def check_url(url: str, source: str = "base_url") -> None:
                             "(or https://HOST:PORT)")
 
 
+class InvalidToken(ValueError):
+    """A token cannot go in an Authorization header (advisor.limits.check_token); the message never shows it."""
+
+
 class TameError(Exception):
     """The service answered with an error; ``status`` is the HTTP status, the message its detail."""
 
@@ -70,8 +77,15 @@ class TameError(Exception):
 
 class TameClient:
     def __init__(self, base_url: str, token: str | None = None, timeout_s: float = 10.0):
-        """A client of the service at ``base_url`` (InvalidServiceURL when it is not http(s)://HOST[:PORT])."""
+        """A client of the service at ``base_url`` (InvalidServiceURL when it is not http(s)://HOST[:PORT]; InvalidToken
+        when ``token`` is not printable ASCII without white space: httpx would put it in its error, or fail with a
+        traceback)."""
         check_url(base_url)
+        if token:
+            try:
+                check_token(token, "the token")
+            except InvalidRequest as exc:
+                raise InvalidToken(str(exc)) from None
         self.shown_url = shown_url(base_url)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout_s)

@@ -10,7 +10,7 @@ import time
 from advisor.advice import Advice
 from advisor.alternatives import alternatives
 from advisor.cli import UsageError
-from advisor.commands.common import add_margin_option, add_src_option, fraction, fractional_margin_from_args, margin_from_args, positive_int, print_advice, print_json, service_url
+from advisor.commands.common import add_margin_option, add_src_option, fraction, fractional_margin_from_args, margin_from_args, positive_int, print_advice, print_json, service_token, service_url
 from advisor.commands.probe import EXIT_PROBE_FAILED, add_plan_options, control_from_args, measure, parse_levels
 from advisor.errors import InvalidRequest
 from advisor.limits import check_probe_duration_s, check_probe_levels
@@ -53,12 +53,14 @@ def run(args) -> int:
     except (ValueError, InvalidRequest) as exc:
         raise UsageError(f"--duration {args.duration!r}: give seconds from 1 to 300 ({exc})") from None
     server = service_url(os.environ.get("TAME_URL"))
+    # The write token reads too; a scheduler holding only the read token can still read advice.
+    token = service_token() if server else None
     if args.src is not None and not server:
         raise UsageError("--src names a link of the server at TAME_URL; without TAME_URL, tame advise probes from "
                          "this host: set TAME_URL, or leave --src out")
     # The server probes under a control its own kernel offers and says so; a local probe needs it here.
     control_from_args(args, local=not server)
-    payload = _from_server(server, args) if server else _locally(args)
+    payload = _from_server(server, token, args) if server else _locally(args)
     if payload is None:
         return EXIT_PROBE_FAILED
     if args.json:
@@ -99,11 +101,9 @@ def _plan_asked(args) -> dict:
     return asked
 
 
-def _from_server(url: str, args) -> dict | None:
+def _from_server(url: str, token: str | None, args) -> dict | None:
     from api.client import TameClient, TameError  # the CLI is where the layers are wired together
 
-    # The write token reads too; a scheduler holding only the read token can still read advice.
-    token = os.environ.get("TAME_TOKEN") or os.environ.get("TAME_READ_TOKEN")
     with TameClient(url, token=token, timeout_s=30) as client:
         try:
             return client.advice(args.dest, args.max_impact, args.congestion_control, args.src)

@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
 import sys
 from typing import Any
 
 from advisor.advice import Advice
 from advisor.cli import UsageError
-from advisor.errors import InvalidRequest
+from advisor.errors import ConfigError, InvalidRequest
 from advisor.opening import opening_text
 from advisor.limits import MAX_STREAMS, check_site, check_streams, check_throughput_bps
 from advisor.tame import DEFAULT_FRACTIONAL_MARGIN, DEFAULT_MARGIN, DEFAULT_MODEL, DEFAULT_N_MAX, NO_MARGIN, ImpactMargin
@@ -97,6 +98,20 @@ def service_url(url: str | None, source: str = "TAME_URL") -> str | None:
     except InvalidServiceURL as exc:
         raise UsageError(str(exc)) from None
     return url
+
+
+def service_token(read_first: bool = False) -> str | None:
+    """The token to send the advice service: TAME_TOKEN, else TAME_READ_TOKEN (the other way round with
+    ``read_first``), None when neither is set. Both are checked, before any work starts (advisor.settings.service_token):
+    UsageError names the variable, never the token."""
+    from advisor.settings import service_token as checked  # deferred: settings reads the probe and site layers
+
+    names = ("TAME_READ_TOKEN", "TAME_TOKEN") if read_first else ("TAME_TOKEN", "TAME_READ_TOKEN")
+    try:
+        tokens = [checked(os.environ, name) for name in names]
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    return next((token for token in tokens if token), None)
 
 
 def add_probe_options(parser: argparse.ArgumentParser, required: bool = True) -> None:

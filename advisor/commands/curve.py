@@ -9,7 +9,7 @@ from advisor.advice import Advice, curve_to_json
 from advisor.cli import UsageError
 from advisor.commands.common import (
     add_probe_options, add_src_option, format_bps, fraction, fractional_margin_from_args, margin_from_args, opened_text, print_json,
-    probes_from_args, service_url,
+    probes_from_args, service_token, service_url,
 )
 from advisor.tame import DEFAULT_MODEL, DEFAULT_N_MAX, advise, stored_curve, within_budget
 from models.errors import FitError
@@ -115,7 +115,7 @@ def _known_curve(dest: str, budget: float | None, src: str | None) -> tuple[dict
     if server:
         from api.client import TameClient, TameError  # the CLI is where the layers are wired together
 
-        with TameClient(server, token=os.environ.get("TAME_READ_TOKEN") or os.environ.get("TAME_TOKEN")) as client:
+        with TameClient(server, token=service_token(read_first=True)) as client:
             try:
                 payload = client.curve(dest, src=src)
                 return payload, None if budget is None else _advice_from_payload(client.advice(dest, budget, src=src))

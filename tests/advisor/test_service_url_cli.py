@@ -100,3 +100,30 @@ def test_an_agent_keeps_going_when_its_server_is_unreachable(tame, tmp_path):
     assert status == 0 and "cannot reach the advice service" in err, (status, out, err)
     for piece in SECRET_PIECES:
         assert piece not in out + err
+
+
+# Tokens a header cannot carry (advisor.limits.check_token): each holds the secret s3cr3tPW, never to be printed.
+BAD_TOKENS = ["s3cr3tPW\n", "s3cr3tPW\u00e9", "s3cr 3tPW", "s3cr3tPW\x7f"]
+
+
+@pytest.mark.parametrize("token", BAD_TOKENS)
+@pytest.mark.parametrize("variable", ["TAME_TOKEN", "TAME_READ_TOKEN"])
+@pytest.mark.parametrize("command, extra", [("advise", ()), ("curve", ()), ("transfer", ()), ("schedule", ()),
+                                            ("agent", ("--push", UNREACHABLE)), ("agent", ("--server", UNREACHABLE))])
+def test_a_token_a_header_cannot_carry_is_refused_naming_its_variable(tame, monkeypatch, command, extra, variable,
+                                                                      token):
+    # Was: "HTTP 0: cannot reach the advice service: Illegal header value b'Bearer s3cr3tPW\n'" (exit 2, and exit 0
+    # from `tame agent --once`, every round), or a UnicodeEncodeError traceback.
+    monkeypatch.setenv("TAME_URL", UNREACHABLE)
+    monkeypatch.setenv("TAME_TOKEN", "w")
+    monkeypatch.setenv(variable, token)
+    _refused(tame(command, *extra), command, f"{variable} is not a usable token", "printable ASCII without white space")
+
+
+def test_the_client_refuses_a_token_a_header_cannot_carry_without_showing_it():
+    from api.client import InvalidToken, TameClient
+
+    for token in BAD_TOKENS:
+        with pytest.raises(InvalidToken) as raised:
+            TameClient(UNREACHABLE, token=token)
+        assert "s3cr" not in str(raised.value) and "printable ASCII" in str(raised.value)

@@ -390,3 +390,21 @@ def test_serve_exits_2_on_a_congestion_control_it_cannot_probe_under(tmp_path, c
                           timeout=60)
     assert done.returncode == 2 and says in done.stderr and "Traceback" not in done.stderr, done.stderr
     assert not (tmp_path / "t.sqlite3").exists()  # refused before the store was opened
+
+
+@pytest.mark.parametrize("variable", ["TAME_TOKEN", "TAME_READ_TOKEN"])
+@pytest.mark.parametrize("token", ["s3cr3tPW\n", "s3cr3tPW\u00e9", "s3cr 3tPW", "\ts3cr3tPW"])
+def test_a_token_a_header_cannot_carry_is_refused_naming_only_its_variable(variable, token):
+    # Was accepted: every write then got 401, for ever (no client can send such a header).
+    with pytest.raises(ConfigError) as raised:
+        Settings.from_env({"TAME_TOKEN": "w", variable: token})
+    assert str(raised.value).startswith(f"{variable} is not a usable token: a token is printable ASCII without white "
+                                        "space"), raised.value
+    assert "s3cr" not in str(raised.value)
+
+
+def test_serve_exits_2_on_a_token_a_header_cannot_carry(tmp_path):
+    done = run_serve(tmp_path, "--port", str(free_port()), env={"TAME_TOKEN": "s3cr3tPW\n"})
+    assert done.returncode == 2 and "TAME_TOKEN is not a usable token" in done.stderr, done
+    assert "s3cr" not in done.stdout + done.stderr and "listening" not in done.stdout
+    assert not (tmp_path / "t.sqlite3").exists()
