@@ -408,3 +408,31 @@ def test_serve_exits_2_on_a_token_a_header_cannot_carry(tmp_path):
     assert done.returncode == 2 and "TAME_TOKEN is not a usable token" in done.stderr, done
     assert "s3cr" not in done.stdout + done.stderr and "listening" not in done.stdout
     assert not (tmp_path / "t.sqlite3").exists()
+
+
+@pytest.mark.parametrize("host, says", [
+    # Was: "" listened on every interface (0.0.0.0) and printed "listening on http://:PORT"; multicast was taken.
+    ("", "'' names no address; give 0.0.0.0 to listen on every interface"),
+    ("224.0.0.1", "'224.0.0.1' is a multicast address"),
+    ("ff02::1", "'ff02::1' is a multicast address"),
+])
+def test_serve_refuses_a_host_it_should_not_listen_on(tmp_path, host, says):
+    done = run_serve(tmp_path, "--host", host, "--port", str(free_port()))
+    assert done.returncode == 2 and done.stderr.startswith("tame serve: argument --host: ") and says in done.stderr, done
+    assert "Traceback" not in done.stderr and "listening" not in done.stdout
+    assert not (tmp_path / "t.sqlite3").exists()
+
+
+def test_serve_on_ipv6_prints_a_url_with_the_address_in_brackets(tmp_path):
+    # Was "listening on http://::1:PORT", which is no URL.
+    port = free_port()
+    env = {**os.environ, "TAME_DATABASE_URL": f"sqlite:///{tmp_path}/t.sqlite3"}
+    proc = subprocess.Popen([TAME, "serve", "--no-worker", "--host", "::1", "--port", str(port)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert f"listening on http://[::1]:{port} " in line, (line, proc.stderr.read() if proc.poll() else "")
+        assert httpx.get(f"http://[::1]:{port}/healthz", timeout=10).status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(30)
