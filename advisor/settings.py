@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from advisor.allowlist import DEFAULT_ALLOWED, AllowList
-from advisor.db import DEFAULT_POOL_SIZE, redact_url
-from advisor.errors import ConfigError, InvalidRequest
+from advisor.db import DEFAULT_POOL_SIZE, check_database_url, redact_url
+from advisor.errors import ConfigError, InvalidRequest, StoreError
 from advisor.freshness import PROBE_MAX_AGE_TTLS, Freshness
 from advisor.limits import MAX_SITE_LINKS, SITE_RULE, TOKEN_RULE, check_congestion_control, check_site, check_token, \
     is_token
@@ -351,11 +351,10 @@ class Settings:
                 raise ConfigError(f"{name}={text!r} must be between {low:g} and {high:g}")
             return value
 
-        url = env.get("TAME_DATABASE_URL") or default_database_url(env)
-        if not url.startswith(("sqlite:///", "postgresql://", "postgres://")):
-            raise ConfigError(
-                f"TAME_DATABASE_URL={redact_url(url)!r}: use sqlite:///PATH or postgresql://USER@HOST:PORT/DB"
-            )
+        try:
+            url = check_database_url(env.get("TAME_DATABASE_URL") or default_database_url(env), "TAME_DATABASE_URL")
+        except StoreError as exc:
+            raise ConfigError(str(exc)) from None
         model = env.get("TAME_MODEL") or DEFAULT_MODEL
         if model not in MODELS:
             raise ConfigError(f"TAME_MODEL={model!r}: choose one of {', '.join(sorted(MODELS))}")

@@ -436,3 +436,30 @@ def test_serve_on_ipv6_prints_a_url_with_the_address_in_brackets(tmp_path):
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+
+@pytest.mark.parametrize("url, says", [("sqlite:///", "names no file"), ("sqlite:///:memory:", "names no file"),
+                                       ("sqlite:///{tmp}/a.db?mode=ro", "holds '?'")])
+def test_serve_exits_2_on_a_sqlite_url_that_names_no_one_file(tmp_path, url, says):
+    # Was: served, each pooled connection with its own empty database ("no such table: current_fits" 503s), or a file
+    # named "a.db?mode=ro".
+    done = run_serve(tmp_path, "--port", str(free_port()), env={"TAME_DATABASE_URL": url.format(tmp=tmp_path)})
+    assert done.returncode == 2 and f"tame serve: TAME_DATABASE_URL='{url.format(tmp=tmp_path)}' {says}" \
+        in done.stderr, done
+    assert "Traceback" not in done.stderr and "listening" not in done.stdout
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("url", ["postgres://", "postgresql://tame@/tame", "postgresql://tame@db:5432"])
+def test_paths_exits_2_on_a_postgresql_url_that_leaves_host_or_database_to_libpq(monkeypatch, capsys, url):
+    # In-process, with connecting forbidden: a bare postgres:// reaches this machine's server as the OS user.
+    import psycopg
+
+    from advisor.cli import main
+
+    monkeypatch.setattr(psycopg, "connect", lambda *a, **k: pytest.fail(f"{url} was connected to"))
+    monkeypatch.setenv("TAME_DATABASE_URL", url)
+    assert main(["paths"]) == 2
+    out, err = capsys.readouterr()
+    assert err.startswith(f"tame paths: TAME_DATABASE_URL={url!r} names no ") and "libpq" in err and out == "", err
