@@ -10,7 +10,7 @@ import time
 from advisor.advice import Advice
 from advisor.alternatives import alternatives
 from advisor.cli import UsageError
-from advisor.commands.common import add_margin_option, add_src_option, fraction, fractional_margin_from_args, margin_from_args, positive_int, print_advice, print_json, service_token, service_url
+from advisor.commands.common import add_margin_option, add_src_option, fraction, fractional_margin_from_args, hold_defaults, margin_from_args, positive_int, print_advice, print_json, put_back_defaults, refuse_given, service_token, service_url
 from advisor.commands.probe import EXIT_PROBE_FAILED, add_plan_options, control_from_args, measure, parse_levels
 from advisor.errors import InvalidRequest
 from advisor.limits import check_probe_duration_s, check_probe_levels
@@ -24,6 +24,10 @@ from probes.plan import ProbePlan
 
 # How long `tame advise` waits for a server-side probe before giving up, seconds.
 SERVER_PROBE_WAIT_S = 900.0
+# Options that shape the probes run and the fit made here; the server at TAME_URL is asked only for levels and
+# duration_s (POST /v1/probes) and fits with its own settings.
+_LOCAL_OPTIONS = {"model": "--model", "n_max": "--n-max", "no_margin": "--no-margin", "omit": "--omit",
+                  "repeats": "--repeats", "max_duration": "--max-duration"}
 
 
 def register(subparsers) -> None:
@@ -40,9 +44,14 @@ def register(subparsers) -> None:
     add_src_option(parser, "of the link whose advice the server at TAME_URL gives (without TAME_URL this host probes, "
                            "and is the source)")
     parser.set_defaults(handler=run)
+    hold_defaults(parser, _LOCAL_OPTIONS)  # refused with TAME_URL
 
 
 def run(args) -> int:
+    if os.environ.get("TAME_URL"):
+        refuse_given(args, _LOCAL_OPTIONS, "with TAME_URL the server probes with its own settings (it takes "
+                     "--levels and --duration) and fits with its own model, n_max and margin")
+    put_back_defaults(args)
     # The plan the service would take for this model (POST /v1/probes), whoever runs the probes.
     try:
         check_probe_levels(list(parse_levels(args.levels)), MIN_LEVELS[args.model], args.model)

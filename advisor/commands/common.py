@@ -114,6 +114,27 @@ def service_token(read_first: bool = False) -> str | None:
     return next((token for token in tokens if token), None)
 
 
+def hold_defaults(parser: argparse.ArgumentParser, options: dict[str, str]) -> None:
+    """Leave the ``options`` (attribute: flag) None unless given, so that a command can refuse those it cannot honour
+    (refuse_given); put_back_defaults gives the others their defaults."""
+    held = {name: parser.get_default(name) for name in options}
+    parser.set_defaults(held_defaults=held, **dict.fromkeys(options))
+
+
+def refuse_given(args: argparse.Namespace, options: dict[str, str], why: str) -> None:
+    """UsageError naming those of the ``options`` (held by hold_defaults) that were given, and ``why`` they cannot be."""
+    given = [flag for name, flag in options.items() if getattr(args, name) is not None]
+    if given:
+        raise UsageError(f"{', '.join(given)}: {why}; leave {'it' if len(given) == 1 else 'them'} out")
+
+
+def put_back_defaults(args: argparse.Namespace) -> None:
+    """The options hold_defaults held, not given, get their defaults."""
+    for name, value in args.held_defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+
+
 def add_probe_options(parser: argparse.ArgumentParser, required: bool = True) -> None:
     parser.add_argument(
         "--probe", action="append", default=[], metavar="N:BPS", required=required,

@@ -8,10 +8,10 @@ from pathlib import Path
 from advisor.advice import Advice, curve_to_json
 from advisor.cli import UsageError
 from advisor.commands.common import (
-    add_probe_options, add_src_option, format_bps, fraction, fractional_margin_from_args, margin_from_args, opened_text, print_json,
-    probes_from_args, service_token, service_url,
+    add_probe_options, add_src_option, format_bps, fraction, fractional_margin_from_args, hold_defaults, margin_from_args,
+    opened_text, print_json, probes_from_args, put_back_defaults, refuse_given, service_token, service_url,
 )
-from advisor.tame import DEFAULT_MODEL, DEFAULT_N_MAX, advise, stored_curve, within_budget
+from advisor.tame import advise, stored_curve, within_budget
 from models.errors import FitError
 from models.registry import fit
 
@@ -31,8 +31,8 @@ def register(subparsers) -> None:
                              "opens at it")
     parser.add_argument("--plot", type=Path, metavar="OUT.png", help="also draw throughput and impact vs streams")
     add_src_option(parser, "of DEST's link")
-    # None marks "not given", so that DEST mode can refuse options it cannot honour.
-    parser.set_defaults(handler=run, model=None, n_max=None, no_margin=None)
+    parser.set_defaults(handler=run)
+    hold_defaults(parser, _FIT_OPTIONS)  # DEST mode refuses them
 
 
 def run(args) -> int:
@@ -43,15 +43,11 @@ def run(args) -> int:
     if args.src is not None and not args.dest:
         raise UsageError("--src names the source of DEST's link; --probe numbers have no link: leave it out")
     if args.dest:
-        given = [flag for name, flag in _FIT_OPTIONS.items() if getattr(args, name) is not None]
-        if given:
-            raise UsageError(f"{', '.join(given)} shape a fit made from --probe numbers; DEST's curve is the "
-                             "service's stored fit (its model, n_max and margin), so leave them out")
+        refuse_given(args, _FIT_OPTIONS, "DEST's curve is the service's stored fit (its model, n_max and margin), "
+                     "not one made here from --probe numbers")
         payload, advice = _known_curve(args.dest, args.max_impact, args.src)
     else:
-        args.model = args.model or DEFAULT_MODEL
-        args.n_max = args.n_max or DEFAULT_N_MAX
-        args.no_margin = bool(args.no_margin)
+        put_back_defaults(args)
         payload, advice = _fitted_curve(args)
     if advice is not None:
         payload.update(max_impact=args.max_impact, num_flows=advice.num_flows,

@@ -127,3 +127,17 @@ def test_the_client_refuses_a_token_a_header_cannot_carry_without_showing_it():
         with pytest.raises(InvalidToken) as raised:
             TameClient(UNREACHABLE, token=token)
         assert "s3cr" not in str(raised.value) and "printable ASCII" in str(raised.value)
+
+
+@pytest.mark.parametrize("option", [("--model", "lu"), ("--no-margin",), ("--n-max", "5"), ("--omit", "2"),
+                                    ("--repeats", "2"), ("--max-duration", "30")])
+def test_advise_with_a_service_refuses_the_options_the_service_does_not_take(tame, monkeypatch, option):
+    # Was: silently ignored (only --levels and --duration are sent), as `tame curve DEST` never did.
+    monkeypatch.setenv("TAME_URL", UNREACHABLE)
+    _refused(tame("advise", *option), "advise", f"tame advise: {option[0]}: with TAME_URL the server probes with its "
+             "own settings", "leave it out")
+
+
+def test_advise_with_a_service_takes_levels_and_duration(tame, monkeypatch):
+    monkeypatch.setenv("TAME_URL", UNREACHABLE)
+    _refused(tame("advise", "--levels", "1,4", "--duration", "3"), "advise", "cannot reach the advice service")
