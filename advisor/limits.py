@@ -34,6 +34,13 @@ MAX_RTT_S = 10.0
 MAX_PROBE_LEVELS = 8
 MIN_PROBE_DURATION_S = 1.0
 MAX_PROBE_DURATION_S = 300.0
+# How long a probe whose rate has not settled may be extended to, seconds (TAME_PROBE_MAX_DURATION_S, --max-duration),
+# its warm-up left out of it (--omit), and how many times a plan may probe each level (--repeats): with the most
+# levels, a plan of at most MAX_PROBE_LEVELS * MAX_PROBE_REPEATS * (MAX_PROBE_OMIT_S + MAX_PROBE_MAX_DURATION_S)
+# seconds (about 15 hours), where an unbounded one never ended or overflowed.
+MAX_PROBE_MAX_DURATION_S = 600.0
+MAX_PROBE_OMIT_S = 60.0
+MAX_PROBE_REPEATS = 10
 # A site (the source end of a link): a name an agent registers, lowercase letters, digits, '.', '_' and '-',
 # starting with a letter or digit (a host name fits).
 MAX_SITE_LENGTH = 64

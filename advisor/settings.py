@@ -17,7 +17,7 @@ from advisor.allowlist import DEFAULT_ALLOWED, AllowList
 from advisor.db import DEFAULT_POOL_SIZE, check_database_url, redact_url
 from advisor.errors import ConfigError, InvalidRequest, StoreError
 from advisor.freshness import PROBE_MAX_AGE_TTLS, Freshness
-from advisor.limits import MAX_SITE_LINKS, SITE_RULE, TOKEN_RULE, check_congestion_control, check_site, check_token, \
+from advisor.limits import MAX_PROBE_MAX_DURATION_S, MAX_SITE_LINKS, SITE_RULE, TOKEN_RULE, check_congestion_control, check_site, check_token, \
     is_token
 from advisor.retention import Retention
 from advisor.sites import SITE_CEILING_VARIABLES, SITE_HARD_CAPS, SiteBudget
@@ -397,7 +397,8 @@ class Settings:
             model=model,
             default_levels=levels,
             default_duration_s=number("TAME_PROBE_DURATION_S", ProbePlan.duration_s, 1.0, 300.0),
-            max_probe_duration_s=number("TAME_PROBE_MAX_DURATION_S", ProbePlan.max_duration_s, 1.0, 600.0),
+            max_probe_duration_s=number("TAME_PROBE_MAX_DURATION_S", ProbePlan.max_duration_s, 1.0,
+                                        MAX_PROBE_MAX_DURATION_S),
             max_batch=number("TAME_MAX_BATCH", 1000, 1, 100_000, int),
             max_queued_probes=number("TAME_MAX_QUEUED_PROBES", 500, 1, 1_000_000, int),
             max_queued_probes_per_client=number("TAME_MAX_QUEUED_PROBES_PER_CLIENT", 50, 1, 1_000_000, int),

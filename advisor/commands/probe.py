@@ -11,7 +11,10 @@ import sys
 from advisor.cli import UsageError
 from advisor.commands.common import positive_int
 from advisor.errors import InvalidRequest
-from advisor.limits import check_available_control, check_congestion_control
+from advisor.limits import (
+    MAX_PROBE_DURATION_S, MAX_PROBE_MAX_DURATION_S, MAX_PROBE_OMIT_S, MAX_PROBE_REPEATS, MIN_PROBE_DURATION_S,
+    check_available_control, check_congestion_control,
+)
 from advisor.plan_runner import level_chooser
 from advisor.tame import DEFAULT_N_MAX
 from models.registry import ADAPTIVE_LEVEL, MODELS
@@ -97,27 +100,28 @@ def parse_levels(text: str) -> tuple[int, ...]:
     return tuple(levels)
 
 
-def _seconds(option: str, text: str, minimum: float) -> float:
+def _seconds(option: str, text: str, low: float, high: float) -> float:
     try:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not (math.isfinite(value) and value >= minimum):
-        raise UsageError(f"{option} {text!r}: give a number of seconds >= {minimum:g}")
+    if not (math.isfinite(value) and low <= value <= high):
+        raise UsageError(f"{option} {text!r}: give a number of seconds from {low:g} to {high:g}")
     return value
 
 
 def plan_from_args(args) -> ProbePlan:
-    if not _WHOLE.fullmatch(args.repeats) or int(args.repeats) < 1:
-        raise UsageError(f"--repeats {args.repeats!r}: give a positive integer")
-    duration = _seconds("--duration", args.duration, 1)
-    max_duration = _seconds("--max-duration", args.max_duration, 1)
+    """The plan the options describe, within the service's limits (advisor.limits)."""
+    if not _WHOLE.fullmatch(args.repeats) or not 1 <= int(args.repeats) <= MAX_PROBE_REPEATS:
+        raise UsageError(f"--repeats {args.repeats!r}: give a whole number from 1 to {MAX_PROBE_REPEATS}")
+    duration = _seconds("--duration", args.duration, MIN_PROBE_DURATION_S, MAX_PROBE_DURATION_S)
+    max_duration = _seconds("--max-duration", args.max_duration, MIN_PROBE_DURATION_S, MAX_PROBE_MAX_DURATION_S)
     if max_duration < duration:
         raise UsageError(f"--max-duration {args.max_duration} is shorter than --duration {args.duration}")
     return ProbePlan(
         levels=parse_levels(args.levels),
         duration_s=duration,
-        omit_s=_seconds("--omit", args.omit, 0),
+        omit_s=_seconds("--omit", args.omit, 0, MAX_PROBE_OMIT_S),
         max_duration_s=max_duration,
         repeats=int(args.repeats),
     )
