@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 from pathlib import Path
 
@@ -19,6 +20,14 @@ from models.registry import fit
 _FIT_OPTIONS = {"model": "--model", "n_max": "--n-max", "no_margin": "--no-margin"}
 
 
+def png_path(text: str) -> Path:
+    """A --plot value: a path ending in .png, written as given."""
+    if Path(text).suffix.lower() != ".png":
+        raise argparse.ArgumentTypeError(f"{text!r} does not end in .png; the plot is a PNG image: give e.g. "
+                                         "--plot curve.png")
+    return Path(text)
+
+
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "curve", help="predicted throughput and impact vs number of streams (from --probe numbers or a known DEST)"
@@ -29,7 +38,7 @@ def register(subparsers) -> None:
     parser.add_argument("--max-impact", type=fraction, default=None,
                         help="also mark the stream counts within this budget (fraction 0-1) and say what the advice "
                              "opens at it")
-    parser.add_argument("--plot", type=Path, metavar="OUT.png", help="also draw throughput and impact vs streams")
+    parser.add_argument("--plot", type=png_path, metavar="OUT.png", help="also draw throughput and impact vs streams")
     add_src_option(parser, "of DEST's link")
     parser.set_defaults(handler=run)
     hold_defaults(parser, _FIT_OPTIONS)  # DEST mode refuses them
@@ -57,7 +66,11 @@ def run(args) -> int:
         from advisor.plot import plot_curve
 
         title = f"{payload.get('dest', 'probes')}: model {payload['model']}"
-        plot_curve(payload["curve"], payload.get("probes", []), title, args.plot)
+        try:
+            plot_curve(payload["curve"], payload.get("probes", []), title, args.plot)
+        except OSError as exc:
+            raise UsageError(f"--plot {str(args.plot)!r}: cannot write it ({exc.strerror or exc}); give a path in a "
+                             "directory that exists and that you may write to") from None
     if args.json:
         print_json(payload)
         return 0

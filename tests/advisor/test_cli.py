@@ -206,3 +206,26 @@ def test_the_readme_s_fit_example_is_what_tame_fit_prints():
     result = tame("fit", *command.split())
     assert result.returncode == 0, result.stderr
     assert result.stdout == shown
+
+
+@pytest.mark.parametrize("name, says", [
+    # Were: a FileNotFoundError traceback, a matplotlib ValueError traceback, and PATH.png written silently.
+    ("missing/curve.png", "cannot write it (No such file or directory)"),
+    ("a-directory.png", "cannot write it (Is a directory)"),
+    ("out.txt", "argument --plot: 'out.txt' does not end in .png"),
+    ("no-extension", "argument --plot: 'no-extension' does not end in .png"),
+])
+def test_curve_plot_to_a_path_it_cannot_write_exits_2_writing_nothing(tmp_path, name, says):
+    (tmp_path / "a-directory.png").mkdir()
+    done = subprocess.run([sys.executable, "-m", "advisor", "curve", *PROBE_ARGS, "--plot", name], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stderr.startswith("tame curve: ") and says in done.stderr, done
+    assert "Traceback" not in done.stderr and done.stdout == ""
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-directory.png"]
+
+
+def test_curve_plot_writes_exactly_the_png_path_given(tmp_path):
+    done = tame("curve", *PROBE_ARGS, "--plot", str(tmp_path / "Curve.PNG"))
+    assert done.returncode == 0, done.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["Curve.PNG"]
+    assert (tmp_path / "Curve.PNG").read_bytes().startswith(b"\x89PNG")
