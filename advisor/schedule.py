@@ -105,6 +105,9 @@ def _json_entries(text: str) -> tuple[list[tuple[str, Any]], dict[str, tuple[str
         doc = json.loads(text)
     except ValueError as exc:
         raise QueueError(f"the queue file is not valid JSON: {exc}") from None
+    except RecursionError:  # the parser recurses per nesting level: a queue is three levels deep
+        raise QueueError("the queue file nests lists or objects too deeply to be a queue; it holds \"sources\" "
+                         "and \"transfers\", a list of objects") from None
     sources: dict[str, tuple[str, ...]] = {}
     if isinstance(doc, dict):
         unknown = set(doc) - {"sources", "transfers"}
