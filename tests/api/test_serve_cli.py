@@ -345,6 +345,13 @@ def test_the_server_limits_come_from_the_environment():
             Settings.from_env({name: text})
 
 
+@pytest.mark.parametrize("text", [" ", ",", " , ,"])
+def test_an_allow_list_that_lists_no_destination_is_refused(text):
+    # Was taken as an empty allow-list, silently: every probe refused.
+    with pytest.raises(ConfigError, match="^TAME_ALLOWED_DESTINATIONS is set but lists no destination; give CIDR"):
+        Settings.from_env({"TAME_ALLOWED_DESTINATIONS": text})
+
+
 def test_serve_exits_2_naming_a_bad_allow_list_entry(tmp_path):
     done = run_serve(tmp_path, "--port", str(free_port()), env={"TAME_ALLOWED_DESTINATIONS": "10.0.0.0/33,http://x,*"})
     assert done.returncode == 2, done
