@@ -18,6 +18,8 @@ HOSTILE = [
     ("u:s3cr3tPW@h:8000", "is not an http or https URL"),
     ("http://u:s3cr%33tPW@", "has no host"),
     ("http://u:s3cr3tPW@127.0.0.1:1", "holds a login, and the service takes none"),
+    # A login alone may be the secret: it was shown whole.
+    ("http://s3cr3tPW@127.0.0.1:1", "holds a login, and the service takes none"),
 ]
 # Port 1 on loopback refuses at once.
 UNREACHABLE = "http://127.0.0.1:1"
@@ -87,6 +89,13 @@ def test_a_bad_server_flag_is_refused_before_anything_runs(tame, command, flag, 
 def test_an_unreachable_service_is_named(tame, monkeypatch, command):
     monkeypatch.setenv("TAME_URL", UNREACHABLE)
     _refused(tame(command), command, f"{UNREACHABLE}: ", "cannot reach the advice service")
+
+
+@pytest.mark.parametrize("command", ["advise", "curve", "transfer", "schedule"])
+def test_an_unreachable_service_is_named_without_its_query_values(tame, monkeypatch, command):
+    # Was shown whole: http://127.0.0.1:1/?token=s3cr3tPW.
+    monkeypatch.setenv("TAME_URL", f"{UNREACHABLE}/?token=s3cr3tPW")
+    _refused(tame(command), command, f"{UNREACHABLE}/?token=***: ", "cannot reach the advice service")
 
 
 def test_schedule_names_an_unreachable_server_flag(tame):
