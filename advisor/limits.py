@@ -60,6 +60,21 @@ MAX_PROBES_PER_RUN = 16
 MAX_OWNER_LENGTH = 200
 
 
+# Numbers as a user types them (the environment, the command line): ASCII digits, a sign, a point, an exponent.
+_WHOLE_TEXT = re.compile(r"[+-]?[0-9]+")
+_NUMBER_TEXT = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+
+
+def parse_number(text: str, kind: type = float) -> Any:
+    """``text`` (white space around it ignored) as a ``kind`` (float, or int for a whole number); ValueError when it
+    is not one written in ASCII digits. int() and float() also read other scripts' digits ('５'), underscores
+    ('1_000'), 'inf' and 'nan', which nobody means as a setting."""
+    stripped = text.strip()
+    if not (_WHOLE_TEXT if kind is int else _NUMBER_TEXT).fullmatch(stripped):
+        raise ValueError(f"{text!r:.80} is not a {'whole ' if kind is int else ''}number")
+    return kind(stripped)  # int(): at most sys.int_max_str_digits digits, else ValueError too
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 

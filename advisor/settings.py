@@ -18,7 +18,7 @@ from advisor.db import DEFAULT_POOL_SIZE, check_database_url, redact_url
 from advisor.errors import ConfigError, InvalidRequest, StoreError
 from advisor.freshness import PROBE_MAX_AGE_TTLS, Freshness
 from advisor.limits import MAX_PROBE_MAX_DURATION_S, MAX_SITE_LINKS, SITE_RULE, TOKEN_RULE, check_congestion_control, check_site, check_token, \
-    is_token
+    is_token, parse_number
 from advisor.retention import Retention
 from advisor.sites import SITE_CEILING_VARIABLES, SITE_HARD_CAPS, SiteBudget
 from advisor.store import REFIT_OBSERVATIONS
@@ -344,7 +344,7 @@ class Settings:
             if text is None or text == "":
                 return default
             try:
-                value = kind(text)
+                value = parse_number(text, kind)
             except ValueError:
                 raise ConfigError(f"{name}={text!r} is not a {'whole ' if kind is int else ''}number") from None
             if not low <= value <= high:
@@ -360,7 +360,7 @@ class Settings:
             raise ConfigError(f"TAME_MODEL={model!r}: choose one of {', '.join(sorted(MODELS))}")
         levels_text = env.get("TAME_PROBE_LEVELS") or ",".join(map(str, DEFAULT_LEVELS))
         try:
-            levels = tuple(sorted({int(x) for x in levels_text.split(",") if x.strip()}))
+            levels = tuple(sorted({parse_number(x, int) for x in levels_text.split(",") if x.strip()}))
         except ValueError:
             raise ConfigError(f"TAME_PROBE_LEVELS={levels_text!r}: give stream counts such as 1,10") from None
         if len(levels) < 2 or levels[0] < 1 or levels[-1] > 128:

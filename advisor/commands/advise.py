@@ -13,7 +13,7 @@ from advisor.cli import UsageError
 from advisor.commands.common import add_margin_option, add_src_option, fraction, fractional_margin_from_args, hold_defaults, margin_from_args, positive_int, print_advice, print_json, put_back_defaults, refuse_given, service_token, service_url
 from advisor.commands.probe import EXIT_PROBE_FAILED, add_plan_options, control_from_args, measure, parse_levels
 from advisor.errors import InvalidRequest
-from advisor.limits import check_probe_duration_s, check_probe_levels
+from advisor.limits import check_probe_duration_s, check_probe_levels, parse_number
 from advisor.plan_runner import level_chooser
 from advisor.opening import how_to_open
 from advisor.tame import DEFAULT_MODEL, DEFAULT_N_MAX, advise_from_plan, point_from_probe, representative_rtt_s
@@ -58,7 +58,7 @@ def run(args) -> int:
     except InvalidRequest as exc:
         raise UsageError(f"--levels {args.levels!r}: {exc}") from None
     try:
-        check_probe_duration_s(float(args.duration))
+        check_probe_duration_s(parse_number(args.duration))
     except (ValueError, InvalidRequest) as exc:
         raise UsageError(f"--duration {args.duration!r}: give seconds from 1 to 300 ({exc})") from None
     server = service_url(os.environ.get("TAME_URL"))

@@ -14,7 +14,7 @@ from advisor.advice import Advice
 from advisor.cli import UsageError
 from advisor.errors import ConfigError, InvalidRequest
 from advisor.opening import opening_text
-from advisor.limits import MAX_STREAMS, check_site, check_streams, check_throughput_bps
+from advisor.limits import MAX_STREAMS, check_site, check_streams, check_throughput_bps, parse_number
 from advisor.tame import DEFAULT_FRACTIONAL_MARGIN, DEFAULT_MARGIN, DEFAULT_MODEL, DEFAULT_N_MAX, NO_MARGIN, ImpactMargin
 from models.parallel import ProbePoint
 from models.registry import MODELS, MIN_LEVELS
@@ -30,11 +30,11 @@ def parse_probe(text: str) -> ProbePoint:
         raise UsageError(f"--probe {text!r}: write STREAMS:BITS_PER_SECOND, e.g. --probe 10:88e6 or --probe 10:88M")
     streams_text, rate_text, suffix = match.groups()
     try:
-        streams = int(streams_text)
+        streams = parse_number(streams_text, int)
     except ValueError:
         raise UsageError(f"--probe {text!r}: the stream count {streams_text!r} must be a whole number >= 1") from None
     try:
-        rate = float(rate_text) * _SUFFIX[suffix]
+        rate = parse_number(rate_text) * _SUFFIX[suffix]
     except ValueError:
         raise UsageError(f"--probe {text!r}: the throughput {rate_text!r} is not a number") from None
     try:
@@ -47,7 +47,7 @@ def parse_probe(text: str) -> ProbePoint:
 
 def fraction(text: str) -> float:
     try:
-        value = float(text)
+        value = parse_number(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number; give a fraction such as 0.1 for 10 %") from None
     if not (math.isfinite(value) and 0.0 <= value <= 1.0):
@@ -73,7 +73,7 @@ def whole_number(low: int, high: int, what: str = "a whole number", why: str = "
     """An argparse type: a whole number in low..high (``what`` names it, ``why`` explains the bound)."""
     def parse(text: str) -> int:
         try:
-            value = int(text)
+            value = parse_number(text, int)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
         if not low <= value <= high:

@@ -11,6 +11,7 @@ import sys
 from dataclasses import asdict
 
 from advisor.cli import UsageError
+from advisor.limits import parse_number
 from probes import sharedbed, testbed
 
 SHARED_SERVER_PORT = 5201
@@ -67,7 +68,7 @@ def parse_loss(text: str) -> float:
 def _number(text: str, scale: float = 1.0) -> float | None:
     """``text`` times ``scale``; None when it is not a number or not finite (1e300G overflows to inf)."""
     try:
-        value = float(text) * scale
+        value = parse_number(text) * scale
     except ValueError:
         return None
     return value if math.isfinite(value) else None
@@ -108,7 +109,7 @@ def spec_from_args(args: argparse.Namespace) -> testbed.TestbedSpec:
     rtt = parse_rtt(args.rtt)
     queue = parse_queue(args.queue) if args.queue is not None else None
     try:
-        cross = int(args.cross_flows)
+        cross = parse_number(args.cross_flows, int)
     except ValueError:
         raise UsageError(f"--cross-flows {args.cross_flows!r}: give a whole number of flows, e.g. 5") from None
     smallest = 10 * testbed.FRAME_BYTES

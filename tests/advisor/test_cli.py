@@ -229,3 +229,11 @@ def test_curve_plot_writes_exactly_the_png_path_given(tmp_path):
     assert done.returncode == 0, done.stderr
     assert [p.name for p in tmp_path.iterdir()] == ["Curve.PNG"]
     assert (tmp_path / "Curve.PNG").read_bytes().startswith(b"\x89PNG")
+
+
+@pytest.mark.parametrize("probe", ["1_0:90e6", "\uff11\uff10:90e6", "10:9_0e6", "10:\uff19\uff10e6"])
+def test_fit_probe_numbers_take_ascii_digits_only(probe):
+    # Were read by int(): '1_0' and '１０' as 10 streams.
+    done = tame("fit", "--probe", f"1:{rate(1)!r}", "--probe", probe, "--max-impact", "0.1")
+    assert done.returncode == 2 and done.stderr.startswith(f"tame fit: --probe {probe!r}: "), done
+    assert "Traceback" not in done.stderr
