@@ -1,5 +1,6 @@
 import json
 import math
+import os
 import subprocess
 import sys
 
@@ -237,3 +238,22 @@ def test_fit_probe_numbers_take_ascii_digits_only(probe):
     done = tame("fit", "--probe", f"1:{rate(1)!r}", "--probe", probe, "--max-impact", "0.1")
     assert done.returncode == 2 and done.stderr.startswith(f"tame fit: --probe {probe!r}: "), done
     assert "Traceback" not in done.stderr
+
+
+LONG = "x" * 100_000
+
+
+@pytest.mark.parametrize("argv, env, starts", [
+    (["fit", "--probe", "1:40e6", "--probe", LONG], {}, "tame fit: --probe 'xxx"),
+    (["fit", "--probe", "1:40e6", "--probe", "10:90e6", "--max-impact", LONG], {},
+     "tame fit: argument --max-impact: 'xxx"),
+    (["paths"], {"TAME_TTL_S": LONG}, "tame paths: TAME_TTL_S='xxx"),
+    (["paths"], {"TAME_DATABASE_URL": "sqlite:///" + LONG + "?"}, "tame paths: TAME_DATABASE_URL='sqlite:///xxx"),
+])
+def test_a_very_long_bad_value_is_not_echoed_whole(tmp_path, argv, env, starts):
+    # Was echoed whole: 100 KB of value, 300 KB of stderr once escaped.
+    done = subprocess.run([sys.executable, "-m", "advisor", *argv], capture_output=True, text=True, timeout=60,
+                          cwd=tmp_path, env={**os.environ, "TAME_DATABASE_URL": f"sqlite:///{tmp_path}/t.db", **env})
+    assert done.returncode == 2 and done.stderr.startswith(starts), done.stderr[:200]
+    assert len(done.stderr) < 1200 and "characters left out" in done.stderr, len(done.stderr)
+    assert list(tmp_path.iterdir()) == []
