@@ -97,6 +97,10 @@ class AllowList:
                 continue
             entry = _parse_entry(item)
             (networks if isinstance(entry, (ipaddress.IPv4Network, ipaddress.IPv6Network)) else names).append(entry)
+        if not networks and not names:
+            # An empty list would refuse every probe, silently: the operator meant something else.
+            raise ConfigError("TAME_ALLOWED_DESTINATIONS is set but lists no destination; " + _EXAMPLES
+                              + ", or unset it for loopback only")
         return cls(tuple(networks), tuple(names), ALL_PORTS if ports is None else parse_ports(ports))
 
     def _check_port(self, dest: Destination) -> None:

@@ -12,6 +12,20 @@ import sys
 COMMANDS = ("fit", "curve", "probe", "advise", "serve", "agent", "paths", "testbed", "cc", "transfer", "schedule")
 
 
+# The most of one message the CLI prints. A value a message quotes may be as long as the environment or argv allow
+# (100 KB and more, printed three times over as repr escapes); its start, which names what is wrong, and its end,
+# which says what to do, are kept.
+MAX_MESSAGE_CHARS = 1000
+
+
+def clipped(message: str) -> str:
+    """``message`` cut to MAX_MESSAGE_CHARS or a little more, its middle left out."""
+    if len(message) <= MAX_MESSAGE_CHARS:
+        return message
+    half = MAX_MESSAGE_CHARS // 2
+    return f"{message[:half]}…[{len(message) - 2 * half} characters left out]…{message[-half:]}"
+
+
 class UsageError(Exception):
     """Bad command-line input; the message says what to fix."""
 
@@ -20,7 +34,7 @@ class _Parser(argparse.ArgumentParser):
     """Reports bad arguments in one line that names the command and what to fix."""
 
     def error(self, message: str):
-        self.exit(2, f"{self.prog}: {message} (see '{self.prog} --help')\n")
+        self.exit(2, f"{self.prog}: {clipped(message)} (see '{self.prog} --help')\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.handler(args) or 0)
     except UsageError as exc:
-        print(f"tame {args.command}: {exc}", file=sys.stderr)
+        print(f"tame {args.command}: {clipped(str(exc))}", file=sys.stderr)
         return 2
     except BrokenPipeError:
         # The reader went away (e.g. `| head`): stop quietly, as other Unix tools do.

@@ -67,6 +67,44 @@ def _password_spans(url: str) -> list[tuple[int, int]]:
     return sorted(spans)
 
 
+DATABASE_URL_FORMS = "sqlite:///PATH or postgresql://USER@HOST:PORT/DB"
+
+
+def check_database_url(url: str, name: str = "the database URL") -> str:
+    """``url`` when it names one store (StoreError otherwise, naming ``name``: TAME_DATABASE_URL, --database-url, and
+    showing the URL by redact_url): sqlite:///PATH with a file's path, or a postgresql:// (postgres://) URL naming a
+    host and a database. SQLite's :memory: (or no path) would give each pooled connection a private empty database,
+    and a '?' would be part of the file's name (this driver reads no URL options); a PostgreSQL URL without a host or
+    database would take libpq's defaults: this machine's server, through its socket, as the OS user."""
+    where = f"{name}={redact_url(url)!r}" if name.isupper() else f"{name} {redact_url(url)!r}"  # as set, or as typed
+    if url.startswith("sqlite:///"):
+        path = url[len("sqlite:///"):]
+        if not path or path == ":memory:":
+            why = "names no file (an in-memory store would be a different, empty one on every connection)"
+        elif "?" in path:
+            why = "holds '?': options are not read from the URL, and the file would be named with them"
+        else:
+            return url
+    elif url.startswith(("postgresql://", "postgres://")):
+        # After the user part (it ends at the last @, as redact_url reads it): HOST[:PORT][/DB][?PARAMETERS].
+        rest = url.partition("://")[2]
+        rest, _, query = rest[rest.rfind("@") + 1:].partition("?")
+        host, _, database = rest.partition("/")
+        given = {unquote(match.group(1)).lower() for match in _PARAMETER.finditer("?" + query) if match.group(2)}
+        missing = []
+        if not re.sub(r":[^:\]]*$", "", host) and not given & {"host", "hostaddr"}:  # a port alone names no host
+            missing.append("host")
+        if not database and "dbname" not in given:
+            missing.append("database")
+        if not missing:
+            return url
+        why = (f"names no {' and no '.join(missing)} (libpq would fill in its defaults: this machine's server, "
+               "through its socket, and the OS user's name)")
+    else:
+        raise StoreError(f"{where}: use {DATABASE_URL_FORMS}")
+    raise StoreError(f"{where} {why}; use {DATABASE_URL_FORMS}")
+
+
 def redact_url(url: str) -> str:
     """``url`` with every password in it shown as ***: the only form of a database URL a message, log line or repr
     may show (postgresql://tame:***@db/tame)."""
@@ -142,16 +180,13 @@ class Database:
     ``transaction()`` is the only way in."""
 
     def __init__(self, url: str, pool_size: int = DEFAULT_POOL_SIZE, pool_wait_s: float = POOL_WAIT_S):
-        self.url = url
+        self.url = check_database_url(url)
         if url.startswith("sqlite:///"):
             self.dialect = "sqlite"
             self.path = url[len("sqlite:///"):]
-            if self.path != ":memory:":
-                Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        elif url.startswith(("postgresql://", "postgres://")):
-            self.dialect = "postgresql"
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         else:
-            raise StoreError(f"unsupported database URL {redact_url(url)!r}: use sqlite:///PATH or postgresql://...")
+            self.dialect = "postgresql"
         self.pool_size = pool_size
         self._pool_wait_s = pool_wait_s
         self._pool = self._new_pool()

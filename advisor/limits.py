@@ -34,6 +34,13 @@ MAX_RTT_S = 10.0
 MAX_PROBE_LEVELS = 8
 MIN_PROBE_DURATION_S = 1.0
 MAX_PROBE_DURATION_S = 300.0
+# How long a probe whose rate has not settled may be extended to, seconds (TAME_PROBE_MAX_DURATION_S, --max-duration),
+# its warm-up left out of it (--omit), and how many times a plan may probe each level (--repeats): with the most
+# levels, a plan of at most MAX_PROBE_LEVELS * MAX_PROBE_REPEATS * (MAX_PROBE_OMIT_S + MAX_PROBE_MAX_DURATION_S)
+# seconds (about 15 hours), where an unbounded one never ended or overflowed.
+MAX_PROBE_MAX_DURATION_S = 600.0
+MAX_PROBE_OMIT_S = 60.0
+MAX_PROBE_REPEATS = 10
 # A site (the source end of a link): a name an agent registers, lowercase letters, digits, '.', '_' and '-',
 # starting with a letter or digit (a host name fits).
 MAX_SITE_LENGTH = 64
@@ -58,6 +65,21 @@ MAX_STREAM_RETRANSMITS = 2**53
 MAX_PROBES_PER_RUN = 16
 # An agent's name: its claims' owner, and who set its site's budget (tame agent gives host:pid:boot:start:nonce).
 MAX_OWNER_LENGTH = 200
+
+
+# Numbers as a user types them (the environment, the command line): ASCII digits, a sign, a point, an exponent.
+_WHOLE_TEXT = re.compile(r"[+-]?[0-9]+")
+_NUMBER_TEXT = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+
+
+def parse_number(text: str, kind: type = float) -> Any:
+    """``text`` (white space around it ignored) as a ``kind`` (float, or int for a whole number); ValueError when it
+    is not one written in ASCII digits. int() and float() also read other scripts' digits ('５'), underscores
+    ('1_000'), 'inf' and 'nan', which nobody means as a setting."""
+    stripped = text.strip()
+    if not (_WHOLE_TEXT if kind is int else _NUMBER_TEXT).fullmatch(stripped):
+        raise ValueError(f"{text!r:.80} is not a {'whole ' if kind is int else ''}number")
+    return kind(stripped)  # int(): at most sys.int_max_str_digits digits, else ValueError too
 
 
 def _is_number(value: Any) -> bool:
@@ -131,6 +153,25 @@ def check_probe_duration_s(value: Any) -> float:
                              f"seconds, got {value!r}")
     return float(value)
 
+
+TOKEN_RULE = "printable ASCII without white space"
+
+
+def is_token(value: Any) -> bool:
+    """Whether ``value`` can be a bearer token: non-empty printable ASCII without white space. A header carries
+    printable ASCII (other bytes reach the boundary as Latin-1, and a client cannot send them at all), so a token
+    breaking this rule never matches."""
+    return isinstance(value, str) and bool(value) and value.isascii() and value.isprintable() \
+        and not any(c.isspace() for c in value)
+
+
+def check_token(value: Any, name: str) -> str:
+    """A bearer token from ``name`` (TAME_TOKEN, ...): InvalidRequest names the variable, never the value (a secret)."""
+    if not is_token(value):
+        raise InvalidRequest(f"{name} is not a usable token: a token is {TOKEN_RULE} (a newline or a non-ASCII "
+                             f"character cannot go in an Authorization header); set {name} to the token as it was "
+                             "given, e.g. one made with `openssl rand -hex 32`")
+    return value
 
 
 def check_congestion_control(value: Any, name: str = "congestion_control") -> str:

@@ -7,7 +7,7 @@ from typing import Any, Sequence
 
 
 def plot_curve(curve: Sequence[dict[str, Any]], probes: Sequence[dict[str, Any]], title: str, path: Path) -> None:
-    """`curve`: {streams, throughput_bps, impact, impact_bound}; `probes`: {streams, throughput_bps}. Writes `path` (PNG)."""
+    """`curve`: {streams, throughput_bps, impact, impact_bound}; `probes`: {streams, throughput_bps}. Writes `path` (PNG), exactly; OSError when it cannot."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -31,5 +31,8 @@ def plot_curve(curve: Sequence[dict[str, Any]], probes: Sequence[dict[str, Any]]
     left.legend(handles, [h.get_label() for h in handles], loc="center right")
     left.set_title(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    try:
+        # format given: matplotlib would otherwise pick it from the suffix, or add ".png" to a path without one.
+        fig.savefig(path, dpi=100, format="png")
+    finally:
+        plt.close(fig)

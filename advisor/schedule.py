@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
-from advisor.db import Database
+from advisor.db import Database, check_database_url
 from advisor.destinations import Destination, parse_destination
 from advisor.errors import InvalidRequest, StoreError, UnknownDestination
 from advisor.limits import check_congestion_control, check_site
@@ -105,6 +105,9 @@ def _json_entries(text: str) -> tuple[list[tuple[str, Any]], dict[str, tuple[str
         doc = json.loads(text)
     except ValueError as exc:
         raise QueueError(f"the queue file is not valid JSON: {exc}") from None
+    except RecursionError:  # the parser recurses per nesting level: a queue is three levels deep
+        raise QueueError("the queue file nests lists or objects too deeply to be a queue; it holds \"sources\" "
+                         "and \"transfers\", a list of objects") from None
     sources: dict[str, tuple[str, ...]] = {}
     if isinstance(doc, dict):
         unknown = set(doc) - {"sources", "transfers"}
@@ -228,6 +231,7 @@ class SqlAdvice:
     def __init__(self, database_url: str, own_site: str, default_control: str):
         self.own_site = own_site
         self.default_control = default_control
+        check_database_url(database_url)
         # A reader never creates a store: a mistyped SQLite path is an error, not a new empty file.
         if database_url.startswith("sqlite:///") and not Path(database_url[len("sqlite:///"):]).is_file():
             raise StoreError(f"no SQLite advice store at {database_url[len('sqlite:///'):]}")

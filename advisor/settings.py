@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from advisor.allowlist import DEFAULT_ALLOWED, AllowList
-from advisor.db import DEFAULT_POOL_SIZE, redact_url
-from advisor.errors import ConfigError, InvalidRequest
+from advisor.db import DEFAULT_POOL_SIZE, check_database_url, redact_url
+from advisor.errors import ConfigError, InvalidRequest, StoreError
 from advisor.freshness import PROBE_MAX_AGE_TTLS, Freshness
-from advisor.limits import MAX_SITE_LINKS, SITE_RULE, check_congestion_control, check_site
+from advisor.limits import MAX_PROBE_MAX_DURATION_S, MAX_SITE_LINKS, SITE_RULE, TOKEN_RULE, check_congestion_control, check_site, check_token, \
+    is_token, parse_number
 from advisor.retention import Retention
 from advisor.sites import SITE_CEILING_VARIABLES, SITE_HARD_CAPS, SiteBudget
 from advisor.store import REFIT_OBSERVATIONS
@@ -167,10 +168,9 @@ def site_tokens(env: Mapping[str, str], token: str | None, read_token: str | Non
             site = check_site(site_text)
         except InvalidRequest:
             raise ConfigError(f"{pair}'s site is not a site name ({SITE_RULE}); {site_first}") from None
-        # A header carries printable ASCII (other bytes reach the boundary as Latin-1): another token never matches.
-        if not secret or not (secret.isascii() and secret.isprintable()) or any(c.isspace() for c in secret):
-            raise ConfigError(f"{pair}'s token is {'empty' if not secret else 'not one word'}; a token is printable "
-                              f"ASCII without commas or white space; {MAKE_TOKEN}; {site_first}")
+        if not is_token(secret):
+            raise ConfigError(f"{pair}'s token is {'empty' if not secret else 'not one word'}; a token is {TOKEN_RULE}, "
+                              f"without commas; {MAKE_TOKEN}; {site_first}")
         if len(secret) < MIN_SITE_TOKEN_LENGTH:
             raise ConfigError(f"{pair}'s token has fewer than {MIN_SITE_TOKEN_LENGTH} characters; {MAKE_TOKEN}, "
                               f"and {site_first}")
@@ -195,6 +195,17 @@ def site_tokens(env: Mapping[str, str], token: str | None, read_token: str | Non
             raise ConfigError(f"{name}: pair {number}'s token is the name of a site ({names[secret.lower()]}); "
                               f"{MAKE_TOKEN}, and {site_first}")
     return tuple(pairs)
+
+
+def service_token(env: Mapping[str, str], name: str) -> str | None:
+    """The token in variable ``name`` (TAME_TOKEN, TAME_READ_TOKEN), None when unset or empty; ConfigError names the
+    variable, never its value: a token that cannot go in a header would make every request fail (the client) or
+    every write 401 (the service)."""
+    value = env.get(name) or None
+    try:
+        return None if value is None else check_token(value, name)
+    except InvalidRequest as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def forwarded_allow_ips(env: Mapping[str, str]) -> tuple[str, ...]:
@@ -333,30 +344,28 @@ class Settings:
             if text is None or text == "":
                 return default
             try:
-                value = kind(text)
+                value = parse_number(text, kind)
             except ValueError:
                 raise ConfigError(f"{name}={text!r} is not a {'whole ' if kind is int else ''}number") from None
             if not low <= value <= high:
                 raise ConfigError(f"{name}={text!r} must be between {low:g} and {high:g}")
             return value
 
-        url = env.get("TAME_DATABASE_URL") or default_database_url(env)
-        if not url.startswith(("sqlite:///", "postgresql://", "postgres://")):
-            raise ConfigError(
-                f"TAME_DATABASE_URL={redact_url(url)!r}: use sqlite:///PATH or postgresql://USER@HOST:PORT/DB"
-            )
+        try:
+            url = check_database_url(env.get("TAME_DATABASE_URL") or default_database_url(env), "TAME_DATABASE_URL")
+        except StoreError as exc:
+            raise ConfigError(str(exc)) from None
         model = env.get("TAME_MODEL") or DEFAULT_MODEL
         if model not in MODELS:
             raise ConfigError(f"TAME_MODEL={model!r}: choose one of {', '.join(sorted(MODELS))}")
         levels_text = env.get("TAME_PROBE_LEVELS") or ",".join(map(str, DEFAULT_LEVELS))
         try:
-            levels = tuple(sorted({int(x) for x in levels_text.split(",") if x.strip()}))
+            levels = tuple(sorted({parse_number(x, int) for x in levels_text.split(",") if x.strip()}))
         except ValueError:
             raise ConfigError(f"TAME_PROBE_LEVELS={levels_text!r}: give stream counts such as 1,10") from None
         if len(levels) < 2 or levels[0] < 1 or levels[-1] > 128:
             raise ConfigError(f"TAME_PROBE_LEVELS={levels_text!r}: give at least two stream counts in 1..128")
-        token = env.get("TAME_TOKEN") or None
-        read_token = env.get("TAME_READ_TOKEN") or None
+        token, read_token = (service_token(env, name) for name in ("TAME_TOKEN", "TAME_READ_TOKEN"))
         if read_token and not token:
             # Writes are guarded by TAME_TOKEN alone, so this would guard reads and leave writes open.
             raise ConfigError("TAME_READ_TOKEN is set but TAME_TOKEN is empty, which would leave writes "
@@ -388,7 +397,8 @@ class Settings:
             model=model,
             default_levels=levels,
             default_duration_s=number("TAME_PROBE_DURATION_S", ProbePlan.duration_s, 1.0, 300.0),
-            max_probe_duration_s=number("TAME_PROBE_MAX_DURATION_S", ProbePlan.max_duration_s, 1.0, 600.0),
+            max_probe_duration_s=number("TAME_PROBE_MAX_DURATION_S", ProbePlan.max_duration_s, 1.0,
+                                        MAX_PROBE_MAX_DURATION_S),
             max_batch=number("TAME_MAX_BATCH", 1000, 1, 100_000, int),
             max_queued_probes=number("TAME_MAX_QUEUED_PROBES", 500, 1, 1_000_000, int),
             max_queued_probes_per_client=number("TAME_MAX_QUEUED_PROBES_PER_CLIENT", 50, 1, 1_000_000, int),

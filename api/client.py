@@ -7,6 +7,9 @@ from typing import Any, Sequence
 
 import httpx
 
+from advisor.errors import InvalidRequest
+from advisor.limits import check_token
+
 # "scheme://" at the start: the user part of a URL follows it (or starts the text when it is missing).
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 
@@ -16,14 +19,26 @@ class InvalidServiceURL(ValueError):
 
 
 def shown_url(url: str) -> str:
-    """``url`` with the password of its user part as ***: the only form of a service URL a message may show
-    (http://tame:***@host:8000)."""
-    # Secrecy before legibility, on the text as written (it may not parse): the password runs from the first : after
-    # "scheme://" to the last @, so one holding a raw @ or / is hidden whole, a value without "scheme://" too, and an @
-    # in the path or query hides more than the password, never less. Nothing is percent-decoded.
+    """``url`` with its user part and the values of its query as ***: the only form of a service URL a message may
+    show (http://***@host:8000/?token=***)."""
+    # Secrecy before legibility, on the text as written (it may not parse): the user part (a login may be the secret
+    # itself, as in http://TOKEN@host) runs from "scheme://" to the last @, so one holding a raw @, / or ? is hidden
+    # whole, a value without "scheme://" too, and an @ in the path or query hides more than the user part, never less.
+    # Nothing is percent-decoded.
     match = _SCHEME.match(url)
-    colon, at = url.find(":", match.end() if match else 0), url.rfind("@")
-    return f"{url[:colon + 1]}***{url[at:]}" if 0 <= colon < at else url
+    start, at = match.end() if match else 0, url.rfind("@")
+    head, rest = (f"{url[:start]}***", url[at:]) if at >= start else (url[:start], url[start:])
+    path, question, query = rest.partition("?")
+    return head + path + question + "&".join(_shown_parameter(item) for item in query.split("&")) if question \
+        else head + rest
+
+
+def _shown_parameter(item: str) -> str:
+    """One key=value of a query with its value as *** (a bare value whole)."""
+    key, equals, value = item.partition("=")
+    if not equals:
+        return "***" if item else item
+    return f"{key}=***" if value else item
 
 
 def check_url(url: str, source: str = "base_url") -> None:
@@ -53,6 +68,10 @@ def check_url(url: str, source: str = "base_url") -> None:
                             "(or https://HOST:PORT)")
 
 
+class InvalidToken(ValueError):
+    """A token cannot go in an Authorization header (advisor.limits.check_token); the message never shows it."""
+
+
 class TameError(Exception):
     """The service answered with an error; ``status`` is the HTTP status, the message its detail."""
 
@@ -70,8 +89,15 @@ class TameError(Exception):
 
 class TameClient:
     def __init__(self, base_url: str, token: str | None = None, timeout_s: float = 10.0):
-        """A client of the service at ``base_url`` (InvalidServiceURL when it is not http(s)://HOST[:PORT])."""
+        """A client of the service at ``base_url`` (InvalidServiceURL when it is not http(s)://HOST[:PORT]; InvalidToken
+        when ``token`` is not printable ASCII without white space: httpx would put it in its error, or fail with a
+        traceback)."""
         check_url(base_url)
+        if token:
+            try:
+                check_token(token, "the token")
+            except InvalidRequest as exc:
+                raise InvalidToken(str(exc)) from None
         self.shown_url = shown_url(base_url)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout_s)

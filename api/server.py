@@ -252,6 +252,11 @@ def uvicorn_config(app, host: str, port: int, log_level: str = "warning") -> uvi
                           proxy_headers=bool(proxies), forwarded_allow_ips=proxies)
 
 
+def http_url(host: str, port: int) -> str:
+    """The URL of a server listening on host:port, an IPv6 address in brackets (http://[::1]:8080)."""
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 def bind(host: str, port: int, backlog: int) -> socket.socket:
     """A listening TCP socket on host:port; OSError (e.g. the port is in use) when it cannot be had."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET

@@ -10,10 +10,10 @@ import time
 from advisor.advice import Advice
 from advisor.alternatives import alternatives
 from advisor.cli import UsageError
-from advisor.commands.common import add_margin_option, add_src_option, fraction, fractional_margin_from_args, margin_from_args, positive_int, print_advice, print_json, service_url
+from advisor.commands.common import add_margin_option, add_src_option, fraction, fractional_margin_from_args, hold_defaults, margin_from_args, positive_int, print_advice, print_json, put_back_defaults, refuse_given, service_token, service_url
 from advisor.commands.probe import EXIT_PROBE_FAILED, add_plan_options, control_from_args, measure, parse_levels
 from advisor.errors import InvalidRequest
-from advisor.limits import check_probe_duration_s, check_probe_levels
+from advisor.limits import check_probe_duration_s, check_probe_levels, parse_number
 from advisor.plan_runner import level_chooser
 from advisor.opening import how_to_open
 from advisor.tame import DEFAULT_MODEL, DEFAULT_N_MAX, advise_from_plan, point_from_probe, representative_rtt_s
@@ -24,6 +24,10 @@ from probes.plan import ProbePlan
 
 # How long `tame advise` waits for a server-side probe before giving up, seconds.
 SERVER_PROBE_WAIT_S = 900.0
+# Options that shape the probes run and the fit made here; the server at TAME_URL is asked only for levels and
+# duration_s (POST /v1/probes) and fits with its own settings.
+_LOCAL_OPTIONS = {"model": "--model", "n_max": "--n-max", "no_margin": "--no-margin", "omit": "--omit",
+                  "repeats": "--repeats", "max_duration": "--max-duration"}
 
 
 def register(subparsers) -> None:
@@ -40,25 +44,32 @@ def register(subparsers) -> None:
     add_src_option(parser, "of the link whose advice the server at TAME_URL gives (without TAME_URL this host probes, "
                            "and is the source)")
     parser.set_defaults(handler=run)
+    hold_defaults(parser, _LOCAL_OPTIONS)  # refused with TAME_URL
 
 
 def run(args) -> int:
+    if os.environ.get("TAME_URL"):
+        refuse_given(args, _LOCAL_OPTIONS, "with TAME_URL the server probes with its own settings (it takes "
+                     "--levels and --duration) and fits with its own model, n_max and margin")
+    put_back_defaults(args)
     # The plan the service would take for this model (POST /v1/probes), whoever runs the probes.
     try:
         check_probe_levels(list(parse_levels(args.levels)), MIN_LEVELS[args.model], args.model)
     except InvalidRequest as exc:
         raise UsageError(f"--levels {args.levels!r}: {exc}") from None
     try:
-        check_probe_duration_s(float(args.duration))
+        check_probe_duration_s(parse_number(args.duration))
     except (ValueError, InvalidRequest) as exc:
         raise UsageError(f"--duration {args.duration!r}: give seconds from 1 to 300 ({exc})") from None
     server = service_url(os.environ.get("TAME_URL"))
+    # The write token reads too; a scheduler holding only the read token can still read advice.
+    token = service_token() if server else None
     if args.src is not None and not server:
         raise UsageError("--src names a link of the server at TAME_URL; without TAME_URL, tame advise probes from "
                          "this host: set TAME_URL, or leave --src out")
     # The server probes under a control its own kernel offers and says so; a local probe needs it here.
     control_from_args(args, local=not server)
-    payload = _from_server(server, args) if server else _locally(args)
+    payload = _from_server(server, token, args) if server else _locally(args)
     if payload is None:
         return EXIT_PROBE_FAILED
     if args.json:
@@ -99,11 +110,9 @@ def _plan_asked(args) -> dict:
     return asked
 
 
-def _from_server(url: str, args) -> dict | None:
+def _from_server(url: str, token: str | None, args) -> dict | None:
     from api.client import TameClient, TameError  # the CLI is where the layers are wired together
 
-    # The write token reads too; a scheduler holding only the read token can still read advice.
-    token = os.environ.get("TAME_TOKEN") or os.environ.get("TAME_READ_TOKEN")
     with TameClient(url, token=token, timeout_s=30) as client:
         try:
             return client.advice(args.dest, args.max_impact, args.congestion_control, args.src)

@@ -5,15 +5,16 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
 import sys
 from typing import Any
 
 from advisor.advice import Advice
 from advisor.cli import UsageError
-from advisor.errors import InvalidRequest
+from advisor.errors import ConfigError, InvalidRequest
 from advisor.opening import opening_text
-from advisor.limits import MAX_STREAMS, check_site, check_streams, check_throughput_bps
+from advisor.limits import MAX_STREAMS, check_site, check_streams, check_throughput_bps, parse_number
 from advisor.tame import DEFAULT_FRACTIONAL_MARGIN, DEFAULT_MARGIN, DEFAULT_MODEL, DEFAULT_N_MAX, NO_MARGIN, ImpactMargin
 from models.parallel import ProbePoint
 from models.registry import MODELS, MIN_LEVELS
@@ -29,11 +30,11 @@ def parse_probe(text: str) -> ProbePoint:
         raise UsageError(f"--probe {text!r}: write STREAMS:BITS_PER_SECOND, e.g. --probe 10:88e6 or --probe 10:88M")
     streams_text, rate_text, suffix = match.groups()
     try:
-        streams = int(streams_text)
+        streams = parse_number(streams_text, int)
     except ValueError:
         raise UsageError(f"--probe {text!r}: the stream count {streams_text!r} must be a whole number >= 1") from None
     try:
-        rate = float(rate_text) * _SUFFIX[suffix]
+        rate = parse_number(rate_text) * _SUFFIX[suffix]
     except ValueError:
         raise UsageError(f"--probe {text!r}: the throughput {rate_text!r} is not a number") from None
     try:
@@ -46,7 +47,7 @@ def parse_probe(text: str) -> ProbePoint:
 
 def fraction(text: str) -> float:
     try:
-        value = float(text)
+        value = parse_number(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number; give a fraction such as 0.1 for 10 %") from None
     if not (math.isfinite(value) and 0.0 <= value <= 1.0):
@@ -72,7 +73,7 @@ def whole_number(low: int, high: int, what: str = "a whole number", why: str = "
     """An argparse type: a whole number in low..high (``what`` names it, ``why`` explains the bound)."""
     def parse(text: str) -> int:
         try:
-            value = int(text)
+            value = parse_number(text, int)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
         if not low <= value <= high:
@@ -97,6 +98,41 @@ def service_url(url: str | None, source: str = "TAME_URL") -> str | None:
     except InvalidServiceURL as exc:
         raise UsageError(str(exc)) from None
     return url
+
+
+def service_token(read_first: bool = False) -> str | None:
+    """The token to send the advice service: TAME_TOKEN, else TAME_READ_TOKEN (the other way round with
+    ``read_first``), None when neither is set. Both are checked, before any work starts (advisor.settings.service_token):
+    UsageError names the variable, never the token."""
+    from advisor.settings import service_token as checked  # deferred: settings reads the probe and site layers
+
+    names = ("TAME_READ_TOKEN", "TAME_TOKEN") if read_first else ("TAME_TOKEN", "TAME_READ_TOKEN")
+    try:
+        tokens = [checked(os.environ, name) for name in names]
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    return next((token for token in tokens if token), None)
+
+
+def hold_defaults(parser: argparse.ArgumentParser, options: dict[str, str]) -> None:
+    """Leave the ``options`` (attribute: flag) None unless given, so that a command can refuse those it cannot honour
+    (refuse_given); put_back_defaults gives the others their defaults."""
+    held = {name: parser.get_default(name) for name in options}
+    parser.set_defaults(held_defaults=held, **dict.fromkeys(options))
+
+
+def refuse_given(args: argparse.Namespace, options: dict[str, str], why: str) -> None:
+    """UsageError naming those of the ``options`` (held by hold_defaults) that were given, and ``why`` they cannot be."""
+    given = [flag for name, flag in options.items() if getattr(args, name) is not None]
+    if given:
+        raise UsageError(f"{', '.join(given)}: {why}; leave {'it' if len(given) == 1 else 'them'} out")
+
+
+def put_back_defaults(args: argparse.Namespace) -> None:
+    """The options hold_defaults held, not given, get their defaults."""
+    for name, value in args.held_defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
 
 
 def add_probe_options(parser: argparse.ArgumentParser, required: bool = True) -> None:

@@ -2,21 +2,30 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 from pathlib import Path
 
 from advisor.advice import Advice, curve_to_json
 from advisor.cli import UsageError
 from advisor.commands.common import (
-    add_probe_options, add_src_option, format_bps, fraction, fractional_margin_from_args, margin_from_args, opened_text, print_json,
-    probes_from_args, service_url,
+    add_probe_options, add_src_option, format_bps, fraction, fractional_margin_from_args, hold_defaults, margin_from_args,
+    opened_text, print_json, probes_from_args, put_back_defaults, refuse_given, service_token, service_url,
 )
-from advisor.tame import DEFAULT_MODEL, DEFAULT_N_MAX, advise, stored_curve, within_budget
+from advisor.tame import advise, stored_curve, within_budget
 from models.errors import FitError
 from models.registry import fit
 
 # Options that shape a fit made here; a known DEST's curve is the stored fit's, made by the service.
 _FIT_OPTIONS = {"model": "--model", "n_max": "--n-max", "no_margin": "--no-margin"}
+
+
+def png_path(text: str) -> Path:
+    """A --plot value: a path ending in .png, written as given."""
+    if Path(text).suffix.lower() != ".png":
+        raise argparse.ArgumentTypeError(f"{text!r} does not end in .png; the plot is a PNG image: give e.g. "
+                                         "--plot curve.png")
+    return Path(text)
 
 
 def register(subparsers) -> None:
@@ -29,10 +38,10 @@ def register(subparsers) -> None:
     parser.add_argument("--max-impact", type=fraction, default=None,
                         help="also mark the stream counts within this budget (fraction 0-1) and say what the advice "
                              "opens at it")
-    parser.add_argument("--plot", type=Path, metavar="OUT.png", help="also draw throughput and impact vs streams")
+    parser.add_argument("--plot", type=png_path, metavar="OUT.png", help="also draw throughput and impact vs streams")
     add_src_option(parser, "of DEST's link")
-    # None marks "not given", so that DEST mode can refuse options it cannot honour.
-    parser.set_defaults(handler=run, model=None, n_max=None, no_margin=None)
+    parser.set_defaults(handler=run)
+    hold_defaults(parser, _FIT_OPTIONS)  # DEST mode refuses them
 
 
 def run(args) -> int:
@@ -43,15 +52,11 @@ def run(args) -> int:
     if args.src is not None and not args.dest:
         raise UsageError("--src names the source of DEST's link; --probe numbers have no link: leave it out")
     if args.dest:
-        given = [flag for name, flag in _FIT_OPTIONS.items() if getattr(args, name) is not None]
-        if given:
-            raise UsageError(f"{', '.join(given)} shape a fit made from --probe numbers; DEST's curve is the "
-                             "service's stored fit (its model, n_max and margin), so leave them out")
+        refuse_given(args, _FIT_OPTIONS, "DEST's curve is the service's stored fit (its model, n_max and margin), "
+                     "not one made here from --probe numbers")
         payload, advice = _known_curve(args.dest, args.max_impact, args.src)
     else:
-        args.model = args.model or DEFAULT_MODEL
-        args.n_max = args.n_max or DEFAULT_N_MAX
-        args.no_margin = bool(args.no_margin)
+        put_back_defaults(args)
         payload, advice = _fitted_curve(args)
     if advice is not None:
         payload.update(max_impact=args.max_impact, num_flows=advice.num_flows,
@@ -61,7 +66,11 @@ def run(args) -> int:
         from advisor.plot import plot_curve
 
         title = f"{payload.get('dest', 'probes')}: model {payload['model']}"
-        plot_curve(payload["curve"], payload.get("probes", []), title, args.plot)
+        try:
+            plot_curve(payload["curve"], payload.get("probes", []), title, args.plot)
+        except OSError as exc:
+            raise UsageError(f"--plot {str(args.plot)!r}: cannot write it ({exc.strerror or exc}); give a path in a "
+                             "directory that exists and that you may write to") from None
     if args.json:
         print_json(payload)
         return 0
@@ -115,7 +124,7 @@ def _known_curve(dest: str, budget: float | None, src: str | None) -> tuple[dict
     if server:
         from api.client import TameClient, TameError  # the CLI is where the layers are wired together
 
-        with TameClient(server, token=os.environ.get("TAME_READ_TOKEN") or os.environ.get("TAME_TOKEN")) as client:
+        with TameClient(server, token=service_token(read_first=True)) as client:
             try:
                 payload = client.curve(dest, src=src)
                 return payload, None if budget is None else _advice_from_payload(client.advice(dest, budget, src=src))

@@ -5,13 +5,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import re
 import sys
 
 from advisor.cli import UsageError
 from advisor.commands.common import positive_int
 from advisor.errors import InvalidRequest
-from advisor.limits import check_available_control, check_congestion_control
+from advisor.limits import (
+    MAX_PROBE_DURATION_S, MAX_PROBE_MAX_DURATION_S, MAX_PROBE_OMIT_S, MAX_PROBE_REPEATS, MIN_PROBE_DURATION_S,
+    check_available_control, check_congestion_control, parse_number,
+)
 from advisor.plan_runner import level_chooser
 from advisor.tame import DEFAULT_N_MAX
 from models.registry import ADAPTIVE_LEVEL, MODELS
@@ -23,9 +25,6 @@ from probes.plan import NextLevel, PlanEvent, ProbePlan, idle_streams, run_plan
 from probes.result import PlanResult, ProbeResult
 
 EXIT_PROBE_FAILED = 1
-# Whole numbers as typed: ASCII digits only (str.isdigit also takes '²', which int() refuses, and other
-# scripts' digits, which it reads as numbers).
-_WHOLE = re.compile(r"[0-9]+")
 
 
 def register(subparsers) -> None:
@@ -86,40 +85,50 @@ def parse_levels(text: str) -> tuple[int, ...]:
     parts = [p.strip() for p in text.split(",")]
     levels = []
     for part in parts:
-        if not _WHOLE.fullmatch(part) or int(part) < 1:
+        level = _whole(part)
+        if level is None or level < 1:
             raise UsageError(f"--levels {text!r}: {part!r} is not a positive integer; give e.g. --levels 1,10")
-        if int(part) > MAX_STREAMS:
+        if level > MAX_STREAMS:
             raise UsageError(f"--levels {text!r}: {part} streams is more than iperf3 allows ({MAX_STREAMS})")
-        levels.append(int(part))
+        levels.append(level)
     duplicates = sorted({n for n in levels if levels.count(n) > 1})
     if duplicates:
         raise UsageError(f"--levels {text!r}: {', '.join(map(str, duplicates))} given twice; list each level once")
     return tuple(levels)
 
 
-def _seconds(option: str, text: str, minimum: float) -> float:
+def _whole(text: str) -> int | None:
     try:
-        value = float(text)
+        return parse_number(text, int)
+    except ValueError:
+        return None
+
+
+def _seconds(option: str, text: str, low: float, high: float) -> float:
+    try:
+        value = parse_number(text)
     except ValueError:
         value = math.nan
-    if not (math.isfinite(value) and value >= minimum):
-        raise UsageError(f"{option} {text!r}: give a number of seconds >= {minimum:g}")
+    if not (math.isfinite(value) and low <= value <= high):
+        raise UsageError(f"{option} {text!r}: give a number of seconds from {low:g} to {high:g}")
     return value
 
 
 def plan_from_args(args) -> ProbePlan:
-    if not _WHOLE.fullmatch(args.repeats) or int(args.repeats) < 1:
-        raise UsageError(f"--repeats {args.repeats!r}: give a positive integer")
-    duration = _seconds("--duration", args.duration, 1)
-    max_duration = _seconds("--max-duration", args.max_duration, 1)
+    """The plan the options describe, within the service's limits (advisor.limits)."""
+    repeats = _whole(args.repeats)
+    if repeats is None or not 1 <= repeats <= MAX_PROBE_REPEATS:
+        raise UsageError(f"--repeats {args.repeats!r}: give a whole number from 1 to {MAX_PROBE_REPEATS}")
+    duration = _seconds("--duration", args.duration, MIN_PROBE_DURATION_S, MAX_PROBE_DURATION_S)
+    max_duration = _seconds("--max-duration", args.max_duration, MIN_PROBE_DURATION_S, MAX_PROBE_MAX_DURATION_S)
     if max_duration < duration:
         raise UsageError(f"--max-duration {args.max_duration} is shorter than --duration {args.duration}")
     return ProbePlan(
         levels=parse_levels(args.levels),
         duration_s=duration,
-        omit_s=_seconds("--omit", args.omit, 0),
+        omit_s=_seconds("--omit", args.omit, 0, MAX_PROBE_OMIT_S),
         max_duration_s=max_duration,
-        repeats=int(args.repeats),
+        repeats=repeats,
     )
 
 

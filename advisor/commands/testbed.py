@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import re
@@ -10,6 +11,7 @@ import sys
 from dataclasses import asdict
 
 from advisor.cli import UsageError
+from advisor.limits import parse_number
 from probes import sharedbed, testbed
 
 SHARED_SERVER_PORT = 5201
@@ -23,31 +25,32 @@ _SCALE = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9}
 def parse_rate(text: str) -> float:
     """`100M`, `100Mbit`, `1e8` → bits/s (decimal prefixes)."""
     match = _RATE.match(text)
-    value = _number(match.group(1)) if match else None
+    value = _number(match.group(1), _SCALE[match.group(2)]) if match else None
     if value is None or value <= 0:
         raise UsageError(f"--rate {text!r}: give bits/s, e.g. --rate 100M or --rate 1e8")
-    return value * _SCALE[match.group(2)]
+    return value
 
 
 def parse_rtt(text: str) -> float:
     """`40ms`, `0.04`, `0.04s`, `40000us` → seconds."""
     match = _TIME.match(text)
-    value = _number(match.group(1)) if match else None
+    value = _number(match.group(1), {None: 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6}[match.group(2)]) if match else None
     if value is None or value < 0:
         raise UsageError(f"--rtt {text!r}: give a round-trip time such as --rtt 40ms or --rtt 0.04 (seconds)")
-    return value * {None: 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6}[match.group(2)]
+    return value
 
 
 def parse_queue(text: str) -> int:
     """`150000`, `150k` (bytes) or `100p` (full-size packets of 1514 bytes) → bytes."""
     match = _SIZE.match(text)
-    value = _number(match.group(1)) if match else None
-    if value is None or value <= 0:
+    if match:
+        unit = match.group(2)
+        value = _number(match.group(1), testbed.FRAME_BYTES if unit in ("p", "pkt", "pkts", "packets")
+                        else _SCALE.get(unit, 1.0))
+    # At least one whole byte (0.1 was taken as a queue of 0 bytes), and few enough to be shown.
+    if not match or value is None or not 1 <= round(value) <= 2**53:
         raise UsageError(f"--queue {text!r}: give bytes (e.g. --queue 500000 or --queue 500k) or packets (--queue 300p)")
-    unit = match.group(2)
-    if unit in ("p", "pkt", "pkts", "packets"):
-        return int(round(value * testbed.FRAME_BYTES))
-    return int(round(value * _SCALE.get(unit, 1.0)))
+    return int(round(value))
 
 
 def parse_loss(text: str) -> float:
@@ -62,9 +65,10 @@ def parse_loss(text: str) -> float:
     return value
 
 
-def _number(text: str) -> float | None:
+def _number(text: str, scale: float = 1.0) -> float | None:
+    """``text`` times ``scale``; None when it is not a number or not finite (1e300G overflows to inf)."""
     try:
-        value = float(text)
+        value = parse_number(text) * scale
     except ValueError:
         return None
     return value if math.isfinite(value) else None
@@ -103,16 +107,21 @@ def spec_from_args(args: argparse.Namespace) -> testbed.TestbedSpec:
     """The TestbedSpec the `up` options describe; UsageError says which option to fix."""
     rate = parse_rate(args.rate)
     rtt = parse_rtt(args.rtt)
-    queue = parse_queue(args.queue) if args.queue is not None else max(10 * testbed.FRAME_BYTES, int(rate * rtt / 8))
+    queue = parse_queue(args.queue) if args.queue is not None else None
     try:
-        cross = int(args.cross_flows)
+        cross = parse_number(args.cross_flows, int)
     except ValueError:
         raise UsageError(f"--cross-flows {args.cross_flows!r}: give a whole number of flows, e.g. 5") from None
+    smallest = 10 * testbed.FRAME_BYTES
     try:
-        return testbed.TestbedSpec(rate_bps=rate, rtt_s=rtt, queue_bytes=queue, loss_rate=parse_loss(args.loss),
-                                   cross_flows=cross, congestion_control=args.cc, name=args.name)
+        spec = testbed.TestbedSpec(rate_bps=rate, rtt_s=rtt, queue_bytes=queue or smallest,
+                                   loss_rate=parse_loss(args.loss), cross_flows=cross, congestion_control=args.cc,
+                                   name=args.name)
+        if queue is None:  # one bandwidth-delay product, once the spec has the rate and RTT in range
+            spec = dataclasses.replace(spec, queue_bytes=max(smallest, int(spec.bdp_bytes)))
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
+    return spec
 
 
 def run(args: argparse.Namespace) -> int:

@@ -26,7 +26,9 @@ from typing import Any
 from advisor.advice import Advice
 from advisor.cli import UsageError
 from advisor.commands.cc import setting_for
-from advisor.commands.common import add_src_option, format_bps, port_number, print_json, service_url, whole_number
+from advisor.commands.common import (
+    add_src_option, format_bps, port_number, print_json, service_token, service_url, whole_number,
+)
 from advisor.commands.runtime import on_stop_signals
 from advisor.destinations import Destination, parse_destination
 from advisor.errors import AdvisorError, InvalidRequest
@@ -277,8 +279,7 @@ class Reporter:
         if self.url:
             from api.client import TameClient  # the CLI is where the layers are wired together
 
-            token = os.environ.get("TAME_TOKEN") or os.environ.get("TAME_READ_TOKEN")
-            self._client = TameClient(self.url, token=token, timeout_s=30)
+            self._client = TameClient(self.url, token=service_token(), timeout_s=30)
         else:
             from advisor.commands.runtime import load_settings, open_store
             from advisor.service import AdviceService

@@ -1,5 +1,6 @@
 import json
 import math
+import os
 import subprocess
 import sys
 
@@ -206,3 +207,53 @@ def test_the_readme_s_fit_example_is_what_tame_fit_prints():
     result = tame("fit", *command.split())
     assert result.returncode == 0, result.stderr
     assert result.stdout == shown
+
+
+@pytest.mark.parametrize("name, says", [
+    # Were: a FileNotFoundError traceback, a matplotlib ValueError traceback, and PATH.png written silently.
+    ("missing/curve.png", "cannot write it (No such file or directory)"),
+    ("a-directory.png", "cannot write it (Is a directory)"),
+    ("out.txt", "argument --plot: 'out.txt' does not end in .png"),
+    ("no-extension", "argument --plot: 'no-extension' does not end in .png"),
+])
+def test_curve_plot_to_a_path_it_cannot_write_exits_2_writing_nothing(tmp_path, name, says):
+    (tmp_path / "a-directory.png").mkdir()
+    done = subprocess.run([sys.executable, "-m", "advisor", "curve", *PROBE_ARGS, "--plot", name], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stderr.startswith("tame curve: ") and says in done.stderr, done
+    assert "Traceback" not in done.stderr and done.stdout == ""
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-directory.png"]
+
+
+def test_curve_plot_writes_exactly_the_png_path_given(tmp_path):
+    done = tame("curve", *PROBE_ARGS, "--plot", str(tmp_path / "Curve.PNG"))
+    assert done.returncode == 0, done.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["Curve.PNG"]
+    assert (tmp_path / "Curve.PNG").read_bytes().startswith(b"\x89PNG")
+
+
+@pytest.mark.parametrize("probe", ["1_0:90e6", "\uff11\uff10:90e6", "10:9_0e6", "10:\uff19\uff10e6"])
+def test_fit_probe_numbers_take_ascii_digits_only(probe):
+    # Were read by int(): '1_0' and '１０' as 10 streams.
+    done = tame("fit", "--probe", f"1:{rate(1)!r}", "--probe", probe, "--max-impact", "0.1")
+    assert done.returncode == 2 and done.stderr.startswith(f"tame fit: --probe {probe!r}: "), done
+    assert "Traceback" not in done.stderr
+
+
+LONG = "x" * 100_000
+
+
+@pytest.mark.parametrize("argv, env, starts", [
+    (["fit", "--probe", "1:40e6", "--probe", LONG], {}, "tame fit: --probe 'xxx"),
+    (["fit", "--probe", "1:40e6", "--probe", "10:90e6", "--max-impact", LONG], {},
+     "tame fit: argument --max-impact: 'xxx"),
+    (["paths"], {"TAME_TTL_S": LONG}, "tame paths: TAME_TTL_S='xxx"),
+    (["paths"], {"TAME_DATABASE_URL": "sqlite:///" + LONG + "?"}, "tame paths: TAME_DATABASE_URL='sqlite:///xxx"),
+])
+def test_a_very_long_bad_value_is_not_echoed_whole(tmp_path, argv, env, starts):
+    # Was echoed whole: 100 KB of value, 300 KB of stderr once escaped.
+    done = subprocess.run([sys.executable, "-m", "advisor", *argv], capture_output=True, text=True, timeout=60,
+                          cwd=tmp_path, env={**os.environ, "TAME_DATABASE_URL": f"sqlite:///{tmp_path}/t.db", **env})
+    assert done.returncode == 2 and done.stderr.startswith(starts), done.stderr[:200]
+    assert len(done.stderr) < 1200 and "characters left out" in done.stderr, len(done.stderr)
+    assert list(tmp_path.iterdir()) == []

@@ -2,7 +2,7 @@
 
 import pytest
 
-from advisor.db import Database, redact_url
+from advisor.db import Database, check_database_url, redact_url
 from advisor.errors import StoreError
 from advisor.store import Store
 
@@ -73,3 +73,46 @@ def test_sqlite_commits_are_synced_so_an_acknowledged_write_survives_a_host_cras
             assert tx.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     finally:
         db.close()
+
+
+# URLs that name no one store: SQLite's in-memory or empty path (a private empty database per pooled connection:
+# "no such table: current_fits" 503s), a '?' that became part of the file's name, and PostgreSQL URLs that leave the
+# host or the database to libpq's defaults (this machine's server through its socket, as the OS user).
+NO_ONE_STORE = [
+    ("sqlite:///", "names no file"),
+    ("sqlite:///:memory:", "names no file"),
+    ("sqlite:///{tmp}/a.db?mode=ro", "holds '?'"),
+    ("postgres://", "names no host and no database"),
+    ("postgresql://", "names no host and no database"),
+    ("postgresql://tame:s3cretPW@/tame", "names no host"),
+    ("postgresql://tame:s3cretPW@:5432/tame", "names no host"),
+    ("postgresql://tame:s3cretPW@db:5432", "names no database"),
+    ("postgresql://tame:s3cretPW@db:5432/", "names no database"),
+]
+
+
+@pytest.fixture
+def no_connection(monkeypatch):
+    """Any connection to PostgreSQL fails the test: these URLs would reach this machine's server."""
+    import psycopg
+
+    monkeypatch.setattr(psycopg, "connect", lambda *args, **kwargs: pytest.fail(f"{args} was connected to"))
+
+
+@pytest.mark.parametrize("url, says", NO_ONE_STORE)
+def test_a_url_that_names_no_one_store_is_refused_before_anything_is_opened(tmp_path, no_connection, url, says):
+    url = url.format(tmp=tmp_path)
+    with pytest.raises(StoreError) as raised:
+        check_database_url(url, "TAME_DATABASE_URL")
+    assert str(raised.value).startswith(f"TAME_DATABASE_URL={redact_url(url)!r} {says}"), raised.value
+    assert "s3cretPW" not in str(raised.value) and "use sqlite:///PATH or postgresql://" in str(raised.value)
+    with pytest.raises(StoreError, match=says):
+        Database(url)
+    assert list(tmp_path.iterdir()) == []  # no file named a.db?mode=ro
+
+
+@pytest.mark.parametrize("url", ["sqlite:///tame.sqlite3", "postgresql://tame:s3cretPW@db:5432/tame", "postgres://db/t",
+                                 "postgresql://[::1]:5432/tame", "postgresql:///tame?host=/run/pg",
+                                 "postgresql://db?dbname=tame", "postgresql://u:p?ssWORDX@db/tame"])
+def test_a_url_that_names_one_store_is_taken(url):
+    assert check_database_url(url) == url

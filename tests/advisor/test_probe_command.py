@@ -73,6 +73,18 @@ def test_probe_error_is_one_line_on_stderr_and_exit_1(fake, capsys):
         (["192.0.2.7", "--omit", "-1"], "--omit"),
         (["192.0.2.7", "--duration", "30", "--max-duration", "20"], "shorter than --duration"),
         (["192.0.2.7", "--repeats", "0"], "--repeats"),
+        # Were taken: --omit 5000 made each probe about 5000 s; the others OverflowError tracebacks.
+        (["192.0.2.7", "--omit", "5000"], "--omit '5000': give a number of seconds from 0 to 60"),
+        (["192.0.2.7", "--omit", "1e9"], "--omit '1e9': give a number of seconds from 0 to 60"),
+        (["192.0.2.7", "--duration", "1e9", "--max-duration", "1e9"], "--duration '1e9': .* from 1 to 300"),
+        (["192.0.2.7", "--max-duration", "1e9"], "--max-duration '1e9': .* from 1 to 600"),
+        (["192.0.2.7", "--repeats", "99999999999999999999"], "--repeats .*: give a whole number from 1 to 10"),
+        (["192.0.2.7", "--repeats", "11"], "from 1 to 10"),
+        # Were read as numbers by float(): other scripts' digits and underscores.
+        (["192.0.2.7", "--omit", "\uff15"], "--omit"),
+        (["192.0.2.7", "--duration", "1_0"], "--duration"),
+        (["192.0.2.7", "--levels", "1,\uff11\uff10"], "not a positive integer"),
+        (["192.0.2.7", "--repeats", "\uff12"], "--repeats"),
     ],
 )
 def test_bad_input_raises_usage_error_saying_what_to_fix(fake, argv, hint):

@@ -77,6 +77,9 @@ def _one(**fields):
     pytest.param("[" + ",".join(['{"dest": "10.0.0.1", "max_impact": 0.1, "duration_s": 1}'] * 1001) + "]",
                  "at most 1000", id="1001 transfers"),
     pytest.param(" " * (MAX_QUEUE_BYTES + 1), "larger than", id="over 1 MiB"),
+    # Was a RecursionError traceback from the JSON parser.
+    pytest.param("[" * 100_000, "nests lists or objects too deeply", id="100000 nested lists"),
+    pytest.param('{"transfers": [' + '{"a": ' * 100_000, "nests lists or objects too deeply", id="nested objects"),
 ])
 def test_a_malformed_queue_is_refused_with_what_to_fix(text, says):
     with pytest.raises(QueueError) as raised:

@@ -18,6 +18,8 @@ HOSTILE = [
     ("u:s3cr3tPW@h:8000", "is not an http or https URL"),
     ("http://u:s3cr%33tPW@", "has no host"),
     ("http://u:s3cr3tPW@127.0.0.1:1", "holds a login, and the service takes none"),
+    # A login alone may be the secret: it was shown whole.
+    ("http://s3cr3tPW@127.0.0.1:1", "holds a login, and the service takes none"),
 ]
 # Port 1 on loopback refuses at once.
 UNREACHABLE = "http://127.0.0.1:1"
@@ -89,6 +91,13 @@ def test_an_unreachable_service_is_named(tame, monkeypatch, command):
     _refused(tame(command), command, f"{UNREACHABLE}: ", "cannot reach the advice service")
 
 
+@pytest.mark.parametrize("command", ["advise", "curve", "transfer", "schedule"])
+def test_an_unreachable_service_is_named_without_its_query_values(tame, monkeypatch, command):
+    # Was shown whole: http://127.0.0.1:1/?token=s3cr3tPW.
+    monkeypatch.setenv("TAME_URL", f"{UNREACHABLE}/?token=s3cr3tPW")
+    _refused(tame(command), command, f"{UNREACHABLE}/?token=***: ", "cannot reach the advice service")
+
+
 def test_schedule_names_an_unreachable_server_flag(tame):
     _refused(tame("schedule", "--server", UNREACHABLE), "schedule", f"{UNREACHABLE}: ")
 
@@ -100,3 +109,44 @@ def test_an_agent_keeps_going_when_its_server_is_unreachable(tame, tmp_path):
     assert status == 0 and "cannot reach the advice service" in err, (status, out, err)
     for piece in SECRET_PIECES:
         assert piece not in out + err
+
+
+# Tokens a header cannot carry (advisor.limits.check_token): each holds the secret s3cr3tPW, never to be printed.
+BAD_TOKENS = ["s3cr3tPW\n", "s3cr3tPW\u00e9", "s3cr 3tPW", "s3cr3tPW\x7f"]
+
+
+@pytest.mark.parametrize("token", BAD_TOKENS)
+@pytest.mark.parametrize("variable", ["TAME_TOKEN", "TAME_READ_TOKEN"])
+@pytest.mark.parametrize("command, extra", [("advise", ()), ("curve", ()), ("transfer", ()), ("schedule", ()),
+                                            ("agent", ("--push", UNREACHABLE)), ("agent", ("--server", UNREACHABLE))])
+def test_a_token_a_header_cannot_carry_is_refused_naming_its_variable(tame, monkeypatch, command, extra, variable,
+                                                                      token):
+    # Was: "HTTP 0: cannot reach the advice service: Illegal header value b'Bearer s3cr3tPW\n'" (exit 2, and exit 0
+    # from `tame agent --once`, every round), or a UnicodeEncodeError traceback.
+    monkeypatch.setenv("TAME_URL", UNREACHABLE)
+    monkeypatch.setenv("TAME_TOKEN", "w")
+    monkeypatch.setenv(variable, token)
+    _refused(tame(command, *extra), command, f"{variable} is not a usable token", "printable ASCII without white space")
+
+
+def test_the_client_refuses_a_token_a_header_cannot_carry_without_showing_it():
+    from api.client import InvalidToken, TameClient
+
+    for token in BAD_TOKENS:
+        with pytest.raises(InvalidToken) as raised:
+            TameClient(UNREACHABLE, token=token)
+        assert "s3cr" not in str(raised.value) and "printable ASCII" in str(raised.value)
+
+
+@pytest.mark.parametrize("option", [("--model", "lu"), ("--no-margin",), ("--n-max", "5"), ("--omit", "2"),
+                                    ("--repeats", "2"), ("--max-duration", "30")])
+def test_advise_with_a_service_refuses_the_options_the_service_does_not_take(tame, monkeypatch, option):
+    # Was: silently ignored (only --levels and --duration are sent), as `tame curve DEST` never did.
+    monkeypatch.setenv("TAME_URL", UNREACHABLE)
+    _refused(tame("advise", *option), "advise", f"tame advise: {option[0]}: with TAME_URL the server probes with its "
+             "own settings", "leave it out")
+
+
+def test_advise_with_a_service_takes_levels_and_duration(tame, monkeypatch):
+    monkeypatch.setenv("TAME_URL", UNREACHABLE)
+    _refused(tame("advise", "--levels", "1,4", "--duration", "3"), "advise", "cannot reach the advice service")

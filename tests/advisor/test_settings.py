@@ -30,8 +30,8 @@ def test_the_site_ceiling_defaults_to_the_hard_caps_and_is_read_from_the_environ
     ({"TAME_MAX_SITE_STREAMS": "-1"}, "TAME_MAX_SITE_STREAMS='-1' must be between"),
     ({"TAME_MAX_SITE_PROBE_SECONDS_PER_HOUR": "230401"}, "must be between 1 and 230400"),
     ({"TAME_MAX_SITE_PROBE_SECONDS_PER_HOUR": "1h"}, "TAME_MAX_SITE_PROBE_SECONDS_PER_HOUR='1h' is not a number"),
-    ({"TAME_MAX_SITE_PROBE_SECONDS_PER_HOUR": "nan"}, "TAME_MAX_SITE_PROBE_SECONDS_PER_HOUR='nan' must be between"),
-    ({"TAME_MAX_SITE_PROBE_SECONDS_PER_HOUR": "inf"}, "TAME_MAX_SITE_PROBE_SECONDS_PER_HOUR='inf' must be between"),
+    ({"TAME_MAX_SITE_PROBE_SECONDS_PER_HOUR": "nan"}, "TAME_MAX_SITE_PROBE_SECONDS_PER_HOUR='nan' is not a number"),
+    ({"TAME_MAX_SITE_PROBE_SECONDS_PER_HOUR": "inf"}, "TAME_MAX_SITE_PROBE_SECONDS_PER_HOUR='inf' is not a number"),
     # Below what one probe of the plan takes, every registration would be refused: start-up is, instead.
     ({"TAME_MAX_SITE_STREAMS": "9"}, "TAME_MAX_SITE_STREAMS='9' is below the probe plan's 10 streams "
                                      "(TAME_PROBE_LEVELS): no site's probe would fit"),
@@ -81,3 +81,28 @@ def test_the_store_holds_at_most_tame_db_pool_size_connections(tmp_path):
                        ("2.5", "is not a whole number")]:
         with pytest.raises(ConfigError, match=f"TAME_DB_POOL_SIZE='{text}' {says}"):
             Settings.from_env({"TAME_DB_POOL_SIZE": text})
+
+
+@pytest.mark.parametrize("name", ["TAME_TTL_S", "TAME_MAX_BATCH", "TAME_DB_POOL_SIZE"])
+@pytest.mark.parametrize("text", ["\uff15", "1_000", "\u0663", "inf", "nan"])
+def test_a_number_setting_takes_ascii_digits_only(name, text):
+    # Were read as numbers by int() and float(): '５' as 5, '1_000' as 1000, Arabic-Indic '٣' as 3.
+    with pytest.raises(ConfigError, match=f"^{name}=.* is not a (whole )?number"):
+        Settings.from_env({name: text})
+
+
+@pytest.mark.parametrize("text", ["1,\uff11\uff10", "1,1_0"])
+def test_probe_levels_take_ascii_digits_only(text):
+    with pytest.raises(ConfigError, match="^TAME_PROBE_LEVELS="):
+        Settings.from_env({"TAME_PROBE_LEVELS": text})
+
+
+def test_parse_number_is_the_one_rule_for_typed_numbers():
+    from advisor.limits import parse_number
+
+    assert parse_number(" 10 ", int) == 10 and parse_number("-2", int) == -2
+    assert parse_number("1.5e3") == 1500.0 and parse_number(".5") == 0.5 and parse_number("5.") == 5.0
+    for text, kind in [("\uff15", int), ("1_000", int), ("1.0", int), ("\uff15", float), ("1_0.5", float),
+                       ("inf", float), ("nan", float), ("", float), ("1e", float), ("9" * 5000, int)]:
+        with pytest.raises(ValueError):
+            parse_number(text, kind)

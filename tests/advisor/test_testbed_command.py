@@ -38,6 +38,11 @@ def test_parse_loss(text, fraction):
     (cmd.parse_rtt, "-5ms", "--rtt 40ms"),
     (cmd.parse_queue, "lots", "--queue 300p"),
     (cmd.parse_loss, "150%", "below 1"),
+    # Were: 0 bytes, and OverflowError (inf) on the way to int.
+    (cmd.parse_queue, "0.1", "--queue '0.1': give bytes"),
+    (cmd.parse_queue, "1e308M", "--queue '1e308M': give bytes"),
+    (cmd.parse_queue, "1e300p", "--queue '1e300p': give bytes"),
+    (cmd.parse_rate, "1e300G", "--rate '1e300G': give bits/s"),
 ])
 def test_bad_values_say_what_to_fix(parse, text, hint):
     with pytest.raises(UsageError, match=hint):
@@ -94,3 +99,21 @@ def test_cli_up_down_shared(capsys):
         assert main(["testbed", "down", "--shared", "--name", name]) == 0
     assert not [ns for ns in os.listdir("/run/netns") if ns.startswith(f"tps-{name}-")]
     assert main(["testbed", "down", "--shared", "--name", name]) == 1
+
+
+@pytest.mark.parametrize("argv, says", [
+    # Were OverflowError tracebacks: the default queue, int(rate * rtt / 8), was computed before the spec was checked.
+    (["--rate", "1e300G"], "--rate '1e300G': give bits/s"),
+    (["--rtt", "1e308s"], "rtt_s must be between 0 and 2 seconds"),
+    (["--rate", "10G", "--rtt", "1e308"], "rtt_s must be between 0 and 2 seconds"),
+    (["--shared", "--rtt", "1e308s"], "rtt_s must be between 0 and 2 seconds"),
+])
+def test_out_of_range_rates_and_rtts_exit_2_before_anything_is_built(monkeypatch, capsys, argv, says):
+    def nothing_built(*args, **kwargs):
+        raise AssertionError("a refused test bed was built")
+
+    monkeypatch.setattr(cmd.testbed, "up", nothing_built)
+    monkeypatch.setattr(cmd.sharedbed, "up", nothing_built)
+    assert main(["testbed", "up", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tame testbed: ") and says in err, err

@@ -9,23 +9,30 @@ SECRET_PIECES = ("s3cr", "tPW")
 
 
 @pytest.mark.parametrize("url, shown", [
-    ("http://tame:s3cr3tPW@db:8000/prefix", "http://tame:***@db:8000/prefix"),
-    ("http://u:s3cr%33tPW@h", "http://u:***@h"),
-    ("http://:s3cr3tPW@h", "http://:***@h"),
-    # A password holding a raw @ or / is hidden whole, up to the last @.
-    ("http://u:s3cr@3tPW@h/", "http://u:***@h/"),
-    ("http://u:s3cr/3tPW@h", "http://u:***@h"),
+    ("http://tame:s3cr3tPW@db:8000/prefix", "http://***@db:8000/prefix"),
+    ("http://u:s3cr%33tPW@h", "http://***@h"),
+    ("http://:s3cr3tPW@h", "http://***@h"),
+    # A login alone may be the secret (was shown: http://s3cr3tPW@127.0.0.1:1).
+    ("http://s3cr3tPW@127.0.0.1:1", "http://***@127.0.0.1:1"),
+    ("https://s3cr3tPW@h:8443/", "https://***@h:8443/"),
+    # A password holding a raw @, / or ? is hidden whole, up to the last @.
+    ("http://u:s3cr@3tPW@h/", "http://***@h/"),
+    ("http://u:s3cr/3tPW@h", "http://***@h"),
+    ("http://u:s3cr?3tPW@h", "http://***@h"),
     # Without "scheme://" (a value httpx reads as scheme u, or as a path) the user part starts the text.
-    ("u:s3cr3tPW@h:8000", "u:***@h:8000"),
-    ("http:/u:s3cr3tPW@h", "http:***@h"),
-    ("//u:s3cr3tPW@h", "//u:***@h"),
-    ("u:s3cr3tPW@h/?next=http://x", "u:***@h/?next=http://x"),
-    # Nothing to hide: no password, a user without one, a port.
+    ("u:s3cr3tPW@h:8000", "***@h:8000"),
+    ("http:/u:s3cr3tPW@h", "***@h"),
+    ("//u:s3cr3tPW@h", "***@h"),
+    # A query's values are hidden, its keys kept (was shown: ?token=s3cr3tPW).
+    ("http://h:8000/?token=s3cr3tPW", "http://h:8000/?token=***"),
+    ("http://h/?a=1&token=s3cr3tPW&s3cr3tPW&b=", "http://h/?a=***&token=***&***&b="),
+    ("u:s3cr3tPW@h/?next=http://x", "***@h/?next=***"),
+    # Nothing to hide: no user part, no query, a port.
     ("http://127.0.0.1:8000", "http://127.0.0.1:8000"),
-    ("https://tame@h:8443/", "https://tame@h:8443/"),
+    ("http://h:8443/prefix/", "http://h:8443/prefix/"),
     ("http://[::1]:8000", "http://[::1]:8000"),
 ])
-def test_shown_url_shows_the_password_as_stars(url, shown):
+def test_shown_url_shows_the_user_part_and_query_values_as_stars(url, shown):
     assert shown_url(url) == shown
 
 
@@ -65,14 +72,14 @@ def test_check_url_refuses_what_is_not_a_service_address(url, why):
 
 
 def test_check_url_names_a_flag_as_written_on_the_command_line():
-    with pytest.raises(InvalidServiceURL, match=r"^--server 'ftp://u:\*\*\*@h' is not an http or https URL: "):
+    with pytest.raises(InvalidServiceURL, match=r"^--server 'ftp://\*\*\*@h' is not an http or https URL: "):
         check_url("ftp://u:s3cr3tPW@h", "--server")
 
 
 def test_the_client_refuses_a_bad_url_and_shows_a_good_one_without_its_password():
-    with pytest.raises(InvalidServiceURL, match=r"^base_url='ftp://u:\*\*\*@h' "):
+    with pytest.raises(InvalidServiceURL, match=r"^base_url='ftp://\*\*\*@h' "):
         TameClient("ftp://u:s3cr3tPW@h")
-    with pytest.raises(InvalidServiceURL, match=r"^base_url='http://u:\*\*\*@127.0.0.1:1' holds a login"):
+    with pytest.raises(InvalidServiceURL, match=r"^base_url='http://\*\*\*@127.0.0.1:1' holds a login"):
         TameClient("http://u:s3cr3tPW@127.0.0.1:1")
     # Port 1 on loopback refuses at once.
     with TameClient("http://127.0.0.1:1", timeout_s=5) as client:

@@ -345,6 +345,13 @@ def test_the_server_limits_come_from_the_environment():
             Settings.from_env({name: text})
 
 
+@pytest.mark.parametrize("text", [" ", ",", " , ,"])
+def test_an_allow_list_that_lists_no_destination_is_refused(text):
+    # Was taken as an empty allow-list, silently: every probe refused.
+    with pytest.raises(ConfigError, match="^TAME_ALLOWED_DESTINATIONS is set but lists no destination; give CIDR"):
+        Settings.from_env({"TAME_ALLOWED_DESTINATIONS": text})
+
+
 def test_serve_exits_2_naming_a_bad_allow_list_entry(tmp_path):
     done = run_serve(tmp_path, "--port", str(free_port()), env={"TAME_ALLOWED_DESTINATIONS": "10.0.0.0/33,http://x,*"})
     assert done.returncode == 2, done
@@ -390,3 +397,76 @@ def test_serve_exits_2_on_a_congestion_control_it_cannot_probe_under(tmp_path, c
                           timeout=60)
     assert done.returncode == 2 and says in done.stderr and "Traceback" not in done.stderr, done.stderr
     assert not (tmp_path / "t.sqlite3").exists()  # refused before the store was opened
+
+
+@pytest.mark.parametrize("variable", ["TAME_TOKEN", "TAME_READ_TOKEN"])
+@pytest.mark.parametrize("token", ["s3cr3tPW\n", "s3cr3tPW\u00e9", "s3cr 3tPW", "\ts3cr3tPW"])
+def test_a_token_a_header_cannot_carry_is_refused_naming_only_its_variable(variable, token):
+    # Was accepted: every write then got 401, for ever (no client can send such a header).
+    with pytest.raises(ConfigError) as raised:
+        Settings.from_env({"TAME_TOKEN": "w", variable: token})
+    assert str(raised.value).startswith(f"{variable} is not a usable token: a token is printable ASCII without white "
+                                        "space"), raised.value
+    assert "s3cr" not in str(raised.value)
+
+
+def test_serve_exits_2_on_a_token_a_header_cannot_carry(tmp_path):
+    done = run_serve(tmp_path, "--port", str(free_port()), env={"TAME_TOKEN": "s3cr3tPW\n"})
+    assert done.returncode == 2 and "TAME_TOKEN is not a usable token" in done.stderr, done
+    assert "s3cr" not in done.stdout + done.stderr and "listening" not in done.stdout
+    assert not (tmp_path / "t.sqlite3").exists()
+
+
+@pytest.mark.parametrize("host, says", [
+    # Was: "" listened on every interface (0.0.0.0) and printed "listening on http://:PORT"; multicast was taken.
+    ("", "'' names no address; give 0.0.0.0 to listen on every interface"),
+    ("224.0.0.1", "'224.0.0.1' is a multicast address"),
+    ("ff02::1", "'ff02::1' is a multicast address"),
+])
+def test_serve_refuses_a_host_it_should_not_listen_on(tmp_path, host, says):
+    done = run_serve(tmp_path, "--host", host, "--port", str(free_port()))
+    assert done.returncode == 2 and done.stderr.startswith("tame serve: argument --host: ") and says in done.stderr, done
+    assert "Traceback" not in done.stderr and "listening" not in done.stdout
+    assert not (tmp_path / "t.sqlite3").exists()
+
+
+def test_serve_on_ipv6_prints_a_url_with_the_address_in_brackets(tmp_path):
+    # Was "listening on http://::1:PORT", which is no URL.
+    port = free_port()
+    env = {**os.environ, "TAME_DATABASE_URL": f"sqlite:///{tmp_path}/t.sqlite3"}
+    proc = subprocess.Popen([TAME, "serve", "--no-worker", "--host", "::1", "--port", str(port)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert f"listening on http://[::1]:{port} " in line, (line, proc.stderr.read() if proc.poll() else "")
+        assert httpx.get(f"http://[::1]:{port}/healthz", timeout=10).status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+
+@pytest.mark.parametrize("url, says", [("sqlite:///", "names no file"), ("sqlite:///:memory:", "names no file"),
+                                       ("sqlite:///{tmp}/a.db?mode=ro", "holds '?'")])
+def test_serve_exits_2_on_a_sqlite_url_that_names_no_one_file(tmp_path, url, says):
+    # Was: served, each pooled connection with its own empty database ("no such table: current_fits" 503s), or a file
+    # named "a.db?mode=ro".
+    done = run_serve(tmp_path, "--port", str(free_port()), env={"TAME_DATABASE_URL": url.format(tmp=tmp_path)})
+    assert done.returncode == 2 and f"tame serve: TAME_DATABASE_URL='{url.format(tmp=tmp_path)}' {says}" \
+        in done.stderr, done
+    assert "Traceback" not in done.stderr and "listening" not in done.stdout
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("url", ["postgres://", "postgresql://tame@/tame", "postgresql://tame@db:5432"])
+def test_paths_exits_2_on_a_postgresql_url_that_leaves_host_or_database_to_libpq(monkeypatch, capsys, url):
+    # In-process, with connecting forbidden: a bare postgres:// reaches this machine's server as the OS user.
+    import psycopg
+
+    from advisor.cli import main
+
+    monkeypatch.setattr(psycopg, "connect", lambda *a, **k: pytest.fail(f"{url} was connected to"))
+    monkeypatch.setenv("TAME_DATABASE_URL", url)
+    assert main(["paths"]) == 2
+    out, err = capsys.readouterr()
+    assert err.startswith(f"tame paths: TAME_DATABASE_URL={url!r} names no ") and "libpq" in err and out == "", err
