@@ -39,7 +39,7 @@ def test_the_probe_max_age_is_read_from_the_environment_and_checked():
                       ({"TAME_PROBE_MAX_AGE_S": "0"}, "between"),
                       ({"TAME_PROBE_MAX_AGE_S": "-60"}, "between"),
                       ({"TAME_PROBE_MAX_AGE_S": "1e12"}, "between"),
-                      ({"TAME_PROBE_MAX_AGE_S": "nan"}, "between"),
+                      ({"TAME_PROBE_MAX_AGE_S": "nan"}, "not a number"),
                       ({"TAME_TTL_S": "3600", "TAME_PROBE_MAX_AGE_S": "600"}, "at least TAME_TTL_S")):
         with pytest.raises(ConfigError, match="TAME_PROBE_MAX_AGE_S") as raised:
             Settings.from_env(env)

@@ -58,8 +58,10 @@ def tame(tmp_path, monkeypatch, capsys):
         return status, out, err
 
     yield run
-    # Nothing stored: not the local store (which a refused TAME_URL must not fall back to), nor the agent's spool.
-    assert not (tmp_path / "tame.sqlite3").exists() and not (tmp_path / "state").exists()
+    # Nothing stored: not the local store (which a refused TAME_URL must not fall back to), nor a run in the agent's
+    # spool (an agent that starts makes its spool directory, checking it can write there).
+    assert not (tmp_path / "tame.sqlite3").exists()
+    assert not [p for p in (tmp_path / "state").rglob("*") if not p.is_dir()]
 
 
 def _refused(done, command, *says):
