@@ -52,11 +52,15 @@ def start_serve(tmp_path, db_path, env=None, args=(), port=None):
     return proc, base
 
 
-def stop(proc):
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-    proc.wait(30)
+def stop(*procs):
+    """Stop each process (None: not started): SIGTERM, SIGKILL after 30 s."""
+    for proc in procs:
+        if proc is None:
+            continue
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        proc.wait(30)

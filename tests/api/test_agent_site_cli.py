@@ -228,11 +228,7 @@ def test_a_claim_whose_answer_was_lost_is_probed_in_the_agent_s_next_round(tmp_p
             assert conn.execute("SELECT status, attempts FROM probe_jobs").fetchall() == [("done", 1)]
             assert conn.execute("SELECT count(*) FROM spent_attempts").fetchone() == (0,)  # no lapsed lease charged
     finally:
-        if agent is not None:
-            agent.kill()
-            agent.wait(30)
-        stop(serve)
-        stop(iperf)
+        stop(agent, serve, iperf)
 
 
 def test_an_agent_whose_plan_could_outlast_its_lease_does_not_probe(tmp_path):

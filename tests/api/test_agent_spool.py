@@ -91,11 +91,7 @@ def test_a_site_run_the_full_spool_cannot_keep_is_held_and_delivered_when_the_se
             assert runs(db) == 1 and jobs(db) == [("done", 1)]
             assert agent.poll() is None
     finally:
-        if agent is not None:
-            agent.kill()
-            agent.wait(30)
-        stop(serve)
-        stop(iperf)
+        stop(agent, serve, iperf)
 
 
 @pytest.mark.iperf
