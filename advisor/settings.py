@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping
 from advisor.allowlist import DEFAULT_ALLOWED, AllowList
 from advisor.db import DEFAULT_POOL_SIZE, check_database_url, redact_url
 from advisor.errors import ConfigError, InvalidRequest, StoreError
+from advisor.files import FileTooLarge, NotARegularFile, read_capped
 from advisor.freshness import PROBE_MAX_AGE_TTLS, Freshness
 from advisor.limits import MAX_PROBE_MAX_DURATION_S, MAX_SITE_LINKS, SITE_RULE, TOKEN_RULE, check_congestion_control, check_site, check_token, \
     is_token, parse_number
@@ -100,35 +101,25 @@ def read_secret_file(variable: str, path: str) -> str:
     not a regular file, or that group or others may use (mode & 0o077: others could read the secrets, or write their
     own), saying to chmod 600 it."""
     where = f"{variable}={path!r}"
-    try:
-        # Opened first and checked by its descriptor, so what is checked is what is read; O_NONBLOCK: a FIFO is
-        # refused below instead of holding start-up until something writes to it.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise ConfigError(f"{where} cannot be read: {exc.strerror or exc}") from None
-    try:
-        info = os.fstat(fd)
+
+    def private(info: os.stat_result) -> None:
         mode = info.st_mode
-        if not stat.S_ISREG(mode):
-            raise ConfigError(f"{where} is not a regular file; point {variable} at a file that holds the secrets")
         if mode & 0o077:
             raise ConfigError(f"{where} is open to group or others (mode {stat.S_IMODE(mode):04o}), and it holds "
                               f"secrets: chmod 600 {shlex.quote(path)}, owned by the service's user")
         if info.st_uid != os.geteuid():  # its owner could write tokens in, whatever the mode
             raise ConfigError(f"{where} belongs to user id {info.st_uid}, not to the service's ({os.geteuid()}), and "
                               f"it holds secrets: chown {os.geteuid()} {shlex.quote(path)}")
-        chunks, size = [], 0
-        while size <= MAX_SECRET_FILE_BYTES and (chunk := os.read(fd, MAX_SECRET_FILE_BYTES + 1 - size)):
-            chunks.append(chunk)
-            size += len(chunk)
-        data = b"".join(chunks)
-        if size > MAX_SECRET_FILE_BYTES:
-            raise ConfigError(f"{where} is larger than {MAX_SECRET_FILE_BYTES} bytes: point {variable} at the "
-                              "file of site:token lines")
+
+    try:
+        data = read_capped(path, MAX_SECRET_FILE_BYTES, check=private)
+    except NotARegularFile:
+        raise ConfigError(f"{where} is not a regular file; point {variable} at a file that holds the secrets") from None
+    except FileTooLarge:
+        raise ConfigError(f"{where} is larger than {MAX_SECRET_FILE_BYTES} bytes: point {variable} at the "
+                          "file of site:token lines") from None
     except OSError as exc:
         raise ConfigError(f"{where} cannot be read: {exc.strerror or exc}") from None
-    finally:
-        os.close(fd)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:

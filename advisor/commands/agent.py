@@ -22,6 +22,7 @@ from advisor.commands.probe import add_control_option, control_from_args
 from advisor.commands.runtime import default_driver, load_settings, on_stop_signals, open_store, setup_logging
 from advisor.destinations import parse_destination
 from advisor.errors import AdvisorError
+from advisor.files import FileTooLarge, NotARegularFile, read_capped
 from advisor.limits import MAX_MEASURED_AGO_S
 from advisor.plan_runner import level_chooser, plan_for
 from advisor.tame import plan_control
@@ -30,7 +31,7 @@ from advisor.service import AdviceService, fresh_destinations
 from advisor.site_agent import SiteAgent, run_payload
 from advisor.sites import SiteBudget
 from advisor.store import process_owner
-from advisor.commands.common import service_url, site_name, whole_number
+from advisor.commands.common import number_between, service_url, site_name, whole_number
 from advisor.limits import MAX_SITE_PROBE_SECONDS_PER_HOUR, MAX_SITE_PROBES, MAX_SITE_STREAMS
 from advisor.worker import ProbeWorker, probe_target
 from probes.errors import ProbeError
@@ -40,7 +41,17 @@ class _ServiceURL(argparse.Action):
     """--push / --server URL, remembering which of the two was typed (push_flag) so an error names it."""
 
     def __call__(self, parser, namespace, values, option_string=None):
+        typed = getattr(namespace, "push_flag", None)
+        if typed is not None and typed != option_string:
+            # Two names for one setting: which of two URLs was meant cannot be told.
+            raise argparse.ArgumentError(self, f"{typed} and {option_string} are the same option: give one URL")
         namespace.push, namespace.push_flag = values, option_string
+
+
+# Between rounds, seconds: under a second, a round that finds nothing to do (or a service that refuses at once) turns
+# into a busy loop of requests; a day apart, advice whose TTL is shorter goes stale between rounds.
+MIN_INTERVAL_S = 1.0
+MAX_INTERVAL_S = 86400.0
 
 
 def register(subparsers) -> None:
@@ -64,7 +75,9 @@ def register(subparsers) -> None:
                         default=int(SiteBudget.probe_seconds_per_hour), metavar="S",
                         help=f"with --site: the site's probe-seconds in any hour (default "
                              f"{SiteBudget.probe_seconds_per_hour:g})")
-    parser.add_argument("--interval", type=float, default=60.0, help="seconds between freshness checks (default 60)")
+    parser.add_argument("--interval", type=number_between(MIN_INTERVAL_S, MAX_INTERVAL_S, "a number of seconds"),
+                        default=60.0, metavar="SECONDS",
+                        help=f"seconds between freshness checks, {MIN_INTERVAL_S:g} to {MAX_INTERVAL_S:g} (default 60)")
     parser.add_argument("--once", action="store_true", help="one round: probe what is missing or stale, then exit")
     parser.add_argument("--spool", type=Path, default=None, metavar="DIR",
                         help="with --push: where runs the service did not take (unreachable, 5xx, 408, 429) wait to "
@@ -74,11 +87,24 @@ def register(subparsers) -> None:
     parser.set_defaults(handler=run)
 
 
+# A --dest-file is read whole each round: MAX_SITE_LINKS lines of a destination and a comment fit well inside this.
+MAX_DEST_FILE_BYTES = 1 << 20
+
+
 def read_destinations(path: Path) -> list[str]:
+    what = f"--dest-file {path}"
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = read_capped(path, MAX_DEST_FILE_BYTES).decode("utf-8").splitlines()
+    except NotARegularFile:
+        raise UsageError(f"{what} is not a regular file: give a file of HOST[:PORT] lines") from None
+    except FileTooLarge:
+        raise UsageError(f"{what} is larger than {MAX_DEST_FILE_BYTES} bytes: give a file of HOST[:PORT] lines, "
+                         "one destination a line") from None
+    except UnicodeDecodeError:
+        # Not the decoder's message: it quotes a byte of the file.
+        raise UsageError(f"{what} is not UTF-8 text: give a file of HOST[:PORT] lines") from None
     except OSError as exc:
-        raise UsageError(f"cannot read --dest-file {path}: {exc.strerror}") from exc
+        raise UsageError(f"cannot read {what}: {exc.strerror or exc}") from exc
     dests = []
     for number, line in enumerate(lines, 1):
         text = line.split("#", 1)[0].strip()
@@ -107,6 +133,10 @@ def run(args) -> int:
     if args.site is None and budget_given:
         raise UsageError("--max-probes, --max-streams and --probe-seconds-per-hour are a site's budget: give --site "
                          "and --server too")
+    if args.spool is not None and not args.push:
+        raise UsageError("--spool is where a pushing agent keeps the runs its service did not take: give --push or "
+                         "--server too (without them the runs are stored here, with nothing to spool)")
+    read_destinations(args.dest_file)  # a file that cannot be read stops the agent before anything is done
     if args.site is not None:
         return _run_site(args, settings, driver)
     if args.push:
@@ -165,9 +195,13 @@ def _enqueue_due(service: AdviceService, dests: list[str]) -> None:
 
 
 SPOOL_FORM = "tame-agent-spool/1"
+# A spool record's own fields around the run it keeps (_spool_record).
+SPOOL_FIELDS_BYTES = 4 * 1024
 # The most runs an agent holds in memory when its spool cannot be written (each a few kB): past it, the oldest goes.
 MAX_HELD_RUNS = 1000
 _SPOOL_FIX = "free space there, make it writable by this user, or give --spool another directory"
+_NOT_A_FOLDER = ("{rejected}, where runs that are refused or unreadable are set aside, is not a directory: move it "
+                 "away, or give --spool another directory")
 
 
 def default_spool_dir(env=os.environ) -> Path:
@@ -181,6 +215,8 @@ def check_spool(spool: Path) -> None:
     spool cannot be written would lose every run the service cannot take, and one that cannot remove a delivered
     run would send it again at every start."""
     check = spool / f".write-check-{os.getpid()}"
+    if os.path.lexists(spool) and not spool.is_dir():
+        raise UsageError(f"--spool {spool} is not a directory: give --spool a directory (made if missing)")
     try:
         spool.mkdir(parents=True, exist_ok=True)
         os.close(os.open(check, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))
@@ -188,6 +224,9 @@ def check_spool(spool: Path) -> None:
     except OSError as exc:
         raise UsageError(f"the spool directory {spool} cannot be written ({exc.strerror or exc}): {_SPOOL_FIX}") \
             from exc
+    rejected = spool / "rejected"
+    if os.path.lexists(rejected) and not rejected.is_dir():
+        raise UsageError(_NOT_A_FOLDER.format(rejected=rejected))
 
 
 def _spool_record(payload: dict[str, Any], key: str) -> dict[str, Any]:
@@ -225,6 +264,8 @@ def _set_aside(path: Path) -> str:
     try:
         rejected.mkdir(exist_ok=True)
         os.replace(path, rejected / path.name)
+    except (FileExistsError, NotADirectoryError):
+        return f"it cannot be set aside and stays in {path}: {_NOT_A_FOLDER.format(rejected=rejected)}"
     except OSError as exc:
         return f"it cannot be set aside ({exc.strerror or exc}) and stays in {path}: {_SPOOL_FIX}"
     return f"set aside in {rejected / path.name}"
@@ -337,16 +378,28 @@ def _deliver_spooled(client, spool: Path, held: HeldRuns | None = None) -> None:
         held.discard(record)
     if not spool.is_dir():
         return
+    from api.boundary import PROBE_RUN_BYTES  # a record larger than the service takes is no run of this agent's
+
     for path in sorted(spool.glob("*.json")):
         try:
-            payload, key = _unspooled(json.loads(path.read_text(encoding="utf-8")))
-        except (OSError, ValueError, KeyError, AttributeError, TypeError) as exc:
-            print(f"tame agent: spooled run {path} is unreadable ({exc}); {_set_aside(path)}",
-                  file=sys.stderr, flush=True)
+            payload, key = _unspooled(json.loads(read_capped(path, PROBE_RUN_BYTES + SPOOL_FIELDS_BYTES)))
+        except NotARegularFile:
+            problem = "not a regular file"
+        except FileTooLarge:
+            problem = f"larger than {PROBE_RUN_BYTES + SPOOL_FIELDS_BYTES} bytes"
+        except RecursionError:  # JSON nested deeper than the parser goes
+            problem = "nested too deeply"
+        except OSError as exc:
+            problem = exc.strerror or str(exc)
+        except (ValueError, KeyError, AttributeError, TypeError) as exc:
+            problem = str(exc)
+        else:
+            # A record spooled before keys were kept has none: its file's name, which stays as long as it does.
+            if not _push(client, payload, spool, path, key or f"spool-{path.stem}"):
+                return
             continue
-        # A record spooled before keys were kept has none: its file's name, which stays as long as it does.
-        if not _push(client, payload, spool, path, key or f"spool-{path.stem}"):
-            return
+        print(f"tame agent: spooled run {path} is unreadable ({problem:.200}); {_set_aside(path)}", file=sys.stderr,
+              flush=True)
 
 
 def _run_site(args, settings, driver) -> int:

@@ -82,6 +82,19 @@ def whole_number(low: int, high: int, what: str = "a whole number", why: str = "
     return parse
 
 
+def number_between(low: float, high: float, what: str = "a number"):
+    """An argparse type: a finite number in low..high, written in ASCII (``what`` names it)."""
+    def parse(text: str) -> float:
+        try:
+            value = parse_number(text)
+        except ValueError:
+            value = math.nan  # 'inf', 'nan', '1_0': parse_number refuses them all
+        if not (math.isfinite(value) and low <= value <= high):
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what} from {low:g} to {high:g}")
+        return value
+    return parse
+
+
 positive_int = whole_number(1, MAX_STREAMS)
 port_number = whole_number(1, 65535, "a port number (give 1-65535)", why=" (a TCP port: give 1-65535)")
 
