@@ -310,7 +310,9 @@ def claim_job(store: Store, site: str, owner: str, *, max_streams: int, adaptive
 def _held_unknown(tx, site: str, owner: str, holding: Sequence[str], now: float,
                   lease_slack_s: float) -> tuple[Job, int, float] | None:
     """A running job of ``site`` held by ``owner`` but not among the ``holding`` it says it runs, made claimed now (its
-    lease renewed from now for its reserved seconds): (job, streams reserved, lease until); None when there is none."""
+    lease renewed from now for its reserved seconds): (job, streams reserved, lease until); None when there is none.
+    The seconds since it was claimed are kept in spent_attempts, as a lapsed lease's would be: leaving a job out of
+    ``holding`` never takes its time off the site's hourly budget."""
     known = tuple(holding)
     exclude = f" AND id NOT IN ({', '.join('?' * len(known))})" if known else ""
     row = tx.execute(f"SELECT {JOB_COLUMNS}, streams_reserved, seconds_reserved FROM probe_jobs WHERE src = ? AND "
@@ -320,6 +322,9 @@ def _held_unknown(tx, site: str, owner: str, holding: Sequence[str], now: float,
         return None
     job, streams, seconds = job_from_row(row), row[-2], row[-1]
     lease_until = now + float(seconds or 0.0) + lease_slack_s
+    if job.started_at is not None:
+        tx.execute("INSERT INTO spent_attempts (src, job_id, started_at, seconds) VALUES (?, ?, ?, ?)",
+                   (site, job.id, job.started_at, max(0.0, now - job.started_at)))
     tx.execute("UPDATE probe_jobs SET started_at = ?, lease_until = ? WHERE id = ?", (now, lease_until, job.id))
     return job, int(streams or 0), lease_until
 
