@@ -240,7 +240,7 @@ def claim_job(store: Store, site: str, owner: str, *, max_streams: int, adaptive
 
     ``holding``: the ids of the probes ``owner`` is running (None: not said). A running job held in ``owner``'s name
     and not among them was claimed by it without its knowing (the answer was lost on the way): it is given again
-    first, as claimed now (a fresh lease; the time it sat unknown is not charged, no attempt is counted). A queued job that budget could not give even with nothing else running (:func:`never_fits`)
+    first, as claimed now (a fresh lease; the seconds since it was claimed are charged, no attempt is counted). A queued job that budget could not give even with nothing else running (:func:`never_fits`)
     fails, saying why, and the claim goes on to the next."""
     now = store.clock()
     lock, skip = _row_lock(store), _row_lock(store, "FOR UPDATE SKIP LOCKED")
