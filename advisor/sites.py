@@ -19,7 +19,8 @@ from advisor.destinations import Destination
 from advisor.errors import BudgetConflict, InvalidRequest, TooManyLinks
 from advisor.limits import (BUDGET_WINDOW_S, MAX_SITE_LINKS, MAX_SITE_PROBE_SECONDS_PER_HOUR, MAX_SITE_PROBES,
                             MAX_SITE_STREAMS)
-from advisor.store import ANSWERED_JOB, JOB_COLUMNS, Job, Store, fail_job_in, job_from_row, lock_claims
+from advisor.store import (ANSWERED_JOB, JOB_COLUMNS, Job, Store, charge_attempt_in, fail_job_in, job_from_row,
+                           lock_claims)
 
 # How long after its agents' last sign of life (a registration or a claimed probe; one under a lease counts until the
 # lease runs out) a site's budget stays held against a different one, seconds. An agent registers every round
@@ -323,8 +324,7 @@ def _held_unknown(tx, site: str, owner: str, holding: Sequence[str], now: float,
     job, streams, seconds = job_from_row(row), row[-2], row[-1]
     lease_until = now + float(seconds or 0.0) + lease_slack_s
     if job.started_at is not None:
-        tx.execute("INSERT INTO spent_attempts (src, job_id, started_at, seconds) VALUES (?, ?, ?, ?)",
-                   (site, job.id, job.started_at, max(0.0, now - job.started_at)))
+        charge_attempt_in(tx, site, job.id, job.started_at, now - job.started_at)
     tx.execute("UPDATE probe_jobs SET started_at = ?, lease_until = ? WHERE id = ?", (now, lease_until, job.id))
     return job, int(streams or 0), lease_until
 

@@ -310,6 +310,12 @@ def lock_claims(tx: Tx) -> None:
         tx.execute(f"SELECT pg_advisory_xact_lock({CLAIM_LOCK})")
 
 
+def charge_attempt_in(tx: Tx, src: str, job_id: str, started_at: float, seconds: float) -> None:
+    """Keep an attempt's ``seconds`` (from ``started_at``) in spent_attempts, where a site's hourly budget counts them."""
+    tx.execute("INSERT INTO spent_attempts (src, job_id, started_at, seconds) VALUES (?, ?, ?, ?)",
+               (src, job_id, started_at, max(0.0, seconds)))
+
+
 def _end_attempt_in(tx: Tx, held: str, held_params: Sequence[Any], *, job_id: str, src: str, attempts: int,
                    started_at: float | None, lease_until: float | None, now: float, max_attempts: int, gave_up: str,
                    requeued: str, requeued_at: float | None = None, counted: bool = True,
@@ -332,8 +338,7 @@ def _end_attempt_in(tx: Tx, held: str, held_params: Sequence[Any], *, job_id: st
                       f"lease_until = NULL, address = ?, {behind}{uncount}error = ? WHERE {held} RETURNING id",
                       (address, *behind_params, requeued, *held_params)).fetchone() is not None
     if done and started_at is not None:
-        tx.execute("INSERT INTO spent_attempts (src, job_id, started_at, seconds) VALUES (?, ?, ?, ?)",
-                   (src, job_id, started_at, max(0.0, stopped - started_at)))
+        charge_attempt_in(tx, src, job_id, started_at, stopped - started_at)
     return done
 
 
