@@ -141,14 +141,16 @@ def _prunable_runs(tx: Tx, keep: int, older_than: float | None, limit: int) -> l
 
 
 def _stale_raw(tx: Tx, limit: int) -> list[int]:
-    """Ids of probe results that still hold ``raw`` but are not of their link's newest run with results, oldest
-    first."""
+    """Ids of probe results that still hold ``raw`` but are not of their link's run with results on the newest
+    probes (the newest stored among equals, as _NEWEST_RUN orders them: a late run kept as history is not it),
+    oldest first."""
     rows = tx.execute(
-        "WITH newest AS (SELECT r.destination_id AS did, max(r.id) AS run_id FROM probe_runs r WHERE EXISTS "
-        "(SELECT 1 FROM probe_results p2 WHERE p2.probe_run_id = r.id) GROUP BY r.destination_id) "
         "SELECT p.id FROM probe_results p JOIN probe_runs r ON r.id = p.probe_run_id "
-        "JOIN newest ON newest.did = r.destination_id "
-        "WHERE p.raw IS NOT NULL AND p.probe_run_id < newest.run_id ORDER BY p.id LIMIT ?", (limit,)).fetchall()
+        "WHERE p.raw IS NOT NULL AND EXISTS (SELECT 1 FROM probe_runs r2 WHERE r2.destination_id = r.destination_id "
+        "AND EXISTS (SELECT 1 FROM probe_results p2 WHERE p2.probe_run_id = r2.id) "
+        "AND (coalesce(r2.probed_at, r2.finished_at) > coalesce(r.probed_at, r.finished_at) OR "
+        "(coalesce(r2.probed_at, r2.finished_at) = coalesce(r.probed_at, r.finished_at) AND r2.id > r.id))) "
+        "ORDER BY p.id LIMIT ?", (limit,)).fetchall()
     return [r[0] for r in rows]
 
 

@@ -467,6 +467,15 @@ def test_only_each_links_newest_run_keeps_its_raw_record(tmp_path, request, back
         run_cycle(service, 3)
         prune(store, replace(RETENTION, keep_runs=100, keep_fits=1000))
         assert raw_kept(store) == {d: newest_run(store, d) for d in DESTS}
+
+        # A run delivered late (its probes an hour older than the current fit's) is kept as history: it is stored
+        # last but the current run keeps the raw record, and the late run's is cleared.
+        current = newest_run(store, DESTS[1])
+        late, _ = service.ingest_run(parse_destination(DESTS[1]), 0.001, probe_results(DESTS[1], 4), service.clock(),
+                                     source="push", congestion_control=control, measured_ago_s=3600.0)
+        assert late.id > current
+        prune(store, replace(RETENTION, keep_runs=100, keep_fits=1000))
+        assert raw_kept(store)[DESTS[1]] == current
     finally:
         store.close()
 
