@@ -19,7 +19,8 @@ from typing import Any, Callable, Iterator
 
 from advisor.cli import UsageError
 from advisor.commands.probe import add_control_option, control_from_args
-from advisor.commands.runtime import default_driver, load_settings, on_stop_signals, open_store, setup_logging
+from advisor.commands.runtime import (STOP_SIGNALS, default_driver, load_settings, on_stop_signals, open_store,
+                                      setup_logging)
 from advisor.destinations import parse_destination
 from advisor.errors import AdvisorError
 from advisor.files import FileTooLarge, NotARegularFile, read_capped
@@ -166,16 +167,19 @@ def run(args) -> int:
 
 @contextlib.contextmanager
 def _stopped_by_signals(stop: threading.Event, cancel: Callable[[], None]) -> Iterator[None]:
-    """On SIGTERM or SIGHUP (:data:`advisor.commands.runtime.STOP_SIGNALS`) inside: set ``stop`` and run
-    ``cancel`` (kill the probes), off the main thread, which may hold a lock ``cancel`` takes; says so after."""
+    """On SIGTERM, SIGHUP (:data:`advisor.commands.runtime.STOP_SIGNALS`) or a first SIGINT (Ctrl-C) inside: set
+    ``stop`` and run ``cancel`` (kill the probes), off the main thread, which may hold a lock ``cancel`` takes; says
+    so after. A second SIGINT interrupts at once (KeyboardInterrupt), as Ctrl-C pressed again is meant to."""
     caught: list[int] = []
 
     def handler(signum, frame) -> None:
+        if signum == signal.SIGINT and signal.SIGINT in caught:
+            raise KeyboardInterrupt
         caught.append(signum)
         stop.set()
         threading.Thread(target=cancel, name="tame-agent-stop", daemon=True).start()
 
-    with on_stop_signals(handler):
+    with on_stop_signals(handler, (*STOP_SIGNALS, signal.SIGINT)):
         yield
     if caught:
         print(f"tame agent: stopped by {signal.Signals(caught[0]).name}", file=sys.stderr, flush=True)

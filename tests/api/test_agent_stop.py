@@ -58,29 +58,37 @@ def served_link(tmp_path):
     return iperf_port, iperf, serve, base, db, dests
 
 
-def terminated(agent, iperf_log):
-    """SIGTERM ``agent`` once a probe of it is sending (iperf3 -s accepted it): (exit status, seconds it took)."""
+def default_sigint():
+    """Run in the child before exec: SIGINT as a terminal gives it, whatever this test's parent set (a shell's
+    background job starts with it ignored, and the agent leaves an ignored signal ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def terminated(agent, iperf_log, signum=signal.SIGTERM):
+    """``signum`` to ``agent`` once a probe of it is sending (iperf3 -s accepted it): (exit status, seconds it took)."""
     wait_for(lambda: iperf_log.read_text(errors="replace").count("Accepted connection") >= 2, timeout_s=60,
              what="a probe sending")
     sent = time.monotonic()
-    agent.send_signal(signal.SIGTERM)
+    agent.send_signal(signum)
     return agent.wait(30), time.monotonic() - sent
 
 
-def test_a_site_agent_stopped_by_sigterm_hands_its_probe_back_at_once(tmp_path):
-    """Before: killed outright, its job stayed running for the rest of its lease (137 s in the hunt), the site's hour
-    was charged the whole lease and an attempt was counted. Now: exit 0 within seconds, the job queued again with no
-    attempt counted, the hour charged the seconds it ran, no probe left sending, and the next agent probes it now."""
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_site_agent_stopped_by_a_signal_hands_its_probe_back_at_once(tmp_path, signum):
+    """Before: killed outright (by SIGTERM; by Ctrl-C, a KeyboardInterrupt), its job stayed running for the rest of
+    its lease (137 s in the hunt), the site's hour was charged the whole lease and an attempt was counted. Now: exit 0
+    within seconds, the job queued again with no attempt counted, the hour charged the seconds it ran, no probe left
+    sending, and the next agent probes it now."""
     iperf_port, iperf, serve, base, db, dests = served_link(tmp_path)
     agent_argv = [TAME, "agent", "--site", "dtn1", "--server", base, "--dest-file", str(dests), "--interval", "1"]
     err = tmp_path / "agent.err"
     agent = subprocess.Popen(agent_argv, env=agent_env(tmp_path), stdout=subprocess.DEVNULL, stderr=err.open("wb"),
-                             stdin=subprocess.DEVNULL)
+                             stdin=subprocess.DEVNULL, preexec_fn=default_sigint)
     try:
-        status, took_s = terminated(agent, tmp_path / "iperf3.log")
+        status, took_s = terminated(agent, tmp_path / "iperf3.log", signum)
         [(lease_s,)] = rows(db, "SELECT seconds_reserved FROM probe_jobs")
         assert status == 0, err.read_text()
-        assert took_s < 10 and "tame agent: stopped by SIGTERM" in err.read_text()
+        assert took_s < 10 and f"tame agent: stopped by {signum.name}" in err.read_text()
         assert "Traceback" not in err.read_text()
         [(job_status, attempts, error)] = rows(db, "SELECT status, attempts, error FROM probe_jobs")
         assert (job_status, attempts) == ("queued", 0) and "handed back by" in error
