@@ -38,8 +38,6 @@ _BASE_RUN = ("r.destination_id = fits.destination_id AND r.finished_at = fits.pr
 
 
 def upgrade(tx: Tx) -> None:
-    from advisor.curves import rebuild_curves
-
     tx.execute("ALTER TABLE probe_runs ADD COLUMN probed_at DOUBLE PRECISION")
     tx.execute("UPDATE probe_runs SET probed_at = coalesce((SELECT min(f.probed_at) FROM fits f "
                "WHERE f.probe_run_id = probe_runs.id), finished_at)")
@@ -53,5 +51,5 @@ def upgrade(tx: Tx) -> None:
     tx.execute("DROP VIEW current_fits")
     tx.execute(CURRENT_FITS)
     tx.execute(importlib.import_module("advisor.migrations.0012_links").VIEWS[1])  # current_advice, as it was
-    # A fit current now that was not at 0018 (newer probes, stored earlier) may hold an older curve.
-    rebuild_curves(tx)
+    # A fit current now that was not at 0018 (newer probes, stored earlier) may hold an older curve: its curve_version
+    # says so, and Store.open writes it again after the migrations (advisor.curves).

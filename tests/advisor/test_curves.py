@@ -114,7 +114,13 @@ def test_a_store_written_at_schema_8_gives_the_api_answer_after_the_upgrade(url,
     try:
         service = service_on(store)
         assert disagreements(store, service).get(0.01) == (1, 8)  # before: the old curve splits them
-        assert {18}.issubset(store.db.migrate())
+    finally:
+        store.close()
+    store = Store.open(url)  # migrates, then writes the outdated curves again
+    try:
+        service = service_on(store)
+        with store.db.transaction() as tx:
+            assert tx.execute("SELECT count(*) FROM schema_migrations WHERE version >= 18").fetchone()[0] >= 2
         assert disagreements(store, service) == {}
         assert curve_rows(store, fit_id) == as_rows(curve_of(record, 64))
         with store.db.transaction() as tx:
@@ -152,6 +158,62 @@ def test_curves_of_an_older_curve_version_are_written_again_when_the_store_is_op
         with store.db.transaction() as tx:
             assert tx.execute("SELECT impact_bound FROM curve_points WHERE fit_id = ? AND streams = 2",
                               (row.id,)).fetchone()[0] == 0.5
+    finally:
+        store.close()
+
+
+def test_outdated_curves_are_written_again_a_batch_a_transaction(url, monkeypatch):
+    """Seven links' outdated curves, three fits a transaction: three transactions, each writing whole curves, and
+    every curve is the service's after them; a failure in the third leaves the first two batches written and the
+    rest outdated for the next start."""
+    import advisor.curves as curves
+
+    store = Store.open(url, clock=Clock())
+    try:
+        service = service_on(store)
+        dests = [parse_destination(f"127.0.0.{i}:5201") for i in range(1, 8)]
+        for dest in dests:
+            service.ingest_run(dest, 0.02, run_results(), store.clock(), source="push", congestion_control=CONTROL)
+        fits = {row.id: row for row in store.current_fits(src=SITE)}
+        assert len(fits) == 7
+
+        def outdate():
+            with store.db.transaction(write=True) as tx:
+                for row in fits.values():
+                    tx.execute("DELETE FROM curve_points WHERE fit_id = ?", (row.id,))
+                    write_curve(tx, row.id, old_curve(fit_to_record_of(row), row.n_max))
+                tx.execute("UPDATE fits SET curve_version = NULL")
+
+        def versions():
+            with store.db.transaction() as tx:
+                return [v for (v,) in tx.execute("SELECT curve_version FROM fits ORDER BY id").fetchall()]
+
+        outdate()
+        rebuild, batches = curves.rebuild_curves, []
+        monkeypatch.setattr(curves, "rebuild_curves", lambda tx, limit=None: batches.append(rebuild(tx, limit))
+                            or batches[-1])
+        assert curves.rebuild_outdated_curves(store.db, batch=3) == 7
+        assert batches == [3, 3, 1]
+        assert versions() == [CURVE_VERSION] * 7
+        for row in fits.values():
+            assert curve_rows(store, row.id) == as_rows(curve_of(fit_to_record_of(row), row.n_max))
+
+        outdate()
+        batches.clear()
+
+        def third_fails(tx, limit=None):
+            if len(batches) == 2:
+                raise RuntimeError("the process died")
+            batches.append(rebuild(tx, limit))
+            return batches[-1]
+
+        monkeypatch.setattr(curves, "rebuild_curves", third_fails)
+        with pytest.raises(RuntimeError):
+            curves.rebuild_outdated_curves(store.db, batch=3)
+        assert sorted(versions(), key=lambda v: v is None) == [CURVE_VERSION] * 6 + [None]
+        monkeypatch.setattr(curves, "rebuild_curves", rebuild)
+        assert curves.rebuild_outdated_curves(store.db, batch=3) == 1
+        assert versions() == [CURVE_VERSION] * 7
     finally:
         store.close()
 
