@@ -401,14 +401,6 @@ def _routes(addr: Address, *args: str) -> list[dict]:
         raise CcCommandFailed(str(exc)) from exc
 
 
-def host_route(addr: Address) -> dict | None:
-    """This namespace's route for exactly ``addr``/32 (/128) that :func:`apply_route` added, in whichever table, as
-    ``ip -j`` reports it; else any route for exactly it; None when there is none."""
-    routes = _routes(addr, "show", "table", "all", "exact", _prefix(addr))
-    ours = [r for r in routes if route_is_ours(r)]
-    return (ours or routes or [None])[0]
-
-
 def route_is_ours(route: dict | None) -> bool:
     """Whether ``route`` was added by :func:`apply_route`: its protocol is ROUTE_PROTO and it is a unicast route
     through a device or next hops, as apply_route makes them (a blackhole or unreachable route given that protocol
@@ -418,10 +410,73 @@ def route_is_ours(route: dict | None) -> bool:
             and bool(route.get("dev") or route.get("nexthops") or route.get("nhid")))
 
 
-def _locked_metrics(addr: Address) -> set[str]:
+@dataclass(frozen=True)
+class RouteSelector:
+    """What a connection carries besides its destination that policy rules (``ip rule``) may choose its route by:
+    the firewall mark it is sent with and its source address (None: no mark; the source the kernel picks)."""
+
+    mark: int | None = None
+    source: Address | None = None
+
+    def __post_init__(self) -> None:
+        if self.mark is not None and not 0 <= self.mark <= 0xFFFFFFFF:
+            raise ValueError(f"mark {self.mark}: a firewall mark is 0 to 0xffffffff")
+
+    def route_get(self, addr: Address) -> list[str]:
+        """``ip route get`` arguments for a connection to ``addr`` carrying this."""
+        if self.source is not None and self.source.version != addr.version:
+            raise ValueError(f"source {self.source} and destination {addr} are not of one IP version")
+        return ["route", "get", str(addr), *(["from", str(self.source)] if self.source is not None else []),
+                *(["mark", hex(self.mark)] if self.mark is not None else []), "fibmatch"]
+
+    def picks(self, rule: dict) -> bool:
+        """Whether a connection carrying this matches every selector of ``rule`` (``ip -j rule`` form) but its
+        destination."""
+        if rule.get("fwmark") is not None:
+            mask = int(rule.get("fwmask", "0xffffffff"), 16)
+            if self.mark is None or self.mark & mask != int(rule["fwmark"], 16) & mask:
+                return False
+        if rule.get("src", "all") != "all":
+            prefix = ipaddress.ip_network(f"{rule['src']}/{rule.get('srclen', 128 if ':' in rule['src'] else 32)}")
+            if self.source is None or self.source not in prefix:
+                return False
+        return not (set(rule) - _RULE_NOT_SELECTORS - {"fwmark", "fwmask", "src", "srclen"})
+
+
+# Keys of ``ip -j rule`` that are not a selector route get cannot see (the destination, ``dst``, it sees).
+_RULE_NOT_SELECTORS = {"priority", "table", "action", "dst", "dstlen", "protocol", "goto", "suppress_prefixlen",
+                       "suppress_ifgroup", "realms", "flags", "not"}
+
+
+def rules_choosing_otherwise(addr: Address, rules: list[dict], selector: RouteSelector) -> list[dict]:
+    """The policy rules (``ip -j rule`` form) for ``addr`` that choose by something a connection carrying
+    ``selector`` does not match (another mark, source, user, interface...): the connections they pick out can take
+    another table's route than the one :func:`apply_route` set."""
+    chosen = []
+    for rule in rules:
+        negated = "not" in rule  # of all its selectors together: kept whenever it has any
+        if rule.get("dst") is not None and not negated:
+            prefix = ipaddress.ip_network(f"{rule['dst']}/{rule.get('dstlen', addr.max_prefixlen)}", strict=False)
+            if addr not in prefix:
+                continue  # not a rule for this destination
+        selectors = set(rule) - _RULE_NOT_SELECTORS - ({"src"} if rule.get("src", "all") == "all" else set())
+        if selectors and (negated or not selector.picks(rule)):
+            chosen.append(rule)
+    return chosen
+
+
+def policy_rules(addr: Address) -> list[dict]:
+    """This namespace's policy rules of ``addr``'s family, as ``ip -j rule`` gives them."""
+    try:
+        return json.loads(run([*_ip(addr), "-j", "rule", "show"]) or "[]")
+    except TestbedCommandFailed as exc:
+        raise CcCommandFailed(str(exc)) from exc
+
+
+def _locked_metrics(addr: Address, selector: RouteSelector) -> set[str]:
     """The metrics the route the kernel picks for ``addr`` locks (``mtu lock 1400``): ``ip -j`` does not say."""
     try:
-        text = run([*_ip(addr), "route", "get", str(addr), "fibmatch"])
+        text = run([*_ip(addr), *selector.route_get(addr)])
     except TestbedCommandFailed as exc:
         raise CcCommandFailed(str(exc)) from exc
     return set(re.findall(r"\b([a-z_]+) lock\b", text))
@@ -465,12 +520,13 @@ def route_argv(addr: Address, picked: dict, locked: set[str]) -> list[str]:
     return argv + _hop_args(picked) + [flag for flag in picked.get("flags", []) if flag in _HOP_FLAGS]
 
 
-def apply_route(addr: Address) -> str:
-    """Route ``addr`` as the kernel routes it now (policy rules, table, next hops, MTU and other metrics), plus
-    ``congctl tame``, in this namespace; returns the route as ``ip`` prints it."""
+def apply_route(addr: Address, selector: RouteSelector = RouteSelector()) -> str:
+    """Route ``addr`` as the kernel routes it now for a connection carrying ``selector`` (policy rules, table, next
+    hops, MTU and other metrics), plus ``congctl tame``, in this namespace; returns the routes for exactly ``addr``
+    as ``ip`` prints them."""
     require_root()
     try:
-        got = json.loads(run([*_ip(addr), "-j", "-d", "route", "get", str(addr), "fibmatch"]) or "[]")
+        got = json.loads(run([*_ip(addr), "-j", "-d", *selector.route_get(addr)]) or "[]")
     except TestbedCommandFailed as exc:  # unreachable from here: the destination to change, not the machine
         raise CcRouteConflict(f"no route to {addr} here: {exc}") from exc
     if not got or got[0].get("type", "unicast") != "unicast" or got[0].get("dev") == "lo":
@@ -483,24 +539,26 @@ def apply_route(addr: Address) -> str:
             f"a route for {_prefix(addr)} that tame did not add exists ({picked.get('dev', '?')}, table "
             f"{picked.get('table', 'main')}); remove it or add 'congctl {NAME}' to it yourself")
     try:
-        run(route_argv(addr, picked, _locked_metrics(addr)))
+        run(route_argv(addr, picked, _locked_metrics(addr, selector)))
     except TestbedCommandFailed as exc:
         raise CcCommandFailed(f"cannot add the route for {addr}: {exc}") from exc
     return describe_route(addr) or ""
 
 
-def clear_route(addr: Address) -> bool:
-    """Remove ``addr``'s route if :func:`apply_route` added it, from its table; returns whether one was removed."""
+def clear_route(addr: Address) -> int:
+    """Remove the routes for exactly ``addr`` that :func:`apply_route` added, from every table; returns how many."""
     require_root()
-    existing = host_route(addr)
-    if not route_is_ours(existing):
-        return False
-    try:
-        run([*_ip(addr), "route", "del", _prefix(addr), "table", str(existing.get("table", "main")),
-             "proto", ROUTE_PROTO])
-    except TestbedCommandFailed as exc:
-        raise CcCommandFailed(f"cannot remove the route for {addr}: {exc}") from exc
-    return True
+    removed = 0
+    for route in _routes(addr, "show", "table", "all", "exact", _prefix(addr)):
+        if not route_is_ours(route):
+            continue
+        try:
+            run([*_ip(addr), "route", "del", _prefix(addr), "table", str(route.get("table", "main")),
+                 "proto", ROUTE_PROTO])
+        except TestbedCommandFailed as exc:
+            raise CcCommandFailed(f"cannot remove the route for {addr}: {exc}") from exc
+        removed += 1
+    return removed
 
 
 def describe_route(addr: Address) -> str | None:

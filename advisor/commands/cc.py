@@ -102,8 +102,14 @@ def register(subparsers) -> None:
     apply.add_argument("--standard-control", metavar="NAME",
                        help="the congestion control of the standard streams n* counts, the one the advice was "
                        "probed with (default: this host's, net.ipv4.tcp_congestion_control)")
+    apply.add_argument("--mark", metavar="MARK",
+                       help="route the connections sent with this firewall mark (e.g. 0x10), when policy rules "
+                       "(ip rule) choose their route by it; the FM is one per destination, whatever the route")
+    apply.add_argument("--from", dest="source", metavar="ADDRESS",
+                       help="route the connections from this local address, when policy rules choose their route "
+                       "by source")
     apply.add_argument("--json", action="store_true", help="print JSON")
-    clear = actions.add_parser("clear", help="remove a destination's FM and the route apply added")
+    clear = actions.add_parser("clear", help="remove a destination's FM and the routes apply added")
     clear.add_argument("dest", metavar="DEST", help="destination IPv4 or IPv6 address")
     parser.set_defaults(handler=run)
 
@@ -197,6 +203,7 @@ def _apply(args) -> int:
         raise UsageError(f"--standard-control {control!r} is neither available here (net.ipv4.tcp_available_congestion_"
                          f"control: {' '.join(available_controls())}) nor one the share law was measured beside "
                          f"({', '.join(sorted(LAWS))}): name the control the standard streams run")
+    selector = _route_selector(args, addr)
     setting = setting_for(n_star, args.streams, rtt_s, control)
     if setting.fractional_multiplier is None:
         raise UsageError(
@@ -213,11 +220,17 @@ def _apply(args) -> int:
         try:
             cc.set_fm(addr, cc.CcSetting(setting.fractional_multiplier,
                                          scale_slow_start=cc.SCALE_SLOW_START_BY_DEFAULT))
-            route = cc.apply_route(addr)
+            route = cc.apply_route(addr, selector)
             applied = True
         finally:
             if not applied:  # no half-applied state, and nothing of another's undone: the entry goes back as it was
                 cc.restore_fm(addr, previous)
+    others = cc.rules_choosing_otherwise(addr, cc.policy_rules(addr), selector)
+    if others:
+        print(f"tame cc apply: warning: policy rules here choose routes by more than the destination "
+              f"({'; '.join(_rule_text(r) for r in others[:5])}): connections to {addr} they pick out take their "
+              "table's route, which may not be the one set here; apply again with --mark/--from for them",
+              file=sys.stderr)
     if args.json:
         json.dump({"dest": str(addr), "fractional_multiplier": setting.fractional_multiplier, "form": setting.form,
                    "standard_streams": setting.standard_streams, "tame_streams": setting.tame_streams,
@@ -235,6 +248,39 @@ def _apply(args) -> int:
     return 0
 
 
+def _route_selector(args, addr) -> cc.RouteSelector:
+    """The --mark and --from of ``apply``, checked."""
+    mark = None
+    if args.mark is not None:
+        try:
+            mark = int(args.mark, 0)
+        except ValueError:
+            raise UsageError(f"--mark {args.mark!r}: give a firewall mark, a number such as 16 or 0x10") from None
+    source = cc.canonical_address(args.source) if args.source is not None else None
+    try:
+        selector = cc.RouteSelector(mark, source)
+        selector.route_get(addr)
+    except ValueError as exc:
+        raise UsageError(f"--mark/--from: {exc}") from None
+    return selector
+
+
+def _rule_text(rule: dict) -> str:
+    """A policy rule (``ip -j rule`` form) as ``ip rule`` prints it, near enough to find it there."""
+    words = [f"{rule.get('priority')}:"] + (["not"] if "not" in rule else [])
+    for key, value in rule.items():
+        if key not in ("priority", "not", "srclen", "dstlen", "fwmask", "uid_end"):
+            shown = {"src": "from", "dst": "to", "table": "lookup", "uid_start": "uidrange"}.get(key, key)
+            if key in ("src", "dst") and f"{key}len" in rule:
+                value = f"{value}/{rule[key + 'len']}"
+            elif key == "uid_start":
+                value = f"{value}-{rule.get('uid_end')}"
+            elif key == "fwmark" and "fwmask" in rule:
+                value = f"{value}/{rule['fwmask']}"
+            words += [shown] + ([] if value is None else [str(value)])
+    return " ".join(words)
+
+
 def _clear(args) -> int:
     addr = cc.canonical_address(args.dest)
     cc.require_root()
@@ -243,6 +289,7 @@ def _clear(args) -> int:
     if not (removed_route or removed_entry):
         print(f"{addr}: nothing to clear")
     else:
-        parts = ("route" if removed_route else "no route", "FM entry" if removed_entry else "no FM entry")
+        routes = f"{removed_route} routes" if removed_route > 1 else "route" if removed_route else "no route"
+        parts = (routes, "FM entry" if removed_entry else "no FM entry")
         print(f"{addr}: cleared ({', '.join(parts)})")
     return 0

@@ -87,6 +87,11 @@ def test_setting_for_refuses_input_that_needs_fm_below_one_or_is_not_a_number(n_
     (["apply", "10.0.0.2", "--tcp-equivalent", "1.5", "--standard-control", "Cubic;rm"], "as the kernel does"),
     (["apply", "10.0.0.2", "--tcp-equivalent", "1.5", "--standard-control", "c" * 5000], "as the kernel does"),
     (["clear", "not-an-address"], "not an IPv4 or IPv6 address"),
+    (["apply", "10.0.0.2", "--tcp-equivalent", "1.5", "--mark", "seven"], "give a firewall mark"),
+    (["apply", "10.0.0.2", "--tcp-equivalent", "1.5", "--mark", "-1"], "0 to 0xffffffff"),
+    (["apply", "10.0.0.2", "--tcp-equivalent", "1.5", "--mark", "0x100000000"], "0 to 0xffffffff"),
+    (["apply", "10.0.0.2", "--tcp-equivalent", "1.5", "--from", "fd00::1"], "not of one IP version"),
+    (["apply", "10.0.0.2", "--tcp-equivalent", "1.5", "--from", "host.example"], "not an IPv4 or IPv6 address"),
     (["apply", "10.0.0.2", "--tcp-equivalent", "1.5", "--standard-control", "bogus"],
      "--standard-control 'bogus' is neither available here"),
     (["apply", "10.0.0.2", "--tcp-equivalent", "2", "--streams", "2", "--standard-control", "cubic"],
@@ -110,3 +115,30 @@ def test_not_root_exits_2_saying_so(argv, capsys, monkeypatch):
 
 def _no_system_calls(*args, **kwargs):
     raise AssertionError(f"bad input must be refused before any system command runs: {args}")
+
+
+# An `ip -j rule` listing: the defaults, a user range, a rule for another destination, a mark and a source.
+RULES = [{"priority": 0, "src": "all", "table": "local"},
+         {"priority": 98, "not": None, "src": "all", "uid_start": 0, "uid_end": 10, "table": "103"},
+         {"priority": 99, "src": "all", "dst": "10.2.0.0", "dstlen": 16, "fwmark": "0x9", "table": "102"},
+         {"priority": 100, "src": "all", "fwmark": "0x7", "fwmask": "0xff", "table": "100"},
+         {"priority": 101, "src": "10.1.0.0", "srclen": 16, "table": "101"},
+         {"priority": 32766, "src": "all", "table": "main"}, {"priority": 32767, "src": "all", "table": "default"}]
+
+
+@pytest.mark.parametrize("mark, source, named", [
+    (None, None, [98, 100, 101]),  # the kernel's defaults choose by nothing but the destination: never named
+    (0x107, None, [98, 101]),  # 0x107 & 0xff is the rule's 0x7
+    (0x8, None, [98, 100, 101]),
+    (0x7, "10.1.2.3", [98]),  # a negated rule is named whatever it matches
+    (0x7, "10.3.0.1", [98, 101]),
+])
+def test_rules_that_choose_by_what_the_routed_connections_do_not_carry_are_named(mark, source, named):
+    import ipaddress
+
+    selector = cc.RouteSelector(mark, None if source is None else ipaddress.ip_address(source))
+    got = cc.rules_choosing_otherwise(ipaddress.ip_address("10.9.0.1"), RULES, selector)
+    assert [r["priority"] for r in got] == named
+    # The rule for 10.2/16 by mark 0x9 applies to a destination inside it, not to 10.9.0.1.
+    assert 99 in [r["priority"] for r in cc.rules_choosing_otherwise(ipaddress.ip_address("10.2.0.1"), RULES,
+                                                                     selector)]

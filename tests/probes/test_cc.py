@@ -329,6 +329,63 @@ def test_apply_copies_the_route_the_kernel_picks_table_next_hops_and_metrics(loa
     assert cc.all_settings() == {}
 
 
+@netns
+def test_apply_routes_the_connections_a_mark_rule_picks_out_and_names_the_rules_it_does_not_follow(loaded, pair):
+    # 10.89/16 in main, and in table 100 (MTU 1300) for connections marked 7. Without --mark, apply sets the route
+    # unmarked connections take and names the mark rule; with --mark 7, the route marked ones take, in table 100.
+    _ip("-n", pair.b, "addr", "add", "10.89.0.9/32", "dev", "lo")
+    _ip("-n", pair.a, "route", "add", "10.89.0.0/16", "via", B4, "dev", "tccva")
+    _ip("-n", pair.a, "route", "add", "10.89.0.0/16", "via", B4, "dev", "tccva", "table", "100", "mtu", "1300")
+    _ip("-n", pair.a, "rule", "add", "fwmark", "7", "lookup", "100", "pref", "100")
+    dest = "10.89.0.9"
+
+    done = _tame(pair.a, "apply", dest, "--tcp-equivalent", "1.5", "--standard-control", "bbr")
+    assert done.returncode == 0, done.stderr
+    assert "warning: policy rules here choose routes by more than the destination (100: from all fwmark 0x7 " \
+           "lookup 100)" in done.stderr and "--mark" in done.stderr, done.stderr
+    routes = json.loads(_ip("-n", pair.a, "-j", "-d", "route", "show", "table", "all", "exact", f"{dest}/32"))
+    assert [(r.get("table", "main"), r["metrics"]) for r in routes] == [("main", [{"congestion": "tame"}])]
+    default = subprocess.run(["ip", "netns", "exec", pair.a, "sysctl", "-n", "net.ipv4.tcp_congestion_control"],
+                             capture_output=True, text=True, check=True, timeout=10).stdout.strip()
+    assert _marked_connection_control(pair, dest, mark=7) == default != "tame"  # table 100's route: not tame yet
+
+    done = _tame(pair.a, "apply", dest, "--tcp-equivalent", "1.5", "--standard-control", "bbr", "--mark", "0x7")
+    assert done.returncode == 0 and "warning" not in done.stderr, done.stderr
+    routes = json.loads(_ip("-n", pair.a, "-j", "-d", "route", "show", "table", "all", "exact", f"{dest}/32"))
+    assert sorted((r.get("table", "main"), str(r["metrics"])) for r in routes) == [
+        ("100", str([{"mtu": 1300, "congestion": "tame"}])), ("main", str([{"congestion": "tame"}]))]
+    assert _marked_connection_control(pair, dest, mark=7) == "tame"
+    assert _marked_connection_control(pair, dest, mark=None) == "tame"
+
+    done = _tame(pair.a, "clear", dest)
+    assert done.returncode == 0 and "cleared (2 routes, FM entry)" in done.stdout, (done.stdout, done.stderr)
+    assert _ip("-n", pair.a, "route", "show", "table", "all", "exact", f"{dest}/32") == ""
+    assert cc.all_settings() == {}
+
+
+def _marked_connection_control(pair: Pair, dest: str, mark: int | None) -> str:
+    """The congestion control of a connection from A to ``dest`` sent with firewall ``mark`` (a route's congctl
+    applies to a socket that chose none), accepted by a listener in B."""
+    server = subprocess.Popen(["ip", "netns", "exec", pair.b, sys.executable, "-c",
+                               "import socket; s = socket.create_server(('0.0.0.0', %d)); s.accept(); s.accept()"
+                               % PORT], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(100):
+            if _listening(pair.b):
+                break
+            time.sleep(0.05)
+        client = ("import socket, sys; s = socket.socket(); "
+                  + ("" if mark is None else f"s.setsockopt(socket.SOL_SOCKET, socket.SO_MARK, {mark}); ")
+                  + f"s.connect(({dest!r}, {PORT})); "
+                  "print(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).rstrip(bytes(1)).decode())")
+        done = subprocess.run(["ip", "netns", "exec", pair.a, sys.executable, "-c", client], capture_output=True,
+                              text=True, timeout=20, check=True)
+        return done.stdout.strip()
+    finally:
+        server.kill()
+        server.wait(timeout=5)
+
+
 def test_a_route_with_what_apply_cannot_copy_is_refused():
     addr = ipaddress.ip_address("10.88.0.9")
     picked = {"type": "unicast", "dst": "10.88.0.0/16", "gateway": B4, "dev": "tccva", "table": "main", "flags": []}
