@@ -19,7 +19,7 @@ from advisor.destinations import Destination
 from advisor.errors import BudgetConflict, InvalidRequest, TooManyLinks
 from advisor.limits import (BUDGET_WINDOW_S, MAX_SITE_LINKS, MAX_SITE_PROBE_SECONDS_PER_HOUR, MAX_SITE_PROBES,
                             MAX_SITE_STREAMS)
-from advisor.store import (ANSWERED_JOB, JOB_COLUMNS, Job, Store, charge_attempt_in, fail_job_in, job_from_row,
+from advisor.store import (ANSWERED_JOB, JOB_COLUMNS, Job, Store, end_attempt_in, fail_job_in, job_from_row,
                            lock_claims)
 
 # How long after its agents' last sign of life (a registration or a claimed probe; one under a lease counts until the
@@ -240,8 +240,9 @@ def claim_job(store: Store, site: str, owner: str, *, max_streams: int, adaptive
     ``lease_slack_s``.
 
     ``holding``: the ids of the probes ``owner`` is running (None: not said). A running job held in ``owner``'s name
-    and not among them was claimed by it without its knowing (the answer was lost on the way): it is given again
-    first, as claimed now (a fresh lease; the seconds since it was claimed are charged, no attempt is counted). A queued job that budget could not give even with nothing else running (:func:`never_fits`)
+    and not among them was claimed by it without its knowing (the answer was lost on the way): it goes back in its
+    place in the queue first, the attempt not counted and the seconds since it was claimed charged
+    (:func:`_requeue_unknown`), and the claim goes on within the budget, usually giving it again. A queued job that budget could not give even with nothing else running (:func:`never_fits`)
     fails, saying why, and the claim goes on to the next."""
     now = store.clock()
     lock, skip = _row_lock(store), _row_lock(store, "FOR UPDATE SKIP LOCKED")
@@ -254,10 +255,7 @@ def claim_job(store: Store, site: str, owner: str, *, max_streams: int, adaptive
         held = SiteBudget(*row)
         budget = held.capped(ceiling)
         if holding is not None:
-            unknown = _held_unknown(tx, site, owner, holding, now, lease_slack_s)
-            if unknown is not None:
-                job, streams, lease_until = unknown
-                return Claim(job, budget, streams, lease_until)
+            _requeue_unknown(tx, site, owner, holding, now)
         use = _use(tx, site, now)
 
         def over_budget(waiting: str) -> Claim:
@@ -308,25 +306,23 @@ def claim_job(store: Store, site: str, owner: str, *, max_streams: int, adaptive
     return Claim(store.job(job.id), budget, streams, lease_until)
 
 
-def _held_unknown(tx, site: str, owner: str, holding: Sequence[str], now: float,
-                  lease_slack_s: float) -> tuple[Job, int, float] | None:
-    """A running job of ``site`` held by ``owner`` but not among the ``holding`` it says it runs, made claimed now (its
-    lease renewed from now for its reserved seconds): (job, streams reserved, lease until); None when there is none.
-    The seconds since it was claimed are kept in spent_attempts, as a lapsed lease's would be: leaving a job out of
-    ``holding`` never takes its time off the site's hourly budget."""
+def _requeue_unknown(tx, site: str, owner: str, holding: Sequence[str], now: float) -> None:
+    """Put back in their place in the queue the running jobs of ``site`` held by ``owner`` under a lease not yet
+    lapsed but not among the ``holding`` it says it runs (claimed without its knowing: the answer was lost on the
+    way), the attempt not counted and its seconds so far kept in spent_attempts, as a lapsed lease's would be. The
+    claim then gives the next job as any claim does, within the site's budget: leaving a job out of ``holding`` never
+    takes its time off the budget nor renews its lease past it."""
     known = tuple(holding)
     exclude = f" AND id NOT IN ({', '.join('?' * len(known))})" if known else ""
-    row = tx.execute(f"SELECT {JOB_COLUMNS}, streams_reserved, seconds_reserved FROM probe_jobs WHERE src = ? AND "
-                     f"status = 'running' AND owner = ?{exclude} ORDER BY started_at, id LIMIT 1",
-                     (site, owner, *known)).fetchone()
-    if row is None:
-        return None
-    job, streams, seconds = job_from_row(row), row[-2], row[-1]
-    lease_until = now + float(seconds or 0.0) + lease_slack_s
-    if job.started_at is not None:
-        charge_attempt_in(tx, site, job.id, job.started_at, now - job.started_at)
-    tx.execute("UPDATE probe_jobs SET started_at = ?, lease_until = ? WHERE id = ?", (now, lease_until, job.id))
-    return job, int(streams or 0), lease_until
+    lock = " FOR UPDATE" if tx.dialect == "postgresql" else ""
+    rows = tx.execute(f"SELECT id, attempts, started_at, lease_until FROM probe_jobs WHERE src = ? AND "
+                      f"status = 'running' AND owner = ? AND lease_until > ?{exclude} ORDER BY id{lock}",
+                      (site, owner, now, *known)).fetchall()
+    for job_id, attempts, started_at, lease_until in rows:
+        end_attempt_in(tx, "id = ? AND owner = ? AND status = 'running'", (job_id, owner), job_id=job_id, src=site,
+                        attempts=attempts, started_at=started_at, lease_until=lease_until, now=now, max_attempts=1,
+                        gave_up="", requeued=f"given back: {owner} did not name it among the probes it holds",
+                        counted=False)
 
 
 def never_fits(site: str, needed: int, seconds: float, held: SiteBudget, ceiling: SiteBudget) -> str | None:

@@ -316,7 +316,7 @@ def charge_attempt_in(tx: Tx, src: str, job_id: str, started_at: float, seconds:
                (src, job_id, started_at, max(0.0, seconds)))
 
 
-def _end_attempt_in(tx: Tx, held: str, held_params: Sequence[Any], *, job_id: str, src: str, attempts: int,
+def end_attempt_in(tx: Tx, held: str, held_params: Sequence[Any], *, job_id: str, src: str, attempts: int,
                    started_at: float | None, lease_until: float | None, now: float, max_attempts: int, gave_up: str,
                    requeued: str, requeued_at: float | None = None, counted: bool = True,
                    address: str | None = None) -> bool:
@@ -791,7 +791,7 @@ class Store:
         shutdown, or its address is busy: ``address`` is kept so the claim skips the job while that address is
         probed)."""
         with self.db.transaction(write=True) as tx:
-            _end_attempt_in(tx, "id = ? AND owner = ? AND status = 'running'", (job_id, owner), job_id=job_id, src="",
+            end_attempt_in(tx, "id = ? AND owner = ? AND status = 'running'", (job_id, owner), job_id=job_id, src="",
                             attempts=0, started_at=None, lease_until=None, now=self.clock(), max_attempts=1,
                             gave_up="", requeued=note, counted=False, address=address)
 
@@ -823,7 +823,7 @@ class Store:
 
     def _end_agent_attempt(self, job_id: str, owner: str, src: str, now: float, *,
                            gave_up: Callable[[int], str], requeued: Callable[[int], str], **end: Any) -> Job | None:
-        """:func:`_end_attempt_in` for the attempt agent ``owner`` holds at its job (the messages made from the
+        """:func:`end_attempt_in` for the attempt agent ``owner`` holds at its job (the messages made from the
         attempt's number); None when it holds none."""
         with self.db.transaction(write=True) as tx:
             # Locked as read: a lease lapsing meanwhile (recover_jobs) re-queues the job once, not under this report.
@@ -834,7 +834,7 @@ class Store:
             if row is None:
                 return None
             attempts, started_at, lease_until = row
-            _end_attempt_in(tx, held, (job_id, owner, src), job_id=job_id, src=src, attempts=attempts,
+            end_attempt_in(tx, held, (job_id, owner, src), job_id=job_id, src=src, attempts=attempts,
                             started_at=started_at, lease_until=lease_until, now=now, gave_up=gave_up(attempts),
                             requeued=requeued(attempts), **end)
         return self.job(job_id)
@@ -866,7 +866,7 @@ class Store:
                              "AND lease_until IS NOT DISTINCT FROM ?")
                 # When the attempt stopped is not known: an owner found dead here stopped by now, a remote one
                 # may have sent until its lease ran out.
-                recovered += _end_attempt_in(
+                recovered += end_attempt_in(
                     tx, unchanged, (job_id, owner, lease_until), job_id=job_id, src=src, attempts=attempts,
                     started_at=started_at, lease_until=lease_until, now=now,
                     max_attempts=max_attempts,

@@ -128,6 +128,32 @@ def test_a_claim_whose_answer_never_came_is_given_again_to_its_agent_alone(servi
     assert client.post(claims, json={"owner": "agent-1"}).json()["job"] is None
 
 
+def test_a_job_left_out_of_holding_again_and_again_is_not_given_past_the_site_s_hourly_budget(service_factory, clock):
+    # A review's agent left its job out of `holding` just before each lease ended: the job came back with a fresh
+    # lease 26 times in an hour, 3,678 probe-seconds against a 300 s/h budget. Now each round charges the seconds and
+    # gives the job again only while the hour has room for its lease.
+    base, client, app = service_factory(start_worker=False, default_duration_s=2.0, max_probe_duration_s=2.0)
+    budget = 300
+    registration = {"dests": [DEST], "max_probes": 1, "max_streams": 64, "probe_seconds_per_hour": budget}
+    assert client.put("/v1/sites/dtn2", json=registration).status_code == 200, client.put(
+        "/v1/sites/dtn2", json=registration).text
+    claims = "/v1/sites/dtn2/claims"
+    first = client.post(claims, json={"owner": "agent-1", "holding": []}).json()
+    job, lease_s = first["job"]["id"], first["lease_s"]
+    given = 0
+    for _ in range(int(3600 // (lease_s - 1))):
+        clock.advance(lease_s - 1)
+        answer = client.post(claims, json={"owner": "agent-1", "holding": []}).json()
+        if answer["job"] is None:
+            break
+        assert answer["job"]["id"] == job
+        given += 1
+        assert answer["use"]["probe_seconds"] <= budget, (given, answer["use"])
+    assert answer["job"] is None and "probe-seconds this hour are spent" in answer["waiting"], answer
+    assert given <= budget // (lease_s - 1)
+    assert client.get(f"/v1/probes/{job}").json()["status"] == "queued"  # back in the queue, not lost
+
+
 @pytest.mark.parametrize("method, path, body, status, says", [
     ("PUT", "/v1/sites/bad%20site", {"dests": [DEST]}, 422, "must name a site"),
     ("PUT", "/v1/sites/" + "a" * 65, {"dests": [DEST]}, 422, "at most 64"),
