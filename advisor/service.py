@@ -118,6 +118,9 @@ class AdviceEntry:
 
 # A site's links are probed again once their evidence is this fraction of the TTL old, so that with agents
 # keeping up they are never served stale.
+# Claimed jobs to destinations no longer allowed that one claim fails before it answers with none (the next claim
+# goes on).
+MAX_REFUSED_IN_A_CLAIM = 16
 REPROBE_AT_TTL = 0.8
 
 
@@ -753,8 +756,23 @@ class AdviceService:
         if cap is None or not 1 <= cap <= MAX_SITE_STREAMS:
             raise InvalidRequest(f"max_streams must be a whole number from 1 to {MAX_SITE_STREAMS}; got {max_streams!r}")
         self.store.recover_jobs(self.settings.max_probe_attempts, local_src=self.settings.site)
-        claimed = claim_job(self.store, name, owner, max_streams=cap, adaptive=adaptive_probes(self.settings.model) > 0,
-                            worst_case_s=self.worst_case_s, ceiling=self.settings.site_ceiling, holding=holding)
+        for _ in range(MAX_REFUSED_IN_A_CLAIM):
+            claimed = claim_job(self.store, name, owner, max_streams=cap,
+                                adaptive=adaptive_probes(self.settings.model) > 0, worst_case_s=self.worst_case_s,
+                                ceiling=self.settings.site_ceiling, holding=holding)
+            if claimed.job is None:
+                break
+            # Queued before the operator narrowed TAME_ALLOWED_DESTINATIONS or _PORTS: a site's agent checks only its
+            # own list, so the service checks its own again here, out of the claim's transaction (a name resolves).
+            try:
+                self.check_allowed(parse_destination(claimed.job.dest))
+                break
+            except DestinationNotAllowed as exc:
+                self.store.refuse_attempt(claimed.job.id, owner, name, f"never run: {exc}")
+        else:
+            claimed = dataclasses.replace(claimed, job=None, streams=0, lease_until=None,
+                              waiting=f"the last {MAX_REFUSED_IN_A_CLAIM} queued probes claimed were to destinations "
+                              "this service no longer allows; they failed, saying so: claim again")
         return {"site": name, "job": None if claimed.job is None else self.probe_status(claimed.job.id),
                 "max_streams": claimed.streams or None, "lease_until": claimed.lease_until,
                 "lease_s": None if claimed.lease_until is None else claimed.lease_until - self.store.clock(),

@@ -821,6 +821,13 @@ class Store:
         return self._end_agent_attempt(job_id, owner, src, self.clock(), max_attempts=1, gave_up=lambda _: "",
                                        requeued=lambda _: note, counted=False)
 
+    def refuse_attempt(self, job_id: str, owner: str, src: str, error: str) -> Job | None:
+        """The job agent ``owner`` has just claimed (a probe of a link from ``src``) must not run (``error``: its
+        destination is no longer allowed): it fails now, whatever its attempts, and the site is charged nothing.
+        None when ``owner`` does not hold the job."""
+        return self._end_agent_attempt(job_id, owner, src, self.clock(), max_attempts=1, gave_up=lambda _: error,
+                                       requeued=lambda _: error)
+
     def _end_agent_attempt(self, job_id: str, owner: str, src: str, now: float, *,
                            gave_up: Callable[[int], str], requeued: Callable[[int], str], **end: Any) -> Job | None:
         """:func:`end_attempt_in` for the attempt agent ``owner`` holds at its job (the messages made from the

@@ -154,6 +154,33 @@ def test_a_job_left_out_of_holding_again_and_again_is_not_given_past_the_site_s_
     assert client.get(f"/v1/probes/{job}").json()["status"] == "queued"  # back in the queue, not lost
 
 
+def test_a_claim_never_gives_a_probe_to_a_destination_the_service_no_longer_allows(service_factory, tmp_path):
+    # Queued while port 22 was allowed; the operator then restarts the service with TAME_ALLOWED_PORTS=5201. A site's
+    # agent checks only its own list (any port unless its operator set one): the service checks again at the claim.
+    from advisor.allowlist import AllowList
+    from advisor.service import MAX_REFUSED_IN_A_CLAIM
+
+    url = f"sqlite:///{tmp_path}/shared.sqlite3"
+    _, before, _ = service_factory(start_worker=False, url=url, allowed=AllowList.parse("127.0.0.0/8"))
+    dests = [f"127.0.0.{i}:22" for i in range(1, MAX_REFUSED_IN_A_CLAIM + 2)]
+    registered = before.put("/v1/sites/dtn2", json={"dests": dests, "max_probes": 1})
+    assert registered.status_code == 200 and registered.json()["queued"] == len(dests), registered.text
+    _, after, _ = service_factory(start_worker=False, url=url, allowed=AllowList.parse("127.0.0.0/8", "5201"))
+    claims = "/v1/sites/dtn2/claims"
+    first = after.post(claims, json={"owner": "agent-1"}).json()
+    assert first["job"] is None and "no longer allows" in first["waiting"], first
+    assert first["use"] == {"probes": 0, "streams": 0, "probe_seconds": 0.0}
+    second = after.post(claims, json={"owner": "agent-1"}).json()
+    assert second["job"] is None and second["waiting"] == "no queued probe", second
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "shared.sqlite3") as db:
+        jobs = db.execute("SELECT status, error FROM probe_jobs WHERE src = 'dtn2'").fetchall()
+    assert len(jobs) == len(dests)
+    for status, error in jobs:
+        assert status == "failed" and "never run: probes to port 22 are not allowed" in error, (status, error)
+
+
 @pytest.mark.parametrize("method, path, body, status, says", [
     ("PUT", "/v1/sites/bad%20site", {"dests": [DEST]}, 422, "must name a site"),
     ("PUT", "/v1/sites/" + "a" * 65, {"dests": [DEST]}, 422, "at most 64"),
