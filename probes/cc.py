@@ -517,7 +517,7 @@ def route_argv(addr: Address, picked: dict, locked: set[str]) -> list[str]:
         for hop in picked["nexthops"]:
             argv += ["nexthop", *_hop_args(hop), "weight", str(hop.get("weight", 1))]
         return argv
-    return argv + _hop_args(picked) + [flag for flag in picked.get("flags", []) if flag in _HOP_FLAGS]
+    return argv + _hop_args(picked)
 
 
 def apply_route(addr: Address, selector: RouteSelector = RouteSelector()) -> str:
@@ -559,6 +559,19 @@ def clear_route(addr: Address) -> int:
             raise CcCommandFailed(f"cannot remove the route for {addr}: {exc}") from exc
         removed += 1
     return removed
+
+
+def our_routes() -> list[str]:
+    """This namespace's routes that :func:`apply_route` added (protocol ROUTE_PROTO), both families and every table,
+    as ``ip -o`` prints them."""
+    out = []
+    for family in ("-4", "-6"):
+        try:
+            text = run(["ip", family, "-o", "route", "show", "table", "all", "proto", ROUTE_PROTO])
+        except TestbedCommandFailed as exc:
+            raise CcCommandFailed(str(exc)) from exc
+        out += [" ".join(line.replace("\\", " ").split()) for line in text.splitlines() if line.strip()]
+    return out
 
 
 def describe_route(addr: Address) -> str | None:

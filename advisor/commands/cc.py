@@ -144,7 +144,14 @@ def _load() -> int:
 
 def _status(args) -> int:
     cc.require_root()
-    reg = cc.registration()
+    try:
+        reg = cc.registration()
+    except CcOutdated:
+        # Its map cannot be read, but the routes to clear before unloading it can be listed.
+        routes = cc.our_routes()
+        print("routes tame cc apply added in this network namespace:" + "".join(f"\n  {r}" for r in routes)
+              if routes else "no route tame cc apply added in this network namespace")
+        raise
     entries = []
     elsewhere = 0  # entries of other network namespaces (theirs to list, from there)
     here = cc.netns_cookie()
@@ -285,7 +292,13 @@ def _clear(args) -> int:
     addr = cc.canonical_address(args.dest)
     cc.require_root()
     removed_route = cc.clear_route(addr)
-    removed_entry = cc.registration() is not None and cc.delete_fm(addr)
+    try:
+        removed_entry = cc.registration() is not None and cc.delete_fm(addr)
+    except CcOutdated:  # an older build's map cannot be read: its entries go with it at tame cc unload
+        print(f"{addr}: {'route removed' if removed_route else 'no route to remove'}; the registered {cc.NAME} is an "
+              "older build, whose FM entries go when it is unloaded: once its routes are cleared, run tame cc "
+              "unload, then tame cc load")
+        return 0
     if not (removed_route or removed_entry):
         print(f"{addr}: nothing to clear")
     else:

@@ -177,7 +177,7 @@ def test_load_registers_and_unload_leaves_no_program_or_map():
 
 
 @netns
-def test_an_older_build_left_registered_is_named_and_unloads(tmp_path):
+def test_an_older_build_left_registered_is_named_and_unloads(tmp_path, pair):
     # Registration outlives an upgrade: the build before per-namespace keys (16-byte keys) still registered. Every
     # command that reads its map says so and what to do (exit 2), rather than failing on bpftool's key format;
     # unload still removes it.
@@ -199,6 +199,15 @@ def test_an_older_build_left_registered_is_named_and_unloads(tmp_path):
             done = subprocess.run([sys.executable, "-m", "advisor", "cc", *argv], capture_output=True, text=True,
                                   timeout=60)
             assert done.returncode == 2 and "older build" in done.stderr and "tame cc unload" in done.stderr, done
+        # The routes it says to clear first: status lists them, and clear removes them (exit 0; the map's entries
+        # go with the older build).
+        _ip("-n", pair.a, "route", "add", f"{B4}/32", "dev", "tccva", "proto", cc.ROUTE_PROTO, "congctl", "tame")
+        done = _tame(pair.a, "status")
+        assert done.returncode == 2 and f"\n  {B4} dev tccva " in done.stdout, done
+        done = _tame(pair.a, "clear", B4)
+        assert done.returncode == 0 and "route removed" in done.stdout and "tame cc unload" in done.stdout, done
+        assert _route(pair.a, B4) == ""
+        assert "no route tame cc apply added" in _tame(pair.a, "status").stdout
     finally:
         assert cc.unload() is True
     assert _settle_counts(before) == before
@@ -390,6 +399,7 @@ def test_a_route_with_what_apply_cannot_copy_is_refused():
     addr = ipaddress.ip_address("10.88.0.9")
     picked = {"type": "unicast", "dst": "10.88.0.0/16", "gateway": B4, "dev": "tccva", "table": "main", "flags": []}
     assert cc.route_argv(addr, picked, set())[-8:] == ["proto", "250", "congctl", "tame", "via", B4, "dev", "tccva"]
+    assert cc.route_argv(addr, {**picked, "flags": ["onlink", "linkdown"]}, set())[-3:] == ["dev", "tccva", "onlink"]
     via6 = {**picked, "gateway": None, "via": {"family": "inet6", "host": "fe80::1"}}
     assert cc.route_argv(addr, via6, set())[-5:] == ["via", "inet6", "fe80::1", "dev", "tccva"]
     # An IPv6 default route learnt from a router advertisement expires; the copy is the address's for as long as
