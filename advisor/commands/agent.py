@@ -331,10 +331,12 @@ def _push(client, payload: dict[str, Any], spool: Path, path: Path | None = None
     try:
         answer = client.push_probe_run(payload, idempotency_key=key)
     except TameError as exc:
-        if exc.retryable:
+        # 401: this agent's token, not the run, was refused; the run waits for the token to be put right.
+        if exc.retryable or exc.status == 401:
             where = path or ("memory" if from_memory else _keep(spool, _spool_record(payload, key), held))
-            print(f"tame agent: {dest}: not delivered ({exc}); kept in {where}, sent again next round",
-                  file=sys.stderr, flush=True)
+            print(f"tame agent: {dest}: not delivered ({exc}); kept in {where}, sent again "
+                  + ("once the agent's token (TAME_TOKEN) is one the service takes" if exc.status == 401
+                     else "next round"), file=sys.stderr, flush=True)
             return False
         if path is None:  # kept aside as spooled runs the service refused are, for whoever looks into why
             try:
@@ -373,8 +375,22 @@ def _unspooled(record: Any) -> tuple[dict[str, Any], str | None]:
     return payload, key
 
 
+def _flush_held(spool: Path, held: HeldRuns) -> None:
+    """Move the runs held in memory to ``spool``, oldest first, as they were kept (key, spooled_at), while it can be
+    written: a run there outlives this process."""
+    while (record := held.oldest()) is not None:
+        try:
+            _spool(spool, record)
+        except OSError:
+            return
+        held.discard(record)
+
+
 def _deliver_spooled(client, spool: Path, held: HeldRuns | None = None) -> None:
-    """Send the runs held in memory, then the spooled runs, oldest first, until the service cannot take one."""
+    """Send the runs held in memory (first moved to the spool when it can be written again), then the spooled runs,
+    oldest first, until the service cannot take one."""
+    if held is not None:
+        _flush_held(spool, held)
     while held is not None and (record := held.oldest()) is not None:
         payload, key = _unspooled(record)
         if not _push(client, payload, spool, key=key, from_memory=True):
@@ -440,15 +456,17 @@ def _run_site(args, settings, driver) -> int:
                     print(f"tame agent: site {args.site}: {exc}" + ("; stopping" if refused else ""), file=sys.stderr,
                           flush=True)
                     if refused:
-                        return _lost(held, 2)
+                        return _lost(held, spool, 2)
                 if args.once:
                     break
                 agent.stop.wait(args.interval)
-    return _lost(held, 0)
+    return _lost(held, spool, 0)
 
 
-def _lost(held: HeldRuns, status: int) -> int:
-    """``status``, once any runs still held in memory are reported lost."""
+def _lost(held: HeldRuns, spool: Path, status: int) -> int:
+    """``status``, once the runs held in memory are moved to ``spool`` where it can be written, and any left are
+    reported lost."""
+    _flush_held(spool, held)
     if len(held):
         print(f"tame agent: {len(held)} run(s) the service did not take and the spool could not keep are lost",
               file=sys.stderr, flush=True)
@@ -496,4 +514,4 @@ def _run_push(args, settings, driver) -> int:
             if args.once:
                 break
             stop.wait(args.interval)
-    return _lost(held, 0)
+    return _lost(held, spool, 0)

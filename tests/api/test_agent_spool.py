@@ -17,20 +17,20 @@ from tests.api.test_idempotency import RUN
 
 
 @contextmanager
-def small_tmpfs(path, *, full=False, read_only=False):
-    """A 4 kB tmpfs at ``path`` (made), filled up when ``full``, mounted read-only when ``read_only``; unmounted
-    after."""
+def small_tmpfs(path, *, full=False, read_only=False, size="4k"):
+    """A tmpfs of ``size`` at ``path`` (made), filled up when ``full``, mounted read-only when ``read_only``;
+    unmounted after."""
     if os.geteuid() != 0:
         if os.environ.get("CI"):
             pytest.fail("mounting a tmpfs as the spool needs root")
         pytest.skip("mounting a tmpfs as the spool needs root")
     path.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4k" + (",ro" if read_only else ""), "tame-test-spool",
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}" + (",ro" if read_only else ""), "tame-test-spool",
                     str(path)], check=True)
     try:
         if full:
             with pytest.raises(OSError), open(path / "filler", "wb") as fh:
-                fh.write(b"x" * 65536)
+                fh.write(b"x" * (2 << 20))
                 fh.flush()
                 os.fsync(fh.fileno())
         yield path
@@ -167,3 +167,64 @@ def test_a_run_delivered_from_a_spool_turned_read_only_is_reported_and_the_agent
             agent.wait(30)
         if serve is not None:
             stop(serve)
+
+
+@pytest.mark.iperf
+def test_a_run_held_in_memory_goes_to_the_spool_once_it_has_room_and_outlives_the_agent(tmp_path):
+    """The service is not there and the spool is full: the run is held in memory. Space comes back while the service
+    is still away: the run is written to the spool with its key and probe time, and a stop then loses nothing
+    (before: it stayed in memory only, and the stop reported it lost)."""
+    iperf_port = free_port()
+    iperf = start_iperf3(tmp_path, iperf_port)
+    dests = tmp_path / "dests"
+    dests.write_text(f"127.0.0.1:{iperf_port}\n")
+    env = {**agent_env(tmp_path), "TAME_ALLOWED_DESTINATIONS": "127.0.0.0/8"}
+    err = tmp_path / "agent.err"
+    agent = None
+    try:
+        with small_tmpfs(tmp_path / "spool", full=True, size="1m") as spool:  # a run's record takes some kB
+            agent = subprocess.Popen([TAME, "agent", "--push", f"http://127.0.0.1:{free_port()}", "--dest-file",
+                                      str(dests), "--spool", str(spool), "--interval", "1"], env=env,
+                                     stdout=subprocess.DEVNULL, stderr=err.open("wb"), stdin=subprocess.DEVNULL)
+            wait_for(lambda: "kept in memory" in err.read_text(), timeout_s=60, what="the run held")
+            (spool / "filler").unlink()
+            wait_for(lambda: left_in(spool), timeout_s=30, what="the held run written to the spool")
+            agent.terminate()
+            assert agent.wait(30) == 0, err.read_text()
+            assert "are lost" not in err.read_text(), err.read_text()
+            kept = [json.loads((spool / name).read_text()) for name in left_in(spool)]
+            assert kept and all(r["form"] == "tame-agent-spool/1" and r["idempotency_key"] and r["spooled_at"] > 0
+                                and r["payload"]["dest"] == f"127.0.0.1:{iperf_port}" for r in kept), kept
+    finally:
+        stop(agent, iperf)
+
+
+@pytest.mark.iperf
+def test_a_run_refused_for_the_agents_token_stays_in_the_spool_until_the_token_is_right(tmp_path):
+    """401 is the agent's token, not the run: the run stays in the spool, not set aside as a refused run is
+    (before: every spooled run went to rejected/ at the first round after a token rotation, never sent again)."""
+    iperf_port = free_port()
+    iperf = start_iperf3(tmp_path, iperf_port)
+    (tmp_path / "serve").mkdir()
+    db = tmp_path / "tame.sqlite3"
+    serve, base = start_serve(tmp_path / "serve", db, env={"TAME_TOKEN": "right-token-0123456789"},
+                              args=("--no-worker",))
+    dests = tmp_path / "dests"
+    dests.write_text(f"127.0.0.1:{iperf_port}\n")
+    spool = tmp_path / "spool"
+    env = {**agent_env(tmp_path), "TAME_ALLOWED_DESTINATIONS": "127.0.0.0/8"}
+    try:
+        done = subprocess.run([TAME, "agent", "--push", base, "--dest-file", str(dests), "--spool", str(spool),
+                               "--once"], env={**env, "TAME_TOKEN": "wrong-token-0123456789"}, capture_output=True,
+                              text=True, timeout=120)
+        assert "HTTP 401" in done.stderr and "once the agent's token (TAME_TOKEN)" in done.stderr, done.stderr
+        assert len(list(spool.glob("*.json"))) == 1 and not (spool / "rejected").exists()
+        assert runs(db) == 0
+        dests.write_text("# nothing to probe: the agent delivers its spool\n")
+        done = subprocess.run([TAME, "agent", "--push", base, "--dest-file", str(dests), "--spool", str(spool),
+                               "--once"], env={**env, "TAME_TOKEN": "right-token-0123456789"}, capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 0 and "from the spool" in done.stdout, (done.stdout, done.stderr)
+        assert runs(db) == 1 and list(spool.glob("*.json")) == []
+    finally:
+        stop(serve, iperf)
