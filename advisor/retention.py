@@ -48,7 +48,7 @@ from advisor.db import Tx
 from advisor.errors import AdvisorError
 from advisor.idempotency import RECORD_TABLES
 from advisor.sites import BUDGET_WINDOW_S
-from advisor.store import REFIT_OBSERVATIONS, Store
+from advisor.store import REFIT_OBSERVATIONS, Store, run_is_newer
 
 log = logging.getLogger(__name__)
 
@@ -133,8 +133,7 @@ def _prunable_runs(tx: Tx, keep: int, older_than: float | None, limit: int) -> l
         "(SELECT 1 FROM probe_runs r5 WHERE r5.destination_id = r.destination_id AND (r5.congestion_control = "
         "r.congestion_control OR (r5.congestion_control IS NULL AND r.congestion_control IS NULL)) "
         "AND EXISTS (SELECT 1 FROM probe_results p6 WHERE p6.probe_run_id = r5.id) "
-        "AND (coalesce(r5.probed_at, r5.finished_at) > coalesce(r.probed_at, r.finished_at) OR "
-        "(coalesce(r5.probed_at, r5.finished_at) = coalesce(r.probed_at, r.finished_at) AND r5.id > r.id)))) "
+        f"AND {run_is_newer('r5', 'r')})) "
         "ORDER BY r.id LIMIT ?",
         (keep, -1.0 if older_than is None else older_than, limit)).fetchall()
     return [r[0] for r in rows]
@@ -148,8 +147,7 @@ def _stale_raw(tx: Tx, limit: int) -> list[int]:
         "SELECT p.id FROM probe_results p JOIN probe_runs r ON r.id = p.probe_run_id "
         "WHERE p.raw IS NOT NULL AND EXISTS (SELECT 1 FROM probe_runs r2 WHERE r2.destination_id = r.destination_id "
         "AND EXISTS (SELECT 1 FROM probe_results p2 WHERE p2.probe_run_id = r2.id) "
-        "AND (coalesce(r2.probed_at, r2.finished_at) > coalesce(r.probed_at, r.finished_at) OR "
-        "(coalesce(r2.probed_at, r2.finished_at) = coalesce(r.probed_at, r.finished_at) AND r2.id > r.id))) "
+        f"AND {run_is_newer('r2', 'r')}) "
         "ORDER BY p.id LIMIT ?", (limit,)).fetchall()
     return [r[0] for r in rows]
 

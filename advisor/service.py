@@ -274,8 +274,8 @@ class AdviceService:
     # -- advice ---------------------------------------------------------------------------
 
     def _current(self, src: str, dest_key: str, control: str) -> FitRow | None:
-        """The link's newest fit under ``control``; for the default control, fits that did not record theirs
-        (stored before controls were) answer until one under it is stored."""
+        """The link's current fit (on the newest probes) under ``control``; for the default control, fits that did
+        not record theirs (stored before controls were) answer until one under it is stored."""
         return self.store.current_fit(dest_key, control, or_unrecorded=control == self.settings.congestion_control,
                                       src=src)
 
@@ -560,7 +560,8 @@ class AdviceService:
         return payload
 
     def paths(self, src: Any = None) -> list[dict[str, Any]]:
-        """The newest fit of each (link, control), of the links from ``src`` when it is given (None: all), with
+        """The current fit (on the newest probes) of each (link, control), of the links from ``src`` when it is
+        given (None: all), with
         ``reprobe_due``: why the link is due for a probe under that control (advisor.freshness), or None."""
         now = self.clock()
         freshness = self.settings.freshness

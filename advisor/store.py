@@ -53,7 +53,8 @@ _LINK_COUNTS = "site_link_counts"
 
 @dataclass(frozen=True)
 class FitRow:
-    """The newest fit of a link (src, dest) as stored."""
+    """A fit of a link (src, dest) as stored; read as the link's current one (the view current_fits), the fit on
+    its newest probes."""
 
     id: int
     dest: str
@@ -173,10 +174,23 @@ def _fit(row) -> FitRow:
 # A link's newest probe run with results under a control ({link}: the link's WHERE on d, {control}: the control's on
 # r): the one on the newest probes, so a run an agent held back is not newer for reaching the store later; the newest
 # stored among equals. (id, probed_at, finished_at, idle_rtt_s).
-_NEWEST_RUN = ("SELECT r.id, coalesce(r.probed_at, r.finished_at), r.finished_at, r.idle_rtt_s FROM probe_runs r "
+def run_probed_at(run: str) -> str:
+    """SQL for when the probes of probe run ``run`` (its alias) ended: probed_at, or finished_at for a run stored
+    before runs kept it."""
+    return f"coalesce({run}.probed_at, {run}.finished_at)"
+
+
+def run_is_newer(newer: str, than: str) -> str:
+    """SQL true when probe run ``newer`` (an alias) comes after run ``than`` in the order _NEWEST_RUN takes: newer
+    probes, or the same probes stored later."""
+    return (f"({run_probed_at(newer)} > {run_probed_at(than)} OR "
+            f"({run_probed_at(newer)} = {run_probed_at(than)} AND {newer}.id > {than}.id))")
+
+
+_NEWEST_RUN = (f"SELECT r.id, {run_probed_at('r')}, r.finished_at, r.idle_rtt_s FROM probe_runs r "
                "JOIN destinations d ON d.id = r.destination_id WHERE {link} AND {control} "
                "AND EXISTS (SELECT 1 FROM probe_results p WHERE p.probe_run_id = r.id) "
-               "ORDER BY coalesce(r.probed_at, r.finished_at) DESC, r.id DESC LIMIT 1")
+               f"ORDER BY {run_probed_at('r')} DESC, r.id DESC LIMIT 1")  # the order run_is_newer tests
 
 
 def _newest_run(tx: Tx, link: str, link_params: Sequence[Any], control: str | None):
@@ -453,8 +467,9 @@ class Store:
 
     def current_fit(self, dest_key: str, control: str | None = None, or_unrecorded: bool = False, *,
                     src: str) -> FitRow | None:
-        """The link's newest fit under ``control`` (None: the fits that did not record one); with
-        ``or_unrecorded``, the newest that did not record one when there is none under ``control``."""
+        """The link's current fit under ``control`` (None: the fits that did not record one): the one on the newest
+        probes, the newest stored among equals; with ``or_unrecorded``, the current one of those that did not record
+        one when there is none under ``control``."""
         where, params = same_control("congestion_control", control)
         if or_unrecorded and control is not None:
             where = f"({where} OR congestion_control IS NULL)"
@@ -475,8 +490,8 @@ class Store:
         return tuple(row[0] for row in rows)
 
     def current_fits(self, dest_key: str | None = None, *, src: str | None = None) -> list[FitRow]:
-        """The newest fit of each (link, control): of the links from ``src`` when it is given, to ``dest_key``
-        when it is given."""
+        """The current fit (on the newest probes) of each (link, control): of the links from ``src`` when it is
+        given, to ``dest_key`` when it is given."""
         conditions = [(column, value) for column, value in (("src", src), ("dest", dest_key)) if value is not None]
         where = ("WHERE " + " AND ".join(f"{column} = ?" for column, _ in conditions)) if conditions else ""
         with self.db.transaction() as tx:
