@@ -38,7 +38,8 @@ from typing import Iterator
 
 from probes.controls import available_controls
 from probes.delayline import cache_dir
-from probes.errors import CcBusy, CcCommandFailed, CcNotLoaded, CcNotRoot, CcOutdated, CcRouteConflict, CcUnavailable
+from probes.errors import (CcBusy, CcCommandFailed, CcMapFull, CcNotLoaded, CcNotRoot, CcOutdated, CcRouteConflict,
+                           CcUnavailable)
 from probes.netns import TestbedCommandFailed, run
 
 NAME = "tame"
@@ -291,6 +292,14 @@ def set_fm(addr: Address, setting: CcSetting, netns: int | None = None) -> None:
         run(["bpftool", "map", "update", "id", str(reg.fm_map_id), "key", "hex", *(f"{b:02x}" for b in key),
              "value", "hex", *(f"{b:02x}" for b in value)], timeout_s=BPFTOOL_TIMEOUT_S)
     except TestbedCommandFailed as exc:
+        if "Argument list too long" in str(exc):  # E2BIG: a hash map at max_entries refuses a new key
+            held = all_settings()
+            elsewhere = sum(1 for cookie, _ in held if cookie != key_parts(key)[0])
+            raise CcMapFull(
+                f"cannot set FM for {addr}: the {FM_MAP} map is full ({len(held)} entries, {elsewhere} of them of "
+                "other network namespaces): clear the destinations no longer in use (tame cc clear DEST, in their "
+                "namespace); entries of namespaces that are gone go only with tame cc unload, then tame cc load") \
+                from exc
         raise CcCommandFailed(f"cannot set FM for {addr}: {exc}") from exc
 
 

@@ -62,6 +62,10 @@ class CcBusy(CcError):
     """Another process (a tame transfer, an apply) is setting the same destination's FM."""
 
 
+class CcMapFull(CcError):
+    """The FM map holds as many entries as it can, of every network namespace: one must be cleared first."""
+
+
 class CcRouteConflict(CcError):
     """The destination's route cannot carry the control (a route tame did not add, or a local address)."""
 

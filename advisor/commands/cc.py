@@ -15,7 +15,7 @@ from advisor.tame import MIN_FRACTION, calibration_warning, fractional_multiplie
 from models.tame_share import LAWS, law_for
 from probes import cc
 from probes.controls import available_controls, host_default_control
-from probes.errors import CcBusy, CcError, CcNotLoaded, CcNotRoot, CcOutdated, CcRouteConflict
+from probes.errors import CcBusy, CcError, CcMapFull, CcNotLoaded, CcNotRoot, CcOutdated, CcRouteConflict
 
 
 @dataclass(frozen=True)
@@ -128,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
         return _clear(args)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
-    except (CcBusy, CcNotRoot, CcNotLoaded, CcOutdated, CcRouteConflict) as exc:  # for the user to change: exit 2
+    except (CcBusy, CcMapFull, CcNotRoot, CcNotLoaded, CcOutdated, CcRouteConflict) as exc:  # for the user: exit 2
         raise UsageError(str(exc)) from exc
     except CcError as exc:
         print(f"tame cc {args.action}: {exc}", file=sys.stderr)

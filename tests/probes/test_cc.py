@@ -298,6 +298,25 @@ def test_each_network_namespace_has_its_own_entries(loaded, pair):
 
 
 @netns
+def test_a_full_map_is_named_with_what_to_do(loaded, pair, tmp_path):
+    # Entries of namespaces that are gone stay until unload: 4,096 of them (cookie 12345, never a live one's here)
+    # fill the map, and apply then says so and what to do (exit 2), where bpftool's "Argument list too long" came out.
+    reg = cc.registration()
+    value = " ".join(f"{b:02x}" for b in cc.CcSetting(2.0).to_value())
+    batch = tmp_path / "fill"
+    batch.write_text("".join(
+        f"map update id {reg.fm_map_id} key hex "
+        f"{' '.join(f'{b:02x}' for b in cc.map_key(ipaddress.ip_address(f'10.66.{i // 256}.{i % 256}'), 12345))} "
+        f"value hex {value}\n" for i in range(4096)))
+    subprocess.run(["bpftool", "batch", "file", str(batch)], check=True, capture_output=True, timeout=60)
+    done = _tame(pair.a, "apply", B4, "--tcp-equivalent", "1.5", "--standard-control", "bbr")
+    assert done.returncode == 2, done
+    assert "map is full (4096 entries, 4096 of them of other network namespaces)" in done.stderr, done.stderr
+    assert "tame cc unload, then tame cc load" in done.stderr and "Traceback" not in done.stderr
+    assert "congctl" not in _route(pair.a, B4)
+
+
+@netns
 def test_apply_copies_the_route_the_kernel_picks_table_next_hops_and_metrics(loaded, pair):
     # 10.88/16: two next hops (weights 2 and 1), a locked MTU and an advmss; 10.89/16: by a policy rule, table 100,
     # MTU 1300. The route apply adds forwards as the one it covers, in the table the kernel looks up.
