@@ -37,6 +37,10 @@ class TooManyLinks(InvalidRequest):
     """A write would make a new link from a site that has as many links as the service keeps for one site."""
 
 
+class TooManyControls(InvalidRequest):
+    """A write would add a congestion control to a link that holds as many as the service keeps for one link."""
+
+
 class BatchTooLarge(InvalidRequest):
     """A batch request holds more items than the service accepts in one call."""
 

@@ -54,6 +54,9 @@ MAX_SITE_PROBES = 64
 MAX_SITE_STREAMS = 4096
 MAX_SITE_PROBE_SECONDS_PER_HOUR = BUDGET_WINDOW_S * MAX_SITE_PROBES
 MAX_SITE_LINKS = 2000
+# The congestion controls one link keeps probe runs and observations under (advisor.store.Store.check_link_control):
+# each has its own current fit, refit window and advice alternative, so a link's store and advice are bounded by it.
+MAX_LINK_CONTROLS = 8
 # The largest whole number an INTEGER column holds on both stores (PostgreSQL's integer is 4 bytes, SQLite's up to 8):
 # every count a write stores in one is held to it where it comes in, so both stores take or refuse it alike (422).
 MAX_STORED_INT = 2**31 - 1

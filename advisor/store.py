@@ -20,9 +20,9 @@ from advisor.advice import CurvePoint
 from advisor.curves import rebuild_outdated_curves, write_curve
 from advisor.db import DEFAULT_POOL_SIZE, Database, Tx
 from advisor.destinations import Destination
-from advisor.errors import QueueFull, StoreError, TooManyLinks, UnknownProbe
+from advisor.errors import QueueFull, StoreError, TooManyControls, TooManyLinks, UnknownProbe
 from advisor.idempotency import KeyedRequest
-from advisor.limits import MAX_SITE_LINKS
+from advisor.limits import MAX_LINK_CONTROLS, MAX_SITE_LINKS
 from advisor.observations import RECORD_COLUMNS as OBSERVATION_COLUMNS, Observation
 from probes.result import ProbeResult
 
@@ -405,6 +405,31 @@ class Store:
         self._forget_link_count(tx, src)
         return tx.execute(select, (src, dest.key)).fetchone()[0]
 
+    def check_link_control(self, tx: Tx, destination_id: int, control: str | None, link: str) -> None:
+        """Record that link ``destination_id`` (named ``link`` in the error) holds results under ``control`` (None:
+        not recorded, no check); TooManyControls, and nothing of this transaction kept, when that makes more than
+        MAX_LINK_CONTROLS."""
+        held_already = "SELECT 1 FROM link_controls WHERE destination_id = ? AND congestion_control = ?"
+        if control is None or tx.execute(held_already, (destination_id, control)).fetchone() is not None:
+            return
+        if self.db.dialect == "postgresql":
+            # One new control of a link at a time, so two at once cannot both find room for one; taken before the
+            # INSERT, whose key check would share the row with the other one's (a deadlock). Writes under the
+            # link's own controls (a key share) are not held back by it.
+            tx.execute("SELECT 1 FROM destinations WHERE id = ? FOR NO KEY UPDATE", (destination_id,))
+        if tx.execute("INSERT INTO link_controls (destination_id, congestion_control) VALUES (?, ?) "
+                      "ON CONFLICT (destination_id, congestion_control) DO NOTHING RETURNING 1",
+                      (destination_id, control)).fetchone() is None:
+            return  # another write added it meanwhile
+        held = [r[0] for r in tx.execute("SELECT congestion_control FROM link_controls WHERE destination_id = ? "
+                                         "ORDER BY congestion_control", (destination_id,)).fetchall()]
+        if len(held) > MAX_LINK_CONTROLS:
+            others = ", ".join(c for c in held if c != control)
+            raise TooManyControls(
+                f"link {link} holds results under {len(held) - 1} congestion controls ({others:.300}), the most this "
+                f"service keeps for one link, and {control!r} would be another, so nothing was stored: report it "
+                "under the control the streams used, one of those")
+
     def check_new_link(self, tx: Tx, src: str, dest_key: str, max_links: int) -> None:
         """Refuse (TooManyLinks) to make ``dest_key`` a link of ``src`` when it is not one yet and ``src`` has
         ``max_links`` links: rows of ``destinations`` and destinations of its queued or running probe jobs (a probe
@@ -537,6 +562,7 @@ class Store:
             if request is not None:
                 request.claim(tx, self.clock())
             destination_id = self.link_id(tx, src, dest, max_links)
+            self.check_link_control(tx, destination_id, congestion_control, f"{src} -> {dest.key}")
             step("destination")
             now = self.clock()
             run_id = tx.execute(
@@ -639,6 +665,7 @@ class Store:
             # the observations stored beside it did not record theirs either, and count too.
             obs_where = f"({obs_where} OR congestion_control IS NULL)"
         destination_id = self.link_id(tx, src, dest, max_links)
+        self.check_link_control(tx, destination_id, observation.congestion_control, f"{src} -> {dest.key}")
         now = self.clock()
         observation_id = tx.execute(
             f"INSERT INTO observations (destination_id, observed_at, {', '.join(record)}) "
