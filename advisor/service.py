@@ -854,7 +854,8 @@ class AdviceService:
         def refit(observations: list[dict[str, float]]) -> NewFit | None:
             if run is None:
                 # No probe run under this control: transfers alone do not make a curve (nor a "measured" control).
-                log.info("observation from %s to %s under %s stored without a refit: no probe run under it", site,
+                # At DEBUG, as the next: one line per request a client sends (its answer says refit: false).
+                log.debug("observation from %s to %s under %s stored without a refit: no probe run under it", site,
                          dest.key, control)
                 return None
             # A transfer's per-stream rates and retransmissions are evidence as a probe's are (loss dispersion).
@@ -869,7 +870,7 @@ class AdviceService:
                 return self.build_fit(points, run.idle_rtt_s, probed_at=run.probed_at,
                                       observations_used=len(observations), congestion_control=control)
             except FitError as exc:
-                log.info("observation for %s stored without a refit: %s", dest.key, exc)
+                log.debug("observation for %s stored without a refit: %s", dest.key, exc)
                 return None
 
         def answer(observation_id: int, fit_id: int | None) -> dict[str, Any]:
