@@ -22,7 +22,7 @@ from advisor.db import DEFAULT_POOL_SIZE, Database, Tx
 from advisor.destinations import Destination
 from advisor.errors import QueueFull, StoreError, TooManyControls, TooManyLinks, UnknownProbe
 from advisor.idempotency import KeyedRequest
-from advisor.limits import MAX_LINK_CONTROLS, MAX_SITE_LINKS
+from advisor.limits import BUDGET_WINDOW_S, MAX_LINK_CONTROLS, MAX_SITE_LINKS
 from advisor.observations import RECORD_COLUMNS as OBSERVATION_COLUMNS, Observation
 from probes.result import ProbeResult
 
@@ -782,8 +782,8 @@ class Store:
         return job_from_row(row)
 
     def claim_job(self, owner: str, lease_s: Callable[[Job], float], limit: int, *, src: str) -> Job | None:
-        """Mark site ``src``'s oldest queued job running for ``owner`` if fewer than ``limit`` of that site's
-        probes run (a site's probes share its links)."""
+        """Mark site ``src``'s next queued job running for ``owner`` if fewer than ``limit`` of that site's probes
+        run (a site's probes share its links): clients in turn, the oldest of each first."""
         with self.db.transaction(write=True) as tx:
             lock_claims(tx)
             if self.db.dialect == "postgresql":
@@ -793,17 +793,21 @@ class Store:
             if running >= limit:
                 return None
             # A job whose destination another site's agent probes, or whose address (as it resolved when it last
-            # ran) has a probe running, waits its turn.
+            # ran) has a probe running, waits its turn. Clients take turns (the jobs the service queues itself,
+            # client NULL, are one): first the job of the client with the fewest probes started in the last hour,
+            # so one asking for many long probes cannot hold the worker while another's wait behind them.
+            now = self.clock()
             row = tx.execute(
                 f"SELECT {JOB_COLUMNS} FROM probe_jobs WHERE status = 'queued' AND src = ? AND (address IS NULL OR "
                 "address NOT IN (SELECT address FROM probe_jobs WHERE status = 'running' AND address IS NOT NULL)) "
                 "AND dest NOT IN (SELECT dest FROM probe_jobs WHERE status = 'running') "
-                "ORDER BY requested_at, id LIMIT 1", (src,)
+                "ORDER BY (SELECT count(*) FROM probe_jobs c WHERE c.src = probe_jobs.src AND c.started_at >= ? AND "
+                "(c.client = probe_jobs.client OR (c.client IS NULL AND probe_jobs.client IS NULL))), "
+                "requested_at, id LIMIT 1", (src, now - BUDGET_WINDOW_S)
             ).fetchone()
             if row is None:
                 return None
             job = job_from_row(row)
-            now = self.clock()
             tx.execute(
                 "UPDATE probe_jobs SET status = 'running', started_at = ?, progress = 0, progress_detail = NULL, "
                 "attempts = attempts + 1, owner = ?, lease_until = ?, error = NULL, address = NULL WHERE id = ?",

@@ -213,3 +213,23 @@ def test_a_fit_record_that_cannot_be_read_says_why(record, words):
 
     with pytest.raises(ValueError, match=words):
         fit_from_record(record)
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def test_the_worker_takes_clients_in_turn_not_one_client_s_queue_first(tmp_path, request, backend):
+    # Client A queues three probes, then B one: B's waits behind A's first only, not behind all three (one client
+    # asking for many long probes held the service's worker for hours while another's waited).
+    url = f"sqlite:///{tmp_path}/s.sqlite3" if backend == "sqlite" else request.getfixturevalue("pg_url")
+    store = Store.open(url)
+    try:
+        a = [store.enqueue_job(parse_destination(f"127.0.0.{i}"), [1, 10], 1.0, client="10.0.0.1", src=SITE)[0]
+             for i in (1, 2, 3)]
+        b, _ = store.enqueue_job(parse_destination("127.0.0.9"), [1, 10], 1.0, client="10.0.0.2", src=SITE)
+        taken = []
+        for _ in range(4):
+            job = store.claim_job("h:1:a", lambda job: 100, limit=1, src=SITE)
+            taken.append(job.id)
+            store.fail_job(job.id, "done with it")  # finished: the next one may start
+        assert taken == [a[0].id, b.id, a[1].id, a[2].id]
+    finally:
+        store.close()
