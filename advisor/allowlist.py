@@ -5,6 +5,8 @@ from __future__ import annotations
 import ipaddress
 import re
 import socket
+import threading
+import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
@@ -18,13 +20,39 @@ Resolver = Callable[[str], Sequence[str]]
 DEFAULT_ALLOWED = "127.0.0.0/8,::1/128,localhost"
 
 
+# How long one name may take to resolve, seconds, and how many lookups run at once: a name under a zone whose
+# servers answer slowly (or never) would otherwise hold a request's thread for as long as the C library retries, and
+# enough such requests every thread of the server. A lookup past its time goes on in a daemon thread of its own,
+# holding its slot until it ends, and is not waited for (nor at exit).
+RESOLVE_TIMEOUT_S = 5.0
+_lookup_slots = threading.BoundedSemaphore(8)
+
+
 def system_resolver(host: str) -> list[str]:
-    """Every address ``host`` resolves to (A and AAAA)."""
-    try:
-        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
-    except (socket.gaierror, UnicodeError) as exc:
-        raise InvalidRequest(f"dest host {host!r} does not resolve: {exc}") from exc
-    return sorted({info[4][0] for info in infos})
+    """Every address ``host`` resolves to (A and AAAA), within RESOLVE_TIMEOUT_S (InvalidRequest otherwise)."""
+    deadline = time.monotonic() + RESOLVE_TIMEOUT_S
+    too_slow = InvalidRequest(f"dest host {host!r} did not resolve within {RESOLVE_TIMEOUT_S:g} s: try again later, "
+                              "or give its address")
+    if not _lookup_slots.acquire(timeout=RESOLVE_TIMEOUT_S):
+        raise too_slow
+    answer: dict[str, object] = {}
+    ended = threading.Event()
+
+    def lookup() -> None:
+        try:
+            answer["infos"] = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+        except (socket.gaierror, UnicodeError) as exc:
+            answer["error"] = exc
+        finally:
+            _lookup_slots.release()
+            ended.set()
+
+    threading.Thread(target=lookup, name="tame-resolve", daemon=True).start()
+    if not ended.wait(max(0.0, deadline - time.monotonic())):
+        raise too_slow
+    if "error" in answer:
+        raise InvalidRequest(f"dest host {host!r} does not resolve: {answer['error']}") from answer["error"]
+    return sorted({info[4][0] for info in answer["infos"]})
 
 
 _EXAMPLES = "give CIDR networks and host names, e.g. 10.0.0.0/8,dtn1.example.org,*.example.org"
@@ -119,6 +147,10 @@ class AllowList:
         if getattr(ip, "ipv4_mapped", None):
             ip = ip.ipv4_mapped
         return any(ip.version == net.version and ip in net for net in self.networks)
+
+    def needs_lookup(self, dest: Destination) -> bool:
+        """Whether :meth:`check` resolves ``dest``'s name (not an address, not a listed name)."""
+        return dest.ip is None and not self._name_listed(dest.host)
 
     def check(self, dest: Destination, resolver: Resolver = system_resolver) -> None:
         """Raise DestinationNotAllowed (or InvalidRequest if the name does not resolve)."""

@@ -121,6 +121,8 @@ class AdviceEntry:
 # Claimed jobs to destinations no longer allowed that one claim fails before it answers with none (the next claim
 # goes on).
 MAX_REFUSED_IN_A_CLAIM = 16
+# Seconds one registration may spend resolving its destinations' names; the names left are refused, saying so.
+REGISTRATION_LOOKUPS_S = 30.0
 REPROBE_AT_TTL = 0.8
 
 
@@ -702,9 +704,14 @@ class AdviceService:
         control = self.control(congestion_control)
         self._check_budget_fits(budget)
         parsed, refused = {}, []
+        lookups_until = time.monotonic() + REGISTRATION_LOOKUPS_S
         for text in dests:
             try:
                 dest = parse_destination(text)
+                if self.settings.allowed.needs_lookup(dest) and time.monotonic() > lookups_until:
+                    raise InvalidRequest(f"not checked: this registration's name lookups took their "
+                                         f"{REGISTRATION_LOOKUPS_S:g} s (slow DNS): give addresses, or fewer names "
+                                         "a registration")
                 self.check_allowed(dest)  # resolved once per registration
             except (DestinationNotAllowed, InvalidRequest) as exc:
                 refused.append({"dest": str(text), "error": str(exc)})

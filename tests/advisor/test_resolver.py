@@ -1,0 +1,106 @@
+"""Name lookups have a deadline (advisor.allowlist.system_resolver): a name under a zone whose servers never answer
+held a request's thread for as long as the C library retried (timeout x attempts), and 40 such requests every thread
+of the server. Real getaddrinfo, against a DNS server on loopback that never answers, in a mount namespace of the
+test's own whose /etc/resolv.conf names it."""
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.netns
+
+LOOKUPS = textwrap.dedent("""
+    import json, socket, sys, threading, time
+    silent = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    silent.bind(("127.0.0.77", 53))  # takes every query, answers none
+    threading.Thread(target=lambda: [silent.recvfrom(4096) for _ in iter(int, 1)], daemon=True).start()
+    import advisor.allowlist as allowlist
+    from advisor.errors import InvalidRequest
+    allowlist.RESOLVE_TIMEOUT_S = 1.0
+    out = []
+
+    def resolve(name):
+        began = time.monotonic()
+        try:
+            allowlist.system_resolver(name)
+            out.append(("resolved", name, time.monotonic() - began))
+        except InvalidRequest as exc:
+            out.append((str(exc), name, time.monotonic() - began))
+
+    threads = [threading.Thread(target=resolve, args=(f"slow{i}.tame.invalid",)) for i in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    resolve("localhost")  # /etc/hosts, no DNS: but the 8 slots are still held by lookups glibc retries for 15 s
+    print(json.dumps(out))
+""")
+
+
+def test_a_lookup_that_never_answers_is_refused_within_its_deadline_and_never_holds_the_process(tmp_path):
+    if os.geteuid() != 0:
+        pytest.fail("a mount namespace with its own resolv.conf needs root") if os.environ.get("CI") else \
+            pytest.skip("a mount namespace with its own resolv.conf needs root")
+    resolv = tmp_path / "resolv.conf"
+    resolv.write_text("nameserver 127.0.0.77\noptions timeout:5 attempts:3\n")  # glibc would retry for 15 s
+    began = time.monotonic()
+    done = subprocess.run(["unshare", "-m", "sh", "-c", 'mount --bind "$1" /etc/resolv.conf && shift && exec "$@"',
+                           "sh", str(resolv), sys.executable, "-c", LOOKUPS], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    took = time.monotonic() - began
+    assert done.returncode == 0, done.stderr
+    import json
+
+    results = json.loads(done.stdout)
+    slow = [r for r in results if r[1] != "localhost"]
+    # Each of the twelve refused at its deadline (1 s), those that waited for one of the 8 slots included.
+    assert len(slow) == 12 and all("did not resolve within 1 s" in why and took_s < 2.5 for why, _, took_s in slow), \
+        slow
+    # The process ends at once: the hanging lookups are not waited for (glibc alone would take 15 s).
+    assert took < 8, took
+    # At most 8 lookups at once: with 8 still hanging, a ninth waits for a slot no longer than its deadline.
+    [(why, _, took_s)] = [r for r in results if r[1] == "localhost"]
+    assert why == "dest host 'localhost' did not resolve within 1 s: try again later, or give its address"
+    assert took_s < 2.5
+
+
+def test_a_registration_stops_resolving_names_when_its_lookup_time_is_spent(tmp_path, monkeypatch):
+    # 2,000 names under a slow zone took one request thread 2,000 lookups long. Each lookup here takes 0.2 s (the
+    # service's resolver seam; the deadline of each is the test above) and the registration has 0.5 s: the names
+    # left are refused saying why, addresses and listed names are still checked, and the rest is registered.
+    import advisor.service as service_module
+    from advisor.allowlist import AllowList
+    from advisor.service import AdviceService
+    from advisor.settings import Settings
+    from advisor.sites import SiteBudget
+    from advisor.store import Store
+
+    monkeypatch.setattr(service_module, "REGISTRATION_LOOKUPS_S", 0.5)
+
+    def slow(host):
+        time.sleep(0.2)
+        return ["127.0.0.5"]
+
+    store = Store.open(f"sqlite:///{tmp_path}/s.sqlite3")
+    try:
+        service = AdviceService(store, Settings(allowed=AllowList.parse("127.0.0.0/8,listed.example")),
+                                resolver=slow, controls=lambda: ["cubic", "reno", "bbr"])
+        names = [f"n{i}.example:5201" for i in range(6)]
+        began = time.monotonic()
+        got = service.register_site("dtn2", SiteBudget(2, 64, 3600.0),
+                                    [*names, "127.0.0.9:5201", "listed.example:5201"])
+        assert time.monotonic() - began < 2.0
+        refused = {r["dest"]: r["error"] for r in got["refused"]}
+        checked = [n for n in names if n not in refused]
+        assert 2 <= len(checked) <= 3, refused  # 0.2 s each until 0.5 s had passed
+        assert all("name lookups took their 0.5 s (slow DNS)" in refused[n] for n in names[len(checked):])
+        assert got["links"] == len(checked) + 2  # the address and the listed name need no lookup
+    finally:
+        store.close()
