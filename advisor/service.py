@@ -777,10 +777,19 @@ class AdviceService:
                 break
             except DestinationNotAllowed as exc:
                 self.store.refuse_attempt(claimed.job.id, owner, name, f"never run: {exc}")
+            except InvalidRequest as exc:
+                # The name does not resolve now: a failed attempt, as a probe's would be (to the back of the queue),
+                # and no other job this claim, so one claim spends at most one attempt of it.
+                self.store.fail_attempt(claimed.job.id, owner, name, f"not run: {exc}",
+                                        self.settings.max_probe_attempts)
+                claimed = dataclasses.replace(claimed, job=None, streams=0, lease_until=None,
+                                              waiting=f"the probe of {claimed.job.dest} could not start: {exc}")
+                break
         else:
             claimed = dataclasses.replace(claimed, job=None, streams=0, lease_until=None,
                               waiting=f"the last {MAX_REFUSED_IN_A_CLAIM} queued probes claimed were to destinations "
-                              "this service no longer allows; they failed, saying so: claim again")
+                              "this service no longer allows or cannot resolve now; they failed, saying so: claim "
+                              "again")
         return {"site": name, "job": None if claimed.job is None else self.probe_status(claimed.job.id),
                 "max_streams": claimed.streams or None, "lease_until": claimed.lease_until,
                 "lease_s": None if claimed.lease_until is None else claimed.lease_until - self.store.clock(),

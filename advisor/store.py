@@ -405,10 +405,25 @@ class Store:
         self._forget_link_count(tx, src)
         return tx.execute(select, (src, dest.key)).fetchone()[0]
 
-    def check_link_control(self, tx: Tx, destination_id: int, control: str | None, link: str) -> None:
-        """Record that link ``destination_id`` (named ``link`` in the error) holds results under ``control`` (None:
-        not recorded, no check); TooManyControls, and nothing of this transaction kept, when that makes more than
-        MAX_LINK_CONTROLS."""
+    def _link_controls(self, tx: Tx, src: str, dest_key: str) -> list[str]:
+        """The controls link (``src``, ``dest_key``) holds results under, and those of its queued and running probes
+        (a probe queued under a new control holds its place, so its run is never refused after it ran)."""
+        return sorted(r[0] for r in tx.execute(
+            "SELECT lc.congestion_control FROM link_controls lc JOIN destinations d ON d.id = lc.destination_id "
+            "WHERE d.src = ? AND d.dest = ? UNION SELECT congestion_control FROM probe_jobs WHERE src = ? AND dest = ? "
+            "AND status IN ('queued', 'running') AND congestion_control IS NOT NULL",
+            (src, dest_key, src, dest_key)).fetchall())
+
+    def _refuse_control(self, src: str, dest_key: str, control: str, held: list[str]) -> TooManyControls:
+        return TooManyControls(
+            f"link {src} -> {dest_key} holds results or probes under {len(held)} congestion controls "
+            f"({', '.join(held):.300}), the most this service keeps for one link, and {control!r} would be another, so "
+            "nothing was stored: report it under the control the streams used, one of those")
+
+    def check_link_control(self, tx: Tx, destination_id: int, control: str | None, src: str, dest_key: str) -> None:
+        """Record that link ``destination_id`` (``src`` to ``dest_key``) holds results under ``control`` (None: not
+        recorded, no check); TooManyControls, and nothing of this transaction kept, when that makes more than
+        MAX_LINK_CONTROLS, counting its queued and running probes' controls."""
         held_already = "SELECT 1 FROM link_controls WHERE destination_id = ? AND congestion_control = ?"
         if control is None or tx.execute(held_already, (destination_id, control)).fetchone() is not None:
             return
@@ -421,14 +436,20 @@ class Store:
                       "ON CONFLICT (destination_id, congestion_control) DO NOTHING RETURNING 1",
                       (destination_id, control)).fetchone() is None:
             return  # another write added it meanwhile
-        held = [r[0] for r in tx.execute("SELECT congestion_control FROM link_controls WHERE destination_id = ? "
-                                         "ORDER BY congestion_control", (destination_id,)).fetchall()]
+        held = self._link_controls(tx, src, dest_key)
         if len(held) > MAX_LINK_CONTROLS:
-            others = ", ".join(c for c in held if c != control)
-            raise TooManyControls(
-                f"link {link} holds results under {len(held) - 1} congestion controls ({others:.300}), the most this "
-                f"service keeps for one link, and {control!r} would be another, so nothing was stored: report it "
-                "under the control the streams used, one of those")
+            raise self._refuse_control(src, dest_key, control, [c for c in held if c != control])
+
+    def check_job_control(self, tx: Tx, src: str, dest_key: str, control: str | None) -> None:
+        """TooManyControls when a probe of link (``src``, ``dest_key``) under ``control`` would be one control more
+        than MAX_LINK_CONTROLS: its run would be refused after it ran."""
+        if control is None:
+            return
+        if self.db.dialect == "postgresql":  # as check_link_control, so that a run and a probe cannot both find room
+            tx.execute("SELECT 1 FROM destinations WHERE src = ? AND dest = ? FOR NO KEY UPDATE", (src, dest_key))
+        held = self._link_controls(tx, src, dest_key)
+        if control not in held and len(held) >= MAX_LINK_CONTROLS:
+            raise self._refuse_control(src, dest_key, control, held)
 
     def check_new_link(self, tx: Tx, src: str, dest_key: str, max_links: int) -> None:
         """Refuse (TooManyLinks) to make ``dest_key`` a link of ``src`` when it is not one yet and ``src`` has
@@ -562,7 +583,7 @@ class Store:
             if request is not None:
                 request.claim(tx, self.clock())
             destination_id = self.link_id(tx, src, dest, max_links)
-            self.check_link_control(tx, destination_id, congestion_control, f"{src} -> {dest.key}")
+            self.check_link_control(tx, destination_id, congestion_control, src, dest.key)
             step("destination")
             now = self.clock()
             run_id = tx.execute(
@@ -665,7 +686,7 @@ class Store:
             # the observations stored beside it did not record theirs either, and count too.
             obs_where = f"({obs_where} OR congestion_control IS NULL)"
         destination_id = self.link_id(tx, src, dest, max_links)
-        self.check_link_control(tx, destination_id, observation.congestion_control, f"{src} -> {dest.key}")
+        self.check_link_control(tx, destination_id, observation.congestion_control, src, dest.key)
         now = self.clock()
         observation_id = tx.execute(
             f"INSERT INTO observations (destination_id, observed_at, {', '.join(record)}) "
@@ -729,6 +750,7 @@ class Store:
                     return job_from_row(active), False
                 # Before LOCK TABLE: a run's transaction takes the link count's lock, then writes probe_jobs.
                 self.check_new_link(tx, src, dest.key, max_links)
+                self.check_job_control(tx, src, dest.key, congestion_control)
                 if max_queued is not None:
                     if self.db.dialect == "postgresql":
                         # Two processes must not both count max_queued - 1 and insert.
@@ -797,13 +819,14 @@ class Store:
             # client NULL, are one): first the job of the client with the fewest probes started in the last hour,
             # so one asking for many long probes cannot hold the worker while another's wait behind them.
             now = self.clock()
+            # Each client's count once (a count per candidate read the site's every job again for each).
             row = tx.execute(
-                f"SELECT {JOB_COLUMNS} FROM probe_jobs WHERE status = 'queued' AND src = ? AND (address IS NULL OR "
-                "address NOT IN (SELECT address FROM probe_jobs WHERE status = 'running' AND address IS NOT NULL)) "
-                "AND dest NOT IN (SELECT dest FROM probe_jobs WHERE status = 'running') "
-                "ORDER BY (SELECT count(*) FROM probe_jobs c WHERE c.src = probe_jobs.src AND c.started_at >= ? AND "
-                "(c.client = probe_jobs.client OR (c.client IS NULL AND probe_jobs.client IS NULL))), "
-                "requested_at, id LIMIT 1", (src, now - BUDGET_WINDOW_S)
+                "WITH turns AS (SELECT client, count(*) AS started FROM probe_jobs WHERE src = ? AND started_at >= ? "
+                f"GROUP BY client) SELECT {JOB_COLUMNS} FROM probe_jobs j LEFT JOIN turns t ON (t.client = j.client OR "
+                "(t.client IS NULL AND j.client IS NULL)) WHERE j.status = 'queued' AND j.src = ? AND (j.address IS "
+                "NULL OR j.address NOT IN (SELECT address FROM probe_jobs WHERE status = 'running' AND address IS NOT "
+                "NULL)) AND j.dest NOT IN (SELECT dest FROM probe_jobs WHERE status = 'running') "
+                "ORDER BY coalesce(t.started, 0), j.requested_at, j.id LIMIT 1", (src, now - BUDGET_WINDOW_S, src)
             ).fetchone()
             if row is None:
                 return None

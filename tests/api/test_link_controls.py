@@ -38,7 +38,7 @@ def test_a_link_s_controls_past_the_cap_are_refused_and_nothing_is_stored(databa
                   client.post("/v1/observations", json=observation("onemore"), headers=AS_A)):
         assert write.status_code == 422, write.text
         detail = write.json()["detail"]
-        assert f"holds results under {MAX_LINK_CONTROLS} congestion controls" in detail, detail
+        assert f"holds results or probes under {MAX_LINK_CONTROLS} congestion controls" in detail, detail
         assert "'onemore' would be another, so nothing was stored" in detail and CONTROLS[0] in detail
     assert stored(store) == before
 
@@ -93,3 +93,30 @@ def test_the_migration_counts_the_controls_links_hold_already(database, request,
                 == [(did, "bbr"), (did, "cubic"), (did, "reno")]
     finally:
         db.close()
+
+
+@pytest.mark.parametrize("database", DATABASES)
+def test_a_probe_under_a_new_control_holds_its_place_and_one_past_the_cap_is_not_queued(database, request, tmp_path,
+                                                                                      service_factory):
+    # A probe is refused when its run would be: before, it was queued (202), claimed, run, and its run refused.
+    base, client, app = service_factory(start_worker=False, url=url_for(database, request, tmp_path), **SITE_TOKENS)
+    store = app.state.service.store
+    assert client.put("/v1/sites/site-a", json={"dests": [], "owner": "agent-a"}, headers=AS_A).status_code == 200
+    for control in CONTROLS[:-1]:
+        assert client.post("/v1/observations", json=observation(control), headers=AS_A).status_code == 202
+    queued = client.post("/v1/probes", json={"src": "site-a", "dest": DEST, "congestion_control": CONTROLS[-1]},
+                         headers=AS_A)
+    assert queued.status_code == 202, queued.text
+    before = stored(store)
+    # The queued probe holds the eighth place: a ninth control is refused, as a probe and as a result.
+    for write in (client.post("/v1/probes", json={"src": "site-a", "dest": DEST, "congestion_control": "onemore"},
+                              headers=AS_A),
+                  client.post("/v1/observations", json=observation("onemore"), headers=AS_A)):
+        assert write.status_code == 422 and "'onemore' would be another" in write.json()["detail"], write.text
+    assert stored(store) == before
+    # The probe's run is stored when it comes.
+    claim = client.post("/v1/sites/site-a/claims", json={"owner": "agent-a"}, headers=AS_A).json()
+    assert claim["job"]["id"] == queued.json()["id"], claim
+    pushed = client.post("/v1/probe-runs", json={**run(CONTROLS[-1]), "job_id": claim["job"]["id"],
+                                                 "owner": "agent-a"}, headers=AS_A)
+    assert pushed.status_code == 201, pushed.text

@@ -181,6 +181,32 @@ def test_a_claim_never_gives_a_probe_to_a_destination_the_service_no_longer_allo
         assert status == "failed" and "never run: probes to port 22 are not allowed" in error, (status, error)
 
 
+def test_a_claimed_job_whose_name_does_not_resolve_now_is_a_failed_attempt_not_a_failed_claim(service_factory):
+    # A review's resolver failed after registration: the claim answered 422 with the job already claimed, so the
+    # job stayed running in an agent's name it never learnt, and tame agent --site stopped at the 422.
+    from advisor.errors import InvalidRequest
+
+    base, client, app = service_factory(start_worker=False)
+    registered = client.put("/v1/sites/dtn2", json={"dests": ["lo.test:5201"], "max_probes": 2})
+    assert registered.status_code == 200 and registered.json()["queued"] == 1, registered.text
+    service = app.state.service
+    attempts = service.settings.max_probe_attempts
+
+    def dns_down(host):
+        raise InvalidRequest(f"dest host {host!r} does not resolve: [Errno -3] Temporary failure in name resolution")
+
+    service.resolver = dns_down
+    for attempt in range(1, attempts + 1):
+        answer = client.post("/v1/sites/dtn2/claims", json={"owner": "agent-1", "holding": []})
+        assert answer.status_code == 200 and answer.json()["job"] is None, answer.text
+        assert "could not start" in answer.json()["waiting"] and "does not resolve" in answer.json()["waiting"]
+        with service.store.db.transaction() as tx:  # one attempt a claim, to the back of the queue
+            [(status, owner, counted, error)] = tx.execute(
+                "SELECT status, owner, attempts, error FROM probe_jobs WHERE src = 'dtn2'").fetchall()
+        assert owner is None and counted == attempt and "Temporary failure in name resolution" in error
+        assert status == ("failed" if attempt == attempts else "queued"), (attempt, status)
+
+
 @pytest.mark.parametrize("method, path, body, status, says", [
     ("PUT", "/v1/sites/bad%20site", {"dests": [DEST]}, 422, "must name a site"),
     ("PUT", "/v1/sites/" + "a" * 65, {"dests": [DEST]}, 422, "at most 64"),
