@@ -449,7 +449,8 @@ class RouteSelector:
             prefix = ipaddress.ip_network(f"{rule['src']}/{rule.get('srclen', 128 if ':' in rule['src'] else 32)}")
             if self.source is None or self.source not in prefix:
                 return False
-        return not (set(rule) - _RULE_NOT_SELECTORS - {"fwmark", "fwmask", "src", "srclen"})
+        return not (set(rule) - _RULE_NOT_SELECTORS - {"fwmark", "fwmask", "src", "srclen"}
+                    - ({"iif"} if rule.get("iif") == "lo" else set()))
 
 
 # Keys of ``ip -j rule`` that are not a selector route get cannot see (the destination, ``dst``, it sees).
@@ -469,6 +470,8 @@ def rules_choosing_otherwise(addr: Address, rules: list[dict], selector: RouteSe
             if addr not in prefix:
                 continue  # not a rule for this destination
         selectors = set(rule) - _RULE_NOT_SELECTORS - ({"src"} if rule.get("src", "all") == "all" else set())
+        if rule.get("iif") == "lo":  # a connection of this host's own is looked up from lo, as route get's is
+            selectors.discard("iif")
         if selectors and (negated or not selector.picks(rule)):
             chosen.append(rule)
     return chosen

@@ -221,6 +221,7 @@ def _apply(args) -> int:
     if beyond:
         print(f"tame cc apply: warning: {beyond}", file=sys.stderr)
     cc.require_root()
+    others = cc.rules_choosing_otherwise(addr, cc.policy_rules(addr), selector)  # read before anything is changed
     with cc.exclusive_setting(addr):  # not under a running tame transfer, which would put its entry back after
         previous = cc.settings().get(addr)
         applied = False
@@ -232,7 +233,6 @@ def _apply(args) -> int:
         finally:
             if not applied:  # no half-applied state, and nothing of another's undone: the entry goes back as it was
                 cc.restore_fm(addr, previous)
-    others = cc.rules_choosing_otherwise(addr, cc.policy_rules(addr), selector)
     if others:
         print(f"tame cc apply: warning: policy rules here choose routes by more than the destination "
               f"({'; '.join(_rule_text(r) for r in others[:5])}): connections to {addr} they pick out take their "

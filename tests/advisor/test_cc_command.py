@@ -123,6 +123,7 @@ RULES = [{"priority": 0, "src": "all", "table": "local"},
          {"priority": 99, "src": "all", "dst": "10.2.0.0", "dstlen": 16, "fwmark": "0x9", "table": "102"},
          {"priority": 100, "src": "all", "fwmark": "0x7", "fwmask": "0xff", "table": "100"},
          {"priority": 101, "src": "10.1.0.0", "srclen": 16, "table": "101"},
+         {"priority": 102, "src": "all", "iif": "lo", "table": "104"},  # this host's own connections: seen
          {"priority": 32766, "src": "all", "table": "main"}, {"priority": 32767, "src": "all", "table": "default"}]
 
 
