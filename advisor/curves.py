@@ -52,12 +52,11 @@ def write_curve(tx: Tx, fit_id: int, curve: Curve, halfway: Callable[[], None] |
                    "VALUES " + ", ".join(["(?, ?, ?, ?, ?, ?)"] * len(part)), values)
 
 
-def rebuild_curves(tx: Tx, limit: int | None = None) -> int:
-    """Write again, in ``tx``, the curves of (at most ``limit`` of) the current fits stored under an older
+def rebuild_curves(tx: Tx, limit: int) -> int:
+    """Write again, in ``tx``, the curves of at most ``limit`` of the current fits stored under an older
     CURVE_VERSION or none, from their records, and mark them with this one. Returns how many were written."""
     rows = tx.execute("SELECT id, model, params_json, regime, probe_streams_json, warnings_json, record_json, n_max "
-                      f"FROM current_fits WHERE {_OUTDATED} ORDER BY id" + ("" if limit is None else " LIMIT ?"),
-                      (CURVE_VERSION,) if limit is None else (CURVE_VERSION, limit)).fetchall()
+                      f"FROM current_fits WHERE {_OUTDATED} ORDER BY id LIMIT ?", (CURVE_VERSION, limit)).fetchall()
     for fit_id, model, params_json, regime, probe_streams, warnings, record, n_max in rows:
         curve = curve_of({"model": model, "params": json.loads(params_json), "regime": regime,
                           "probe_streams": json.loads(probe_streams), "warnings": json.loads(warnings),

@@ -118,12 +118,12 @@ class AdviceEntry:
 
 # A site's links are probed again once their evidence is this fraction of the TTL old, so that with agents
 # keeping up they are never served stale.
+REPROBE_AT_TTL = 0.8
 # Claimed jobs to destinations no longer allowed that one claim fails before it answers with none (the next claim
 # goes on).
 MAX_REFUSED_IN_A_CLAIM = 16
 # Seconds one registration may spend resolving its destinations' names; the names left are refused, saying so.
 REGISTRATION_LOOKUPS_S = 30.0
-REPROBE_AT_TTL = 0.8
 
 
 def fresh_destinations(paths: list[dict[str, Any]], control: str, unrecorded_control: str | None,
@@ -782,14 +782,11 @@ class AdviceService:
                 # and no other job this claim, so one claim spends at most one attempt of it.
                 self.store.fail_attempt(claimed.job.id, owner, name, f"not run: {exc}",
                                         self.settings.max_probe_attempts)
-                claimed = dataclasses.replace(claimed, job=None, streams=0, lease_until=None,
-                                              waiting=f"the probe of {claimed.job.dest} could not start: {exc}")
+                claimed = claimed.none(f"the probe of {claimed.job.dest} could not start: {exc}")
                 break
         else:
-            claimed = dataclasses.replace(claimed, job=None, streams=0, lease_until=None,
-                              waiting=f"the last {MAX_REFUSED_IN_A_CLAIM} queued probes claimed were to destinations "
-                              "this service no longer allows or cannot resolve now; they failed, saying so: claim "
-                              "again")
+            claimed = claimed.none(f"the last {MAX_REFUSED_IN_A_CLAIM} queued probes claimed were to destinations this "
+                                   "service no longer allows or cannot resolve now; they failed, saying so: claim again")
         return {"site": name, "job": None if claimed.job is None else self.probe_status(claimed.job.id),
                 "max_streams": claimed.streams or None, "lease_until": claimed.lease_until,
                 "lease_s": None if claimed.lease_until is None else claimed.lease_until - self.store.clock(),

@@ -115,6 +115,10 @@ class Claim:
     lease_until: float | None = None
     waiting: str | None = None  # why nothing was claimed: "no queued probe" or the budget that is spent
 
+    def none(self, waiting: str) -> "Claim":
+        """No job after all, within the same budget, and why (``waiting``)."""
+        return Claim(None, self.budget, waiting=waiting)
+
 
 def _row_lock(store: Store, clause: str = "FOR UPDATE") -> str:
     """``clause`` for the end of a SELECT on PostgreSQL; nothing on SQLite, whose write transactions are serial."""

@@ -414,42 +414,33 @@ class Store:
             "AND status IN ('queued', 'running') AND congestion_control IS NOT NULL",
             (src, dest_key, src, dest_key)).fetchall())
 
-    def _refuse_control(self, src: str, dest_key: str, control: str, held: list[str]) -> TooManyControls:
-        return TooManyControls(
-            f"link {src} -> {dest_key} holds results or probes under {len(held)} congestion controls "
-            f"({', '.join(held):.300}), the most this service keeps for one link, and {control!r} would be another, so "
-            "nothing was stored: report it under the control the streams used, one of those")
-
     def check_link_control(self, tx: Tx, destination_id: int, control: str | None, src: str, dest_key: str) -> None:
         """Record that link ``destination_id`` (``src`` to ``dest_key``) holds results under ``control`` (None: not
-        recorded, no check); TooManyControls, and nothing of this transaction kept, when that makes more than
-        MAX_LINK_CONTROLS, counting its queued and running probes' controls."""
+        recorded, no check); TooManyControls, and nothing of this transaction kept, when that would make more than
+        MAX_LINK_CONTROLS, counting its queued and running probes' controls (:meth:`check_job_control`)."""
         held_already = "SELECT 1 FROM link_controls WHERE destination_id = ? AND congestion_control = ?"
         if control is None or tx.execute(held_already, (destination_id, control)).fetchone() is not None:
             return
-        if self.db.dialect == "postgresql":
-            # One new control of a link at a time, so two at once cannot both find room for one; taken before the
-            # INSERT, whose key check would share the row with the other one's (a deadlock). Writes under the
-            # link's own controls (a key share) are not held back by it.
-            tx.execute("SELECT 1 FROM destinations WHERE id = ? FOR NO KEY UPDATE", (destination_id,))
-        if tx.execute("INSERT INTO link_controls (destination_id, congestion_control) VALUES (?, ?) "
-                      "ON CONFLICT (destination_id, congestion_control) DO NOTHING RETURNING 1",
-                      (destination_id, control)).fetchone() is None:
-            return  # another write added it meanwhile
-        held = self._link_controls(tx, src, dest_key)
-        if len(held) > MAX_LINK_CONTROLS:
-            raise self._refuse_control(src, dest_key, control, [c for c in held if c != control])
+        self.check_job_control(tx, src, dest_key, control)
+        tx.execute("INSERT INTO link_controls (destination_id, congestion_control) VALUES (?, ?) "
+                   "ON CONFLICT (destination_id, congestion_control) DO NOTHING", (destination_id, control))
 
     def check_job_control(self, tx: Tx, src: str, dest_key: str, control: str | None) -> None:
-        """TooManyControls when a probe of link (``src``, ``dest_key``) under ``control`` would be one control more
-        than MAX_LINK_CONTROLS: its run would be refused after it ran."""
+        """TooManyControls when results or a probe of link (``src``, ``dest_key``) under ``control`` would be one
+        control more than MAX_LINK_CONTROLS (a probe's run would be refused after it ran)."""
         if control is None:
             return
-        if self.db.dialect == "postgresql":  # as check_link_control, so that a run and a probe cannot both find room
+        if self.db.dialect == "postgresql":
+            # One new control of a link at a time, so two at once cannot both find room for one; taken before
+            # link_controls' INSERT, whose key check would share the row with the other one's (a deadlock). Writes
+            # under the link's own controls (a key share) are not held back by it.
             tx.execute("SELECT 1 FROM destinations WHERE src = ? AND dest = ? FOR NO KEY UPDATE", (src, dest_key))
         held = self._link_controls(tx, src, dest_key)
         if control not in held and len(held) >= MAX_LINK_CONTROLS:
-            raise self._refuse_control(src, dest_key, control, held)
+            raise TooManyControls(
+                f"link {src} -> {dest_key} holds results or probes under {len(held)} congestion controls "
+                f"({', '.join(held):.300}), the most this service keeps for one link, and {control!r} would be "
+                "another, so nothing was stored: report it under the control the streams used, one of those")
 
     def check_new_link(self, tx: Tx, src: str, dest_key: str, max_links: int) -> None:
         """Refuse (TooManyLinks) to make ``dest_key`` a link of ``src`` when it is not one yet and ``src`` has

@@ -449,13 +449,19 @@ class RouteSelector:
             prefix = ipaddress.ip_network(f"{rule['src']}/{rule.get('srclen', 128 if ':' in rule['src'] else 32)}")
             if self.source is None or self.source not in prefix:
                 return False
-        return not (set(rule) - _RULE_NOT_SELECTORS - {"fwmark", "fwmask", "src", "srclen"}
-                    - ({"iif"} if rule.get("iif") == "lo" else set()))
+        return not (_selectors(rule) - {"fwmark", "fwmask", "src", "srclen"})
 
 
 # Keys of ``ip -j rule`` that are not a selector route get cannot see (the destination, ``dst``, it sees).
 _RULE_NOT_SELECTORS = {"priority", "table", "action", "dst", "dstlen", "protocol", "goto", "suppress_prefixlen",
                        "suppress_ifgroup", "realms", "flags", "not"}
+
+
+def _selectors(rule: dict) -> set[str]:
+    """The keys of a policy rule (``ip -j rule`` form) that choose by something ``route get DEST`` does not see:
+    not ``from all``, and not ``iif lo`` (a connection of this host's own is looked up from lo, as route get's is)."""
+    return (set(rule) - _RULE_NOT_SELECTORS - ({"src"} if rule.get("src", "all") == "all" else set())
+            - ({"iif"} if rule.get("iif") == "lo" else set()))
 
 
 def rules_choosing_otherwise(addr: Address, rules: list[dict], selector: RouteSelector) -> list[dict]:
@@ -469,10 +475,7 @@ def rules_choosing_otherwise(addr: Address, rules: list[dict], selector: RouteSe
             prefix = ipaddress.ip_network(f"{rule['dst']}/{rule.get('dstlen', addr.max_prefixlen)}", strict=False)
             if addr not in prefix:
                 continue  # not a rule for this destination
-        selectors = set(rule) - _RULE_NOT_SELECTORS - ({"src"} if rule.get("src", "all") == "all" else set())
-        if rule.get("iif") == "lo":  # a connection of this host's own is looked up from lo, as route get's is
-            selectors.discard("iif")
-        if selectors and (negated or not selector.picks(rule)):
+        if _selectors(rule) and (negated or not selector.picks(rule)):
             chosen.append(rule)
     return chosen
 
@@ -582,8 +585,13 @@ def our_routes() -> list[str]:
             text = run(["ip", family, "-o", "route", "show", "table", "all", "proto", ROUTE_PROTO])
         except TestbedCommandFailed as exc:
             raise CcCommandFailed(str(exc)) from exc
-        out += [" ".join(line.replace("\\", " ").split()) for line in text.splitlines() if line.strip()]
+        out += [_one_line(line) for line in text.splitlines() if line.strip()]
     return out
+
+
+def _one_line(text: str) -> str:
+    """``ip -o`` output on one line: its ``\\`` line breaks and runs of white space as single spaces."""
+    return " ".join(text.replace("\\", " ").split())
 
 
 def describe_route(addr: Address) -> str | None:
@@ -592,7 +600,7 @@ def describe_route(addr: Address) -> str | None:
         out = run([*_ip(addr), "-o", "route", "show", "table", "all", "exact", _prefix(addr)]).strip()
     except TestbedCommandFailed as exc:
         raise CcCommandFailed(str(exc)) from exc
-    return " ".join(out.replace("\\", " ").split()) or None
+    return _one_line(out) or None
 
 
 if __name__ == "__main__":  # `python -m probes.cc`: build for this kernel (the install step) and print the path
