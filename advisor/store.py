@@ -118,6 +118,56 @@ class NewFit:
 
 
 @dataclass(frozen=True)
+class _RefitWindow:
+    """The observations an observation's refit reads: a link's standard ones under its control since its base run."""
+
+    where: str  # SQL on observations
+    params: tuple
+    since: float  # observed_at from (Unix seconds)
+    limit: int
+    run_control: str | None
+    base_run: "BaseRun | None"
+
+    @classmethod
+    def of(cls, observation: Observation, run_control: str | None, base_run: "BaseRun | None",
+           limit: int) -> "_RefitWindow":
+        where, params = same_control("congestion_control", observation.congestion_control)
+        if run_control is None and observation.congestion_control is not None:
+            # The refit rests on a run that did not record its control (taken as this one's, the default):
+            # the observations stored beside it did not record theirs either, and count too.
+            where = f"({where} OR congestion_control IS NULL)"
+        return cls(where, tuple(params), 0.0 if base_run is None else base_run.finished_at, limit, run_control,
+                   base_run)
+
+    def _select(self, columns: str) -> str:
+        return (f"SELECT {columns} FROM observations WHERE destination_id = ? AND {self.where} AND observed_at >= ? "
+                "AND tame_streams = 0 ORDER BY id DESC LIMIT ?")
+
+    def ids(self, tx: Tx, destination_id: int) -> tuple[int, ...]:
+        """The ids of the window's observations, newest first."""
+        rows = tx.execute(self._select("id"), (destination_id, *self.params, self.since, self.limit)).fetchall()
+        return tuple(r[0] for r in rows)
+
+    def read(self, tx: Tx, destination_id: int, limit: int) -> tuple[tuple[int, ...], list[dict[str, Any]]]:
+        """(ids, observations as ``refit`` takes them) of the newest ``limit`` in the window, newest first."""
+        rows = tx.execute(self._select("id, streams, throughput_bps, duration_s, stream_bps, stream_retransmits"),
+                          (destination_id, *self.params, self.since, limit)).fetchall()
+        return tuple(r[0] for r in rows), [self._reported(*r[1:]) for r in rows]
+
+    @staticmethod
+    def _reported(streams, throughput_bps, duration_s, stream_bps: str | None,
+                  stream_retransmits: str | None) -> dict[str, Any]:
+        return {"streams": streams, "throughput_bps": throughput_bps, "duration_s": duration_s,
+                "stream_bps": _from_json_list(stream_bps), "stream_retransmits": _from_json_list(stream_retransmits)}
+
+    def reported(self, observation: Observation) -> dict[str, Any]:
+        """``observation`` as :meth:`read` gives it back once stored."""
+        record = observation.to_record()
+        return self._reported(record["streams"], record["throughput_bps"], record["duration_s"],
+                              record["stream_bps"], record["stream_retransmits"])
+
+
+@dataclass(frozen=True)
 class BaseRun:
     """A link's newest probe run with results under one control: what an observation's refit rests on."""
 
@@ -657,25 +707,32 @@ class Store:
         new link past ``max_links`` is refused (TooManyLinks), nothing stored. With ``request`` (a client's
         Idempotency-Key) the key is claimed first (AlreadyTaken when an earlier request stored it: nothing stored)
         and ``answer(observation id, fit id)`` kept with it.
+
+        The refit is computed before the write transaction, on the observations stored by then, and kept when the
+        transaction finds the same ones (the write lock, the whole store's on SQLite, is held for the inserts, not
+        for the fit); when another write came between, it is computed again inside the transaction.
         """
+        window = _RefitWindow.of(observation, run_control, base_run, limit)
+        early: tuple[tuple[int, ...], NewFit | None] | None = None
+        if observation.feeds_fit and base_run is not None:
+            with self.db.transaction() as tx:
+                row = tx.execute("SELECT id FROM destinations WHERE src = ? AND dest = ?", (src, dest.key)).fetchone()
+                if row is not None:
+                    ids, rows = window.read(tx, row[0], limit - 1)
+                    early = ids, refit([window.reported(observation), *rows])
         with self.db.transaction(write=True) as tx:
             if request is not None:
                 request.claim(tx, self.clock())
-            ids = self._add_observation(tx, dest, observation, refit, limit, src=src, run_control=run_control,
-                                        max_links=max_links, base_run=base_run)
+            ids = self._add_observation(tx, dest, observation, refit, window, early, src=src, max_links=max_links)
             if request is not None:
                 request.remember(tx, ids[0], answer(*ids))
         return ids
 
     def _add_observation(self, tx: Tx, dest: Destination, observation: Observation,
-                         refit: Callable[[list[dict[str, float]]], NewFit | None], limit: int, *, src: str,
-                         run_control: str | None, max_links: int, base_run: BaseRun | None) -> tuple[int, int | None]:
+                         refit: Callable[[list[dict[str, float]]], NewFit | None], window: "_RefitWindow",
+                         early: tuple[tuple[int, ...], NewFit | None] | None, *, src: str,
+                         max_links: int) -> tuple[int, int | None]:
         record = observation.to_record()
-        obs_where, obs_params = same_control("congestion_control", observation.congestion_control)
-        if run_control is None and observation.congestion_control is not None:
-            # The refit rests on a run that did not record its control (taken as this one's, the default):
-            # the observations stored beside it did not record theirs either, and count too.
-            obs_where = f"({obs_where} OR congestion_control IS NULL)"
         destination_id = self.link_id(tx, src, dest, max_links)
         self.check_link_control(tx, destination_id, observation.congestion_control, src, dest.key)
         now = self.clock()
@@ -686,19 +743,14 @@ class Store:
         ).fetchone()[0]
         if not observation.feeds_fit:
             return observation_id, None
-        if base_run is not None:
-            newest = _newest_run(tx, "d.id = ?", (destination_id,), run_control)
-            if newest is None or newest[0] != base_run.id:
+        if window.base_run is not None:
+            newest = _newest_run(tx, "d.id = ?", (destination_id,), window.run_control)
+            if newest is None or newest[0] != window.base_run.id:
                 return observation_id, None
-        rows = tx.execute(
-            f"SELECT streams, throughput_bps, duration_s, stream_bps, stream_retransmits FROM observations "
-            f"WHERE destination_id = ? AND {obs_where} AND observed_at >= ? AND tame_streams = 0 "
-            "ORDER BY id DESC LIMIT ?",
-            (destination_id, *obs_params, 0.0 if base_run is None else base_run.finished_at, limit),
-        ).fetchall()
-        fit = refit([{"streams": r[0], "throughput_bps": r[1], "duration_s": r[2],
-                      "stream_bps": _from_json_list(r[3]), "stream_retransmits": _from_json_list(r[4])}
-                     for r in rows])
+        if early is not None and window.ids(tx, destination_id) == (observation_id, *early[0]):
+            fit = early[1]
+        else:
+            fit = refit(window.read(tx, destination_id, window.limit)[1])
         if fit is None:
             return observation_id, None
         return observation_id, self._insert_fit(tx, destination_id, None, fit)

@@ -1,6 +1,15 @@
 """An observation refits the link on the newest probe run, read before its write transaction: a run pushed in between
-must not be hidden behind a refit on the older one (a real SQLite store; the push lands in that window)."""
+must not be hidden behind a refit on the older one (a real SQLite store; the push lands in that window). The refit is
+computed before the write transaction: other writers go on meanwhile, and one that stores an observation of the same
+link in between is in the refit."""
 
+import threading
+
+import pytest
+
+from advisor.destinations import parse_destination
+from advisor.service import AdviceService
+from advisor.settings import Settings
 from advisor.store import Store
 from tests.advisor.test_advice_cache import DEST, Clock, ingest, service_on
 
@@ -36,3 +45,52 @@ def test_a_run_pushed_while_an_observation_refits_is_not_hidden_behind_older_pro
     finally:
         store.latest_run_points = real
         store.close()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def test_other_writers_go_on_while_an_observation_refits_and_one_between_is_in_the_refit(tmp_path, request, backend):
+    url = f"sqlite:///{tmp_path}/s.sqlite3" if backend == "sqlite" else request.getfixturevalue("pg_url")
+    clock = Clock()
+
+    def service():
+        return AdviceService(Store.open(url, clock=clock), Settings(model="lu"), clock=clock,
+                             resolver=lambda host: ["127.0.0.1"])
+
+    slow, other = service(), service()
+    ingest(slow)
+    control = slow.settings.congestion_control
+    fitting, go_on = threading.Event(), threading.Event()
+    real = slow.build_fit
+
+    def paused(*args, **kwargs):
+        if not fitting.is_set():  # the first refit only: the one computed before the write transaction
+            fitting.set()
+            assert go_on.wait(30)
+        return real(*args, **kwargs)
+
+    slow.build_fit = paused
+    answers = {}
+    first = threading.Thread(target=lambda: answers.setdefault("slow", slow.observe(DEST, 4, 1e8)))
+    first.start()
+    try:
+        assert fitting.wait(30)
+        # While the first observation's refit is computed, another writer stores an observation of the same link,
+        # with its own refit, and queues a probe of another destination: neither waits for the first.
+        between = threading.Thread(target=lambda: answers.setdefault("other", (
+            other.observe(DEST, 8, 2e8), other.store.enqueue_job(parse_destination("127.0.0.9:5201"), [1, 10], 1.0,
+                                                                 client="10.0.0.2", src=other.settings.site))))
+        between.start()
+        between.join(10)
+        assert not between.is_alive(), "a writer waited for an observation's refit"
+        assert answers["other"][0]["refit"] is True
+    finally:
+        go_on.set()
+        first.join(30)
+    try:
+        assert answers["slow"]["refit"] is True
+        fit = other.store.current_fit(DEST, control, or_unrecorded=True, src=other.settings.site)
+        # The first observation's fit is the newest and it counts the one stored in between: computed again.
+        assert fit.observations_used == 2
+    finally:
+        slow.store.close()
+        other.store.close()
