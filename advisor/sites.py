@@ -19,7 +19,7 @@ from advisor.destinations import Destination
 from advisor.errors import BudgetConflict, InvalidRequest, TooManyLinks
 from advisor.limits import (BUDGET_WINDOW_S, MAX_SITE_LINKS, MAX_SITE_PROBE_SECONDS_PER_HOUR, MAX_SITE_PROBES,
                             MAX_SITE_STREAMS)
-from advisor.store import (ANSWERED_JOB, JOB_COLUMNS, Job, Store, end_attempt_in, fail_job_in, job_from_row,
+from advisor.store import (ANSWERED_JOB, HELD_JOB, JOB_COLUMNS, Job, Store, end_attempt_in, fail_job_in, job_from_row,
                            lock_claims)
 
 # How long after its agents' last sign of life (a registration or a claimed probe; one under a lease counts until the
@@ -323,7 +323,7 @@ def _requeue_unknown(tx, site: str, owner: str, holding: Sequence[str], now: flo
                       f"status = 'running' AND owner = ? AND lease_until > ?{exclude} ORDER BY id{lock}",
                       (site, owner, now, *known)).fetchall()
     for job_id, attempts, started_at, lease_until in rows:
-        end_attempt_in(tx, "id = ? AND owner = ? AND status = 'running'", (job_id, owner), job_id=job_id, src=site,
+        end_attempt_in(tx, HELD_JOB, (job_id, owner), job_id=job_id, src=site,
                         attempts=attempts, started_at=started_at, lease_until=lease_until, now=now, max_attempts=1,
                         gave_up="", requeued=f"given back: {owner} did not name it among the probes it holds",
                         counted=False)

@@ -42,6 +42,8 @@ LINK_COUNT_LOCK = 7316
 # The job a run pushed for a claim closes (parameters: owner, src, dest): the claim's holder's running job, or one
 # back in the queue after its lease lapsed (the run came late, from the agent's spool say: the probe it asked for is
 # done, and probing the link again would be traffic for nothing), a probe of that link. One another agent holds is not.
+# A job its claim's holder still runs (parameters: job id, owner).
+HELD_JOB = "id = ? AND owner = ? AND status = 'running'"
 ANSWERED_JOB = "((status = 'running' AND owner = ?) OR (status = 'queued' AND attempts > 0)) AND src = ? AND dest = ?"
 # The PostgreSQL advisory lock every claim of a probe job takes first (this service's worker and the sites' agents,
 # advisor.sites.claim_job): a claim checks that no probe of the job's destination runs, from any site, and marks the
@@ -894,7 +896,7 @@ class Store:
             ).fetchone()[0]
             if busy:
                 return False
-            tx.execute("UPDATE probe_jobs SET address = ?, lease_until = ? WHERE id = ? AND owner = ? AND status = 'running'",
+            tx.execute(f"UPDATE probe_jobs SET address = ?, lease_until = ? WHERE {HELD_JOB}",
                        (address, lease_until, job_id, owner))
         return True
 
@@ -903,15 +905,14 @@ class Store:
         shutdown, or its address is busy: ``address`` is kept so the claim skips the job while that address is
         probed)."""
         with self.db.transaction(write=True) as tx:
-            end_attempt_in(tx, "id = ? AND owner = ? AND status = 'running'", (job_id, owner), job_id=job_id, src="",
+            end_attempt_in(tx, HELD_JOB, (job_id, owner), job_id=job_id, src="",
                             attempts=0, started_at=None, lease_until=None, now=self.clock(), max_attempts=1,
                             gave_up="", requeued=note, counted=False, address=address)
 
     def set_progress(self, job_id: str, owner: str, progress: float, detail: dict[str, Any] | None = None) -> None:
         """The fraction done and, optionally, where in its plan the job is (a small JSON object)."""
         with self.db.transaction(write=True) as tx:
-            tx.execute("UPDATE probe_jobs SET progress = ?, progress_detail = ? WHERE id = ? AND owner = ? "
-                       "AND status = 'running'",
+            tx.execute(f"UPDATE probe_jobs SET progress = ?, progress_detail = ? WHERE {HELD_JOB}",
                        (progress, None if detail is None else json.dumps(detail), job_id, owner))
 
     def fail_attempt(self, job_id: str, owner: str, src: str, error: str, max_attempts: int) -> Job | None:
