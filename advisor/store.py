@@ -861,13 +861,16 @@ class Store:
                 return None
             # A job whose destination another site's agent probes, or whose address (as it resolved when it last
             # ran) has a probe running, waits its turn. Clients take turns (the jobs the service queues itself,
-            # client NULL, are one): first the job of the client with the fewest probes started in the last hour,
-            # so one asking for many long probes cannot hold the worker while another's wait behind them.
+            # client NULL, are one): first the job of the client whose last probe started longest ago (none in the
+            # last hour: first of all), so one asking for many long probes cannot hold the worker while another's
+            # wait behind them, and the service's own re-probes wait one round of the clients waiting, not until
+            # every client has had as many probes as it has.
             now = self.clock()
-            # Each client's count once (a count per candidate read the site's every job again for each).
+            # Each client's last start once (one per candidate read the site's every job again for each).
             row = tx.execute(
-                "WITH turns AS (SELECT client, count(*) AS started FROM probe_jobs WHERE src = ? AND started_at >= ? "
-                f"GROUP BY client) SELECT {JOB_COLUMNS} FROM probe_jobs j LEFT JOIN turns t ON (t.client = j.client OR "
+                "WITH turns AS (SELECT client, max(started_at) AS started FROM probe_jobs WHERE src = ? AND "
+                f"started_at >= ? GROUP BY client) SELECT {JOB_COLUMNS} FROM probe_jobs j LEFT JOIN turns t ON "
+                "(t.client = j.client OR "
                 "(t.client IS NULL AND j.client IS NULL)) WHERE j.status = 'queued' AND j.src = ? AND (j.address IS "
                 "NULL OR j.address NOT IN (SELECT address FROM probe_jobs WHERE status = 'running' AND address IS NOT "
                 "NULL)) AND j.dest NOT IN (SELECT dest FROM probe_jobs WHERE status = 'running') "

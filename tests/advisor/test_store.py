@@ -11,6 +11,7 @@ from advisor.store import Store
 from advisor.tame import advise
 from models.parallel import ProbePoint
 from models.registry import fit
+from tests.api.conftest import Clock
 from tests.sites import SITE
 
 A, B = 1e-16, 4e-16
@@ -231,5 +232,34 @@ def test_the_worker_takes_clients_in_turn_not_one_client_s_queue_first(tmp_path,
             taken.append(job.id)
             store.fail_job(job.id, "done with it")  # finished: the next one may start
         assert taken == [a[0].id, b.id, a[1].id, a[2].id]
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def test_the_service_s_own_re_probes_wait_one_round_of_the_clients_not_until_they_have_had_as_many(tmp_path, request,
+                                                                                                  backend):
+    # The service (client NULL) started two re-probes this hour; then B and C queue two probes each. Its third waits
+    # for one of B's and one of C's, not for B and C to have had two each (by count it went last).
+    url = f"sqlite:///{tmp_path}/s.sqlite3" if backend == "sqlite" else request.getfixturevalue("pg_url")
+    clock = Clock()
+    store = Store.open(url, clock=clock)
+    try:
+        def queued(dest, client=None):
+            clock.advance(1)  # requested in this order
+            return store.enqueue_job(parse_destination(dest), [1, 10], 1.0, client=client, src=SITE)[0]
+
+        own = [queued(f"127.0.0.{i}") for i in (1, 2, 3)]
+
+        def next_job():
+            clock.advance(60)
+            job = store.claim_job("h:1:a", lambda job: 100, limit=1, src=SITE)
+            store.fail_job(job.id, "done with it")  # finished: the next one may start
+            return job.id
+
+        assert [next_job(), next_job()] == [own[0].id, own[1].id]
+        b = [queued(f"127.0.1.{i}", "10.0.0.2") for i in (1, 2)]
+        c = [queued(f"127.0.2.{i}", "10.0.0.3") for i in (1, 2)]
+        assert [next_job() for _ in range(5)] == [b[0].id, c[0].id, own[2].id, b[1].id, c[1].id]
     finally:
         store.close()
