@@ -123,3 +123,20 @@ def test_a_bad_allow_list_entry_stops_start_up_naming_it(entries, named, words):
 def test_good_allow_list_entries_are_kept_canonical():
     allowed = Settings.from_env({"TAME_ALLOWED_DESTINATIONS": "10.0.0.0/8, ::1, DTN1.Example.org., *.Lab.Test"}).allowed
     assert allowed.describe() == ["10.0.0.0/8", "::1/128", "dtn1.example.org", "*.lab.test"]
+
+
+@pytest.mark.iperf
+def test_local_agent_says_when_a_probe_fails(tmp_path):
+    # A local `tame agent --once` whose probe failed once printed nothing and exited 0: the error was only in the
+    # store's probe_jobs row. It says so now, as a pushing agent does.
+    from tests.conftest import _free_port
+
+    port = _free_port()  # nothing listens there
+    dest_file = tmp_path / "dests.txt"
+    dest_file.write_text(f"127.0.0.1:{port}\n")
+    env = {**os.environ, "TAME_DATABASE_URL": f"sqlite:///{tmp_path}/s.sqlite3"}
+    done = subprocess.run([sys.executable, "-m", "advisor", "agent", "--dest-file", str(dest_file), "--once"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert "Traceback" not in done.stderr
+    assert f"tame agent: 127.0.0.1:{port}: probe failed" in done.stderr and "nothing listening" in done.stderr, \
+        done.stderr
