@@ -287,10 +287,13 @@ class AdviceService:
             probed = sorted({r.congestion_control for r in self.store.current_fits(dest_key, src=src)
                              if r.congestion_control})
             under = f" (it has been probed under {', '.join(probed)})" if probed else ""
+            # Another site's links are probed by that site's agents, which register with this service.
+            site = "" if src == self.settings.site else f"--site {src} --server URL "
             raise UnknownDestination(
                 f"no advice from {src} to {dest_key} under {control} yet{under}: request a probe with POST /v1/probes "
                 f"{{\"src\": \"{src}\", \"dest\": \"{dest_key}\", \"congestion_control\": \"{control}\"}} (or "
-                f"`tame agent --congestion-control {control}` at {src}), then ask again when GET /v1/probes/ID says done"
+                f"`tame agent {site}--dest-file FILE --congestion-control {control}` at {src}), then ask again when "
+                "GET /v1/probes/ID says done"
             )
         return row
 

@@ -144,8 +144,15 @@ def run(args) -> int:
         return _run_push(args, settings, driver)
     store = open_store(settings)
     service = AdviceService(store, settings)
-    worker = ProbeWorker(service, driver)
     stop = threading.Event()
+
+    def said(dest: str, seconds: float, error: str | None) -> None:
+        # The job's error is stored with it; say it here too, as a pushing agent does (a probe its stop killed is
+        # re-queued, not failed: the stop is said after).
+        if error is not None and not stop.is_set():
+            print(f"tame agent: {dest}: probe failed: {error}", file=sys.stderr, flush=True)
+
+    worker = ProbeWorker(service, driver, on_probe=said)
     try:
         # Stopped, the worker kills its probes and puts their jobs back in the queue, the attempts not counted.
         with _stopped_by_signals(stop, worker.stop):

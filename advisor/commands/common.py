@@ -180,14 +180,19 @@ def fractional_margin_from_args(args: argparse.Namespace) -> ImpactMargin:
     return NO_MARGIN if args.no_margin else DEFAULT_FRACTIONAL_MARGIN
 
 
+# Example probes for a message, one more level for each a model needs (every model fits these).
+_EXAMPLE_PROBES = ("1:40e6", "10:90e6", "40:95e6")
+
+
 def probes_from_args(args: argparse.Namespace) -> list[ProbePoint]:
     points = [parse_probe(text) for text in args.probe]
     needed = MIN_LEVELS[args.model]
     levels = sorted({p.streams for p in points})
     if len(levels) < needed:
+        example = " ".join(f"--probe {p}" for p in _EXAMPLE_PROBES[:max(needed, 2)])
         raise UsageError(
             f"model {args.model} needs probes at {needed} different stream counts; got "
-            f"{', '.join(str(n) for n in levels) or 'none'} (e.g. --probe 1:40e6 --probe 10:90e6)"
+            f"{', '.join(str(n) for n in levels) or 'none'} (e.g. {example})"
         )
     return points
 

@@ -26,10 +26,14 @@ def run(args) -> int:
     if not paths:
         print("no destinations yet: request a probe with `POST /v1/probes` or run `tame agent --dest-file FILE`")
         return 0
-    print(f"{'destination':<32} {'model':<6} {'regime':<12} {'age':>8}  {'stale':<5}  probe due")
+    # One row per link (source site, destination) and congestion control: "-" for a fit stored before controls
+    # were recorded (it answers for the service's default control).
+    src_width = max(8, *(len(p["src"]) for p in paths))
+    print(f"{'source':<{src_width}} {'destination':<32} {'control':<15} {'model':<6} {'regime':<12} {'age':>8}  "
+          f"{'stale':<5}  probe due")
     for p in paths:
         age = p["age_s"]
         age_text = f"{age / 3600:.1f}h" if age >= 3600 else f"{age:.0f}s"
-        print(f"{p['dest']:<32} {p['model']:<6} {p['regime']:<12} {age_text:>8}  {'yes' if p['stale'] else 'no':<5}  "
-              f"{p['reprobe_due'] or '-'}")
+        print(f"{p['src']:<{src_width}} {p['dest']:<32} {p['congestion_control'] or '-':<15} {p['model']:<6} "
+              f"{p['regime']:<12} {age_text:>8}  {'yes' if p['stale'] else 'no':<5}  {p['reprobe_due'] or '-'}")
     return 0

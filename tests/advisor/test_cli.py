@@ -145,6 +145,18 @@ def test_bad_input_exits_nonzero_with_one_line(args, fragment):
     assert len(lines) == 1 and fragment in lines[0], result.stderr
 
 
+@pytest.mark.parametrize("model", ["auto", "full2", "yildirim"])
+def test_too_few_levels_names_an_example_that_fits(model):
+    # The message's example once gave two probes whatever the model needed: `--model full2` then failed again.
+    result = tame("fit", "--probe", "1:1e6", "--model", model)
+    assert result.returncode == 2
+    example = result.stderr.split("(e.g. ", 1)[1].split(")", 1)[0].split()
+    probes = [example[i + 1] for i, word in enumerate(example) if word == "--probe"]
+    again = tame("fit", *example, "--model", model)
+    assert again.returncode == 0 and len({p.split(":")[0] for p in probes}) >= (3 if model != "auto" else 2), \
+        (result.stderr, again.stderr)
+
+
 def test_curve_marks_the_budget_and_says_what_the_advice_opens():
     # Lu's curve with the bare rule at budget 0.5: impact(n) = 1 - sqrt(4 / (n^2 + 4)) <= 0.5 up to n = sqrt(12).
     result = tame("curve", *PROBE_ARGS, "--n-max", "5", "--model", "lu", "--no-margin", "--max-impact", "0.5",

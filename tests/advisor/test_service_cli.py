@@ -123,3 +123,44 @@ def test_a_bad_allow_list_entry_stops_start_up_naming_it(entries, named, words):
 def test_good_allow_list_entries_are_kept_canonical():
     allowed = Settings.from_env({"TAME_ALLOWED_DESTINATIONS": "10.0.0.0/8, ::1, DTN1.Example.org., *.Lab.Test"}).allowed
     assert allowed.describe() == ["10.0.0.0/8", "::1/128", "dtn1.example.org", "*.lab.test"]
+
+
+@pytest.mark.iperf
+def test_local_agent_says_when_a_probe_fails(tmp_path):
+    # A local `tame agent --once` whose probe failed once printed nothing and exited 0: the error was only in the
+    # store's probe_jobs row. It says so now, as a pushing agent does.
+    from tests.conftest import _free_port
+
+    port = _free_port()  # nothing listens there
+    dest_file = tmp_path / "dests.txt"
+    dest_file.write_text(f"127.0.0.1:{port}\n")
+    env = {**os.environ, "TAME_DATABASE_URL": f"sqlite:///{tmp_path}/s.sqlite3"}
+    done = subprocess.run([sys.executable, "-m", "advisor", "agent", "--dest-file", str(dest_file), "--once"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert "Traceback" not in done.stderr
+    assert f"tame agent: 127.0.0.1:{port}: probe failed" in done.stderr and "nothing listening" in done.stderr, \
+        done.stderr
+
+
+def test_tame_paths_tells_links_and_controls_apart(tmp_path):
+    # One row per (link, control): without the source and the control the table once printed two rows alike for a
+    # destination probed under two controls, or from two sites.
+    from advisor.destinations import parse_destination
+    from probes.result import ProbeResult
+
+    url = f"sqlite:///{tmp_path}/s.sqlite3"
+    store = Store.open(url)
+    service = AdviceService(store, Settings(database_url=url))
+    results = [ProbeResult(dest="127.0.0.1:5201", streams=n, duration_s=10, omit_s=2, throughput_bps=bps,
+                           sender_bps=bps) for n, bps in ((1, 42e6), (10, 88e6))]
+    for control, src in (("cubic", "dtn1"), ("reno", "dtn1"), ("cubic", "dtn2")):
+        service.ingest_run(parse_destination("127.0.0.1"), 0.04, results, started_at=0.0, source="probe",
+                           congestion_control=control, src=src)
+    store.close()
+    done = subprocess.run([sys.executable, "-m", "advisor", "paths"], env={**os.environ, "TAME_DATABASE_URL": url},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    header, *rows = done.stdout.splitlines()
+    assert header.split()[:3] == ["source", "destination", "control"]
+    assert sorted(tuple(row.split()[:3]) for row in rows) == [
+        ("dtn1", "127.0.0.1:5201", "cubic"), ("dtn1", "127.0.0.1:5201", "reno"), ("dtn2", "127.0.0.1:5201", "cubic")]

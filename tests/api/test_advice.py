@@ -48,6 +48,17 @@ def test_unknown_destination_says_how_to_request_a_probe(service_factory):
     assert "POST /v1/probes" in response.json()["detail"]
 
 
+def test_unknown_link_names_the_agent_command_that_would_probe_it(service_factory):
+    # The 404 once said "`tame agent --congestion-control bbr` at SITE": without --dest-file, which the agent
+    # requires, and for another site without --site and --server, so it would not have probed that site's link.
+    base, client, app = service_factory()
+    own = client.get("/v1/advice", params={"dest": "127.0.0.9", "max_impact": 0.1, "cc": "cubic"}).json()["detail"]
+    assert "`tame agent --dest-file FILE --congestion-control cubic`" in own
+    other = client.get("/v1/advice", params={"dest": "127.0.0.9", "max_impact": 0.1, "cc": "cubic",
+                                             "src": "dtn9"}).json()["detail"]
+    assert "`tame agent --site dtn9 --server URL --dest-file FILE --congestion-control cubic` at dtn9" in other
+
+
 @pytest.mark.parametrize("params, words", [
     ({"dest": "127.0.0.1", "max_impact": 1.5}, "max_impact"),
     ({"dest": "127.0.0.1", "max_impact": -0.1}, "max_impact"),
