@@ -492,7 +492,8 @@ class AdviceService:
         if row.congestion_control is None:
             advice = dataclasses.replace(advice, warnings=[*advice.warnings, (
                 f"the probes behind this advice did not record their congestion control (stored before it was "
-                f"kept); they are taken to be this service's default, {control}: probe again to be sure")])
+                f"kept, or posted without congestion_control); they are taken to be this service's default, {control}: "
+                "probe again, or post runs with their congestion_control, to be sure")])
         if not budget_met(advice):
             measured = {r.congestion_control: (self._advise_row(r, budget, r.congestion_control), r.probed_at)
                         for r in self.store.current_fits(dest_key, src=src)
