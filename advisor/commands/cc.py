@@ -264,7 +264,7 @@ def _apply(args) -> int:
     return 0
 
 
-# A firewall mark as ip rule and iptables write it in hex (0x10); otherwise a decimal number (advisor.limits.parse_number).
+# A firewall mark as ip rule and iptables write it, in hex (0x10); else a decimal one (advisor.limits.parse_number).
 _HEX = re.compile(r"0[xX][0-9a-fA-F]+")
 
 

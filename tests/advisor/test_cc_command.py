@@ -79,7 +79,8 @@ def test_setting_for_refuses_input_that_needs_fm_below_one_or_is_not_a_number(n_
     # Were read by float(), int() and int(x, 0) as 2.5, 10, 0.04 and 16 (advisor.limits.parse_number is the one rule).
     (["apply", "10.0.0.2", "--tcp-equivalent", "\uff12.5"], "--tcp-equivalent '\uff12.5' is not a number"),
     (["apply", "10.0.0.2", "--tcp-equivalent", "1_5"], "--tcp-equivalent '1_5' is not a number"),
-    (["apply", "10.0.0.2", "--tcp-equivalent", "2.5", "--streams", "\uff11\uff10"], "--streams '\uff11\uff10' is not a whole number"),
+    (["apply", "10.0.0.2", "--tcp-equivalent", "2.5", "--streams", "\uff11\uff10"],
+     "--streams '\uff11\uff10' is not a whole number"),
     (["apply", "10.0.0.2", "--tcp-equivalent", "2.5", "--streams", "1_0"], "--streams '1_0' is not a whole number"),
     (["apply", "10.0.0.2", "--tcp-equivalent", "1.5", "--rtt", "\u0660.04"], "not a number of seconds"),
     (["apply", "10.0.0.2", "--tcp-equivalent", "1.5", "--mark", "\uff11\uff16"], "give a firewall mark"),

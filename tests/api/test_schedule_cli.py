@@ -94,7 +94,8 @@ def test_a_source_named_twice_is_refused(served):
     """Were taken, one of the two prefixes chosen silently: "siteA" and "sitea" in the file are one site, and so are
     two --netns for it."""
     base, db_url, run = served
-    queue = {"sources": {"siteA": [], "sitea": ["ip", "netns", "exec", "nowhere"]}, "transfers": [_transfer(src="sitea")]}
+    queue = {"sources": {"siteA": [], "sitea": ["ip", "netns", "exec", "nowhere"]},
+             "transfers": [_transfer(src="sitea")]}
     _refused(run(queue, "--server", base), "name site 'sitea' twice ('siteA' and 'sitea')")
     _refused(run({"transfers": [_transfer(src="a")]}, "--server", base, "--netns", "a=x", "--netns", "a=y"),
              "--netns names site 'a' twice")
