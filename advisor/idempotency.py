@@ -40,6 +40,16 @@ class AlreadyTaken(Exception):
         self.answer = answer
 
 
+def check_key(key: str) -> str:
+    """An Idempotency-Key as sent (one pair of surrounding quotes allowed, as a structured-field string), bare;
+    InvalidRequest for a key that is empty, too long or not URL-safe (it could not go in a header either)."""
+    bare = key[1:-1] if len(key) >= 2 and key[0] == key[-1] == '"' else key
+    if not 1 <= len(bare) <= MAX_KEY_LENGTH or not _KEY.fullmatch(bare):
+        raise InvalidRequest(f"Idempotency-Key must be 1-{MAX_KEY_LENGTH} characters of letters, digits and "
+                             "._:~+/=- (a UUID, say), the same each time one request is sent again")
+    return bare
+
+
 @dataclass(frozen=True)
 class KeyedRequest:
     """A write from site ``src`` of ``kind`` (:data:`PROBE_RUN`, :data:`OBSERVATION`) named by the client's ``key``;
@@ -56,10 +66,7 @@ class KeyedRequest:
         request's fields (JSON values, those left at their defaults left out, so that a field written out at its
         default, or added later with a default, is the same request); InvalidRequest for a key that is empty, too
         long or not URL-safe."""
-        bare = key[1:-1] if len(key) >= 2 and key[0] == key[-1] == '"' else key
-        if not 1 <= len(bare) <= MAX_KEY_LENGTH or not _KEY.fullmatch(bare):
-            raise InvalidRequest(f"Idempotency-Key must be 1-{MAX_KEY_LENGTH} characters of letters, digits and "
-                                 "._:~+/=- (a UUID, say), the same each time one request is sent again")
+        bare = check_key(key)
         canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"), allow_nan=False)
         return cls(src, kind, bare, hashlib.sha256(canonical.encode()).hexdigest())
 

@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping, Sequence, TypeVar
 from advisor.db import Database, check_database_url
 from advisor.destinations import Destination, parse_destination
 from advisor.errors import InvalidRequest, StoreError, UnknownDestination
-from advisor.limits import check_congestion_control, check_site
+from advisor.limits import check_congestion_control, check_site, parse_number
 
 # A queue is the operator's file: bounded so that a wrong file fails fast rather than filling memory.
 MAX_QUEUE_BYTES = 1 << 20
@@ -82,8 +82,10 @@ def parse_queue(text: str, sources: Mapping[str, Sequence[str]] | None = None) -
         entries, file_sources = _json_entries(stripped)
     else:
         entries, file_sources = _line_entries(text), {}
-    given = {**file_sources, **{site: _prefix(argv, f"source {site!r}") for site, argv in (sources or {}).items()}}
-    merged = {_site(site, f"source {site!r:.80}"): argv for site, argv in given.items()}
+    # The options' sources override the file's; within either, two names for one site cannot be told apart.
+    merged = {**_sources(file_sources, "the queue file's \"sources\""),
+              **_sources({site: _prefix(argv, f"source {site!r}") for site, argv in (sources or {}).items()},
+                         "the --netns options")}
     if len(merged) > MAX_SOURCES:
         raise QueueError(f"the queue names {len(merged)} sources; at most {MAX_SOURCES}")
     if not entries:
@@ -102,7 +104,7 @@ def parse_queue(text: str, sources: Mapping[str, Sequence[str]] | None = None) -
 
 def _json_entries(text: str) -> tuple[list[tuple[str, Any]], dict[str, tuple[str, ...]]]:
     try:
-        doc = json.loads(text)
+        doc = json.loads(text, object_pairs_hook=_object)
     except ValueError as exc:
         raise QueueError(f"the queue file is not valid JSON: {exc}") from None
     except RecursionError:  # the parser recurses per nesting level: a queue is three levels deep
@@ -123,6 +125,30 @@ def _json_entries(text: str) -> tuple[list[tuple[str, Any]], dict[str, tuple[str
     if not isinstance(doc, list):
         raise QueueError("\"transfers\" must be a list of transfers")
     return [(f"transfer {i + 1}", entry) for i, entry in enumerate(doc)], sources
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """json.loads' object_pairs_hook: a JSON object, QueueError for a key given twice (JSON parsers keep one of the
+    two, silently; the line form refuses it too)."""
+    doc: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in doc:
+            raise QueueError(f"the queue file gives {key!r:.40} twice in one object; give each key once")
+        doc[key] = value
+    return doc
+
+
+def _sources(given: Mapping[Any, tuple[str, ...]], where: str) -> dict[str, tuple[str, ...]]:
+    """``given`` keyed by each site's canonical name (check_site); QueueError for two names of one site."""
+    sources: dict[str, tuple[str, ...]] = {}
+    named: dict[str, Any] = {}
+    for site, argv in given.items():
+        key = _site(site, f"source {site!r:.80}")
+        if key in sources:
+            raise QueueError(f"{where} name site {key!r} twice ({named[key]!r:.80} and {site!r:.80}); give each "
+                             "source once")
+        sources[key], named[key] = argv, site
+    return sources
 
 
 def _line_entries(text: str) -> list[tuple[str, Any]]:
@@ -151,16 +177,17 @@ def _line_entries(text: str) -> list[tuple[str, Any]]:
 
 def _float(text: str, where: str) -> float:
     try:
-        return float(text)
+        return parse_number(text)
     except ValueError:
-        raise QueueError(f"{where}: {text!r} is not a number") from None
+        raise QueueError(f"{where}: {text!r:.40} is not a number; write it in ASCII digits, e.g. 0.1 or 30") from None
 
 
 def _int(text: str, where: str) -> int:
     try:
-        return int(text)
+        return parse_number(text, int)
     except ValueError:
-        raise QueueError(f"{where}: {text!r} is not a whole number") from None
+        raise QueueError(f"{where}: {text!r:.40} is not a whole number; write it in ASCII digits, e.g. 1000000") \
+            from None
 
 
 def _number(value: Any) -> bool:

@@ -46,14 +46,17 @@ def check_url(url: str, source: str = "base_url") -> None:
     one holding a user name or password."""
     try:
         parsed = httpx.URL(url)
-    except httpx.InvalidURL:
+        host = parsed.host  # decoded from IDNA: UnicodeError (idna's) for a host such as xn--zz
+    except (httpx.InvalidURL, UnicodeError):
         # httpx's message repeats pieces of the URL, a password among them: it stays out of ours.
         why = "is not a valid URL"
     else:
         if parsed.scheme not in ("http", "https"):
             why = "is not an http or https URL"
-        elif not parsed.host:
+        elif not host:
             why = "has no host"
+        elif not _resolvable(parsed.raw_host):
+            why = "has a host name with an empty label or one over 63 characters"
         elif parsed.port is not None and not 1 <= parsed.port <= 65535:
             why = "has a port outside 1-65535"
         elif parsed.userinfo:
@@ -66,6 +69,16 @@ def check_url(url: str, source: str = "base_url") -> None:
     named = f"{source} {shown_url(url)!r}" if source.startswith("-") else f"{source}={shown_url(url)!r}"
     raise InvalidServiceURL(f"{named} {why}: give the advice service's address as http://HOST:PORT "
                             "(or https://HOST:PORT)")
+
+
+def _resolvable(raw_host: bytes) -> bool:
+    """Whether the socket layer can look ``raw_host`` up: it encodes a name with the idna codec, which raises
+    UnicodeError (a traceback, not a connection error) for an empty label (a..b, .a) or one over 63 characters."""
+    try:
+        raw_host.decode("ascii").encode("idna")
+    except UnicodeError:
+        return False
+    return True
 
 
 class InvalidToken(ValueError):

@@ -22,8 +22,9 @@ from advisor.commands.probe import add_control_option, control_from_args
 from advisor.commands.runtime import (STOP_SIGNALS, default_driver, load_settings, on_stop_signals, open_store,
                                       setup_logging)
 from advisor.destinations import parse_destination
-from advisor.errors import AdvisorError
+from advisor.errors import AdvisorError, InvalidRequest
 from advisor.files import FileTooLarge, NotARegularFile, read_capped
+from advisor.idempotency import check_key
 from advisor.limits import MAX_MEASURED_AGO_S
 from advisor.plan_runner import level_chooser, plan_for
 from advisor.tame import plan_control
@@ -369,17 +370,36 @@ def _push(client, payload: dict[str, Any], spool: Path, path: Path | None = None
 
 def _unspooled(record: Any) -> tuple[dict[str, Any], str | None]:
     """The payload to send for a kept run and its Idempotency-Key (None: a record spooled before keys were kept);
-    ValueError (or KeyError, TypeError, AttributeError) for a record that is not one."""
+    ValueError (or KeyError, TypeError, AttributeError) for a record that is not one, or that could not be sent: a
+    payload that is not an object, a key that cannot go in a header (advisor.idempotency.check_key)."""
     if record.get("form") != SPOOL_FORM:
         raise ValueError(f"form {record.get('form')!r} is not {SPOOL_FORM!r}")
     payload = record["payload"]
+    if not isinstance(payload, dict):
+        raise ValueError(f"its payload {json.dumps(payload)[:40]} is not a JSON object")
     key = record.get("idempotency_key")
-    if key is not None and not isinstance(key, str):
-        raise ValueError(f"idempotency_key {key!r} is not a string")
+    if key is not None:
+        _sendable_key(key)
     spooled_at = record.get("spooled_at")  # a record spooled before it was kept has none
     if isinstance(spooled_at, (int, float)) and not isinstance(spooled_at, bool) and math.isfinite(spooled_at):
         payload = {**payload, "measured_ago_s": min(max(0.0, time.time() - spooled_at), MAX_MEASURED_AGO_S)}
     return payload, key
+
+
+def _sendable_key(key: Any) -> str:
+    """``key`` when it can be sent as an Idempotency-Key (advisor.idempotency.check_key); ValueError otherwise."""
+    if not isinstance(key, str):
+        raise ValueError(f"idempotency_key {key!r:.60} is not a string")
+    try:
+        check_key(key)
+    except InvalidRequest as exc:
+        raise ValueError(f"idempotency_key {key!r:.60}: {exc}") from None
+    return key
+
+
+def _no_constant(name: str) -> None:
+    """json.loads' parse_constant: a spooled run holds no NaN or Infinity (JSON has none, and httpx sends none)."""
+    raise ValueError(f"it holds {name}, which is no JSON number")
 
 
 def _flush_held(spool: Path, held: HeldRuns) -> None:
@@ -409,7 +429,10 @@ def _deliver_spooled(client, spool: Path, held: HeldRuns | None = None) -> None:
 
     for path in sorted(spool.glob("*.json")):
         try:
-            payload, key = _unspooled(json.loads(read_capped(path, PROBE_RUN_BYTES + SPOOL_FIELDS_BYTES)))
+            payload, key = _unspooled(json.loads(read_capped(path, PROBE_RUN_BYTES + SPOOL_FIELDS_BYTES),
+                                                 parse_constant=_no_constant))
+            # A record spooled before keys were kept has none: its file's name, which stays as long as it does.
+            key = _sendable_key(key or f"spool-{path.stem}")
         except NotARegularFile:
             problem = "not a regular file"
         except FileTooLarge:
@@ -421,8 +444,7 @@ def _deliver_spooled(client, spool: Path, held: HeldRuns | None = None) -> None:
         except (ValueError, KeyError, AttributeError, TypeError) as exc:
             problem = str(exc)
         else:
-            # A record spooled before keys were kept has none: its file's name, which stays as long as it does.
-            if not _push(client, payload, spool, path, key or f"spool-{path.stem}"):
+            if not _push(client, payload, spool, path, key):
                 return
             continue
         print(f"tame agent: spooled run {path} is unreadable ({problem:.200}); {_set_aside(path)}", file=sys.stderr,

@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 from dataclasses import dataclass
 
 from advisor.cli import UsageError
 from advisor.errors import InvalidRequest
-from advisor.limits import check_congestion_control, check_rtt_s
+from advisor.limits import check_congestion_control, check_rtt_s, parse_number
 from advisor.tame import MIN_FRACTION, calibration_warning, fractional_multiplier_for
 from models.tame_share import LAWS, law_for
 from probes import cc
@@ -94,7 +95,7 @@ def register(subparsers) -> None:
     apply.add_argument("dest", metavar="DEST", help="destination IPv4 or IPv6 address")
     apply.add_argument("--tcp-equivalent", required=True, metavar="NSTAR",
                        help="n*: how many standard TCP streams' share the transfer may take")
-    apply.add_argument("--streams", type=int, metavar="N",
+    apply.add_argument("--streams", metavar="N",
                        help="the transfer opens N streams: scale each so together they take n*'s share")
     apply.add_argument("--rtt", metavar="SECONDS",
                        help="the path's round-trip time as the advice carries it (default: the middle RTT the "
@@ -190,13 +191,21 @@ def _status(args) -> int:
 def _apply(args) -> int:
     addr = cc.canonical_address(args.dest)
     try:
-        n_star = float(args.tcp_equivalent)
+        n_star = parse_number(args.tcp_equivalent)
     except ValueError:
-        raise UsageError(f"--tcp-equivalent {args.tcp_equivalent!r} is not a number") from None
+        raise UsageError(f"--tcp-equivalent {args.tcp_equivalent!r} is not a number: give n*, the standard streams' "
+                         "share the transfer may take, in ASCII digits (e.g. 2.5)") from None
+    streams = None
+    if args.streams is not None:
+        try:
+            streams = parse_number(args.streams, int)
+        except ValueError:
+            raise UsageError(f"--streams {args.streams!r} is not a whole number: give the number of streams the "
+                             "transfer opens, in ASCII digits (e.g. 8)") from None
     rtt_s = None
     if args.rtt is not None:
         try:
-            rtt_s = check_rtt_s(float(args.rtt))
+            rtt_s = check_rtt_s(parse_number(args.rtt))
         except ValueError:
             raise UsageError(f"--rtt {args.rtt!r} is not a number of seconds") from None
         except InvalidRequest as exc:
@@ -211,7 +220,7 @@ def _apply(args) -> int:
                          f"control: {' '.join(available_controls())}) nor one the share law was measured beside "
                          f"({', '.join(sorted(LAWS))}): name the control the standard streams run")
     selector = _route_selector(args, addr)
-    setting = setting_for(n_star, args.streams, rtt_s, control)
+    setting = setting_for(n_star, streams, rtt_s, control)
     if setting.fractional_multiplier is None:
         raise UsageError(
             f"--streams {setting.standard_streams} for --tcp-equivalent {n_star:g}: {setting.standard_streams} "
@@ -255,12 +264,17 @@ def _apply(args) -> int:
     return 0
 
 
+# A firewall mark as ip rule and iptables write it, in hex (0x10); else a decimal one (advisor.limits.parse_number).
+_HEX = re.compile(r"0[xX][0-9a-fA-F]+")
+
+
 def _route_selector(args, addr) -> cc.RouteSelector:
     """The --mark and --from of ``apply``, checked."""
     mark = None
     if args.mark is not None:
+        text = args.mark.strip()
         try:
-            mark = int(args.mark, 0)
+            mark = int(text, 16) if _HEX.fullmatch(text) else parse_number(text, int)
         except ValueError:
             raise UsageError(f"--mark {args.mark!r}: give a firewall mark, a number such as 16 or 0x10") from None
     source = cc.canonical_address(args.source) if args.source is not None else None

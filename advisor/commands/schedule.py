@@ -143,6 +143,8 @@ def _netns_sources(values: list[str]) -> dict[str, list[str]]:
         site, sep, ns = value.partition("=")
         if not sep or not site or not ns or "/" in ns or len(ns) > 255:
             raise UsageError(f"--netns {value!r}: give SITE=NAMESPACE, e.g. --netns siteA=ns-a")
+        if site in sources:  # which of the two namespaces was meant cannot be told
+            raise UsageError(f"--netns names site {site!r} twice; give each source once")
         sources[site] = ["ip", "netns", "exec", ns]
     return sources
 

@@ -32,7 +32,7 @@ from advisor.commands.common import (
 from advisor.commands.runtime import on_stop_signals
 from advisor.destinations import Destination, parse_destination
 from advisor.errors import AdvisorError, InvalidRequest
-from advisor.limits import MAX_PROBE_STREAMS
+from advisor.limits import MAX_PROBE_STREAMS, parse_number
 from advisor.observations import Observation
 from advisor.opening import how_to_open
 from probes import cc
@@ -58,7 +58,7 @@ OBSERVATION_RETRY_WITHIN_S = 10.0
 
 def _budget(text: str) -> float:
     try:
-        value = float(text)
+        value = parse_number(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number; give a fraction such as 0.1 for 10 %") from None
     if not (math.isfinite(value) and 0.0 < value <= 1.0):
@@ -68,7 +68,7 @@ def _budget(text: str) -> float:
 
 def _seconds(text: str) -> float:
     try:
-        value = float(text)
+        value = parse_number(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
     if not (math.isfinite(value) and 1.0 <= value <= MAX_DURATION_S):

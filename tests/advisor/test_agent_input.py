@@ -126,3 +126,41 @@ def test_spooled_records_that_are_not_runs_are_set_aside_and_the_agent_goes_on(t
     assert "127.0.0.1:5201: not delivered" in done.stderr and f"kept in {spool / '5-good.json'}" in done.stderr
     assert sorted(os.listdir(spool)) == ["5-good.json", "rejected"]
     assert sorted(os.listdir(spool / "rejected")) == ["1-deep.json", "2-fifo.json", "3-zero.json", "4-huge.json"]
+
+
+def test_spooled_records_that_could_not_be_sent_are_set_aside_and_the_agent_goes_on(tmp_path):
+    """Records that parse but could not be sent: a payload that is not an object (before: AttributeError at every
+    start, the record kept), a NaN in it (before: httpx's ValueError, a traceback), an Idempotency-Key that is not
+    ASCII (before: UnicodeEncodeError) or holds a newline (before: 'cannot reach the advice service', kept and sent
+    again every round, and every run spooled after it never sent), and a record without a key in a file whose name
+    cannot be one. Each is set aside with a line saying why, and the run after them is tried."""
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    form = "tame-agent-spool/1"
+    run = {"dest": "127.0.0.1:5201", "probes": []}
+    records = {
+        "1-text": {"form": form, "payload": "127.0.0.1:5201"},
+        "2-list": {"form": form, "payload": [run]},
+        "4-key-unicode": {"form": form, "payload": run, "idempotency_key": "cl\u00e9"},
+        "5-key-newline": {"form": form, "payload": run, "idempotency_key": "k\nX-Other: 1"},
+        "6-key-long": {"form": form, "payload": run, "idempotency_key": "k" * 129},
+        "7-\u00e9": {"form": form, "payload": run},
+    }
+    for name, record in records.items():
+        (spool / f"{name}.json").write_text(json.dumps(record))
+    (spool / "3-nan.json").write_text('{"form": "%s", "payload": {"dest": "127.0.0.1:5201", "probes": [], '
+                                      '"measured_ago_s": NaN}}' % form)
+    good = {"form": form, "idempotency_key": "k-1", "spooled_at": 0, "payload": run}
+    (spool / "9-good.json").write_text(json.dumps(good))
+    done = agent(tmp_path, "--push", f"http://127.0.0.1:{free_port()}", "--once", "--spool", str(spool), dests="")
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    set_aside = sorted([*records, "3-nan"])
+    for name, why in zip(set_aside, ["its payload", "its payload", "it holds NaN", "Idempotency-Key must be",
+                                     "Idempotency-Key must be", "Idempotency-Key must be", "Idempotency-Key must be"]):
+        assert (f"spooled run {spool / name}.json is unreadable (" in done.stderr
+                and f"set aside in {spool / 'rejected' / name}.json" in done.stderr), done.stderr
+        assert why in done.stderr.split(f"spooled run {spool / name}.json is unreadable (")[1].split("\n")[0]
+    assert "127.0.0.1:5201: not delivered" in done.stderr and f"kept in {spool / '9-good.json'}" in done.stderr
+    assert sorted(os.listdir(spool)) == ["9-good.json", "rejected"]
+    assert sorted(os.listdir(spool / "rejected")) == [f"{name}.json" for name in set_aside]

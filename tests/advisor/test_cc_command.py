@@ -74,12 +74,21 @@ def test_setting_for_refuses_input_that_needs_fm_below_one_or_is_not_a_number(n_
 
 
 @pytest.mark.parametrize("argv, says", [
-    (["apply", "10.0.0.2", "--tcp-equivalent", "nan"], "finite"),
+    (["apply", "10.0.0.2", "--tcp-equivalent", "nan"], "--tcp-equivalent 'nan' is not a number"),
     (["apply", "10.0.0.2", "--tcp-equivalent", "abc"], "not a number"),
+    # Were read by float(), int() and int(x, 0) as 2.5, 10, 0.04 and 16 (advisor.limits.parse_number is the one rule).
+    (["apply", "10.0.0.2", "--tcp-equivalent", "\uff12.5"], "--tcp-equivalent '\uff12.5' is not a number"),
+    (["apply", "10.0.0.2", "--tcp-equivalent", "1_5"], "--tcp-equivalent '1_5' is not a number"),
+    (["apply", "10.0.0.2", "--tcp-equivalent", "2.5", "--streams", "\uff11\uff10"],
+     "--streams '\uff11\uff10' is not a whole number"),
+    (["apply", "10.0.0.2", "--tcp-equivalent", "2.5", "--streams", "1_0"], "--streams '1_0' is not a whole number"),
+    (["apply", "10.0.0.2", "--tcp-equivalent", "1.5", "--rtt", "\u0660.04"], "not a number of seconds"),
+    (["apply", "10.0.0.2", "--tcp-equivalent", "1.5", "--mark", "\uff11\uff16"], "give a firewall mark"),
+    (["apply", "10.0.0.2", "--tcp-equivalent", "1.5", "--mark", "1_6"], "give a firewall mark"),
     (["apply", "10.0.0.2", "--tcp-equivalent", "2", "--streams", "1"], "FM >= 1"),
     (["apply", "host.example", "--tcp-equivalent", "1.5"], "not an IPv4 or IPv6 address"),
     (["apply", "10.0.0.0/24", "--tcp-equivalent", "1.5"], "not an IPv4 or IPv6 address"),
-    (["apply", "10.0.0.2", "--tcp-equivalent", "1.5", "--rtt", "nan"], "RTT must be"),
+    (["apply", "10.0.0.2", "--tcp-equivalent", "1.5", "--rtt", "nan"], "--rtt 'nan' is not a number of seconds"),
     (["apply", "10.0.0.2", "--tcp-equivalent", "1.5", "--rtt", "0"], "RTT must be"),
     (["apply", "10.0.0.2", "--tcp-equivalent", "1.5", "--rtt", "40ms"], "not a number of seconds"),
     (["apply", "10.0.0.2", "--tcp-equivalent", "1.5", "--rtt", "1e9"], "RTT must be"),

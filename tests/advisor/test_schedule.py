@@ -73,6 +73,17 @@ def _one(**fields):
     ("dest=10.0.0.1 max_impact=0.1 max_impact=0.2 duration_s=3", "line 1: max_impact is given twice"),
     ("dest=10.0.0.1 max_impact=lots duration_s=3", "line 1: max_impact: 'lots' is not a number"),
     ("dest=10.0.0.1 max_impact=0.1 bytes=1e9", "line 1: bytes: '1e9' is not a whole number"),
+    # Were read by float() and int() as 10, 1000 and 0.1 (advisor.limits.parse_number is the one rule).
+    ("dest=10.0.0.1 max_impact=0.1 duration_s=\uff11\uff10", "line 1: duration_s: '\uff11\uff10' is not a number"),
+    ("dest=10.0.0.1 max_impact=0.1 bytes=1_000", "line 1: bytes: '1_000' is not a whole number"),
+    ("dest=10.0.0.1 max_impact=\u0660.1 duration_s=3", "line 1: max_impact: '\u0660.1' is not a number"),
+    # Were taken, the last of the two winning, where the line form refuses a key given twice.
+    ('{"transfers": [{"dest": "10.0.0.1", "max_impact": 0.1, "max_impact": 1, "duration_s": 5}]}',
+     "gives 'max_impact' twice in one object"),
+    ('{"transfers": [], "transfers": [{"dest": "10.0.0.1", "max_impact": 0.1, "duration_s": 5}]}',
+     "gives 'transfers' twice in one object"),
+    ('{"sources": {"siteA": [], "sitea": ["ip", "netns", "exec", "x"]}, "transfers": [{"src": "sitea", '
+     '"dest": "10.0.0.1", "max_impact": 0.1, "duration_s": 5}]}', "name site 'sitea' twice ('siteA' and 'sitea')"),
     ("\n# nothing\n", "no transfers"),
     pytest.param("[" + ",".join(['{"dest": "10.0.0.1", "max_impact": 0.1, "duration_s": 1}'] * 1001) + "]",
                  "at most 1000", id="1001 transfers"),

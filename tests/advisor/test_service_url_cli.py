@@ -20,6 +20,10 @@ HOSTILE = [
     ("http://u:s3cr3tPW@127.0.0.1:1", "holds a login, and the service takes none"),
     # A login alone may be the secret: it was shown whole.
     ("http://s3cr3tPW@127.0.0.1:1", "holds a login, and the service takes none"),
+    # Host names the socket layer's idna codec refuses: were a UnicodeError traceback (IDNAError for xn--zz).
+    ("http://u:s3cr3tPW@" + "a" * 64 + ":8000", "has a host name with an empty label or one over 63 characters"),
+    ("http://u:s3cr3tPW@a..b:8000", "has a host name with an empty label or one over 63 characters"),
+    ("http://u:s3cr3tPW@xn--zz:8000", "is not a valid URL"),
 ]
 # Port 1 on loopback refuses at once.
 UNREACHABLE = "http://127.0.0.1:1"

@@ -56,6 +56,11 @@ def test_check_url_takes_http_and_https_with_a_host(url):
     ("http:///v1", "has no host"),
     ("http://:8000", "has no host"),
     ("http://h:99999", "has a port outside 1-65535"),
+    # The socket layer's idna codec refuses these names with a UnicodeError: was a traceback at the first request.
+    ("http://" + "a" * 64 + ":8000", "has a host name with an empty label or one over 63 characters"),
+    ("http://a..b:8000", "has a host name with an empty label or one over 63 characters"),
+    ("http://.a:8000", "has a host name with an empty label or one over 63 characters"),
+    ("http://u:s3cr3tPW@xn--zz:8000", "is not a valid URL"),  # was idna.IDNAError from httpx.URL, a traceback
     ("http://tame:s3cr3tPW@h:8000/prefix", "holds a login, and the service takes none"),
     ("https://tame@h", "holds a login, and the service takes none"),
 ])

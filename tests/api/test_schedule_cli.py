@@ -69,18 +69,36 @@ def _transfer(**fields):
     ({"transfers": [_transfer(max_impact=0)]}, "max_impact must be a fraction above 0"),
     ({"transfers": [_transfer(max_impact=1.01)]}, "max_impact must be a fraction above 0"),
     ({"transfers": [_transfer(max_impact=-1)]}, "max_impact must be a fraction above 0"),
-    ("dest=127.0.0.1:5201 max_impact=NaN duration_s=1", "max_impact must be a fraction above 0"),
-    ("dest=127.0.0.1:5201 max_impact=inf duration_s=1", "max_impact must be a fraction above 0"),
+    ("dest=127.0.0.1:5201 max_impact=NaN duration_s=1", "line 1: max_impact: 'NaN' is not a number"),
+    ("dest=127.0.0.1:5201 max_impact=inf duration_s=1", "line 1: max_impact: 'inf' is not a number"),
     ({"transfers": [_transfer(src="siteA")]}, "no way to run a command on source 'sitea'"),
     ({"transfers": [_transfer(dest="127.0.0.1:5201; reboot")]}, "transfer 1: dest"),
     ({"sources": {"a": "ip netns exec x"}, "transfers": [_transfer(src="a")]}, "command prefix must be a list"),
     ({"transfers": [_transfer(), _transfer(duration_s=None)]}, "transfer 2: give exactly one of duration_s"),
+    # Were read as 1 s and 0.2 (float() reads other scripts' digits and underscores) and run.
+    ("dest=127.0.0.1:5201 max_impact=0.2 duration_s=\uff11", "line 1: duration_s: '\uff11' is not a number"),
+    ("dest=127.0.0.1:5201 max_impact=0.2_0 duration_s=1", "line 1: max_impact: '0.2_0' is not a number"),
+    # Was run with the last of the two budgets.
+    ('{"transfers": [{"dest": "127.0.0.1:5201", "max_impact": 0.2, "duration_s": 1, "max_impact": 1}]}',
+     "the queue file gives 'max_impact' twice in one object; give each key once"),
     # An explicit id: pytest puts the test's id in the environment (PYTEST_CURRENT_TEST) the CLI inherits.
     pytest.param("x" * (2 << 20), "larger than", id="2MiB"),
 ])
 def test_a_bad_queue_file_is_refused_and_nothing_is_stored(served, queue, says):
     base, db_url, run = served
     _refused(run(queue, "--server", base), says)
+    assert _observations(db_url) == 0
+
+
+def test_a_source_named_twice_is_refused(served):
+    """Were taken, one of the two prefixes chosen silently: "siteA" and "sitea" in the file are one site, and so are
+    two --netns for it."""
+    base, db_url, run = served
+    queue = {"sources": {"siteA": [], "sitea": ["ip", "netns", "exec", "nowhere"]},
+             "transfers": [_transfer(src="sitea")]}
+    _refused(run(queue, "--server", base), "name site 'sitea' twice ('siteA' and 'sitea')")
+    _refused(run({"transfers": [_transfer(src="a")]}, "--server", base, "--netns", "a=x", "--netns", "a=y"),
+             "--netns names site 'a' twice")
     assert _observations(db_url) == 0
 
 
