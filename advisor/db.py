@@ -179,11 +179,16 @@ class Database:
     """A bounded pool of connections to one database URL (advisor/pool.py), shared by every thread;
     ``transaction()`` is the only way in."""
 
-    def __init__(self, url: str, pool_size: int = DEFAULT_POOL_SIZE, pool_wait_s: float = POOL_WAIT_S):
+    def __init__(self, url: str, pool_size: int = DEFAULT_POOL_SIZE, pool_wait_s: float = POOL_WAIT_S,
+                 create: bool = True):
+        """``create``: make a SQLite file (and its folder) that is not there; else StoreError, nothing made."""
         self.url = check_database_url(url)
         if url.startswith("sqlite:///"):
             self.dialect = "sqlite"
             self.path = url[len("sqlite:///"):]
+            if not create and not Path(self.path).is_file():
+                raise StoreError(f"no store at {self.path}: set TAME_DATABASE_URL to the store `tame serve` or "
+                                 "`tame agent` writes (they make it)")
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         else:
             self.dialect = "postgresql"

@@ -417,8 +417,10 @@ class Store:
         self._step = _step_pause()
 
     @classmethod
-    def open(cls, url: str, clock: Clock = time.time, pool_size: int = DEFAULT_POOL_SIZE) -> "Store":
-        db = Database(url, pool_size)
+    def open(cls, url: str, clock: Clock = time.time, pool_size: int = DEFAULT_POOL_SIZE,
+             create: bool = True) -> "Store":
+        """The store at ``url``, migrated; ``create``: make a SQLite store that is not there (else StoreError)."""
+        db = Database(url, pool_size, create=create)
         db.migrate()
         # Curves written by an older program than this one's stored_curve: the view must give this one's advice.
         rebuild_outdated_curves(db)

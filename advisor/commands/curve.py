@@ -135,7 +135,7 @@ def _known_curve(dest: str, budget: float | None, src: str | None) -> tuple[dict
     from advisor.service import AdviceService
 
     settings = load_settings()
-    store = open_store(settings)
+    store = open_store(settings, create=False)
     try:
         service = AdviceService(store, settings)
         payload = service.curve(dest, src=src)

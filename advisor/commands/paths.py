@@ -15,7 +15,7 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     settings = load_settings()
-    store = open_store(settings)
+    store = open_store(settings, create=False)
     try:
         paths = AdviceService(store, settings).paths()
     finally:

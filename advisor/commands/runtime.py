@@ -23,9 +23,11 @@ def load_settings() -> Settings:
         raise UsageError(str(exc)) from exc
 
 
-def open_store(settings: Settings) -> Store:
+def open_store(settings: Settings, create: bool = True) -> Store:
+    """The store of TAME_DATABASE_URL; ``create``: make a SQLite store that is not there (a command that only reads
+    it says there is none instead, exit 2)."""
     try:
-        return Store.open(settings.database_url, pool_size=settings.db_pool_size)
+        return Store.open(settings.database_url, pool_size=settings.db_pool_size, create=create)
     except StoreError as exc:
         raise UsageError(str(exc)) from exc
 

@@ -43,6 +43,16 @@ def test_agent_queues_missing_destinations_once(tmp_path):
 
 def test_tame_paths_lists_the_store(tmp_path):
     env = {**os.environ, "TAME_DATABASE_URL": f"sqlite:///{tmp_path}/s.sqlite3"}
+    # Reading commands do not make a store where there is none (a mistyped path gave an empty store and "no
+    # destinations yet"): they say so, exit 2, nothing made.
+    for argv in (["paths"], ["curve", "127.0.0.1"]):
+        missing = subprocess.run([sys.executable, "-m", "advisor", *argv],
+                                 env={**env, "TAME_DATABASE_URL": f"sqlite:///{tmp_path}/typo/s.sqlite3"},
+                                 capture_output=True, text=True, timeout=60)
+        assert missing.returncode == 2 and f"no store at {tmp_path}/typo/s.sqlite3" in missing.stderr, missing
+        assert "TAME_DATABASE_URL" in missing.stderr and "Traceback" not in missing.stderr
+        assert list(tmp_path.iterdir()) == []
+    Store.open(env["TAME_DATABASE_URL"]).close()  # as tame serve makes it
     empty = subprocess.run([sys.executable, "-m", "advisor", "paths"], env=env, capture_output=True, text=True, timeout=60)
     assert empty.returncode == 0 and "no destinations yet" in empty.stdout
     result = subprocess.run([sys.executable, "-m", "advisor", "paths", "--json"], env=env, capture_output=True,
