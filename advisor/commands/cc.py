@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from advisor.cli import UsageError
 from advisor.errors import InvalidRequest
-from advisor.limits import check_congestion_control, check_rtt_s, parse_number
+from advisor.limits import MAX_STREAMS, check_congestion_control, check_rtt_s, parse_number
 from advisor.tame import MIN_FRACTION, calibration_warning, fractional_multiplier_for
 from models.tame_share import LAWS, law_for
 from probes import cc
@@ -48,8 +48,9 @@ def setting_for(tcp_equivalent: float, streams: int | None = None, rtt_s: float 
     take more than n*'s share, the budget, so above it the tame streams stay, at FM 1 when even that falls short.
     """
     n_star = float(tcp_equivalent)
-    if not math.isfinite(n_star) or n_star <= 0:
-        raise UsageError(f"--tcp-equivalent {tcp_equivalent!r}: give n*, a finite number of streams > 0")
+    if not math.isfinite(n_star) or not 0 < n_star <= MAX_STREAMS:
+        raise UsageError(f"--tcp-equivalent {tcp_equivalent!r:.40}: give n*, a number of streams above 0, at most "
+                         f"{MAX_STREAMS}")
     if streams is None:
         fm = fractional_multiplier_for(n_star, rtt_s, standard_control)
         if fm is None:

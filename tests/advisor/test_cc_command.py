@@ -76,6 +76,10 @@ def test_setting_for_refuses_input_that_needs_fm_below_one_or_is_not_a_number(n_
 @pytest.mark.parametrize("argv, says", [
     (["apply", "10.0.0.2", "--tcp-equivalent", "nan"], "--tcp-equivalent 'nan' is not a number"),
     (["apply", "10.0.0.2", "--tcp-equivalent", "abc"], "not a number"),
+    # Was 'open 1000000000000000010979063629440455417404923096773118463368106829031575854049114915371633289784946888990
+    # ...' (309 digits) standard streams.
+    (["apply", "10.0.0.2", "--tcp-equivalent", "1e308"], "give n*, a number of streams above 0, at most 1024"),
+    (["apply", "10.0.0.2", "--tcp-equivalent", "1024.5", "--streams", "2000"], "at most 1024"),
     # Were read by float(), int() and int(x, 0) as 2.5, 10, 0.04 and 16 (advisor.limits.parse_number is the one rule).
     (["apply", "10.0.0.2", "--tcp-equivalent", "\uff12.5"], "--tcp-equivalent '\uff12.5' is not a number"),
     (["apply", "10.0.0.2", "--tcp-equivalent", "1_5"], "--tcp-equivalent '1_5' is not a number"),
