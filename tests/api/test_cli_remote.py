@@ -52,3 +52,23 @@ def test_advise_via_server_asks_for_the_plan_given_and_reads_with_the_read_token
     # A scheduler holding only the read token reads the advice the server now has.
     read = tame(base, "advise", "127.0.0.1", "--max-impact", "0.5", "--json", env_extra={"TAME_READ_TOKEN": "r"})
     assert read.returncode == 0, read.stderr
+
+
+def test_curve_via_server_of_a_bare_ipv6_destination(service_factory):
+    # `tame curve ::1` named the link in the URL's path as it was given: httpx refused a relative path starting with
+    # ':' and the command died with a traceback, while GET /v1/advice, `tame advise ::1` and `tame curve ::1` on the
+    # store itself answered. Every spelling of the destination gives the one link's curve and advice.
+    base, client, app = service_factory(start_worker=False)
+    control = app.state.settings.congestion_control
+    pushed = client.post("/v1/probe-runs", json={"dest": "::1", "idle_rtt_s": 0.01, "congestion_control": control,
+                                                 "probes": [{"streams": 1, "throughput_bps": 40e6},
+                                                            {"streams": 10, "throughput_bps": 90e6}]})
+    assert pushed.status_code == 201, pushed.text
+    advice = client.get("/v1/advice", params={"dest": "::1", "max_impact": 0.5}).json()
+    for spelling in ("::1", "[::1]", "[0:0::1]:5201"):
+        done = tame(base, "curve", spelling, "--max-impact", "0.5", "--json")
+        assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+        curve = json.loads(done.stdout)
+        assert curve["dest"] == "[::1]:5201" == advice["dest"]
+        assert (curve["num_flows"], curve["tcp_equivalent_streams"], curve["fractional_multiplier"]) == (
+            advice["num_flows"], advice["tcp_equivalent_streams"], advice["fractional_multiplier"])
