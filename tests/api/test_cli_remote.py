@@ -72,3 +72,35 @@ def test_curve_via_server_of_a_bare_ipv6_destination(service_factory):
         assert curve["dest"] == "[::1]:5201" == advice["dest"]
         assert (curve["num_flows"], curve["tcp_equivalent_streams"], curve["fractional_multiplier"]) == (
             advice["num_flows"], advice["tcp_equivalent_streams"], advice["fractional_multiplier"])
+
+
+def test_curve_of_a_links_other_congestion_control_on_the_server_and_on_the_store(service_factory, tmp_path):
+    # Advice is kept per (link, control) and GET /v1/advice and /v1/paths/DEST/curve take ?cc=; `tame curve` had no
+    # way to name one, so it could show only the default control's curve and advice. Two controls on one link, with
+    # different numbers: each is the HTTP answer, through the server (TAME_URL) and from the store itself.
+    base, client, app = service_factory(start_worker=False)
+    default = app.state.settings.congestion_control
+    other = "reno" if default != "reno" else "cubic"
+    for control, rates in ((default, (40e6, 90e6)), (other, (10e6, 95e6))):
+        pushed = client.post("/v1/probe-runs", json={"dest": "127.0.0.1", "idle_rtt_s": 0.01, "congestion_control": control,
+                                                     "probes": [{"streams": 1, "throughput_bps": rates[0]},
+                                                                {"streams": 10, "throughput_bps": rates[1]}]})
+        assert pushed.status_code == 201, pushed.text
+    database = {"TAME_DATABASE_URL": app.state.settings.database_url, "TAME_CONGESTION_CONTROL": default}
+    for control in (default, other):
+        advice = client.get("/v1/advice", params={"dest": "127.0.0.1", "max_impact": 0.3, "cc": control}).json()
+        curve = client.get("/v1/paths/127.0.0.1/curve", params={"cc": control}).json()
+        for where, env_extra in (("server", None), ("store", database)):
+            args = ("curve", "127.0.0.1", "--max-impact", "0.3", "--json", "--congestion-control", control)
+            if where == "server":
+                done = tame(base, *args)
+            else:
+                env = {k: v for k, v in os.environ.items() if k not in ("TAME_TOKEN", "TAME_READ_TOKEN", "TAME_URL")}
+                done = subprocess.run([sys.executable, "-m", "advisor", *args], env={**env, **env_extra},
+                                      capture_output=True, text=True, timeout=180)
+            assert done.returncode == 0, (where, done.stderr)
+            shown = json.loads(done.stdout)
+            assert shown["congestion_control"] == control, where
+            assert shown["curve"] == curve["curve"], where
+            assert (shown["num_flows"], shown["tcp_equivalent_streams"], shown["fractional_multiplier"]) == (
+                advice["num_flows"], advice["tcp_equivalent_streams"], advice["fractional_multiplier"]), where
