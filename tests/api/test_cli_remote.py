@@ -104,3 +104,36 @@ def test_curve_of_a_links_other_congestion_control_on_the_server_and_on_the_stor
             assert shown["curve"] == curve["curve"], where
             assert (shown["num_flows"], shown["tcp_equivalent_streams"], shown["fractional_multiplier"]) == (
                 advice["num_flows"], advice["tcp_equivalent_streams"], advice["fractional_multiplier"]), where
+
+
+def test_paths_names_each_links_source_and_control_on_the_server_and_on_the_store(service_factory, tmp_path):
+    # `tame paths` read the local store even with TAME_URL set (tame advise and tame curve ask the server), and its
+    # table showed neither the source nor the control: one destination probed from two sites, or under two controls,
+    # was rows alike. Here three fits of one destination: each row names its link and control, as GET /v1/paths does.
+    base, client, app = service_factory(start_worker=False)
+    default = app.state.settings.congestion_control
+    other = "reno" if default != "reno" else "cubic"
+    own = app.state.settings.site
+    for src, control in ((own, default), (own, other), ("site-b", default)):
+        pushed = client.post("/v1/probe-runs", json={"src": src, "dest": "127.0.0.1", "idle_rtt_s": 0.01,
+                                                     "congestion_control": control,
+                                                     "probes": [{"streams": 1, "throughput_bps": 40e6},
+                                                                {"streams": 10, "throughput_bps": 90e6}]})
+        assert pushed.status_code == 201, pushed.text
+    served = client.get("/v1/paths").json()["paths"]
+    links = sorted((p["src"], p["dest"], p["congestion_control"]) for p in served)
+    assert links == sorted([(own, "127.0.0.1:5201", default), (own, "127.0.0.1:5201", other),
+                            ("site-b", "127.0.0.1:5201", default)])
+    elsewhere = {"TAME_DATABASE_URL": f"sqlite:///{tmp_path}/elsewhere.sqlite3"}  # not the server's store
+    listed = tame(base, "paths", "--json", env_extra=elsewhere)
+    assert listed.returncode == 0, listed.stderr
+    assert sorted((p["src"], p["dest"], p["congestion_control"]) for p in json.loads(listed.stdout)["paths"]) == links
+    env = {k: v for k, v in os.environ.items() if k not in ("TAME_TOKEN", "TAME_READ_TOKEN", "TAME_URL")}
+    for done in (tame(base, "paths", env_extra=elsewhere),
+                 subprocess.run([sys.executable, "-m", "advisor", "paths"], capture_output=True, text=True, timeout=180,
+                                env={**env, "TAME_DATABASE_URL": app.state.settings.database_url})):
+        assert done.returncode == 0, done.stderr
+        rows = sorted(tuple(line.split()[:3]) for line in done.stdout.splitlines()[1:])
+        assert rows == links, done.stdout
+    only_b = tame(base, "paths", "--json", "--src", "site-b", env_extra=elsewhere)
+    assert [(p["src"], p["congestion_control"]) for p in json.loads(only_b.stdout)["paths"]] == [("site-b", default)]
