@@ -192,6 +192,7 @@ class StoredRun:
     # When its fit was kept as history, not made current: the probed_at of the link's current fit under the run's
     # control, newer than this run's probes (a run delivered late). None: its fit is current, or it has none.
     newer_probed_at: float | None = None
+    congestion_control: str | None = None  # the control the run and its fit are kept under (None: not recorded)
 
     @property
     def current(self) -> bool:
@@ -654,7 +655,8 @@ class Store:
                 (newer,) = tx.execute(
                     f"SELECT max(probed_at) FROM fits WHERE destination_id = ? AND {where} AND probed_at > ?",
                     (destination_id, *params, fit.probed_at)).fetchone()
-            stored = StoredRun(run_id, now if probed_at is None else probed_at, fit is not None, newer)
+            stored = StoredRun(run_id, now if probed_at is None else probed_at, fit is not None, newer,
+                               congestion_control)
             if job_id is not None:
                 held, held_params = ("", ()) if job_owner is None else (
                     f" AND {ANSWERED_JOB}", (job_owner, src, dest.key))

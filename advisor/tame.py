@@ -28,6 +28,9 @@ _SECTIONS = 1000
 _ROOT_XTOL = 1e-12
 # Decimals n* is published with (the FM is the one for n* as published).
 _PUBLISHED_DECIMALS = 4
+# Decimals n*'s fractional remainder is taken to (fractional_multiplier_for): far below what n* is published with,
+# far above the error of subtracting its whole streams.
+_REMAINDER_DECIMALS = 12
 
 
 # A predicted impact below this is rounding, not a prediction: the margin leaves it as it is.
@@ -180,7 +183,10 @@ def fractional_multiplier_for(tcp_equivalent_streams: float, rtt_s: float | None
     The FM comes from the share law measured for tame beside ``standard_control`` streams at ``rtt_s``
     (models.tame_share: s1 x FM^-k; the FM^-1/2 theory for a control not measured)."""
     whole = math.floor(tcp_equivalent_streams)
-    remainder = tcp_equivalent_streams - whole if whole >= 1 else tcp_equivalent_streams
+    # The remainder as n* is written, not as binary floating point leaves it (2.05 - 2 is 0.04999999999999982):
+    # otherwise n* = 2.05 opened no fractional stream where 1.05 opened one at FM 400. Subtracting a whole number
+    # errs by under 1e-13 for any n* up to MAX_STREAMS.
+    remainder = round(tcp_equivalent_streams - whole, _REMAINDER_DECIMALS) if whole >= 1 else tcp_equivalent_streams
     if remainder < MIN_FRACTION:
         return None
     # An RTT no path has (above MAX_RTT_S) is taken as unknown, as `tame cc apply --rtt` would refuse it.

@@ -254,7 +254,7 @@ def create_app(settings: Settings, store: Store, driver: ProbeDriver | None = No
         asked = claimed.congestion_control if claimed else body.congestion_control
 
         def answer(run: StoredRun, error: str | None) -> dict[str, Any]:
-            return {"src": src, "dest": dest.key, "probe_run_id": run.id, "congestion_control": body.congestion_control,
+            return {"src": src, "dest": dest.key, "probe_run_id": run.id, "congestion_control": run.congestion_control,
                     "fitted": error is None, "error": error, "current": run.current, "history": run.history_note()}
 
         run, error = service.ingest_run(dest, body.idle_rtt_s, results, body.started_at or clock(), source="push",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from urllib.parse import quote
 from typing import Any, Sequence
 
 import httpx
@@ -212,8 +213,9 @@ class TameClient:
 
 
 def _segment(text: str) -> str:
-    """``text`` as one path segment, escaped."""
-    return httpx.URL(path=text).raw_path.decode()
+    """``text`` as one path segment, every reserved character escaped: a bare IPv6 destination (``::1``) would
+    otherwise begin the path with ':', and '/', '?', '#' or '%' would end or change the segment."""
+    return quote(text, safe="")
 
 
 def _keyed(idempotency_key: str | None) -> dict[str, str]:

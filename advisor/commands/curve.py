@@ -12,6 +12,9 @@ from advisor.commands.common import (
     add_probe_options, add_src_option, format_bps, fraction, fractional_margin_from_args, hold_defaults, margin_from_args,
     opened_text, print_json, probes_from_args, put_back_defaults, refuse_given, service_token, service_url,
 )
+from advisor.commands.probe import add_control_option
+from advisor.errors import InvalidRequest
+from advisor.limits import check_congestion_control
 from advisor.tame import advise, stored_curve, within_budget
 from models.errors import FitError
 from models.registry import fit
@@ -40,6 +43,8 @@ def register(subparsers) -> None:
                              "opens at it")
     parser.add_argument("--plot", type=png_path, metavar="OUT.png", help="also draw throughput and impact vs streams")
     add_src_option(parser, "of DEST's link")
+    add_control_option(parser, "of DEST's curve and advice, which are kept per control (default: the service's), or "
+                               "the --probe numbers ran under (the fractional stream's FM is calibrated against it)")
     parser.set_defaults(handler=run)
     hold_defaults(parser, _FIT_OPTIONS)  # DEST mode refuses them
 
@@ -51,13 +56,19 @@ def run(args) -> int:
         raise UsageError("give DEST (a known destination) or at least two --probe STREAMS:BPS")
     if args.src is not None and not args.dest:
         raise UsageError("--src names the source of DEST's link; --probe numbers have no link: leave it out")
+    control = None
+    if args.congestion_control is not None:
+        try:
+            control = check_congestion_control(args.congestion_control, "--congestion-control")
+        except InvalidRequest as exc:
+            raise UsageError(str(exc)) from None
     if args.dest:
         refuse_given(args, _FIT_OPTIONS, "DEST's curve is the service's stored fit (its model, n_max and margin), "
                      "not one made here from --probe numbers")
-        payload, advice = _known_curve(args.dest, args.max_impact, args.src)
+        payload, advice = _known_curve(args.dest, args.max_impact, args.src, control)
     else:
         put_back_defaults(args)
-        payload, advice = _fitted_curve(args)
+        payload, advice = _fitted_curve(args, control)
     if advice is not None:
         payload.update(max_impact=args.max_impact, num_flows=advice.num_flows,
                        tcp_equivalent_streams=advice.tcp_equivalent_streams,
@@ -95,7 +106,7 @@ def _print_table(payload: dict, budget: float | None, advice: Advice | None) -> 
         print(f"warning: {warning}")
 
 
-def _fitted_curve(args) -> tuple[dict, Advice | None]:
+def _fitted_curve(args, control: str | None) -> tuple[dict, Advice | None]:
     points = probes_from_args(args)
     try:
         fitted = fit(args.model, points)
@@ -111,7 +122,7 @@ def _fitted_curve(args) -> tuple[dict, Advice | None]:
     advice = None
     if args.max_impact is not None:
         advice = advise(fitted, args.max_impact, args.n_max, margin=margin,
-                        fractional_margin=fractional_margin_from_args(args))
+                        fractional_margin=fractional_margin_from_args(args), standard_control=control)
     return payload, advice
 
 
@@ -119,15 +130,17 @@ def _advice_from_payload(payload: dict) -> Advice:
     return Advice(**{k: v for k, v in payload.items() if k in Advice.__dataclass_fields__})
 
 
-def _known_curve(dest: str, budget: float | None, src: str | None) -> tuple[dict, Advice | None]:
+def _known_curve(dest: str, budget: float | None, src: str | None,
+                 control: str | None) -> tuple[dict, Advice | None]:
     server = service_url(os.environ.get("TAME_URL"))
     if server:
         from api.client import TameClient, TameError  # the CLI is where the layers are wired together
 
         with TameClient(server, token=service_token(read_first=True)) as client:
             try:
-                payload = client.curve(dest, src=src)
-                return payload, None if budget is None else _advice_from_payload(client.advice(dest, budget, src=src))
+                payload = client.curve(dest, cc=control, src=src)
+                return payload, None if budget is None else _advice_from_payload(
+                    client.advice(dest, budget, control, src=src))
             except TameError as exc:
                 raise UsageError(f"{client.shown_url}: {exc}") from exc
     from advisor.commands.runtime import load_settings, open_store
@@ -138,8 +151,8 @@ def _known_curve(dest: str, budget: float | None, src: str | None) -> tuple[dict
     store = open_store(settings, create=False)
     try:
         service = AdviceService(store, settings)
-        payload = service.curve(dest, src=src)
-        return payload, None if budget is None else _advice_from_payload(service.advice(dest, budget, src=src))
+        payload = service.curve(dest, control, src=src)
+        return payload, None if budget is None else _advice_from_payload(service.advice(dest, budget, control, src=src))
     except AdvisorError as exc:
         raise UsageError(str(exc)) from exc
     finally:

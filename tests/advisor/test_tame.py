@@ -92,6 +92,18 @@ def test_fractional_multiplier_rules():
     assert_allclose(fractional_multiplier_for(2.5), 4.0)
 
 
+def test_fractional_multiplier_of_a_remainder_is_the_same_whatever_the_whole_streams():
+    # n* = k + r opens k standard streams and one tame stream carrying r, so its FM depends on r alone: 1/r^2 by the
+    # FM^-1/2 theory, 400 for the smallest remainder offered (MIN_FRACTION, 0.05). In binary floating point 2.05 - 2
+    # is 0.04999999999999982, and n* = 2.05 (3.05, 4.05, ...) offered no fractional stream where 0.05 and 1.05 did.
+    for k in range(0, 65):
+        assert fractional_multiplier_for(k + 0.05) == 400.0, k
+        assert fractional_multiplier_for(k + 0.4) == 6.25, k
+        assert fractional_multiplier_for(k + 0.0499) is None, k
+        for rtt_s, control in ((0.04, "cubic"), (0.01, "bbr")):
+            assert fractional_multiplier_for(k + 0.05, rtt_s, control) == fractional_multiplier_for(0.05, rtt_s, control)
+
+
 def test_uncongested_advice_is_capped_at_highest_probe():
     advice = tame_parallel_tcp([ProbePoint(1, 10e6), ProbePoint(10, 120e6)], max_impact=0.1, model=LU, margin=NO_MARGIN)
     assert advice.regime == "uncongested"

@@ -52,3 +52,88 @@ def test_advise_via_server_asks_for_the_plan_given_and_reads_with_the_read_token
     # A scheduler holding only the read token reads the advice the server now has.
     read = tame(base, "advise", "127.0.0.1", "--max-impact", "0.5", "--json", env_extra={"TAME_READ_TOKEN": "r"})
     assert read.returncode == 0, read.stderr
+
+
+def test_curve_via_server_of_a_bare_ipv6_destination(service_factory):
+    # `tame curve ::1` named the link in the URL's path as it was given: httpx refused a relative path starting with
+    # ':' and the command died with a traceback, while GET /v1/advice, `tame advise ::1` and `tame curve ::1` on the
+    # store itself answered. Every spelling of the destination gives the one link's curve and advice.
+    base, client, app = service_factory(start_worker=False)
+    control = app.state.settings.congestion_control
+    pushed = client.post("/v1/probe-runs", json={"dest": "::1", "idle_rtt_s": 0.01, "congestion_control": control,
+                                                 "probes": [{"streams": 1, "throughput_bps": 40e6},
+                                                            {"streams": 10, "throughput_bps": 90e6}]})
+    assert pushed.status_code == 201, pushed.text
+    advice = client.get("/v1/advice", params={"dest": "::1", "max_impact": 0.5}).json()
+    for spelling in ("::1", "[::1]", "[0:0::1]:5201"):
+        done = tame(base, "curve", spelling, "--max-impact", "0.5", "--json")
+        assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+        curve = json.loads(done.stdout)
+        assert curve["dest"] == "[::1]:5201" == advice["dest"]
+        assert (curve["num_flows"], curve["tcp_equivalent_streams"], curve["fractional_multiplier"]) == (
+            advice["num_flows"], advice["tcp_equivalent_streams"], advice["fractional_multiplier"])
+
+
+def test_curve_of_a_links_other_congestion_control_on_the_server_and_on_the_store(service_factory, tmp_path):
+    # Advice is kept per (link, control) and GET /v1/advice and /v1/paths/DEST/curve take ?cc=; `tame curve` had no
+    # way to name one, so it could show only the default control's curve and advice. Two controls on one link, with
+    # different numbers: each is the HTTP answer, through the server (TAME_URL) and from the store itself.
+    base, client, app = service_factory(start_worker=False)
+    default = app.state.settings.congestion_control
+    other = "reno" if default != "reno" else "cubic"
+    for control, rates in ((default, (40e6, 90e6)), (other, (10e6, 95e6))):
+        pushed = client.post("/v1/probe-runs", json={"dest": "127.0.0.1", "idle_rtt_s": 0.01, "congestion_control": control,
+                                                     "probes": [{"streams": 1, "throughput_bps": rates[0]},
+                                                                {"streams": 10, "throughput_bps": rates[1]}]})
+        assert pushed.status_code == 201, pushed.text
+    database = {"TAME_DATABASE_URL": app.state.settings.database_url, "TAME_CONGESTION_CONTROL": default}
+    for control in (default, other):
+        advice = client.get("/v1/advice", params={"dest": "127.0.0.1", "max_impact": 0.3, "cc": control}).json()
+        curve = client.get("/v1/paths/127.0.0.1/curve", params={"cc": control}).json()
+        for where, env_extra in (("server", None), ("store", database)):
+            args = ("curve", "127.0.0.1", "--max-impact", "0.3", "--json", "--congestion-control", control)
+            if where == "server":
+                done = tame(base, *args)
+            else:
+                env = {k: v for k, v in os.environ.items() if k not in ("TAME_TOKEN", "TAME_READ_TOKEN", "TAME_URL")}
+                done = subprocess.run([sys.executable, "-m", "advisor", *args], env={**env, **env_extra},
+                                      capture_output=True, text=True, timeout=180)
+            assert done.returncode == 0, (where, done.stderr)
+            shown = json.loads(done.stdout)
+            assert shown["congestion_control"] == control, where
+            assert shown["curve"] == curve["curve"], where
+            assert (shown["num_flows"], shown["tcp_equivalent_streams"], shown["fractional_multiplier"]) == (
+                advice["num_flows"], advice["tcp_equivalent_streams"], advice["fractional_multiplier"]), where
+
+
+def test_paths_names_each_links_source_and_control_on_the_server_and_on_the_store(service_factory, tmp_path):
+    # `tame paths` read the local store even with TAME_URL set (tame advise and tame curve ask the server), and its
+    # table showed neither the source nor the control: one destination probed from two sites, or under two controls,
+    # was rows alike. Here three fits of one destination: each row names its link and control, as GET /v1/paths does.
+    base, client, app = service_factory(start_worker=False)
+    default = app.state.settings.congestion_control
+    other = "reno" if default != "reno" else "cubic"
+    own = app.state.settings.site
+    for src, control in ((own, default), (own, other), ("site-b", default)):
+        pushed = client.post("/v1/probe-runs", json={"src": src, "dest": "127.0.0.1", "idle_rtt_s": 0.01,
+                                                     "congestion_control": control,
+                                                     "probes": [{"streams": 1, "throughput_bps": 40e6},
+                                                                {"streams": 10, "throughput_bps": 90e6}]})
+        assert pushed.status_code == 201, pushed.text
+    served = client.get("/v1/paths").json()["paths"]
+    links = sorted((p["src"], p["dest"], p["congestion_control"]) for p in served)
+    assert links == sorted([(own, "127.0.0.1:5201", default), (own, "127.0.0.1:5201", other),
+                            ("site-b", "127.0.0.1:5201", default)])
+    elsewhere = {"TAME_DATABASE_URL": f"sqlite:///{tmp_path}/elsewhere.sqlite3"}  # not the server's store
+    listed = tame(base, "paths", "--json", env_extra=elsewhere)
+    assert listed.returncode == 0, listed.stderr
+    assert sorted((p["src"], p["dest"], p["congestion_control"]) for p in json.loads(listed.stdout)["paths"]) == links
+    env = {k: v for k, v in os.environ.items() if k not in ("TAME_TOKEN", "TAME_READ_TOKEN", "TAME_URL")}
+    for done in (tame(base, "paths", env_extra=elsewhere),
+                 subprocess.run([sys.executable, "-m", "advisor", "paths"], capture_output=True, text=True, timeout=180,
+                                env={**env, "TAME_DATABASE_URL": app.state.settings.database_url})):
+        assert done.returncode == 0, done.stderr
+        rows = sorted(tuple(line.split()[:3]) for line in done.stdout.splitlines()[1:])
+        assert rows == links, done.stdout
+    only_b = tame(base, "paths", "--json", "--src", "site-b", env_extra=elsewhere)
+    assert [(p["src"], p["congestion_control"]) for p in json.loads(only_b.stdout)["paths"]] == [("site-b", default)]

@@ -757,3 +757,24 @@ def test_a_run_pushed_after_its_lease_lapsed_closes_the_job_back_in_the_queue(se
     after = client.post("/v1/sites/dtn2/claims", json={"owner": "agent-2"}).json()
     assert after["job"] is None and after["waiting"] == "no queued probe"
     assert after["use"]["probe_seconds"] == pytest.approx(spent)
+
+
+def test_a_claimed_run_that_names_no_control_is_answered_under_its_job_s(service_factory):
+    # A run pushed for a claim without "congestion_control" is kept under its job's control (the one it was asked to
+    # run under), and its fit is that control's advice; the answer said null ("not recorded"), the body's field, so a
+    # sender was told its run answers no control's queries when it answers its job's.
+    base, client, app = service_factory(start_worker=False, congestion_control="cubic")
+    client.put("/v1/sites/dtn2", json={"dests": [DEST], "congestion_control": "reno"})
+    job = client.post("/v1/sites/dtn2/claims", json={"owner": "a"}).json()["job"]
+    assert job["congestion_control"] == "reno"
+    ran = client.post("/v1/probe-runs", json={"src": "dtn2", "dest": DEST, "probes": PROBES, "job_id": job["id"],
+                                              "owner": "a"})
+    assert ran.status_code == 201 and ran.json()["error"] is None, ran.text
+    assert ran.json()["congestion_control"] == "reno" and ran.json()["current"] is True
+    advice = client.get("/v1/advice", params={"src": "dtn2", "dest": DEST, "max_impact": 0.1, "cc": "reno"}).json()
+    assert advice["congestion_control"] == "reno"
+    paths = client.get("/v1/paths", params={"src": "dtn2"}).json()["paths"]
+    assert [p["congestion_control"] for p in paths] == ["reno"]
+    # Without a claim the run is kept as not recorded, and says so.
+    unclaimed = client.post("/v1/probe-runs", json={"src": "dtn2", "dest": "127.0.0.2", "probes": PROBES}).json()
+    assert unclaimed["congestion_control"] is None
