@@ -272,3 +272,43 @@ def test_view_gives_the_api_answer_per_congestion_control(tmp_path):
         check()
     finally:
         store.close()
+
+
+# The staleness a scheduler reading SQL works out (docs/advice-service.md): the newest evidence behind the current fit,
+# its transfers' when it was refitted on some, against the service's TAME_TTL_S.
+STALE_QUERY = ("SELECT ? - CASE WHEN observations_used > 0 AND fitted_at > probed_at THEN fitted_at ELSE probed_at END "
+               "> ? FROM current_fits WHERE src = ? AND dest = ? AND congestion_control = ?")
+
+
+def test_the_documented_sql_gives_the_api_s_staleness(tmp_path):
+    from tests.api.conftest import Clock
+
+    clock = Clock()
+    store = Store.open(f"sqlite:///{tmp_path / 'advice.sqlite3'}", clock=clock)
+    ttl = 600.0
+    service = AdviceService(store, Settings(model="lu", congestion_control="cubic", ttl_s=ttl), clock=clock,
+                            resolver=lambda host: ["127.0.0.1"])
+    from probes.result import ProbeResult
+
+    results = [ProbeResult(dest=DEST.key, streams=n, throughput_bps=1e9 * n / (n + 4), duration_s=10.0, omit_s=0.0,
+                           sender_bps=None, congestion_control="cubic") for n in (1, 10)]
+
+    def both():
+        service.drop_cache()
+        with store.db.transaction() as tx:
+            view = bool(tx.execute(STALE_QUERY, (clock(), ttl, SITE, DEST.key, "cubic")).fetchone()[0])
+        return view, service.advice(DEST.key, 0.3, "cubic", src=SITE)["stale"]
+
+    try:
+        service.ingest_run(DEST, 0.04, results, clock(), source="test", congestion_control="cubic", src=SITE)
+        seen = []
+        for step in (0, 599, 2, 300):  # fresh, at the TTL, past it; then a transfer refits it: fresh again
+            clock.advance(step)
+            if step == 300:
+                service.observe(DEST.key, 4, 5e8, congestion_control="cubic", src=SITE)
+            seen.append(both())
+        clock.advance(601)
+        seen.append(both())
+        assert seen == [(False, False), (False, False), (True, True), (False, False), (True, True)]
+    finally:
+        store.close()
