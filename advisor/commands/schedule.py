@@ -55,8 +55,8 @@ def register(subparsers) -> None:
     parser.add_argument("--netns", action="append", default=[], metavar="SITE=NS",
                         help="run SITE's transfers in network namespace NS (ip netns exec NS; repeat)")
     parser.add_argument("--congestion-control", metavar="NAME",
-                        help="the standard streams' control for SQL reads of transfers without cc "
-                        "(default: this host's)")
+                        help="the standard streams' control for transfers without cc, over HTTP and SQL alike "
+                        "(default: the service's over HTTP; TAME_CONGESTION_CONTROL, else this host's, over SQL)")
     parser.add_argument("--concurrency", type=whole_number(1, MAX_CONCURRENCY), default=4, metavar="N",
                         help="transfers running at once (default 4)")
     parser.add_argument("--plan", action="store_true", help="print the advised streams of each transfer and "
@@ -158,9 +158,10 @@ def _plan(t: Transfer, reporter: Reporter, sql: SqlAdvice | None, default_contro
             streams, source = sql.streams(src, t.dest.key, control, t.max_impact), "sql"
             src = src or (sql.own_site if sql.has_src() else None)
         else:
-            payload = reporter.link(src, t.dest).advice(t.max_impact, t.cc)
+            asked = t.cc or default_control  # None: the service's default
+            payload = reporter.link(src, t.dest).advice(t.max_impact, asked)
             src = payload.get("src", src)
-            streams, control = int(payload["num_flows"]), payload.get("congestion_control") or t.cc
+            streams, control = int(payload["num_flows"]), payload.get("congestion_control") or asked
             control = control or host_default_control()
             source = "http" if reporter.url else "store"
     except (AdvisorError, UsageError) as exc:

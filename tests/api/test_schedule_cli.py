@@ -200,6 +200,8 @@ def test_rows_stored_before_controls_were_recorded_answer_the_default_control_on
     assert httpx.get(f"{base}/v1/advice", params={"dest": KNOWN, "max_impact": 0.2, "cc": other}).status_code == 404
     _refused(run(queue, "--plan", "--database-url", db_url, "--congestion-control", other),
              f"no advice for {SITE} -> {KNOWN} under {other}")
+    # --congestion-control holds over HTTP too (it was read for SQL only, and HTTP answered the default's advice).
+    _refused(run(queue, "--plan", "--server", base, "--congestion-control", other), f"under {other}")
     # With TAME_CONGESTION_CONTROL the service's default is that control, and a transfer naming none is asked
     # for under it over SQL too (not under the host's), so the unrecorded rows answer it.
     by_sql = run(queue, "--plan", "--json", "--database-url", db_url, extra_env={"TAME_CONGESTION_CONTROL": other})
