@@ -11,6 +11,7 @@ import json
 import os
 import socket
 import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -36,6 +37,8 @@ RECORD_RUN_PAUSE_ENV = "TAME_TEST_RECORD_RUN_PAUSE_S"
 # An observation refits on at most this many observations (the newest since the newest probe run);
 # retention (advisor/retention.py) always keeps at least these.
 REFIT_OBSERVATIONS = 200
+# Locks an observation's refit takes its link's turn from (Store.add_observation): links share one when they hash alike.
+_REFIT_TURN_STRIPES = 64
 # PostgreSQL advisory locks of the link count, one per site (the first of two keys; the migrations' lock is one key):
 # two transactions adding a site's last allowed link must not both count one less than the cap and insert.
 LINK_COUNT_LOCK = 7316
@@ -415,6 +418,10 @@ class Store:
         self.db = db
         self.clock = clock
         self._step = _step_pause()
+        # An observation's refit is computed before its write transaction (add_observation): writers in this
+        # process to one link take turns (a lock per link, striped), else each one's early refit is undone by the
+        # one stored before it and computed again inside the write lock.
+        self._refit_turns = [threading.Lock() for _ in range(_REFIT_TURN_STRIPES)]
 
     @classmethod
     def open(cls, url: str, clock: Clock = time.time, pool_size: int = DEFAULT_POOL_SIZE,
@@ -714,16 +721,29 @@ class Store:
 
         The refit is computed before the write transaction, on the observations stored by then, and kept when the
         transaction finds the same ones (the write lock, the whole store's on SQLite, is held for the inserts, not
-        for the fit); when another write came between, it is computed again inside the transaction.
+        for the fit); when another write came between, it is computed again inside the transaction. Writers in this
+        process to one link take turns (early refit and write), so that is only when another process wrote it.
         """
         window = _RefitWindow.of(observation, run_control, base_run, limit)
-        early: tuple[tuple[int, ...], NewFit | None] | None = None
-        if observation.feeds_fit and base_run is not None:
+        if not (observation.feeds_fit and base_run is not None):
+            return self._store_observation(dest, observation, refit, window, None, src=src, max_links=max_links,
+                                           request=request, answer=answer)
+        # Taken before any transaction (none is held while waiting for it), released after the write's commit.
+        with self._refit_turns[hash((src, dest.key)) % _REFIT_TURN_STRIPES]:
+            early: tuple[tuple[int, ...], NewFit | None] | None = None
             with self.db.transaction() as tx:
                 row = tx.execute("SELECT id FROM destinations WHERE src = ? AND dest = ?", (src, dest.key)).fetchone()
                 if row is not None:
                     ids, rows = window.read(tx, row[0], limit - 1)
                     early = ids, refit([window.reported(observation), *rows])
+            return self._store_observation(dest, observation, refit, window, early, src=src, max_links=max_links,
+                                           request=request, answer=answer)
+
+    def _store_observation(self, dest: Destination, observation: Observation,
+                           refit: Callable[[list[dict[str, float]]], NewFit | None], window: "_RefitWindow",
+                           early: tuple[tuple[int, ...], NewFit | None] | None, *, src: str, max_links: int,
+                           request: KeyedRequest | None,
+                           answer: Callable[[int, int | None], dict[str, Any]] | None) -> tuple[int, int | None]:
         with self.db.transaction(write=True) as tx:
             if request is not None:
                 request.claim(tx, self.clock())
