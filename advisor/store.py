@@ -888,15 +888,18 @@ class Store:
             # wait behind them, and the service's own re-probes wait one round of the clients waiting, not until
             # every client has had as many probes as it has.
             now = self.clock()
-            # Each client's last start once (one per candidate read the site's every job again for each).
+            # Each client's last start once (one per candidate read the site's every job again for each). A start
+            # after now (the clock stepped back, or another replica's runs ahead) is left out: it would stay the
+            # client's last until the clock caught up, and the client served first after the step, its new starts
+            # all older, take every turn until then.
             row = tx.execute(
                 "WITH turns AS (SELECT client, max(started_at) AS started FROM probe_jobs WHERE src = ? AND "
-                f"started_at >= ? GROUP BY client) SELECT {JOB_COLUMNS} FROM probe_jobs j LEFT JOIN turns t ON "
+                f"started_at >= ? AND started_at <= ? GROUP BY client) SELECT {JOB_COLUMNS} FROM probe_jobs j LEFT JOIN turns t ON "
                 "(t.client = j.client OR "
                 "(t.client IS NULL AND j.client IS NULL)) WHERE j.status = 'queued' AND j.src = ? AND (j.address IS "
                 "NULL OR j.address NOT IN (SELECT address FROM probe_jobs WHERE status = 'running' AND address IS NOT "
                 "NULL)) AND j.dest NOT IN (SELECT dest FROM probe_jobs WHERE status = 'running') "
-                "ORDER BY coalesce(t.started, 0), j.requested_at, j.id LIMIT 1", (src, now - BUDGET_WINDOW_S, src)
+                "ORDER BY coalesce(t.started, 0), j.requested_at, j.id LIMIT 1", (src, now - BUDGET_WINDOW_S, now, src)
             ).fetchone()
             if row is None:
                 return None
