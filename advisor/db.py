@@ -186,10 +186,16 @@ class Database:
         if url.startswith("sqlite:///"):
             self.dialect = "sqlite"
             self.path = url[len("sqlite:///"):]
-            if not create and not Path(self.path).is_file():
-                raise StoreError(f"no store at {self.path}: set TAME_DATABASE_URL to the store `tame serve` or "
-                                 "`tame agent` writes (they make it)")
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            try:
+                # Python before 3.14 raises for a folder on the way this user may not search (a store kept by the
+                # service's own user, read by `tame paths`): said as opening it says it, not a traceback.
+                if not create and not Path(self.path).is_file():
+                    raise StoreError(f"no store at {self.path}: set TAME_DATABASE_URL to the store `tame serve` or "
+                                     "`tame agent` writes (they make it)")
+                Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise StoreError(f"cannot open the advice store {redact_url(self.url)}: {exc.strerror or exc} "
+                                 f"({exc.filename or self.path})") from None
         else:
             self.dialect = "postgresql"
         self.pool_size = pool_size

@@ -11,6 +11,7 @@ import json
 import os
 import socket
 import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -36,6 +37,8 @@ RECORD_RUN_PAUSE_ENV = "TAME_TEST_RECORD_RUN_PAUSE_S"
 # An observation refits on at most this many observations (the newest since the newest probe run);
 # retention (advisor/retention.py) always keeps at least these.
 REFIT_OBSERVATIONS = 200
+# Locks an observation's refit takes its link's turn from (Store.add_observation): links share one when they hash alike.
+_REFIT_TURN_STRIPES = 64
 # PostgreSQL advisory locks of the link count, one per site (the first of two keys; the migrations' lock is one key):
 # two transactions adding a site's last allowed link must not both count one less than the cap and insert.
 LINK_COUNT_LOCK = 7316
@@ -416,6 +419,10 @@ class Store:
         self.db = db
         self.clock = clock
         self._step = _step_pause()
+        # An observation's refit is computed before its write transaction (add_observation): writers in this
+        # process to one link take turns (a lock per link, striped), else each one's early refit is undone by the
+        # one stored before it and computed again inside the write lock.
+        self._refit_turns = [threading.Lock() for _ in range(_REFIT_TURN_STRIPES)]
 
     @classmethod
     def open(cls, url: str, clock: Clock = time.time, pool_size: int = DEFAULT_POOL_SIZE,
@@ -716,16 +723,29 @@ class Store:
 
         The refit is computed before the write transaction, on the observations stored by then, and kept when the
         transaction finds the same ones (the write lock, the whole store's on SQLite, is held for the inserts, not
-        for the fit); when another write came between, it is computed again inside the transaction.
+        for the fit); when another write came between, it is computed again inside the transaction. Writers in this
+        process to one link take turns (early refit and write), so that is only when another process wrote it.
         """
         window = _RefitWindow.of(observation, run_control, base_run, limit)
-        early: tuple[tuple[int, ...], NewFit | None] | None = None
-        if observation.feeds_fit and base_run is not None:
+        if not (observation.feeds_fit and base_run is not None):
+            return self._store_observation(dest, observation, refit, window, None, src=src, max_links=max_links,
+                                           request=request, answer=answer)
+        # Taken before any transaction (none is held while waiting for it), released after the write's commit.
+        with self._refit_turns[hash((src, dest.key)) % _REFIT_TURN_STRIPES]:
+            early: tuple[tuple[int, ...], NewFit | None] | None = None
             with self.db.transaction() as tx:
                 row = tx.execute("SELECT id FROM destinations WHERE src = ? AND dest = ?", (src, dest.key)).fetchone()
                 if row is not None:
                     ids, rows = window.read(tx, row[0], limit - 1)
                     early = ids, refit([window.reported(observation), *rows])
+            return self._store_observation(dest, observation, refit, window, early, src=src, max_links=max_links,
+                                           request=request, answer=answer)
+
+    def _store_observation(self, dest: Destination, observation: Observation,
+                           refit: Callable[[list[dict[str, float]]], NewFit | None], window: "_RefitWindow",
+                           early: tuple[tuple[int, ...], NewFit | None] | None, *, src: str, max_links: int,
+                           request: KeyedRequest | None,
+                           answer: Callable[[int, int | None], dict[str, Any]] | None) -> tuple[int, int | None]:
         with self.db.transaction(write=True) as tx:
             if request is not None:
                 request.claim(tx, self.clock())
@@ -870,15 +890,18 @@ class Store:
             # wait behind them, and the service's own re-probes wait one round of the clients waiting, not until
             # every client has had as many probes as it has.
             now = self.clock()
-            # Each client's last start once (one per candidate read the site's every job again for each).
+            # Each client's last start once (one per candidate read the site's every job again for each). A start
+            # after now (the clock stepped back, or another replica's runs ahead) is left out: it would stay the
+            # client's last until the clock caught up, and the client served first after the step, its new starts
+            # all older, take every turn until then.
             row = tx.execute(
                 "WITH turns AS (SELECT client, max(started_at) AS started FROM probe_jobs WHERE src = ? AND "
-                f"started_at >= ? GROUP BY client) SELECT {JOB_COLUMNS} FROM probe_jobs j LEFT JOIN turns t ON "
+                f"started_at >= ? AND started_at <= ? GROUP BY client) SELECT {JOB_COLUMNS} FROM probe_jobs j LEFT JOIN turns t ON "
                 "(t.client = j.client OR "
                 "(t.client IS NULL AND j.client IS NULL)) WHERE j.status = 'queued' AND j.src = ? AND (j.address IS "
                 "NULL OR j.address NOT IN (SELECT address FROM probe_jobs WHERE status = 'running' AND address IS NOT "
                 "NULL)) AND j.dest NOT IN (SELECT dest FROM probe_jobs WHERE status = 'running') "
-                "ORDER BY coalesce(t.started, 0), j.requested_at, j.id LIMIT 1", (src, now - BUDGET_WINDOW_S, src)
+                "ORDER BY coalesce(t.started, 0), j.requested_at, j.id LIMIT 1", (src, now - BUDGET_WINDOW_S, now, src)
             ).fetchone()
             if row is None:
                 return None

@@ -116,3 +116,28 @@ def test_a_url_that_names_no_one_store_is_refused_before_anything_is_opened(tmp_
                                  "postgresql://db?dbname=tame", "postgresql://u:p?ssWORDX@db/tame"])
 def test_a_url_that_names_one_store_is_taken(url):
     assert check_database_url(url) == url
+
+
+def test_a_store_in_a_folder_this_user_may_not_search_is_reported_not_raised_as_a_traceback(tmp_path, monkeypatch):
+    # `tame paths` (which makes no store) run by an operator on the store of the service's own user, kept in a folder
+    # only that user may search: Python before 3.14 raised PermissionError from the check that the file is there (a
+    # traceback where opening it said "unable to open database file"). Neither is a folder that cannot be made.
+    import os
+
+    locked = tmp_path / "locked"
+    Store.open(f"sqlite:///{locked}/s.sqlite3").close()
+    real_stat, real_mkdir = os.stat, os.mkdir
+
+    def refused(real):
+        def call(path, *args, **kwargs):
+            if str(path).startswith(f"{locked}/"):
+                raise PermissionError(13, "Permission denied", str(path))
+            return real(path, *args, **kwargs)
+        return call
+
+    monkeypatch.setattr(os, "stat", refused(real_stat))
+    monkeypatch.setattr(os, "mkdir", refused(real_mkdir))
+    with pytest.raises(StoreError, match=f"Permission denied .{locked}/s.sqlite3"):
+        Database(f"sqlite:///{locked}/s.sqlite3", create=False)
+    with pytest.raises(StoreError, match=f"Permission denied .{locked}/new"):
+        Database(f"sqlite:///{locked}/new/s.sqlite3")

@@ -4,6 +4,7 @@ computed before the write transaction: other writers go on meanwhile, and one th
 link in between is in the refit."""
 
 import threading
+import time
 
 import pytest
 
@@ -94,3 +95,42 @@ def test_other_writers_go_on_while_an_observation_refits_and_one_between_is_in_t
     finally:
         slow.store.close()
         other.store.close()
+
+
+def test_writers_in_one_process_to_one_link_compute_each_refit_once(tmp_path):
+    # Transfers to one busy destination reported at once to one service: each observation's refit, computed before
+    # its write transaction, must not be undone by the one stored before it and computed again inside the write lock
+    # (four writers: 7 to 10 fits for 4 observations, 40 % fewer transfers a second and longer write locks in
+    # python -m benchmarks.observation_writes --links 1). They take turns on the link instead.
+    clock = Clock()
+    service = service_on(tmp_path / "s.sqlite3", clock)
+    ingest(service)
+    real = service.build_fit
+    fits = []
+
+    def slow(*args, **kwargs):
+        fits.append(kwargs.get("observations_used"))
+        time.sleep(0.05)  # a fit takes its 13-30 ms; here long enough that the writers' refits overlap
+        return real(*args, **kwargs)
+
+    service.build_fit = slow
+    start = threading.Barrier(4)
+    answers = []
+
+    def writer():
+        start.wait(10)
+        answers.append(service.observe(DEST, 4, 1e8))
+
+    threads = [threading.Thread(target=writer) for _ in range(4)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert len(answers) == 4 and all(a["refit"] for a in answers)
+        assert sorted(fits) == [1, 2, 3, 4], fits
+        fit = service.store.current_fit(DEST, service.settings.congestion_control, or_unrecorded=True,
+                                        src=service.settings.site)
+        assert fit.observations_used == 4
+    finally:
+        service.store.close()

@@ -263,3 +263,32 @@ def test_the_service_s_own_re_probes_wait_one_round_of_the_clients_not_until_the
         assert [next_job() for _ in range(5)] == [b[0].id, c[0].id, own[2].id, b[1].id, c[1].id]
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def test_clients_keep_taking_turns_when_the_clock_steps_back(tmp_path, request, backend):
+    # The turns go by each client's last start. After the clock steps back (NTP at boot, a VM restored; or another
+    # replica's clock ahead of this one's), a start "in the future" stayed the client's last until the clock caught
+    # up: it went last while the client served first after the step, its new starts all older, took every turn.
+    url = f"sqlite:///{tmp_path}/s.sqlite3" if backend == "sqlite" else request.getfixturevalue("pg_url")
+    clock = Clock()
+    store = Store.open(url, clock=clock)
+    try:
+        def queued(dest, client):
+            clock.advance(1)
+            return store.enqueue_job(parse_destination(dest), [1, 10], 1.0, client=client, src=SITE)[0]
+
+        b = [queued(f"127.0.1.{i}", "10.0.0.2") for i in (1, 2, 3)]
+        c = [queued(f"127.0.2.{i}", "10.0.0.3") for i in (1, 2, 3)]
+
+        def next_job():
+            clock.advance(60)
+            job = store.claim_job("h:1:a", lambda job: 100, limit=1, src=SITE)
+            store.fail_job(job.id, "done with it")
+            return job.id
+
+        assert [next_job(), next_job()] == [b[0].id, c[0].id]
+        clock.advance(-1800)
+        assert [next_job() for _ in range(4)] == [b[1].id, c[1].id, b[2].id, c[2].id]
+    finally:
+        store.close()
