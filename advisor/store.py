@@ -769,6 +769,11 @@ class Store:
         ).fetchone()[0]
         if not observation.feeds_fit:
             return observation_id, None
+        if tx.dialect == "postgresql":
+            # Refits of one link from several processes (replicas) take turns from here to the commit: each one's
+            # window then holds the observation the one before it stored, which one running beside it would not see
+            # (each fit leaving out the other's). SQLite's write lock is the whole store's already.
+            tx.execute("SELECT 1 FROM destinations WHERE id = ? FOR NO KEY UPDATE", (destination_id,))
         if window.base_run is not None:
             newest = _newest_run(tx, "d.id = ?", (destination_id,), window.run_control)
             if newest is None or newest[0] != window.base_run.id:
@@ -779,6 +784,7 @@ class Store:
             fit = refit(window.read(tx, destination_id, window.limit)[1])
         if fit is None:
             return observation_id, None
+        self._step("observation refit")
         return observation_id, self._insert_fit(tx, destination_id, None, fit)
 
     def observation(self, observation_id: int) -> tuple[str, str, float, Observation] | None:

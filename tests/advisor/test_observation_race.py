@@ -134,3 +134,46 @@ def test_writers_in_one_process_to_one_link_compute_each_refit_once(tmp_path):
         assert fit.observations_used == 4
     finally:
         service.store.close()
+
+
+@pytest.mark.postgres
+def test_two_replicas_refitting_one_link_at_once_leave_a_fit_that_counts_both(pg_url):
+    # Two processes (replicas) each store an observation of one link; each one's refit checks its window before the
+    # other's observation commits. The fit stored last must count both, not leave out the other's.
+    clock = Clock()
+
+    def service():
+        return AdviceService(Store.open(pg_url, clock=clock), Settings(model="lu"), clock=clock,
+                             resolver=lambda host: ["127.0.0.1"])
+
+    slow, other = service(), service()
+    ingest(slow)
+    # The link's first observation under its control records the control (link_controls) under a row lock of its
+    # own; the two below come after one.
+    slow.observe(DEST, 2, 5e7)
+    control = slow.settings.congestion_control
+    fitted, go_on = threading.Event(), threading.Event()
+
+    def pause(step):
+        if step == "observation refit":  # its window checked, its fit not yet written
+            fitted.set()
+            assert go_on.wait(30)
+
+    slow.store._step = pause
+    first = threading.Thread(target=lambda: slow.observe(DEST, 4, 1e8))
+    first.start()
+    try:
+        assert fitted.wait(30)
+        second = threading.Thread(target=lambda: other.observe(DEST, 8, 2e8))
+        second.start()
+        second.join(3)  # it waits for the first's commit (or, as before, stored its fit leaving the first out)
+    finally:
+        go_on.set()
+        first.join(30)
+    second.join(30)
+    try:
+        fit = other.store.current_fit(DEST, control, or_unrecorded=True, src=other.settings.site)
+        assert fit.observations_used == 3
+    finally:
+        slow.store.close()
+        other.store.close()
