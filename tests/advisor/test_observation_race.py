@@ -48,16 +48,16 @@ def test_a_run_pushed_while_an_observation_refits_is_not_hidden_behind_older_pro
         store.close()
 
 
+def two_services(url, clock):
+    """Two services on one store, each with its own connections, as two replicas are."""
+    return tuple(AdviceService(Store.open(url, clock=clock), Settings(model="lu"), clock=clock,
+                               resolver=lambda host: ["127.0.0.1"]) for _ in range(2))
+
+
 @pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def test_other_writers_go_on_while_an_observation_refits_and_one_between_is_in_the_refit(tmp_path, request, backend):
     url = f"sqlite:///{tmp_path}/s.sqlite3" if backend == "sqlite" else request.getfixturevalue("pg_url")
-    clock = Clock()
-
-    def service():
-        return AdviceService(Store.open(url, clock=clock), Settings(model="lu"), clock=clock,
-                             resolver=lambda host: ["127.0.0.1"])
-
-    slow, other = service(), service()
+    slow, other = two_services(url, Clock())
     ingest(slow)
     control = slow.settings.congestion_control
     fitting, go_on = threading.Event(), threading.Event()
@@ -140,13 +140,7 @@ def test_writers_in_one_process_to_one_link_compute_each_refit_once(tmp_path):
 def test_two_replicas_refitting_one_link_at_once_leave_a_fit_that_counts_both(pg_url):
     # Two processes (replicas) each store an observation of one link; each one's refit checks its window before the
     # other's observation commits. The fit stored last must count both, not leave out the other's.
-    clock = Clock()
-
-    def service():
-        return AdviceService(Store.open(pg_url, clock=clock), Settings(model="lu"), clock=clock,
-                             resolver=lambda host: ["127.0.0.1"])
-
-    slow, other = service(), service()
+    slow, other = two_services(pg_url, Clock())
     ingest(slow)
     # The link's first observation under its control records the control (link_controls) under a row lock of its
     # own; the two below come after one.
