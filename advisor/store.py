@@ -736,7 +736,7 @@ class Store:
             with self.db.transaction() as tx:
                 row = tx.execute("SELECT id FROM destinations WHERE src = ? AND dest = ?", (src, dest.key)).fetchone()
                 if row is not None:
-                    ids, rows = window.read(tx, row[0], limit - 1)
+                    ids, rows = window.read(tx, row[0], window.limit - 1)
                     early = ids, refit([window.reported(observation), *rows])
             return self._store_observation(dest, observation, refit, window, early, src=src, max_links=max_links,
                                            request=request, answer=answer)

@@ -435,13 +435,22 @@ def test_sites_sharing_a_destination_take_turns_and_a_waiting_claim_says_why(ser
     assert client.post("/v1/sites/dtn3/claims", json={"owner": "b"}).json()["job"]["dest"] == DEST
 
 
-def test_a_claimed_run_under_another_control_fails_its_job_and_is_kept_as_that_control_s(service_factory):
+def claimed_run(service_factory, asked, ran_under=None):
+    """Site dtn2's agent claims its probe of DEST under control ``asked`` (the service's default: cubic) and pushes a
+    run under ``ran_under`` (None: names none): (client, job, the push's response)."""
     base, client, app = service_factory(start_worker=False, congestion_control="cubic")
-    client.put("/v1/sites/dtn2", json={"dests": [DEST], "congestion_control": "cubic"})
+    client.put("/v1/sites/dtn2", json={"dests": [DEST], "congestion_control": asked})
     job = client.post("/v1/sites/dtn2/claims", json={"owner": "a"}).json()["job"]
-    assert job["congestion_control"] == "cubic"
-    ran = client.post("/v1/probe-runs", json={"src": "dtn2", "dest": DEST, "probes": PROBES, "job_id": job["id"],
-                                              "owner": "a", "congestion_control": "reno"}).json()
+    assert job["congestion_control"] == asked
+    body = {"src": "dtn2", "dest": DEST, "probes": PROBES, "job_id": job["id"], "owner": "a"}
+    if ran_under is not None:
+        body["congestion_control"] = ran_under
+    return client, job, client.post("/v1/probe-runs", json=body)
+
+
+def test_a_claimed_run_under_another_control_fails_its_job_and_is_kept_as_that_control_s(service_factory):
+    client, job, pushed = claimed_run(service_factory, "cubic", "reno")
+    ran = pushed.json()
     assert "asked to run under cubic but used reno" in ran["error"]
     status = client.get(f"/v1/probes/{job['id']}").json()
     assert status["status"] == "failed" and "reno" in status["error"]
@@ -763,12 +772,7 @@ def test_a_claimed_run_that_names_no_control_is_answered_under_its_job_s(service
     # A run pushed for a claim without "congestion_control" is kept under its job's control (the one it was asked to
     # run under), and its fit is that control's advice; the answer said null ("not recorded"), the body's field, so a
     # sender was told its run answers no control's queries when it answers its job's.
-    base, client, app = service_factory(start_worker=False, congestion_control="cubic")
-    client.put("/v1/sites/dtn2", json={"dests": [DEST], "congestion_control": "reno"})
-    job = client.post("/v1/sites/dtn2/claims", json={"owner": "a"}).json()["job"]
-    assert job["congestion_control"] == "reno"
-    ran = client.post("/v1/probe-runs", json={"src": "dtn2", "dest": DEST, "probes": PROBES, "job_id": job["id"],
-                                              "owner": "a"})
+    client, job, ran = claimed_run(service_factory, "reno")
     assert ran.status_code == 201 and ran.json()["error"] is None, ran.text
     assert ran.json()["congestion_control"] == "reno" and ran.json()["current"] is True
     advice = client.get("/v1/advice", params={"src": "dtn2", "dest": DEST, "max_impact": 0.1, "cc": "reno"}).json()
