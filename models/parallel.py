@@ -12,7 +12,6 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Mapping, Sequence
 
 import numpy as np
-from scipy.optimize import nnls
 
 from models.errors import FitError
 
@@ -259,6 +258,8 @@ def _least_squares(n, y, exponents, nonnegative: bool) -> np.ndarray:
     design, scale = _weighted_design(n, y, exponents)
     rhs = np.ones_like(y)
     if nonnegative:
+        from scipy.optimize import nnls  # here, not at the top: its 0.3 s import would slow every CLI command
+
         solution, _ = nnls(design, rhs)
     else:
         solution, *_ = np.linalg.lstsq(design, rhs, rcond=None)

@@ -12,7 +12,6 @@ from dataclasses import replace
 from typing import Sequence
 
 import numpy as np
-from scipy.optimize import minimize_scalar, nnls
 
 from models.parallel import (
     CONGESTED, PolynomialFit, ProbePoint, _level_warnings, _validated, _with_residuals, fit_lu,
@@ -26,6 +25,8 @@ EXPONENT_RANGE = (1.0, 4.0)
 
 def _fit_for_exponent(n: np.ndarray, y: np.ndarray, c: float) -> tuple[float, float, float]:
     """Non-negative a', b' minimising the relative error of p' for a fixed c; returns (a', b', sse)."""
+    from scipy.optimize import nnls  # as in models.parallel: not at the top, for the CLI's start
+
     design = np.stack([n**c, np.ones_like(n)], axis=1) / y[:, None]
     scale = np.linalg.norm(design, axis=0)
     solution, residual = nnls(design / scale, np.ones_like(y))
@@ -53,6 +54,8 @@ def yildirim_params(streams, throughput_bps) -> tuple[float, float, float]:
     sse = [_fit_for_exponent(n, y, c)[2] for c in grid]
     best = int(np.argmin(sse))
     lo, hi = grid[max(best - 1, 0)], grid[min(best + 1, grid.size - 1)]
+    from scipy.optimize import minimize_scalar
+
     found = minimize_scalar(lambda c: _fit_for_exponent(n, y, c)[2], bounds=(lo, hi), method="bounded",
                             options={"xatol": 1e-6})
     c = float(found.x) if found.fun <= sse[best] else float(grid[best])
