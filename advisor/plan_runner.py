@@ -36,7 +36,7 @@ def plan_need_text(name: str, need: float) -> str:
     if name == "max_streams":
         return f"the probe plan's {need} streams (TAME_PROBE_LEVELS)"
     return (f"one probe plan's longest time, {need:.1f}".removesuffix(".0") + " s (TAME_PROBE_LEVELS, "
-            "TAME_PROBE_DURATION_S, TAME_PROBE_MAX_DURATION_S, TAME_MODEL)")
+            "TAME_PROBE_DURATION_S, TAME_PROBE_MAX_DURATION_S, TAME_PROBE_OMIT_S, TAME_MODEL)")
 
 
 def adaptive_probes(model: str) -> int:

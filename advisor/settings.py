@@ -18,7 +18,7 @@ from advisor.db import DEFAULT_POOL_SIZE, check_database_url, redact_url
 from advisor.errors import ConfigError, InvalidRequest, StoreError
 from advisor.files import FileTooLarge, NotARegularFile, read_capped
 from advisor.freshness import PROBE_MAX_AGE_TTLS, Freshness
-from advisor.limits import MAX_PROBE_MAX_DURATION_S, MAX_SITE_LINKS, SITE_RULE, TOKEN_RULE, check_congestion_control, check_site, check_token, \
+from advisor.limits import MAX_PROBE_MAX_DURATION_S, MAX_PROBE_OMIT_S, MAX_SITE_LINKS, SITE_RULE, TOKEN_RULE, check_congestion_control, check_site, check_token, \
     is_token, parse_number
 from advisor.retention import Retention
 from advisor.sites import SITE_CEILING_VARIABLES, SITE_HARD_CAPS, SiteBudget
@@ -308,7 +308,7 @@ class Settings:
         TAME_PROBE_MAX_AGE_S (a link whose newest probe is older is probed again even while finished transfers keep
         its advice fresh; default 24 times TAME_TTL_S, at least TAME_TTL_S),
         TAME_MAX_CONCURRENT_PROBES, TAME_MODEL, TAME_PROBE_LEVELS (e.g. "1,10"), TAME_PROBE_DURATION_S,
-        TAME_PROBE_MAX_DURATION_S, TAME_MAX_BATCH, TAME_MAX_QUEUED_PROBES,
+        TAME_PROBE_MAX_DURATION_S, TAME_PROBE_OMIT_S (warm-up seconds left out of each probe), TAME_MAX_BATCH, TAME_MAX_QUEUED_PROBES,
         TAME_MAX_QUEUED_PROBES_PER_CLIENT (queued jobs one remote address, or one other site, may have),
         TAME_FORWARDED_ALLOW_IPS (trusted proxies whose X-Forwarded-For names the remote address; see
         forwarded_allow_ips), TAME_KEEPALIVE_TIMEOUT_S, TAME_HEADER_TIMEOUT_S, TAME_BODY_TIMEOUT_S,
@@ -390,6 +390,7 @@ class Settings:
             default_duration_s=number("TAME_PROBE_DURATION_S", ProbePlan.duration_s, 1.0, 300.0),
             max_probe_duration_s=number("TAME_PROBE_MAX_DURATION_S", ProbePlan.max_duration_s, 1.0,
                                         MAX_PROBE_MAX_DURATION_S),
+            omit_s=number("TAME_PROBE_OMIT_S", ProbePlan.omit_s, 0.0, MAX_PROBE_OMIT_S),
             max_batch=number("TAME_MAX_BATCH", 1000, 1, 100_000, int),
             max_queued_probes=number("TAME_MAX_QUEUED_PROBES", 500, 1, 1_000_000, int),
             max_queued_probes_per_client=number("TAME_MAX_QUEUED_PROBES_PER_CLIENT", 50, 1, 1_000_000, int),

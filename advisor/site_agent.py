@@ -57,8 +57,8 @@ def check_plan_fits_lease(worst_case_s: float, lease_s: float | None) -> None:
     probed twice at once."""
     if lease_s is not None and worst_case_s > lease_s - LEASE_MARGIN_S:
         raise ValueError(f"this agent's probe plan may take {worst_case_s:.0f} s, longer than the {lease_s:.0f} s lease "
-                         "its claim holds: run the agent with the service's TAME_MODEL, TAME_PROBE_DURATION_S and "
-                         "TAME_PROBE_MAX_DURATION_S")
+                         "its claim holds: run the agent with the service's TAME_MODEL, TAME_PROBE_DURATION_S, "
+                         "TAME_PROBE_MAX_DURATION_S and TAME_PROBE_OMIT_S")
 
 
 @dataclasses.dataclass

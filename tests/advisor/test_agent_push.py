@@ -43,9 +43,9 @@ def agent(env, *args):
 
 def agent_setup(tmp_path, dest):
     """(environment, destination file listing ``dest``) for an agent and the server it pushes to: short probes at
-    two levels, no extension and no adaptive level (one round is a few seconds of iperf3), no token."""
+    two levels, no warm-up, no extension and no adaptive level (one round is a few seconds of iperf3), no token."""
     env = {**os.environ, "TAME_PROBE_LEVELS": "1,2", "TAME_PROBE_DURATION_S": "1", "TAME_PROBE_MAX_DURATION_S": "1",
-           "TAME_MODEL": "lu", "TAME_ALLOWED_DESTINATIONS": "127.0.0.0/8",
+           "TAME_PROBE_OMIT_S": "0", "TAME_MODEL": "lu", "TAME_ALLOWED_DESTINATIONS": "127.0.0.0/8",
            "TAME_DATABASE_URL": f"sqlite:///{tmp_path}/server.sqlite3"}
     env.pop("TAME_TOKEN", None)
     dests = tmp_path / "dests.txt"
@@ -105,9 +105,10 @@ def test_a_run_the_service_could_not_take_is_spooled_and_delivered_next_round(tm
         paths = httpx.get(f"{base}/v1/paths", timeout=30).json()["paths"]
         assert [p["dest"] for p in paths] == [iperf_server]
         assert 600 <= paths[0]["age_s"] < 700 and paths[0]["stale"] is False
-    runs = rows(env, "SELECT r.source, count(p.id) FROM probe_runs r JOIN probe_results p ON p.probe_run_id = r.id "
-                     "GROUP BY r.id")
+    runs = rows(env, "SELECT r.source, count(p.id), max(p.omit_s) FROM probe_runs r "
+                     "JOIN probe_results p ON p.probe_run_id = r.id GROUP BY r.id")
     assert len(runs) == 1 and runs[0][1] == 2  # the one run, with both probes
+    assert runs[0][2] == 0  # probed with the agent's TAME_PROBE_OMIT_S, not the default 5 s warm-up
 
 
 def test_a_pushing_agent_judges_freshness_by_its_server_s_own_site(tmp_path, iperf_server):

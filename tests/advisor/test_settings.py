@@ -83,7 +83,16 @@ def test_the_store_holds_at_most_tame_db_pool_size_connections(tmp_path):
             Settings.from_env({"TAME_DB_POOL_SIZE": text})
 
 
-@pytest.mark.parametrize("name", ["TAME_TTL_S", "TAME_MAX_BATCH", "TAME_DB_POOL_SIZE"])
+def test_tame_probe_omit_s_sets_the_probes_warm_up_within_0_to_60_s():
+    assert Settings.from_env({}).omit_s == 5.0
+    assert Settings.from_env({"TAME_PROBE_OMIT_S": "0"}).omit_s == 0.0
+    assert Settings.from_env({"TAME_PROBE_OMIT_S": "2.5"}).omit_s == 2.5
+    for text in ("-1", "61", "1e9"):
+        with pytest.raises(ConfigError, match=f"TAME_PROBE_OMIT_S='{text}' must be between 0 and 60"):
+            Settings.from_env({"TAME_PROBE_OMIT_S": text})
+
+
+@pytest.mark.parametrize("name", ["TAME_TTL_S", "TAME_MAX_BATCH", "TAME_DB_POOL_SIZE", "TAME_PROBE_OMIT_S"])
 @pytest.mark.parametrize("text", ["\uff15", "1_000", "\u0663", "inf", "nan"])
 def test_a_number_setting_takes_ascii_digits_only(name, text):
     # Were read as numbers by int() and float(): '５' as 5, '1_000' as 1000, Arabic-Indic '٣' as 3.

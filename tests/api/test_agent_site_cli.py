@@ -159,7 +159,7 @@ def test_two_agents_of_a_site_with_different_budgets_through_tame_serve(tmp_path
 
 # Probes of a second at two levels, no adaptive level: a plan of a few seconds.
 SHORT_PROBES = {"TAME_PROBE_LEVELS": "1,2", "TAME_PROBE_DURATION_S": "1", "TAME_PROBE_MAX_DURATION_S": "1",
-                "TAME_MODEL": "lu"}
+                "TAME_PROBE_OMIT_S": "0", "TAME_MODEL": "lu"}
 
 
 def short_probe_site(tmp_path, dests, agent_env=None):

@@ -18,7 +18,7 @@ from tests.api.procs import TAME, start_iperf3, start_serve, stop
 pytestmark = [pytest.mark.iperf, pytest.mark.postgres]
 
 # Short plans (two 1 s probes after iperf3's 5 s warm-up, never extended, no adaptive probe): about 15 s each.
-PLAN_ENV = {"TAME_PROBE_DURATION_S": "1", "TAME_PROBE_MAX_DURATION_S": "1", "TAME_MODEL": "lu",
+PLAN_ENV = {"TAME_PROBE_DURATION_S": "1", "TAME_PROBE_MAX_DURATION_S": "1", "TAME_PROBE_OMIT_S": "0", "TAME_MODEL": "lu",
             "TAME_PROBE_LEVELS": "1,2", "TAME_ALLOWED_DESTINATIONS": "127.0.0.0/8"}
 # The replicas' tokens: the operator's for every site, and one for each site's agents.
 TOKENS = {"site-a": "token-a-0123456789abcdef", "site-b": "token-b-0123456789abcdef"}

@@ -2,9 +2,8 @@
 through its own worker (probes.iperf.IperfDriver), then advice over HTTP and the same stream count
 from the `current_advice` SQL view of the file it wrote.
 
-Kept short by settings only: 1 s probes that are never extended (TAME_PROBE_MAX_DURATION_S=1) and
-Lu's model, which adds no adaptive third probe; iperf3's 5 s warm-up (ProbePlan.omit_s, not an
-environment setting) stays, so the plan takes about 15 s.
+Kept short by settings only: 1 s probes that are never extended (TAME_PROBE_MAX_DURATION_S=1), no
+warm-up (TAME_PROBE_OMIT_S=0) and Lu's model, which adds no adaptive third probe: the plan takes a few seconds.
 """
 
 import sqlite3
@@ -26,8 +25,8 @@ def test_serve_probes_a_real_iperf3_and_advises_what_the_view_says(tmp_path):
     serve = None
     try:
         serve, base = start_serve(tmp_path, db_path, env={
-            "TAME_PROBE_DURATION_S": "1", "TAME_PROBE_MAX_DURATION_S": "1", "TAME_MODEL": "lu",
-            "TAME_ALLOWED_DESTINATIONS": "127.0.0.0/8"})
+            "TAME_PROBE_DURATION_S": "1", "TAME_PROBE_MAX_DURATION_S": "1", "TAME_PROBE_OMIT_S": "0",
+            "TAME_MODEL": "lu", "TAME_ALLOWED_DESTINATIONS": "127.0.0.0/8"})
         dest = f"127.0.0.1:{iperf_port}"
         with httpx.Client(base_url=base, timeout=30) as http:
             accepted = http.post("/v1/probes", json={"dest": dest, "levels": [1, 2], "duration_s": 1})

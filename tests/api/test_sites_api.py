@@ -268,7 +268,7 @@ def test_a_budget_short_of_the_plan_is_told_the_whole_seconds_that_fit(service_f
     assert refused.status_code == 422, refused.text
     assert refused.json()["detail"] == (
         "probe_seconds_per_hour 580 is below one probe plan's longest time, 580.5 s (TAME_PROBE_LEVELS, "
-        "TAME_PROBE_DURATION_S, TAME_PROBE_MAX_DURATION_S, TAME_MODEL): give at least 581")
+        "TAME_PROBE_DURATION_S, TAME_PROBE_MAX_DURATION_S, TAME_PROBE_OMIT_S, TAME_MODEL): give at least 581")
     assert client.put("/v1/sites/dtn2", json={"dests": [DEST], "probe_seconds_per_hour": 581}).status_code == 200
 
 
