@@ -28,10 +28,15 @@ RESOLVE_TIMEOUT_S = 5.0
 _lookup_slots = threading.BoundedSemaphore(8)
 
 
+class LookupTimedOut(InvalidRequest):
+    """A name that did not resolve within RESOLVE_TIMEOUT_S (its servers slow, or silent)."""
+
+
 def system_resolver(host: str) -> list[str]:
-    """Every address ``host`` resolves to (A and AAAA), within RESOLVE_TIMEOUT_S (InvalidRequest otherwise)."""
+    """Every address ``host`` resolves to (A and AAAA), within RESOLVE_TIMEOUT_S (LookupTimedOut otherwise;
+    InvalidRequest for a name that does not resolve)."""
     deadline = time.monotonic() + RESOLVE_TIMEOUT_S
-    too_slow = InvalidRequest(f"dest host {host!r} did not resolve within {RESOLVE_TIMEOUT_S:g} s: try again later, "
+    too_slow = LookupTimedOut(f"dest host {host!r} did not resolve within {RESOLVE_TIMEOUT_S:g} s: try again later, "
                               "or give its address")
     if not _lookup_slots.acquire(timeout=RESOLVE_TIMEOUT_S):
         raise too_slow

@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 
 from advisor.advice import Advice, curve_to_json
 from advisor.alternatives import alternatives, budget_met
-from advisor.allowlist import Resolver, system_resolver
+from advisor.allowlist import LookupTimedOut, Resolver, system_resolver
 from advisor.destinations import Destination, client_key, parse_destination
 from advisor.errors import (AdvisorError, BatchTooLarge, DestinationNotAllowed, InvalidRequest, QueueFull,
                             UnknownDestination, UnknownProbe)
@@ -124,6 +124,8 @@ REPROBE_AT_TTL = 0.8
 MAX_REFUSED_IN_A_CLAIM = 16
 # Seconds one registration may spend resolving its destinations' names; the names left are refused, saying so.
 REGISTRATION_LOOKUPS_S = 30.0
+# Names whose lookup last timed out in a registration, the most remembered (each registration checks them last).
+SLOW_NAMES_KEPT = 4096
 
 
 def fresh_destinations(paths: list[dict[str, Any]], control: str, unrecorded_control: str | None,
@@ -169,6 +171,10 @@ class AdviceService:
         self._listeners: list[Callable[[], None]] = []
         # Store reads of the cache (for /metrics): "unchanged" kept an entry, "reloaded" rebuilt one.
         self._cache_reads = {"unchanged": 0, "reloaded": 0}
+        # Host names whose lookup timed out in a registration, oldest first (at most SLOW_NAMES_KEPT; guarded by
+        # _lock): a registration checks them after the others, so the names its lookup time did not reach last time
+        # are checked this time, not refused again behind the same slow ones.
+        self._slow_names: OrderedDict[str, None] = OrderedDict()
 
     # -- writes and cache -----------------------------------------------------------------
 
@@ -709,14 +715,14 @@ class AdviceService:
         self._check_budget_fits(budget)
         parsed, refused = {}, []
         lookups_until = time.monotonic() + REGISTRATION_LOOKUPS_S
-        for text in dests:
+        for text in self._slow_names_last(dests):
             try:
                 dest = parse_destination(text)
                 if self.settings.allowed.needs_lookup(dest) and time.monotonic() > lookups_until:
                     raise InvalidRequest(f"not checked: this registration's name lookups took their "
                                          f"{REGISTRATION_LOOKUPS_S:g} s (slow DNS): give addresses, or fewer names "
-                                         "a registration")
-                self.check_allowed(dest)  # resolved once per registration
+                                         "a registration (the next one checks these first)")
+                self._check_remembering_slow_names(dest)  # resolved once per registration
             except (DestinationNotAllowed, InvalidRequest) as exc:
                 refused.append({"dest": str(text), "error": str(exc)})
                 continue
@@ -739,6 +745,37 @@ class AdviceService:
             queued += created
         return {"site": name, "links": len(parsed), "queued": queued, "deferred": deferred, "refused": refused,
                 "budget": budget.to_json()}
+
+    def _slow_names_last(self, dests: Sequence[Any]) -> list[Any]:
+        """``dests`` in their order, but those whose host name last timed out in a registration after the others."""
+        with self._lock:
+            slow_names = set(self._slow_names)
+
+        def slow(text: Any) -> bool:
+            try:
+                return parse_destination(text).host in slow_names
+            except InvalidRequest:
+                return False
+
+        return sorted(dests, key=slow) if slow_names else list(dests)
+
+    def _check_remembering_slow_names(self, dest: Destination) -> None:
+        """:meth:`check_allowed`, remembering whether ``dest``'s name lookup timed out (see _slow_names)."""
+        timed_out = False
+        try:
+            self.check_allowed(dest)
+        except LookupTimedOut:
+            timed_out = True
+            raise
+        finally:
+            with self._lock:
+                if timed_out:
+                    self._slow_names[dest.host] = None
+                    self._slow_names.move_to_end(dest.host)
+                    while len(self._slow_names) > SLOW_NAMES_KEPT:
+                        self._slow_names.popitem(last=False)
+                else:
+                    self._slow_names.pop(dest.host, None)
 
     def _check_budget_fits(self, budget: SiteBudget) -> None:
         """Refuse a site budget above the operator's ceiling (settings.site_ceiling), or one no probe of the

@@ -104,3 +104,47 @@ def test_a_registration_stops_resolving_names_when_its_lookup_time_is_spent(tmp_
         assert got["links"] == len(checked) + 2  # the address and the listed name need no lookup
     finally:
         store.close()
+
+
+def test_names_a_registration_had_no_lookup_time_for_are_checked_first_the_next_time(tmp_path, monkeypatch):
+    # Four names whose lookups time out (0.2 s each here) listed before three that resolve at once, 0.5 s for the
+    # registration's lookups: the first registration spends it on the slow names and refuses the rest unchecked. The
+    # same list again refused the same three, every time; now the slow names go last, so the three are checked.
+    import advisor.service as service_module
+    from advisor.allowlist import AllowList, LookupTimedOut
+    from advisor.service import AdviceService
+    from advisor.settings import Settings
+    from advisor.sites import SiteBudget
+    from advisor.store import Store
+
+    monkeypatch.setattr(service_module, "REGISTRATION_LOOKUPS_S", 0.5)
+    looked_up = []
+
+    def resolver(host):
+        looked_up.append(host)
+        if host.startswith("slow"):
+            time.sleep(0.2)
+            raise LookupTimedOut(f"dest host {host!r} did not resolve within 0.2 s")
+        return ["127.0.0.5"]
+
+    slow = [f"slow{i}.example:5201" for i in range(4)]
+    fast = [f"fast{i}.example:5201" for i in range(3)]
+    store = Store.open(f"sqlite:///{tmp_path}/s.sqlite3")
+    try:
+        service = AdviceService(store, Settings(allowed=AllowList.parse("127.0.0.0/8")), resolver=resolver,
+                                controls=lambda: ["cubic", "reno", "bbr"])
+        first = service.register_site("dtn2", SiteBudget(2, 64, 3600.0), [*slow, *fast])
+        refused = {r["dest"]: r["error"] for r in first["refused"]}
+        assert first["links"] == 0 and set(refused) == {*slow, *fast}
+        assert all("took their 0.5 s (slow DNS)" in refused[d] and "the next one checks these first" in refused[d]
+                   for d in fast)
+        assert looked_up == ["slow0.example", "slow1.example", "slow2.example"]
+
+        looked_up.clear()
+        second = service.register_site("dtn2", SiteBudget(2, 64, 3600.0), [*slow, *fast])
+        # The name not reached before and the three fast ones first, then the names that timed out.
+        assert looked_up[:4] == ["slow3.example", "fast0.example", "fast1.example", "fast2.example"]
+        assert second["links"] == 3
+        assert {r["dest"] for r in second["refused"]} == set(slow)
+    finally:
+        store.close()
