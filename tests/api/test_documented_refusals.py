@@ -98,3 +98,19 @@ def test_a_key_given_twice_is_a_documented_refusal(service_factory, method, path
     response = made.call(timeout=30, data=body.encode())
     assert response.status_code == 422 and "twice in one object" in response.json()["detail"], response.text
     made.validate_response(response, checks=CHECKS)
+
+
+@pytest.mark.parametrize("body, says", [
+    (b'{"dest": "127.0.0.1", "streams": 1, "throughput_bps": 1e6, "src": "\xff"}', "not UTF-8"),
+    (b'{"dest": "127.0.0.1", "streams": 1, "throughput_bps": 1e6, "src": ' + b"[" * 5000 + b"}", "too deeply"),
+    (b'{"dest": "127.0.0.1", "throughput_bps": 1e6, "streams": ' + b"1" * 5000 + b"}", "digits"),
+], ids=["not-utf-8", "nested-5000-deep", "5000-digit-number"])
+def test_a_body_the_parser_cannot_read_is_a_documented_refusal(service_factory, tmp_path, body, says):
+    # Were answered 400 "There was an error parsing the body", a status the schema does not document.
+    base, client, app = service_factory(start_worker=False)
+    api = schemathesis.from_uri(f"{base}/openapi.json", base_url=base, force_schema_version="30")
+    made = api["/v1/observations"]["POST"].make_case(body={}, media_type="application/json")
+    response = made.call(timeout=30, data=body)
+    assert response.status_code == 422 and says in response.json()["detail"], response.text
+    made.validate_response(response, checks=CHECKS)
+    assert client.get("/v1/links").json()["links"] == []
