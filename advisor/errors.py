@@ -33,6 +33,10 @@ class ConfigError(AdvisorError):
     """An environment setting is malformed; raised once at start-up."""
 
 
+class DuplicateKey(InvalidRequest):
+    """A JSON document gives one key twice in an object (JSON parsers keep one of the two, silently)."""
+
+
 class TooManyLinks(InvalidRequest):
     """A write would make a new link from a site that has as many links as the service keeps for one site."""
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
-from advisor.errors import InvalidRequest
+from advisor.errors import DuplicateKey, InvalidRequest
 from probes.cc import MAX_FM as MAX_TAME_FM  # noqa: F401  (an observed tame stream's FM is held to what the map holds)
 from probes.cc import NAME as TAME
 from probes.controls import MAX_CONTROL_NAME, is_control_name
@@ -92,6 +92,23 @@ def _is_number(value: Any) -> bool:
 def _shown(value: Any) -> Any:
     """A value as an error message quotes it: a long text cut to its first 40 characters."""
     return value if not isinstance(value, str) or len(value) <= 40 else value[:40] + "…"
+
+
+def unique_keys(what: str) -> Callable[[list[tuple[str, Any]]], dict[str, Any]]:
+    """json.loads' object_pairs_hook for ``what`` (e.g. "the body"): each object as a dict, DuplicateKey naming a key
+    given twice in one."""
+
+    def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        doc = dict(pairs)  # at C speed; the pairs are looked through only when one key took two
+        if len(doc) < len(pairs):
+            seen: set[str] = set()
+            for key, _ in pairs:
+                if key in seen:
+                    raise DuplicateKey(f"{what} gives {_shown(key)!r} twice in one object; give each key once")
+                seen.add(key)
+        return doc
+
+    return hook
 
 
 def check_max_impact(value: Any) -> float:

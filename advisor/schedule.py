@@ -19,8 +19,8 @@ from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 from advisor.db import Database, check_database_url
 from advisor.destinations import Destination, parse_destination
-from advisor.errors import InvalidRequest, StoreError, UnknownDestination
-from advisor.limits import check_congestion_control, check_site, parse_number
+from advisor.errors import DuplicateKey, InvalidRequest, StoreError, UnknownDestination
+from advisor.limits import check_congestion_control, check_site, parse_number, unique_keys
 
 # A queue is the operator's file: bounded so that a wrong file fails fast rather than filling memory.
 MAX_QUEUE_BYTES = 1 << 20
@@ -104,7 +104,9 @@ def parse_queue(text: str, sources: Mapping[str, Sequence[str]] | None = None) -
 
 def _json_entries(text: str) -> tuple[list[tuple[str, Any]], dict[str, tuple[str, ...]]]:
     try:
-        doc = json.loads(text, object_pairs_hook=_object)
+        doc = json.loads(text, object_pairs_hook=unique_keys("the queue file"))
+    except DuplicateKey as exc:  # the line form refuses a key given twice too
+        raise QueueError(str(exc)) from None
     except ValueError as exc:
         raise QueueError(f"the queue file is not valid JSON: {exc}") from None
     except RecursionError:  # the parser recurses per nesting level: a queue is three levels deep
@@ -125,17 +127,6 @@ def _json_entries(text: str) -> tuple[list[tuple[str, Any]], dict[str, tuple[str
     if not isinstance(doc, list):
         raise QueueError("\"transfers\" must be a list of transfers")
     return [(f"transfer {i + 1}", entry) for i, entry in enumerate(doc)], sources
-
-
-def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """json.loads' object_pairs_hook: a JSON object, QueueError for a key given twice (JSON parsers keep one of the
-    two, silently; the line form refuses it too)."""
-    doc: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in doc:
-            raise QueueError(f"the queue file gives {key!r:.40} twice in one object; give each key once")
-        doc[key] = value
-    return doc
 
 
 def _sources(given: Mapping[Any, tuple[str, ...]], where: str) -> dict[str, tuple[str, ...]]:

@@ -3,7 +3,8 @@
 Error mapping to HTTP statuses lives here and only here:
 InvalidRequest -> 422 (TooManyLinks, a new link past a site's TAME_MAX_SITE_LINKS, among them), BatchTooLarge ->
 413, DestinationNotAllowed and WrongSite -> 403, UnknownDestination and UnknownProbe -> 404, BudgetConflict -> 409,
-StoreError -> 503 (with a generic message; the detail is logged). Tokens, body caps and body deadlines are checked
+StoreError -> 503 (with a generic message; the detail is logged); a body that is not JSON, or gives a key twice in one
+object (api/bodies.py), or does not fit its schema -> 422. Tokens, body caps and body deadlines are checked
 before any route, by api/boundary.py: when TAME_TOKEN is set, writes need ``Authorization: Bearer TOKEN``; when TAME_READ_TOKEN is set, reads (the docs
 included) need it or the write token. A site's token (TAME_SITE_TOKENS) reads, and writes only links from
 its site: the boundary checks /v1/sites/SITE, the write routes a body's src (api.boundary.check_src). /healthz
@@ -40,6 +41,7 @@ from advisor.sites import SiteBudget
 from advisor.store import Store, StoredRun
 from advisor.worker import ProbeWorker
 from api import schemas
+from api.bodies import UniqueKeysRoute
 from api.boundary import Boundary, body_caps, check_src
 from api.fastpath import ADVICE_PARAMETERS, AdviceFastPath, advice_query
 from api.metrics import Metrics, MetricsMiddleware
@@ -69,9 +71,10 @@ _ERROR_MEANING = {
     409: "the site's live agents run with another budget (the detail names it and who set it): run every agent "
          "of a site with the same budget, or stop the other one",
     413: "the body, or the batch, is larger than this route takes",
-    422: "malformed input, a site's budget above the operator's ceiling (TAME_MAX_SITE_PROBES, "
-         "TAME_MAX_SITE_STREAMS, TAME_MAX_SITE_PROBE_SECONDS_PER_HOUR), or a new link from a site that has "
-         "TAME_MAX_SITE_LINKS links already; the detail says what to give instead",
+    422: "malformed input (a body that is not JSON or gives a key twice in one object, a field out of range), a "
+         "site's budget above the operator's ceiling (TAME_MAX_SITE_PROBES, TAME_MAX_SITE_STREAMS, "
+         "TAME_MAX_SITE_PROBE_SECONDS_PER_HOUR), or a new link from a site that has TAME_MAX_SITE_LINKS links "
+         "already; the detail says what to give instead",
     429: "the probe queue is full, in total or for this client; ask again after Retry-After seconds",
     503: "the advice store is unavailable, the server is at its connection limit, or it is reading as many bodies "
          "over 1 MiB as it reads at once (TAME_MAX_LARGE_BODIES; send it again after Retry-After seconds)",
@@ -108,6 +111,9 @@ def _json(payload: Any, status: int = 200) -> Response:
 def _describe_validation(exc: RequestValidationError) -> str:
     parts = []
     for error in exc.errors():
+        if error.get("type") == "json_invalid":  # api/bodies.py: its message says what is wrong and where
+            parts.append(error["ctx"]["error"])
+            continue
         where = ".".join(str(p) for p in error.get("loc", ()) if p not in ("body", "query", "path"))
         parts.append(f"{where or 'request'}: {error.get('msg', 'invalid')}")
     return "; ".join(parts) or "invalid request"
@@ -146,6 +152,8 @@ def create_app(settings: Settings, store: Store, driver: ProbeDriver | None = No
     app = FastAPI(title="TameParallelTCP advice service", version="1", lifespan=lifespan,
                   docs_url=None, redoc_url=None,
                   description="How many parallel TCP streams to use to a destination, and what they cost other traffic.")
+    # Every route added below reads its JSON body refusing a key given twice (api/bodies.py).
+    app.router.route_class = UniqueKeysRoute
     app.state.settings = settings
     app.state.service = service
     app.state.worker = worker
