@@ -10,15 +10,17 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
 import pytest
 
 from models.tame_share import law_for
-from probes import cc, testbed
+from probes import cc, live_netns, testbed
 from probes.netns import process_start_ticks, stop_process
 
 netns = pytest.mark.netns
@@ -314,6 +316,52 @@ def test_a_full_map_is_named_with_what_to_do(loaded, pair, tmp_path):
     assert "map is full (4096 entries, 4096 of them of other network namespaces)" in done.stderr, done.stderr
     assert "tame cc unload, then tame cc load" in done.stderr and "Traceback" not in done.stderr
     assert "congctl" not in _route(pair.a, B4)
+
+
+@pytest.fixture
+def gone_ns():
+    """A namespace of the test's own with a link (10.78.0.1/24, one end of a veth pair inside it) to apply tame on;
+    deleted by the test (or after it)."""
+    name = f"tcc-{os.getpid()}-d"
+    _ip("netns", "add", name)
+    try:
+        _ip("-n", name, "link", "add", "tccd", "type", "veth", "peer", "name", "tccdp")
+        _ip("-n", name, "addr", "add", "10.78.0.1/24", "dev", "tccd")
+        _ip("-n", name, "link", "set", "tccd", "up")
+        _ip("-n", name, "link", "set", "tccdp", "up")
+        yield name
+    finally:
+        subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=10)
+
+
+@netns
+def test_a_namespace_held_only_by_a_thread_or_a_socket_is_live_and_one_held_by_nothing_is_gone(gone_ns):
+    # ip netns del removes the name only: a thread of this process inside D, or a socket made there, keeps D alive,
+    # and its entries must stay. Held by nothing, it is gone.
+    d = cc.netns_cookie(gone_ns)
+    entered, leave, made = threading.Event(), threading.Event(), {}
+
+    def stay_inside():
+        fd = os.open(f"/run/netns/{gone_ns}", os.O_RDONLY)
+        assert live_netns._libc.setns(fd, live_netns.CLONE_NEWNET) == 0
+        os.close(fd)
+        made["sock"] = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+        entered.set()
+        leave.wait(30)
+
+    inside = threading.Thread(target=stay_inside)
+    inside.start()
+    try:
+        assert entered.wait(10)
+        _ip("netns", "del", gone_ns)
+        assert live_netns.gone({d, 12345})[0] == {12345}  # the thread holds it
+    finally:
+        leave.set()
+        inside.join()
+    assert live_netns.socket_cookie(made["sock"]) == d
+    assert live_netns.gone({d})[0] == set()  # the socket holds it
+    made["sock"].close()
+    assert live_netns.gone({d})[0] == {d}
 
 
 @netns
