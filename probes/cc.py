@@ -38,8 +38,9 @@ from typing import Iterator
 
 from probes.controls import available_controls
 from probes.delayline import cache_dir
-from probes.errors import (CcBusy, CcCommandFailed, CcMapFull, CcNotLoaded, CcNotRoot, CcOutdated, CcRouteConflict,
-                           CcUnavailable)
+from probes import live_netns
+from probes.errors import (CcBusy, CcCommandFailed, CcLivenessUnknown, CcMapFull, CcNotLoaded, CcNotRoot, CcOutdated,
+                           CcRouteConflict, CcUnavailable)
 from probes.netns import TestbedCommandFailed, run
 
 NAME = "tame"
@@ -85,8 +86,7 @@ def canonical_address(dest: str) -> Address:
     return addr
 
 
-# getsockopt(SOL_SOCKET, SO_NETNS_COOKIE): the u64 cookie of a socket's network namespace (Linux 5.14).
-SO_NETNS_COOKIE = 71
+SO_NETNS_COOKIE = live_netns.SO_NETNS_COOKIE
 
 
 def netns_cookie(namespace: str | None = None) -> int:
@@ -103,7 +103,7 @@ def netns_cookie(namespace: str | None = None) -> int:
                 from None
         return int(done.stdout)
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        return struct.unpack("<Q", sock.getsockopt(socket.SOL_SOCKET, SO_NETNS_COOKIE, 8))[0]
+        return live_netns.socket_cookie(sock)
 
 
 KEY_BYTES, VALUE_BYTES = 24, 8
@@ -282,25 +282,104 @@ def settings(netns: int | None = None) -> dict[Address, CcSetting]:
     return {addr: setting for (owner, addr), setting in all_settings().items() if owner == cookie}
 
 
-def set_fm(addr: Address, setting: CcSetting, netns: int | None = None) -> None:
-    """Write ``addr``'s setting into the map for one network namespace's sockets (None: this process's)."""
+@dataclass(frozen=True)
+class Pruned:
+    """What :func:`prune_gone` removed: the FM entries and lock files of network namespaces that are gone, and the
+    processes whose open files could not be read (a socket there could hold a namespace taken for gone)."""
+
+    entries: dict[tuple[int, Address], CcSetting]
+    lock_files: tuple[str, ...] = ()
+    unread_pids: tuple[int, ...] = ()
+
+
+def set_fm(addr: Address, setting: CcSetting, netns: int | None = None) -> Pruned | None:
+    """Write ``addr``'s setting into the map for one network namespace's sockets (None: this process's). A full map
+    is first rid of the entries of namespaces that are gone (:func:`prune_gone`), returned; None when it was not
+    full."""
     value = setting.to_value()
     require_root()
     reg = _require_registration()
     key = map_key(addr, netns_cookie() if netns is None else netns)
+    argv = ["bpftool", "map", "update", "id", str(reg.fm_map_id), "key", "hex", *(f"{b:02x}" for b in key),
+            "value", "hex", *(f"{b:02x}" for b in value)]
     try:
-        run(["bpftool", "map", "update", "id", str(reg.fm_map_id), "key", "hex", *(f"{b:02x}" for b in key),
-             "value", "hex", *(f"{b:02x}" for b in value)], timeout_s=BPFTOOL_TIMEOUT_S)
+        run(argv, timeout_s=BPFTOOL_TIMEOUT_S)
+        return None
     except TestbedCommandFailed as exc:
-        if "Argument list too long" in str(exc):  # E2BIG: a hash map at max_entries refuses a new key
-            held = all_settings()
-            elsewhere = sum(1 for cookie, _ in held if cookie != key_parts(key)[0])
-            raise CcMapFull(
-                f"cannot set FM for {addr}: the {FM_MAP} map is full ({len(held)} entries, {elsewhere} of them of "
-                "other network namespaces): clear the destinations no longer in use (tame cc clear DEST, in their "
-                "namespace); entries of namespaces that are gone go only with tame cc unload, then tame cc load") \
-                from exc
-        raise CcCommandFailed(f"cannot set FM for {addr}: {exc}") from exc
+        if "Argument list too long" not in str(exc):  # E2BIG: a hash map at max_entries refuses a new key
+            raise CcCommandFailed(f"cannot set FM for {addr}: {exc}") from exc
+    # Pruned only here, where the dead weight costs something: scanning every process is too slow for every set.
+    try:
+        pruned = prune_gone()
+    except CcLivenessUnknown as exc:
+        raise _map_full(addr, key, f"entries of namespaces that are gone cannot be told apart ({exc})") from None
+    if pruned.entries:
+        try:
+            run(argv, timeout_s=BPFTOOL_TIMEOUT_S)
+            return pruned
+        except TestbedCommandFailed as exc:
+            if "Argument list too long" not in str(exc):
+                raise CcCommandFailed(f"cannot set FM for {addr}: {exc}") from exc
+    raise _map_full(addr, key, f"{len(pruned.entries)} entries of namespaces that are gone were removed, and every "
+                    "other entry is of a live one")
+
+
+def _map_full(addr: Address, key: bytes, pruning: str) -> CcMapFull:
+    held = all_settings()
+    elsewhere = sum(1 for cookie, _ in held if cookie != key_parts(key)[0])
+    return CcMapFull(
+        f"cannot set FM for {addr}: the {FM_MAP} map is full ({len(held)} entries, {elsewhere} of them of other "
+        f"network namespaces; {pruning}): clear the destinations no longer in use (tame cc clear DEST, in their "
+        "namespace), or tame cc unload, then tame cc load, which empties it")
+
+
+def prune_gone() -> Pruned:
+    """Remove the FM entries and the lock files (:data:`LOCK_DIR`) of network namespaces that no longer exist
+    (:func:`probes.live_netns.gone`; cookies are never reused, so nothing can use them again). CcLivenessUnknown,
+    removing nothing, when not every live namespace can be seen."""
+    require_root()
+    reg = _require_registration()
+    every = all_settings()
+    locks = {path: int(m.group(1)) for path in (LOCK_DIR.glob("fm-*.lock") if LOCK_DIR.is_dir() else [])
+             if (m := re.fullmatch(r"fm-(\d+)-.+\.lock", path.name))}
+    here = netns_cookie()
+    candidates = {cookie for cookie, _ in every} | set(locks.values())
+    dead, unread = live_netns.gone(candidates - {here})
+    doomed = {k: v for k, v in every.items() if k[0] in dead}
+    if doomed:
+        with tempfile.NamedTemporaryFile("w", prefix="tame-prune-", suffix=".batch") as batch:
+            batch.write("".join(f"map delete id {reg.fm_map_id} key hex "
+                                f"{' '.join(f'{b:02x}' for b in map_key(addr, cookie))}\n" for cookie, addr in doomed))
+            batch.flush()
+            try:
+                run(["bpftool", "batch", "file", batch.name], timeout_s=BPFTOOL_TIMEOUT_S)
+            except TestbedCommandFailed as exc:
+                raise CcCommandFailed(f"cannot remove the entries of network namespaces that are gone: {exc}") \
+                    from exc
+    removed_locks = tuple(str(path) for path, cookie in sorted(locks.items()) if cookie in dead and _unlink_free(path))
+    return Pruned(doomed, removed_locks, tuple(unread))
+
+
+def _unlink_free(path: Path) -> bool:
+    """Remove the lock file ``path`` unless a process holds it; whether it was removed."""
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        return False
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        try:
+            if os.stat(path).st_ino != os.fstat(fd).st_ino:
+                return False
+        except FileNotFoundError:
+            return False
+        path.unlink()  # while held, as exclusive_setting's holder does: one waiting locks a new file
+        return True
+    finally:
+        os.close(fd)
 
 
 def delete_fm(addr: Address, netns: int | None = None) -> bool:
@@ -320,7 +399,8 @@ def delete_fm(addr: Address, netns: int | None = None) -> bool:
 
 # Lock files, one per (network namespace, destination address), that a process setting its FM holds (flock:
 # released when the process ends, killed too). Root's: only root sets the map. The holder removes its file as it lets
-# go (namespace cookies are never reused, so files left behind would pile up); a process killed meanwhile leaves one.
+# go (namespace cookies are never reused, so files left behind would pile up); a process killed meanwhile leaves one,
+# which prune_gone removes once its namespace is gone.
 LOCK_DIR = Path("/run/tame")
 
 

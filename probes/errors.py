@@ -66,6 +66,11 @@ class CcMapFull(CcError):
     """The FM map holds as many entries as it can, of every network namespace: one must be cleared first."""
 
 
+class CcLivenessUnknown(CcError):
+    """Not every live network namespace could be seen (another PID namespace, a process that cannot be read), so no
+    FM entry can be called a gone namespace's."""
+
+
 class CcRouteConflict(CcError):
     """The destination's route cannot carry the control (a route tame did not add, or a local address)."""
 

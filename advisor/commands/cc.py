@@ -236,13 +236,15 @@ def _apply(args) -> int:
         previous = cc.settings().get(addr)
         applied = False
         try:
-            cc.set_fm(addr, cc.CcSetting(setting.fractional_multiplier,
+            pruned = cc.set_fm(addr, cc.CcSetting(setting.fractional_multiplier,
                                          scale_slow_start=cc.SCALE_SLOW_START_BY_DEFAULT))
             route = cc.apply_route(addr, selector)
             applied = True
         finally:
             if not applied:  # no half-applied state, and nothing of another's undone: the entry goes back as it was
                 cc.restore_fm(addr, previous)
+    if pruned is not None:
+        _report_pruned(pruned)
     if others:
         print(f"tame cc apply: warning: policy rules here choose routes by more than the destination "
               f"({'; '.join(_rule_text(r) for r in others[:5])}): connections to {addr} they pick out take their "
@@ -251,7 +253,9 @@ def _apply(args) -> int:
     if args.json:
         json.dump({"dest": str(addr), "fractional_multiplier": setting.fractional_multiplier, "form": setting.form,
                    "standard_streams": setting.standard_streams, "tame_streams": setting.tame_streams,
-                   "congestion_control": cc.NAME, "route": route}, sys.stdout)
+                   "congestion_control": cc.NAME, "route": route,
+                   "pruned": [{"netns_cookie": netns, "dest": str(gone)} for netns, gone in sorted(
+                       pruned.entries, key=lambda k: (k[0], k[1].version, k[1]))] if pruned else []}, sys.stdout)
         print()
         return 0
     if setting.form == "aggregate":
@@ -263,6 +267,21 @@ def _apply(args) -> int:
                 "its own control, so open the standard ones with one (e.g. iperf3 -C cubic)")
     print(f"{addr}: {what}\n  route: {route}")
     return 0
+
+
+def _report_pruned(pruned: cc.Pruned) -> None:
+    """What a full map made apply remove (cc.prune_gone), on stderr."""
+    by_netns: dict[int, list[str]] = {}
+    for netns, gone in sorted(pruned.entries, key=lambda k: (k[0], k[1].version, k[1])):
+        by_netns.setdefault(netns, []).append(str(gone))
+    listed = "; ".join(f"cookie {netns}: {', '.join(addrs[:5])}" + (f" and {len(addrs) - 5} more" if len(addrs) > 5
+                                                                     else "") for netns, addrs in by_netns.items())
+    print(f"tame cc apply: the {cc.FM_MAP} map was full: removed {len(pruned.entries)} entr"
+          f"{'y' if len(pruned.entries) == 1 else 'ies'} of network namespaces that are gone ({listed})"
+          + (f" and {len(pruned.lock_files)} lock file(s) of theirs" if pruned.lock_files else ""), file=sys.stderr)
+    if pruned.unread_pids:
+        print(f"tame cc apply: warning: the open files of process(es) {', '.join(map(str, pruned.unread_pids[:5]))} "
+              "could not be read; a socket of theirs could have kept one of those namespaces alive", file=sys.stderr)
 
 
 # A firewall mark as ip rule and iptables write it, in hex (0x10); else a decimal one (advisor.limits.parse_number).

@@ -10,15 +10,17 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
 import pytest
 
 from models.tame_share import law_for
-from probes import cc, testbed
+from probes import cc, live_netns, testbed
 from probes.netns import process_start_ticks, stop_process
 
 netns = pytest.mark.netns
@@ -299,21 +301,118 @@ def test_each_network_namespace_has_its_own_entries(loaded, pair):
 
 @netns
 def test_a_full_map_is_named_with_what_to_do(loaded, pair, tmp_path):
-    # Entries of namespaces that are gone stay until unload: 4,096 of them (cookie 12345, never a live one's here)
-    # fill the map, and apply then says so and what to do (exit 2), where bpftool's "Argument list too long" came out.
-    reg = cc.registration()
+    # 4,096 entries of a live namespace (B's) fill the map: none can go, and apply says so and what to do (exit 2),
+    # where bpftool's "Argument list too long" came out.
+    reg, b = cc.registration(), cc.netns_cookie(pair.b)
     value = " ".join(f"{b:02x}" for b in cc.CcSetting(2.0).to_value())
     batch = tmp_path / "fill"
     batch.write_text("".join(
         f"map update id {reg.fm_map_id} key hex "
-        f"{' '.join(f'{b:02x}' for b in cc.map_key(ipaddress.ip_address(f'10.66.{i // 256}.{i % 256}'), 12345))} "
+        f"{' '.join(f'{x:02x}' for x in cc.map_key(ipaddress.ip_address(f'10.66.{i // 256}.{i % 256}'), b))} "
         f"value hex {value}\n" for i in range(4096)))
     subprocess.run(["bpftool", "batch", "file", str(batch)], check=True, capture_output=True, timeout=60)
     done = _tame(pair.a, "apply", B4, "--tcp-equivalent", "1.5", "--standard-control", "bbr")
     assert done.returncode == 2, done
-    assert "map is full (4096 entries, 4096 of them of other network namespaces)" in done.stderr, done.stderr
+    assert "map is full (4096 entries, 4096 of them of other network namespaces; 0 entries of namespaces that are " \
+        "gone were removed" in done.stderr, done.stderr
     assert "tame cc unload, then tame cc load" in done.stderr and "Traceback" not in done.stderr
     assert "congctl" not in _route(pair.a, B4)
+    assert len(cc.all_settings()) == 4096
+
+
+@pytest.fixture
+def gone_ns():
+    """A namespace of the test's own with a link (10.78.0.1/24, one end of a veth pair inside it) to apply tame on;
+    deleted by the test (or after it)."""
+    name = f"tcc-{os.getpid()}-d"
+    _ip("netns", "add", name)
+    try:
+        _ip("-n", name, "link", "add", "tccd", "type", "veth", "peer", "name", "tccdp")
+        _ip("-n", name, "addr", "add", "10.78.0.1/24", "dev", "tccd")
+        _ip("-n", name, "link", "set", "tccd", "up")
+        _ip("-n", name, "link", "set", "tccdp", "up")
+        yield name
+    finally:
+        subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=10)
+
+
+@netns
+def test_a_full_map_loses_the_entries_of_namespaces_that_are_gone_and_keeps_the_live_ones(loaded, pair, gone_ns,
+                                                                                            tmp_path):
+    # D applies tame, then D is deleted: its entry is dead weight (cookies are never reused). Apply in A finds the
+    # map full of D's entries: they and D's lock file (left by a killed apply) go, A's and the root namespace's stay.
+    d, a, here = cc.netns_cookie(gone_ns), cc.netns_cookie(pair.a), cc.netns_cookie()
+    assert _tame(gone_ns, "apply", "10.78.0.2", "--tcp-equivalent", "0.5", "--standard-control", "bbr").returncode == 0
+    assert _tame(pair.a, "apply", B4, "--tcp-equivalent", "0.5", "--standard-control", "bbr").returncode == 0
+    root_dest = ipaddress.ip_address("198.51.100.77")
+    cc.set_fm(root_dest, cc.CcSetting(3.0))  # the root namespace's entry: no route, so nothing to clear in it
+    left_lock = cc.LOCK_DIR / f"fm-{d}-10.78.0.2.lock"
+    cc.LOCK_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
+    left_lock.touch()
+    try:
+        _prune_on_a_full_map(pair, gone_ns, tmp_path, d, a, here, root_dest, left_lock)
+    finally:
+        left_lock.unlink(missing_ok=True)
+
+
+def _prune_on_a_full_map(pair, gone_ns, tmp_path, d, a, here, root_dest, left_lock):
+    _ip("netns", "del", gone_ns)
+    reg, value = cc.registration(), " ".join(f"{x:02x}" for x in cc.CcSetting(2.0).to_value())
+    batch = tmp_path / "fill"
+    batch.write_text("".join(
+        f"map update id {reg.fm_map_id} key hex "
+        f"{' '.join(f'{x:02x}' for x in cc.map_key(ipaddress.ip_address(f'10.66.{i // 256}.{i % 256}'), d))} "
+        f"value hex {value}\n" for i in range(4096 - 3)))
+    subprocess.run(["bpftool", "batch", "file", str(batch)], check=True, capture_output=True, timeout=60)
+    assert len(cc.all_settings()) == 4096
+
+    done = _tame(pair.a, "apply", B6, "--tcp-equivalent", "0.25", "--standard-control", "bbr", "--json")
+    assert done.returncode == 0, done.stderr
+    assert (f"removed 4094 entries of network namespaces that are gone (cookie {d}: 10.66.0.0, 10.66.0.1, 10.66.0.2, "
+            "10.66.0.3, 10.66.0.4 and 4089 more)") in done.stderr, done.stderr
+    assert "and 1 lock file(s) of theirs" in done.stderr
+    assert len(json.loads(done.stdout)["pruned"]) == 4094
+    assert {"netns_cookie": d, "dest": "10.78.0.2"} in json.loads(done.stdout)["pruned"]
+    assert cc.all_settings() == {(a, ipaddress.ip_address(B4)): cc.CcSetting(4.0),
+                                 (a, ipaddress.ip_address(B6)): cc.CcSetting(16.0),
+                                 (here, root_dest): cc.CcSetting(3.0)}
+    assert not left_lock.exists()
+    status = json.loads(_tame(pair.a, "status", "--json").stdout)
+    assert [e["dest"] for e in status["destinations"]] == [B4, B6] and status["other_namespaces_entries"] == 1
+    status = json.loads(subprocess.run([sys.executable, "-m", "advisor", "cc", "status", "--json"],
+                                       capture_output=True, text=True, timeout=30, check=True).stdout)
+    assert status["netns_cookie"] == here and status["other_namespaces_entries"] == 2
+    assert [e["dest"] for e in status["destinations"]] == [str(root_dest)]
+
+
+@netns
+def test_a_namespace_held_only_by_a_thread_or_a_socket_is_live_and_one_held_by_nothing_is_gone(gone_ns):
+    # ip netns del removes the name only: a thread of this process inside D, or a socket made there, keeps D alive,
+    # and its entries must stay. Held by nothing, it is gone.
+    d = cc.netns_cookie(gone_ns)
+    entered, leave, made = threading.Event(), threading.Event(), {}
+
+    def stay_inside():
+        fd = os.open(f"/run/netns/{gone_ns}", os.O_RDONLY)
+        assert live_netns._libc.setns(fd, live_netns.CLONE_NEWNET) == 0
+        os.close(fd)
+        made["sock"] = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+        entered.set()
+        leave.wait(30)
+
+    inside = threading.Thread(target=stay_inside)
+    inside.start()
+    try:
+        assert entered.wait(10)
+        _ip("netns", "del", gone_ns)
+        assert live_netns.gone({d, 12345})[0] == {12345}  # the thread holds it
+    finally:
+        leave.set()
+        inside.join()
+    assert live_netns.socket_cookie(made["sock"]) == d
+    assert live_netns.gone({d})[0] == set()  # the socket holds it
+    made["sock"].close()
+    assert live_netns.gone({d})[0] == {d}
 
 
 @netns
