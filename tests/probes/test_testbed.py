@@ -244,10 +244,22 @@ def test_accuracy_benchmark_fits_the_default_to_the_probes_the_service_runs(tmp_
     # it adds its third probe at 4 x 10 = 40 streams; a throughput-only fit would be the fair share on two probes.
     report = tmp_path / "testbed.md"
     root = Path(__file__).resolve().parents[2]
-    done = subprocess.run([sys.executable, "-m", "benchmarks.testbed_accuracy", "--quick",
-                           "--paths", "buffer", "--output", str(report)],
-                          cwd=root, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
+
+    def run_benchmark() -> dict:
+        done = subprocess.run([sys.executable, "-m", "benchmarks.testbed_accuracy", "--quick",
+                               "--paths", "buffer", "--output", str(report)],
+                              cwd=root, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+        [result] = json.loads(report.with_suffix(".json").read_text())["results"]
+        return result["plan"]["probes"][0]
+
+    # The one stream (16 Mbit/s, window-limited far below the link) loses nothing to congestion, but a stray
+    # retransmission (a tail-loss probe, a delay-line stall on a busy machine) now and then lands in its 5 s probe,
+    # and one retransmission of its ~7,000 segments reads as its Reno rate (models.evidence: fraction 0.55). The
+    # quick preset's probe is too short to tell one stray loss from congestion; the service's 30 s probe is not
+    # (fraction 0.23). Such a run is measured once more; a second stray loss in a row fails the test.
+    if run_benchmark()["retransmits"]:
+        assert not run_benchmark()["retransmits"], "the window-limited stream lost segments in two runs in a row"
     text = report.read_text()
     probes = next(line for line in text.splitlines() if line.startswith("Probes (idle RTT"))
     assert [int(n) for n in re.findall(r"n=(\d+):", probes)] == [1, 10, 40]
