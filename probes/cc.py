@@ -453,14 +453,14 @@ def restore_fm(addr: Address, previous: CcSetting | None) -> None:
 
 
 @contextmanager
-def temporary_setting(addr: Address, setting: CcSetting) -> Iterator[CcSetting | None]:
+def temporary_setting(addr: Address, setting: CcSetting) -> Iterator[Pruned | None]:
     """``addr``'s entry set to ``setting`` for the block, then put back as it was (removed if it had none), also
-    when a signal comes while it is being set or put back; yields the entry it had. Another process changing the
-    same entry meanwhile is not detected."""
+    when a signal comes while it is being set or put back; yields what setting it removed from a full map
+    (:func:`set_fm`; None when the map was not full). Another process changing the same entry meanwhile is not
+    detected."""
     previous = settings().get(addr)
     try:
-        set_fm(addr, setting)
-        yield previous
+        yield set_fm(addr, setting)
     finally:
         restore_fm(addr, previous)
 

@@ -244,7 +244,7 @@ def _apply(args) -> int:
             if not applied:  # no half-applied state, and nothing of another's undone: the entry goes back as it was
                 cc.restore_fm(addr, previous)
     if pruned is not None:
-        _report_pruned(pruned)
+        report_pruned(pruned, "tame cc apply")
     if others:
         print(f"tame cc apply: warning: policy rules here choose routes by more than the destination "
               f"({'; '.join(_rule_text(r) for r in others[:5])}): connections to {addr} they pick out take their "
@@ -269,18 +269,18 @@ def _apply(args) -> int:
     return 0
 
 
-def _report_pruned(pruned: cc.Pruned) -> None:
-    """What a full map made apply remove (cc.prune_gone), on stderr."""
+def report_pruned(pruned: cc.Pruned, command: str) -> None:
+    """What a full map made ``command`` (apply, transfer) remove (cc.prune_gone), on stderr."""
     by_netns: dict[int, list[str]] = {}
     for netns, gone in sorted(pruned.entries, key=lambda k: (k[0], k[1].version, k[1])):
         by_netns.setdefault(netns, []).append(str(gone))
     listed = "; ".join(f"cookie {netns}: {', '.join(addrs[:5])}" + (f" and {len(addrs) - 5} more" if len(addrs) > 5
                                                                      else "") for netns, addrs in by_netns.items())
-    print(f"tame cc apply: the {cc.FM_MAP} map was full: removed {len(pruned.entries)} entr"
+    print(f"{command}: the {cc.FM_MAP} map was full: removed {len(pruned.entries)} entr"
           f"{'y' if len(pruned.entries) == 1 else 'ies'} of network namespaces that are gone ({listed})"
           + (f" and {len(pruned.lock_files)} lock file(s) of theirs" if pruned.lock_files else ""), file=sys.stderr)
     if pruned.unread_pids:
-        print(f"tame cc apply: warning: the open files of process(es) {', '.join(map(str, pruned.unread_pids[:5]))} "
+        print(f"{command}: warning: the open files of process(es) {', '.join(map(str, pruned.unread_pids[:5]))} "
               "could not be read; a socket of theirs could have kept one of those namespaces alive", file=sys.stderr)
 
 

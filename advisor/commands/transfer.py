@@ -25,7 +25,7 @@ from typing import Any
 
 from advisor.advice import Advice
 from advisor.cli import UsageError
-from advisor.commands.cc import setting_for
+from advisor.commands.cc import report_pruned, setting_for
 from advisor.commands.common import (
     add_src_option, format_bps, port_number, print_json, service_token, service_url, whole_number,
 )
@@ -258,7 +258,9 @@ def _transfer(address, opened: Opened, duration_s: float | None, deadline_s: flo
         if opened.fractional_multiplier is None:
             return run_transfer(str(address), opened.clients, duration_s, deadline_s)
         setting = cc.CcSetting(opened.fractional_multiplier, scale_slow_start=cc.SCALE_SLOW_START_BY_DEFAULT)
-        with cc.temporary_setting(address, setting):
+        with cc.temporary_setting(address, setting) as pruned:
+            if pruned is not None:
+                report_pruned(pruned, "tame transfer")
             return run_transfer(str(address), opened.clients, duration_s, deadline_s)
 
 

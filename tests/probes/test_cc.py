@@ -22,6 +22,7 @@ import pytest
 from models.tame_share import law_for
 from probes import cc, live_netns, testbed
 from probes.netns import process_start_ticks, stop_process
+from tests.probes.fm_map import fill_with_entries_of
 
 netns = pytest.mark.netns
 A4, B4 = "10.77.0.1", "10.77.0.2"
@@ -357,14 +358,7 @@ def test_a_full_map_loses_the_entries_of_namespaces_that_are_gone_and_keeps_the_
 
 def _prune_on_a_full_map(pair, gone_ns, tmp_path, d, a, here, root_dest, left_lock):
     _ip("netns", "del", gone_ns)
-    reg, value = cc.registration(), " ".join(f"{x:02x}" for x in cc.CcSetting(2.0).to_value())
-    batch = tmp_path / "fill"
-    batch.write_text("".join(
-        f"map update id {reg.fm_map_id} key hex "
-        f"{' '.join(f'{x:02x}' for x in cc.map_key(ipaddress.ip_address(f'10.66.{i // 256}.{i % 256}'), d))} "
-        f"value hex {value}\n" for i in range(4096 - 3)))
-    subprocess.run(["bpftool", "batch", "file", str(batch)], check=True, capture_output=True, timeout=60)
-    assert len(cc.all_settings()) == 4096
+    assert fill_with_entries_of(d, tmp_path) == 4096 - 3
 
     done = _tame(pair.a, "apply", B6, "--tcp-equivalent", "0.25", "--standard-control", "bbr", "--json")
     assert done.returncode == 0, done.stderr

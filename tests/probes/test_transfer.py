@@ -26,6 +26,7 @@ from advisor.settings import Settings
 from advisor.store import Store
 from probes import cc, pathcheck, testbed
 from probes.result import ProbeResult
+from tests.probes.fm_map import fill_with_entries_of
 from tests.sites import SITE
 
 netns = pytest.mark.netns
@@ -79,9 +80,9 @@ def _env(url: str) -> dict[str, str]:
     return {**env, "TAME_DATABASE_URL": url, "TAME_ALLOWED_DESTINATIONS": "10.201.0.0/16", "TAME_SITE": SITE}
 
 
-def _transfer(tb_path, url: str, *args: str) -> tuple[dict, list[float]]:
-    """Run `tame transfer --json` in the sender namespace; returns its JSON and the FMs the map held for the
-    receiver while it ran (sampled)."""
+def _transfer(tb_path, url: str, *args: str) -> tuple[dict, list[float], str]:
+    """Run `tame transfer --json` in the sender namespace; returns its JSON, the FMs the map held for the
+    receiver while it ran (sampled) and its stderr."""
     addr = ipaddress.ip_address(tb_path.server_addr)
     proc = subprocess.Popen(tb_path.in_sender([sys.executable, "-m", "advisor", "transfer", tb_path.server_addr,
                                                "--duration", str(TRANSFER_S), "--json", *args]),
@@ -100,7 +101,7 @@ def _transfer(tb_path, url: str, *args: str) -> tuple[dict, list[float]]:
             proc.kill()
             proc.communicate()
     assert proc.returncode == 0, err
-    return json.loads(out), seen
+    return json.loads(out), seen, err
 
 
 _cookies: dict[tuple[str, int], int] = {}
@@ -131,7 +132,7 @@ def test_a_real_transfer_opens_the_advice_in_both_forms_and_stores_what_it_got(t
 
     with pathcheck.iperf3_server(testbed_path.testbed, FRACTIONAL_PORT):
         # Fractional form: 2 standard streams (the sender's own control) + 1 tame stream on the second port.
-        got, seen = _transfer(testbed_path, settings.database_url, "--max-impact", str(FRACTIONAL_BUDGET))
+        got, seen, _ = _transfer(testbed_path, settings.database_url, "--max-impact", str(FRACTIONAL_BUDGET))
         assert set(got) == {"src", "dest", "advice", "opened", "throughput_bps", "duration_s", "observation_id"}
         assert got["src"] == SITE
         assert set(got["opened"]) == {"standard_streams", "fractional_multiplier", "congestion_control", "streams"}
@@ -154,7 +155,7 @@ def test_a_real_transfer_opens_the_advice_in_both_forms_and_stores_what_it_got(t
         assert store.current_fit(dest.key, control, src=SITE).observations_used == fits_used  # stored, not used to refit
 
         # Aggregate form: 4 tame streams, each at the FM that makes 4 of them take n*'s share.
-        got, seen = _transfer(testbed_path, settings.database_url, "--max-impact", str(FRACTIONAL_BUDGET),
+        got, seen, _ = _transfer(testbed_path, settings.database_url, "--max-impact", str(FRACTIONAL_BUDGET),
                               "--streams", "4")
         expected_fm = setting_for(n_star, 4, SEEDED_RTT_S, control).fractional_multiplier
         assert got["opened"] == {"standard_streams": 0, "fractional_multiplier": expected_fm,
@@ -165,7 +166,7 @@ def test_a_real_transfer_opens_the_advice_in_both_forms_and_stores_what_it_got(t
         assert observed.stream_congestion_controls == (cc.NAME,) * 4 and observed.tame_streams == 4
 
         # A whole n*: standard streams alone, no tame entry at all; this observation feeds the refit.
-        got, seen = _transfer(testbed_path, settings.database_url, "--max-impact", str(WHOLE_BUDGET))
+        got, seen, _ = _transfer(testbed_path, settings.database_url, "--max-impact", str(WHOLE_BUDGET))
         assert got["opened"] == {"standard_streams": 7, "fractional_multiplier": None,
                                  "congestion_control": control, "streams": 7}
         assert seen == ([before.fractional_multiplier] * len(seen) if before else [])
@@ -173,6 +174,35 @@ def test_a_real_transfer_opens_the_advice_in_both_forms_and_stores_what_it_got(t
         assert observed.stream_congestion_controls == (control,) * 7 and observed.tame_streams == 0
         assert store.current_fit(dest.key, control, src=SITE).observations_used == fits_used + 1
     assert _sender_entries(testbed_path).get(addr) == before
+
+
+@netns
+@pytest.mark.parametrize("testbed_path", [PATH], indirect=True)
+def test_a_transfer_on_a_full_map_removes_the_entries_of_namespaces_that_are_gone_and_says_so(
+        tame_loaded, testbed_path, seeded, tmp_path):
+    # A namespace that set entries and went (cookies are never reused): its entries fill the map. The transfer's
+    # own entry only fits once they are gone, and the user is told what went, as `tame cc apply` tells it.
+    _, settings, _ = seeded
+    addr = ipaddress.ip_address(testbed_path.server_addr)
+    gone = f"ttr-{os.getpid()}-gone"
+    subprocess.run(["ip", "netns", "add", gone], check=True, timeout=10)
+    try:
+        cookie = cc.netns_cookie(gone)
+    finally:
+        subprocess.run(["ip", "netns", "del", gone], check=True, timeout=10)
+    before = _sender_entries(testbed_path).get(addr)
+    added = fill_with_entries_of(cookie, tmp_path)
+    try:
+        with pathcheck.iperf3_server(testbed_path.testbed, FRACTIONAL_PORT):
+            got, seen, err = _transfer(testbed_path, settings.database_url, "--max-impact", str(FRACTIONAL_BUDGET))
+        assert got["opened"]["fractional_multiplier"] in seen
+        assert (f"tame transfer: the {cc.FM_MAP} map was full: removed {added} entries of network namespaces that "
+                f"are gone (cookie {cookie}: 10.66.0.0, 10.66.0.1, 10.66.0.2, 10.66.0.3, 10.66.0.4 and "
+                f"{added - 5} more)") in err, err
+        assert not [key for key in cc.all_settings() if key[0] == cookie]
+        assert _sender_entries(testbed_path).get(addr) == before
+    finally:
+        cc.prune_gone()  # what a failed test left of the fill
 
 
 @contextmanager
