@@ -499,24 +499,33 @@ def route_is_ours(route: dict | None) -> bool:
             and bool(route.get("dev") or route.get("nexthops") or route.get("nhid")))
 
 
+# The highest user id (uid_t's -1 is "no user").
+MAX_UID = 0xFFFFFFFE
+
+
 @dataclass(frozen=True)
 class RouteSelector:
     """What a connection carries besides its destination that policy rules (``ip rule``) may choose its route by:
-    the firewall mark it is sent with and its source address (None: no mark; the source the kernel picks)."""
+    the firewall mark it is sent with, its source address and the user id of the process that made its socket
+    (None: no mark; the source the kernel picks; the user ``ip route get`` runs as, root)."""
 
     mark: int | None = None
     source: Address | None = None
+    uid: int | None = None
 
     def __post_init__(self) -> None:
         if self.mark is not None and not 0 <= self.mark <= 0xFFFFFFFF:
             raise ValueError(f"mark {self.mark}: a firewall mark is 0 to 0xffffffff")
+        if self.uid is not None and not 0 <= self.uid <= MAX_UID:
+            raise ValueError(f"uid {self.uid}: a user id is 0 to {MAX_UID}")
 
     def route_get(self, addr: Address) -> list[str]:
         """``ip route get`` arguments for a connection to ``addr`` carrying this."""
         if self.source is not None and self.source.version != addr.version:
             raise ValueError(f"source {self.source} and destination {addr} are not of one IP version")
         return ["route", "get", str(addr), *(["from", str(self.source)] if self.source is not None else []),
-                *(["mark", hex(self.mark)] if self.mark is not None else []), "fibmatch"]
+                *(["mark", hex(self.mark)] if self.mark is not None else []),
+                *(["uid", str(self.uid)] if self.uid is not None else []), "fibmatch"]
 
     def picks(self, rule: dict) -> bool:
         """Whether a connection carrying this matches every selector of ``rule`` (``ip -j rule`` form) but its
@@ -529,7 +538,10 @@ class RouteSelector:
             prefix = ipaddress.ip_network(f"{rule['src']}/{rule.get('srclen', 128 if ':' in rule['src'] else 32)}")
             if self.source is None or self.source not in prefix:
                 return False
-        return not (_selectors(rule) - {"fwmark", "fwmask", "src", "srclen"})
+        if rule.get("uid_start") is not None:
+            if self.uid is None or not rule["uid_start"] <= self.uid <= rule.get("uid_end", rule["uid_start"]):
+                return False
+        return not (_selectors(rule) - {"fwmark", "fwmask", "src", "srclen", "uid_start", "uid_end"})
 
 
 # Keys of ``ip -j rule`` that are not a selector route get cannot see (the destination, ``dst``, it sees).

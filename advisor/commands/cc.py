@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import pwd
 import re
 import sys
 from dataclasses import dataclass
@@ -110,6 +111,9 @@ def register(subparsers) -> None:
     apply.add_argument("--from", dest="source", metavar="ADDRESS",
                        help="route the connections from this local address, when policy rules choose their route "
                        "by source")
+    apply.add_argument("--uid", metavar="USER",
+                       help="route the connections of this user (a name or a user id), when policy rules choose "
+                       "their route by user (ip rule uidrange)")
     apply.add_argument("--json", action="store_true", help="print JSON")
     clear = actions.add_parser("clear", help="remove a destination's FM and the routes apply added")
     clear.add_argument("dest", metavar="DEST", help="destination IPv4 or IPv6 address")
@@ -248,7 +252,7 @@ def _apply(args) -> int:
     if others:
         print(f"tame cc apply: warning: policy rules here choose routes by more than the destination "
               f"({'; '.join(_rule_text(r) for r in others[:5])}): connections to {addr} they pick out take their "
-              "table's route, which may not be the one set here; apply again with --mark/--from for them",
+              "table's route, which may not be the one set here; apply again with --mark/--from/--uid for them",
               file=sys.stderr)
     if args.json:
         json.dump({"dest": str(addr), "fractional_multiplier": setting.fractional_multiplier, "form": setting.form,
@@ -289,7 +293,7 @@ _HEX = re.compile(r"0[xX][0-9a-fA-F]+")
 
 
 def _route_selector(args, addr) -> cc.RouteSelector:
-    """The --mark and --from of ``apply``, checked."""
+    """The --mark, --from and --uid of ``apply``, checked."""
     mark = None
     if args.mark is not None:
         text = args.mark.strip()
@@ -299,11 +303,24 @@ def _route_selector(args, addr) -> cc.RouteSelector:
             raise UsageError(f"--mark {args.mark!r}: give a firewall mark, a number such as 16 or 0x10") from None
     source = cc.canonical_address(args.source) if args.source is not None else None
     try:
-        selector = cc.RouteSelector(mark, source)
+        selector = cc.RouteSelector(mark, source, None if args.uid is None else _user_id(args.uid))
         selector.route_get(addr)
     except ValueError as exc:
-        raise UsageError(f"--mark/--from: {exc}") from None
+        raise UsageError(f"--mark/--from/--uid: {exc}") from None
     return selector
+
+
+def _user_id(text: str) -> int:
+    """--uid: a user id in ASCII digits, or a user's name as the password database knows it."""
+    try:
+        return parse_number(text, int)
+    except ValueError:
+        pass
+    try:
+        return pwd.getpwnam(text.strip()).pw_uid
+    except (KeyError, ValueError):  # ValueError: a name with a NUL in it
+        raise UsageError(f"--uid {text!r:.80}: no such user here; give a user name or a user id such as 1000") \
+            from None
 
 
 def _rule_text(rule: dict) -> str:

@@ -103,6 +103,12 @@ def test_setting_for_refuses_input_that_needs_fm_below_one_or_is_not_a_number(n_
     (["apply", "10.0.0.2", "--tcp-equivalent", "1.5", "--mark", "seven"], "give a firewall mark"),
     (["apply", "10.0.0.2", "--tcp-equivalent", "1.5", "--mark", "-1"], "0 to 0xffffffff"),
     (["apply", "10.0.0.2", "--tcp-equivalent", "1.5", "--mark", "0x100000000"], "0 to 0xffffffff"),
+    (["apply", "10.0.0.2", "--tcp-equivalent", "1.5", "--uid", "-1"], "a user id is 0 to 4294967294"),
+    (["apply", "10.0.0.2", "--tcp-equivalent", "1.5", "--uid", "4294967295"], "a user id is 0 to 4294967294"),
+    (["apply", "10.0.0.2", "--tcp-equivalent", "1.5", "--uid", "\uff11\uff10"], "no such user here"),
+    (["apply", "10.0.0.2", "--tcp-equivalent", "1.5", "--uid", "no-such-user-here"], "no such user here"),
+    (["apply", "10.0.0.2", "--tcp-equivalent", "1.5", "--uid", "a\x00b"], "no such user here"),
+    (["apply", "10.0.0.2", "--tcp-equivalent", "1.5", "--uid", "9" * 5000], "give a user name or a user id"),
     (["apply", "10.0.0.2", "--tcp-equivalent", "1.5", "--from", "fd00::1"], "not of one IP version"),
     (["apply", "10.0.0.2", "--tcp-equivalent", "1.5", "--from", "host.example"], "not an IPv4 or IPv6 address"),
     (["apply", "10.0.0.2", "--tcp-equivalent", "1.5", "--standard-control", "bogus"],
@@ -137,20 +143,23 @@ RULES = [{"priority": 0, "src": "all", "table": "local"},
          {"priority": 100, "src": "all", "fwmark": "0x7", "fwmask": "0xff", "table": "100"},
          {"priority": 101, "src": "10.1.0.0", "srclen": 16, "table": "101"},
          {"priority": 102, "src": "all", "iif": "lo", "table": "104"},  # this host's own connections: seen
+         {"priority": 103, "src": "all", "uid_start": 1000, "uid_end": 1999, "table": "105"},
          {"priority": 32766, "src": "all", "table": "main"}, {"priority": 32767, "src": "all", "table": "default"}]
 
 
-@pytest.mark.parametrize("mark, source, named", [
-    (None, None, [98, 100, 101]),  # the kernel's defaults choose by nothing but the destination: never named
-    (0x107, None, [98, 101]),  # 0x107 & 0xff is the rule's 0x7
-    (0x8, None, [98, 100, 101]),
-    (0x7, "10.1.2.3", [98]),  # a negated rule is named whatever it matches
-    (0x7, "10.3.0.1", [98, 101]),
+@pytest.mark.parametrize("mark, source, uid, named", [
+    (None, None, None, [98, 100, 101, 103]),  # the kernel's defaults choose by nothing but the destination: never named
+    (0x107, None, None, [98, 101, 103]),  # 0x107 & 0xff is the rule's 0x7
+    (0x8, None, None, [98, 100, 101, 103]),
+    (0x7, "10.1.2.3", None, [98, 103]),  # a negated rule is named whatever it matches
+    (0x7, "10.3.0.1", None, [98, 101, 103]),
+    (None, None, 1500, [98, 100, 101]),  # inside uidrange 1000-1999
+    (None, None, 2000, [98, 100, 101, 103]),
 ])
-def test_rules_that_choose_by_what_the_routed_connections_do_not_carry_are_named(mark, source, named):
+def test_rules_that_choose_by_what_the_routed_connections_do_not_carry_are_named(mark, source, uid, named):
     import ipaddress
 
-    selector = cc.RouteSelector(mark, None if source is None else ipaddress.ip_address(source))
+    selector = cc.RouteSelector(mark, None if source is None else ipaddress.ip_address(source), uid)
     got = cc.rules_choosing_otherwise(ipaddress.ip_address("10.9.0.1"), RULES, selector)
     assert [r["priority"] for r in got] == named
     # The rule for 10.2/16 by mark 0x9 applies to a destination inside it, not to 10.9.0.1.

@@ -484,9 +484,36 @@ def test_apply_routes_the_connections_a_mark_rule_picks_out_and_names_the_rules_
     assert cc.all_settings() == {}
 
 
-def _marked_connection_control(pair: Pair, dest: str, mark: int | None) -> str:
-    """The congestion control of a connection from A to ``dest`` sent with firewall ``mark`` (a route's congctl
-    applies to a socket that chose none), accepted by a listener in B."""
+@netns
+def test_apply_routes_the_connections_of_a_user_a_uid_rule_picks_out(loaded, pair):
+    # 10.89/16 in main, and in table 100 for the sockets of users 1000-1999. Without --uid, apply sets the route
+    # root's connections take and names the user rule; with --uid, the route user 1500's take, in table 100.
+    _ip("-n", pair.b, "addr", "add", "10.89.0.9/32", "dev", "lo")
+    _ip("-n", pair.a, "route", "add", "10.89.0.0/16", "via", B4, "dev", "tccva")
+    _ip("-n", pair.a, "route", "add", "10.89.0.0/16", "via", B4, "dev", "tccva", "table", "100")
+    _ip("-n", pair.a, "rule", "add", "uidrange", "1000-1999", "lookup", "100", "pref", "100")
+    dest = "10.89.0.9"
+
+    done = _tame(pair.a, "apply", dest, "--tcp-equivalent", "1.5", "--standard-control", "bbr")
+    assert done.returncode == 0, done.stderr
+    assert "(100: from all uidrange 1000-1999 lookup 100)" in done.stderr and "--uid" in done.stderr, done.stderr
+    assert _marked_connection_control(pair, dest, mark=None) == "tame"
+    assert _marked_connection_control(pair, dest, mark=None, uid=1500) != "tame"  # table 100's route: not tame yet
+
+    done = _tame(pair.a, "apply", dest, "--tcp-equivalent", "1.5", "--standard-control", "bbr", "--uid", "1500")
+    assert done.returncode == 0 and "warning" not in done.stderr, done.stderr
+    routes = json.loads(_ip("-n", pair.a, "-j", "-d", "route", "show", "table", "all", "exact", f"{dest}/32"))
+    assert sorted(r.get("table", "main") for r in routes) == ["100", "main"]
+    assert _marked_connection_control(pair, dest, mark=None, uid=1500) == "tame"
+    assert _marked_connection_control(pair, dest, mark=None, uid=2500) == "tame"  # outside the range: main's
+    done = _tame(pair.a, "clear", dest)
+    assert done.returncode == 0, done.stderr
+    assert _ip("-n", pair.a, "route", "show", "table", "all", "exact", f"{dest}/32") == ""
+
+
+def _marked_connection_control(pair: Pair, dest: str, mark: int | None, uid: int | None = None) -> str:
+    """The congestion control of a connection from A to ``dest`` sent with firewall ``mark`` by a process of user
+    ``uid`` (None: root) (a route's congctl applies to a socket that chose none), accepted by a listener in B."""
     server = subprocess.Popen(["ip", "netns", "exec", pair.b, sys.executable, "-c",
                                "import socket; s = socket.create_server(('0.0.0.0', %d)); s.accept(); s.accept()"
                                % PORT], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -495,7 +522,7 @@ def _marked_connection_control(pair: Pair, dest: str, mark: int | None) -> str:
             if _listening(pair.b):
                 break
             time.sleep(0.05)
-        client = ("import socket, sys; s = socket.socket(); "
+        client = ("import os, socket, sys; " + ("" if uid is None else f"os.setuid({uid}); ") + "s = socket.socket(); "
                   + ("" if mark is None else f"s.setsockopt(socket.SOL_SOCKET, socket.SO_MARK, {mark}); ")
                   + f"s.connect(({dest!r}, {PORT})); "
                   "print(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).rstrip(bytes(1)).decode())")
