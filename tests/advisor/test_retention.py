@@ -534,6 +534,14 @@ def write_under(service, control, dest=DESTS[0]):
                     request=KeyedRequest(SITE, OBSERVATION, f"{dest}-{control}-{service.clock()}", "digest"))
 
 
+def written_then_in_use(service, old, in_use):
+    """Results on the first link under each of ``old`` and ``in_use``, then, eleven days on, under ``in_use`` only."""
+    for name in (*old, in_use):
+        write_under(service, name)
+    service.store.clock.now += 11 * DAY
+    write_under(service, in_use)
+
+
 def held_under(store, control, dest=DESTS[0]):
     """Every row link ``dest`` holds under ``control``, per table (request_keys: those naming its observations;
     probe_results: their ids and numbers)."""
@@ -670,10 +678,7 @@ def test_each_pass_goes_on_releasing_controls_where_the_one_before_stopped(tmp_p
     service = make_service(url_of(backend, tmp_path, request))
     store = service.store
     try:
-        for name in ("a1", "a2", "a3", "keep"):
-            write_under(service, name)
-        store.clock.now += 11 * DAY
-        write_under(service, "keep")
+        written_then_in_use(service, ["a1", "a2", "a3"], "keep")
         pruner = Pruner(store, replace(AGED, batch=1), pause_s=0, max_batches=1)
         released = []
         for expected in (["a2", "a3", "keep"], ["a3", "keep"], ["keep"], ["keep"], ["keep"]):
@@ -701,10 +706,7 @@ def test_a_write_under_a_control_being_released_waits_and_records_it_again(pg_ur
     service = make_service(pg_url)
     store = service.store
     try:
-        for name in ("old", "keep"):
-            write_under(service, name)
-        store.clock.now += 11 * DAY
-        write_under(service, "keep")
+        written_then_in_use(service, ["old"], "keep")
         releasing, go_on = threading.Event(), threading.Event()
         delete_held = retention._delete_held
 
@@ -749,10 +751,7 @@ def test_a_control_whose_link_a_write_holds_is_skipped_not_waited_for(pg_url):
     service = make_service(pg_url)
     store = service.store
     try:
-        for name in ("old", "keep"):
-            write_under(service, name)
-        store.clock.now += 11 * DAY
-        write_under(service, "keep")
+        written_then_in_use(service, ["old"], "keep")
         with psycopg.connect(pg_url) as writer:
             writer.execute("SELECT id FROM destinations WHERE dest = %s FOR KEY SHARE", (DESTS[0],))
             passed = []
