@@ -56,6 +56,7 @@ MAX_SITE_PROBE_SECONDS_PER_HOUR = BUDGET_WINDOW_S * MAX_SITE_PROBES
 MAX_SITE_LINKS = 2000
 # The congestion controls one link keeps probe runs and observations under (advisor.store.Store.check_link_control):
 # each has its own current fit, refit window and advice alternative, so a link's store and advice are bounded by it.
+# One is counted until retention releases it (advisor/retention.py: nothing under it newer than TAME_RUN_MAX_AGE_S).
 MAX_LINK_CONTROLS = 8
 # The largest whole number an INTEGER column holds on both stores (PostgreSQL's integer is 4 bytes, SQLite's up to 8):
 # every count a write stores in one is held to it where it comes in, so both stores take or refuse it alike (422).

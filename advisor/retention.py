@@ -11,7 +11,8 @@ observations the current fit used stay); queued and running probe jobs, and the 
 probe budget counts (:data:`advisor.sites.BUDGET_WINDOW_S`); the probe-seconds of lapsed attempts (``spent_attempts``) for
 as long as a site's budget counts them (:data:`advisor.sites.BUDGET_WINDOW_S`); the Idempotency-Key of a stored
 write (advisor/idempotency.py) as long as the run or observation it names. The SQL views (current_fits,
-current_advice) read only the current fit (on the newest probes) and its curve, which stay as long as their link (below).
+current_advice) read only the current fit (on the newest probes) and its curve, which stay as long as their link and
+its control (below).
 
 A probe's ``raw`` record (iperf3's report, summarised: up to ``probes.iperf_parse.RAW_MAX_CHARS`` characters) is kept
 only in the results of each link's newest run with results; older runs that stay keep their parsed numbers (what
@@ -26,10 +27,25 @@ age limit (0) links stay. A link in use is never that old: an agent that registe
 GET /v1/advice of stale advice queues a probe (the settings refuse an age under two TTLs); reading the SQL views
 keeps no link, nor does a read whose re-probe the queue refuses (full) for the whole age. So a site at its link cap
 (advisor.store.Store.check_new_link) is not held there for ever by links it no longer uses, written to once or
-fitted long ago. Until then the current fit under each control stays, as above.
+fitted long ago. Until then the current fit under each control stays, as above, unless its control goes (below).
+
+Likewise a link's congestion control (its row of ``link_controls``, one of the advisor.limits.MAX_LINK_CONTROLS the
+link may hold: advisor.store.Store.check_link_control) is released once nothing of the link under that control is
+newer than ``run_max_age_s`` and no probe of the link under it is queued or running (no fit made, run finished or
+observation made under it, and no probe under it asked for or finished, since; a job that did not record its control
+counts as under each), with what the link holds under it (its fits there and their curves, runs and their results,
+observations; their Idempotency-Keys then go too); with no age limit (0) controls stay. Only results under it go:
+those that did not record their control (NULL) are under none and stay with the link. So a link probed long ago under
+as many controls as it may hold, and in use under one of them since, takes a new control, as a site at its link cap
+takes a new link. A pass goes through ``link_controls`` in key order (link id, control), ``batch`` rows a
+transaction whether released or not, and the next pass goes on from where it stopped (:attr:`PruneCounts.resume`,
+kept by :class:`Pruner`), so a store with more controls than one pass goes through is not scanned from its first row
+every time.
 
 Each batch is one short write transaction of at most ``batch`` parent rows (and their children:
-a fit's curve points, a run's results), so readers and writers wait at most for one batch. On
+a fit's curve points, a run's results; a released control's rows), so readers and writers wait at most for one
+batch. On PostgreSQL a link is removed, or its control released, only under a lock on its row taken without waiting,
+skipping a link a write holds, so a write either ends before and keeps it, or waits and then makes it again. On
 SQLite the pages freed are reused by later writes: under a steady load the file stays flat
 without VACUUM (auto_vacuum is left as it is; switching it on for an existing file needs a VACUUM
 that rewrites the whole file under an exclusive lock). On PostgreSQL, autovacuum reclaims the
@@ -80,10 +96,13 @@ class Retention:
 
 @dataclass
 class PruneCounts:
-    """Rows deleted by one pass, per table (``probe_results.raw``: results whose raw record was cleared)."""
+    """Rows deleted by one pass, per table (``probe_results.raw``: results whose raw record was cleared;
+    ``link_controls``: controls released, with what their links held under them), and where the next pass's release
+    of controls goes on from (``resume``: after that (link id, control) of link_controls; None: from the first)."""
 
     deleted: dict[str, int] = field(default_factory=dict)
     batches: int = 0
+    resume: tuple[int, str] | None = None
 
     def add(self, table: str, rows: int) -> None:
         self.deleted[table] = self.deleted.get(table, 0) + rows
@@ -169,46 +188,110 @@ def _prunable_jobs(tx: Tx, keep: int, older_than: float | None, limit: int, budg
     return [r[0] for r in rows]
 
 
-# A link (d) that holds nothing newer than a cut-off (each of the six parameters): made before it, no fit made since,
-# no probe job queued or running, none asked for or finished since, no run finished and no observation made since.
-_IDLE_LINK = (
-    "d.created_at < ? AND NOT EXISTS (SELECT 1 FROM fits f WHERE f.destination_id = d.id AND f.fitted_at >= ?) "
-    "AND NOT EXISTS (SELECT 1 FROM probe_jobs j WHERE j.src = d.src AND j.dest = d.dest AND (j.status IN "
-    "('queued', 'running') OR j.requested_at >= ? OR j.finished_at >= ?)) "
-    "AND NOT EXISTS (SELECT 1 FROM probe_runs r WHERE r.destination_id = d.id AND r.finished_at >= ?) "
-    "AND NOT EXISTS (SELECT 1 FROM observations o WHERE o.destination_id = d.id AND o.observed_at >= ?)")
+def _nothing_since(control: str = "") -> str:
+    """SQL true when link ``d`` holds nothing newer than a cut-off (each of its parameters): no fit made, run
+    finished or observation made since, no probe job queued or running and none asked for or finished since; under
+    ``control`` (SQL naming a congestion control) only, when given."""
+    def under(alias: str) -> str:
+        return f" AND {alias}.congestion_control = {control}" if control else ""
+    # A job that did not record its control (queued before they were kept) runs under the service's default, not
+    # known here: it holds every control of its link.
+    job = f" AND (j.congestion_control = {control} OR j.congestion_control IS NULL)" if control else ""
+    return (f"NOT EXISTS (SELECT 1 FROM fits f WHERE f.destination_id = d.id{under('f')} AND f.fitted_at >= ?) "
+            f"AND NOT EXISTS (SELECT 1 FROM probe_jobs j WHERE j.src = d.src AND j.dest = d.dest{job} AND "
+            "(j.status IN ('queued', 'running') OR j.requested_at >= ? OR j.finished_at >= ?)) "
+            f"AND NOT EXISTS (SELECT 1 FROM probe_runs r WHERE r.destination_id = d.id{under('r')} "
+            "AND r.finished_at >= ?) "
+            f"AND NOT EXISTS (SELECT 1 FROM observations o WHERE o.destination_id = d.id{under('o')} "
+            "AND o.observed_at >= ?)")
+
+
+# A link (d) that holds nothing newer than a cut-off (each parameter): made before it, and nothing since.
+_IDLE_LINK = f"d.created_at < ? AND {_nothing_since()}"
+# A control (lc, a row of link_controls) of link d under which the link holds nothing newer than a cut-off.
+_IDLE_CONTROL = _nothing_since("lc.congestion_control")
 
 
 def _idle_links(tx: Tx, older_than: float, limit: int, among: Sequence[int] | None = None) -> list[int]:
     """Ids of links that hold nothing newer than ``older_than`` (_IDLE_LINK), oldest first; of ``among`` when given."""
     within = f" AND d.id IN ({_placeholders(among)})" if among is not None else ""
     rows = tx.execute(f"SELECT d.id FROM destinations d WHERE {_IDLE_LINK}{within} ORDER BY d.id LIMIT ?",
-                      (older_than,) * 6 + tuple(among or ()) + (limit,)).fetchall()
+                      (older_than,) * _IDLE_LINK.count("?") + tuple(among or ()) + (limit,)).fetchall()
     return [r[0] for r in rows]
+
+
+def _controls_after(tx: Tx, older_than: float, after: tuple[int, str] | None, limit: int,
+                    among: Sequence[int] | None = None) -> list[tuple[int, str, bool]]:
+    """The first ``limit`` rows of link_controls after ``after`` (None: from the first) in key order (link id,
+    control), of links ``among`` when given, each as (link id, control, whether the link holds nothing under it
+    newer than ``older_than``: _IDLE_CONTROL)."""
+    where, params = [], []
+    if after is not None:
+        where.append("(lc.destination_id, lc.congestion_control) > (?, ?)")
+        params += after
+    if among is not None:
+        where.append(f"lc.destination_id IN ({_placeholders(among)})")
+        params += among
+    rows = tx.execute(
+        f"SELECT lc.destination_id, lc.congestion_control, CASE WHEN {_IDLE_CONTROL} THEN 1 ELSE 0 END "
+        "FROM link_controls lc JOIN destinations d ON d.id = lc.destination_id "
+        f"{'WHERE ' + ' AND '.join(where) if where else ''} "
+        "ORDER BY lc.destination_id, lc.congestion_control LIMIT ?",
+        ((older_than,) * _IDLE_CONTROL.count("?") + tuple(params) + (limit,))).fetchall()
+    return [(did, control, bool(idle)) for did, control, idle in rows]
+
+
+def _delete_held(tx: Tx, ids: Sequence[int], control: str | None = None) -> None:
+    """Delete what links ``ids`` hold (fits and their curves, runs and their results, observations, link_controls
+    rows): all of it, or only what is under ``control`` when given (a fit rests only on a run of its own control:
+    Store.record_run stores both under the run's)."""
+    where, params = f"destination_id IN ({_placeholders(ids)})", list(ids)
+    if control is not None:
+        where, params = f"{where} AND congestion_control = ?", [*params, control]
+    tx.execute(f"DELETE FROM curve_points WHERE fit_id IN (SELECT id FROM fits WHERE {where})", params)
+    tx.execute(f"DELETE FROM fits WHERE {where}", params)
+    tx.execute(f"DELETE FROM probe_results WHERE probe_run_id IN (SELECT id FROM probe_runs WHERE {where})", params)
+    tx.execute(f"DELETE FROM probe_runs WHERE {where}", params)
+    tx.execute(f"DELETE FROM observations WHERE {where}", params)
+    tx.execute(f"DELETE FROM link_controls WHERE {where}", params)
 
 
 def _placeholders(ids) -> str:
     return ", ".join("?" for _ in ids)
 
 
+def _lock_unheld(tx: Tx, ids: Sequence[int]) -> list[int]:
+    """Of links ``ids``, those no write holds, locked (PostgreSQL) to the end of ``tx``; the caller then asks again,
+    in a new snapshot, whether each still holds nothing.
+
+    A write that found a link holds it (Store.link_id; check_link_control too): that link is in use, and is skipped,
+    never waited for, so a registration holding several links cannot deadlock with a pass. A write that finds a link
+    locked here waits, and then does not find what the pass removed (the link, or its control in link_controls) and
+    makes it again."""
+    return [row[0] for row in tx.execute(
+        f"SELECT id FROM destinations WHERE id IN ({_placeholders(ids)}) FOR UPDATE SKIP LOCKED", ids).fetchall()]
+
+
 def prune(store: Store, retention: Retention, *, pause_s: float = 0.0, max_batches: int = MAX_BATCHES_PER_PASS,
-          stop: threading.Event | None = None) -> PruneCounts:
+          stop: threading.Event | None = None, resume: tuple[int, str] | None = None) -> PruneCounts:
     """One pass: delete what ``retention`` does not keep, ``retention.batch`` rows per transaction
-    (a set ``stop`` ends the pass between batches)."""
-    counts = PruneCounts()
+    (a set ``stop`` ends the pass between batches). Controls are released going on from ``resume`` (the last pass's
+    :attr:`PruneCounts.resume`; None: from the first)."""
+    counts = PruneCounts(resume=resume)
     now = store.clock()
     older_than = now - retention.run_max_age_s if retention.run_max_age_s > 0 else None
     db = store.db
     b = retention.batch
 
     def batches(step: Callable[[Tx], int]) -> None:
+        # A step returns how many rows it went through: fewer than a batch, and none are left.
         for _ in range(max_batches):
             if stop is not None and stop.is_set():
                 return
             with db.transaction(write=True) as tx:
-                deleted = step(tx)
+                done = step(tx)
             counts.batches += 1
-            if deleted < b:
+            if done < b:
                 return
             if pause_s:
                 time.sleep(pause_s)  # lets waiting writers in between batches
@@ -271,25 +354,28 @@ def prune(store: Store, retention: Retention, *, pause_s: float = 0.0, max_batch
         counts.add("request_keys", len(ids))
         return len(ids)
 
+    def controls(tx: Tx) -> int:
+        # A batch goes through the next ``b`` rows of link_controls in key order, released or not, so a pass that
+        # stops (max_batches, ``stop``) has gone through each row once and the next one goes on from there.
+        rows = _controls_after(tx, older_than, counts.resume, b)
+        idle = {(did, control) for did, control, free in rows if free}
+        if idle and db.dialect == "postgresql":
+            locked = _lock_unheld(tx, sorted({did for did, _ in idle}))
+            idle &= {(did, control) for did, control, free in (
+                _controls_after(tx, older_than, counts.resume, b, among=locked) if locked else ()) if free}
+        for control in sorted({control for _, control in idle}):
+            _delete_held(tx, sorted(did for did, c in idle if c == control), control)
+        counts.add("link_controls", len(idle))
+        counts.resume = (rows[-1][0], rows[-1][1]) if len(rows) == b else None
+        return len(rows)
+
     def links(tx: Tx) -> int:
         ids = _idle_links(tx, older_than, b)
         if ids and db.dialect == "postgresql":
-            # Writers run alongside: lock the rows no write holds (one that found a row holds it, Store.link_id:
-            # that link is in use, and is skipped, never waited for, so a registration holding several links cannot
-            # deadlock with this pass), then ask again, in a new snapshot, which still hold nothing. A write that
-            # finds a row locked here waits, and then does not find it and makes the link again.
-            ids = [row[0] for row in tx.execute(
-                f"SELECT id FROM destinations WHERE id IN ({_placeholders(ids)}) FOR UPDATE SKIP LOCKED", ids).fetchall()]
+            ids = _lock_unheld(tx, ids)
             ids = _idle_links(tx, older_than, b, among=ids) if ids else []
         if ids:
-            fits_of = f"SELECT id FROM fits WHERE destination_id IN ({_placeholders(ids)})"
-            tx.execute(f"DELETE FROM curve_points WHERE fit_id IN ({fits_of})", ids)
-            tx.execute(f"DELETE FROM fits WHERE destination_id IN ({_placeholders(ids)})", ids)
-            runs_of = f"SELECT id FROM probe_runs WHERE destination_id IN ({_placeholders(ids)})"
-            tx.execute(f"DELETE FROM probe_results WHERE probe_run_id IN ({runs_of})", ids)
-            tx.execute(f"DELETE FROM probe_runs WHERE destination_id IN ({_placeholders(ids)})", ids)
-            tx.execute(f"DELETE FROM observations WHERE destination_id IN ({_placeholders(ids)})", ids)
-            tx.execute(f"DELETE FROM link_controls WHERE destination_id IN ({_placeholders(ids)})", ids)
+            _delete_held(tx, ids)
             tx.execute("DELETE FROM probe_jobs WHERE status IN ('done', 'failed') AND EXISTS (SELECT 1 FROM "
                        f"destinations d WHERE d.id IN ({_placeholders(ids)}) AND d.src = probe_jobs.src "
                        "AND d.dest = probe_jobs.dest)", ids)
@@ -298,10 +384,10 @@ def prune(store: Store, retention: Retention, *, pause_s: float = 0.0, max_batch
         return len(ids)
 
     # Fits first: a run is kept while a fit rests on it. Raw after runs: what goes anyway is not rewritten first.
-    # Links last: they go once what they held has gone.
+    # Controls, then links, last: they go once what they held has gone.
     steps = [fits, runs, raw, observations, jobs, spent]
     if older_than is not None:
-        steps.append(links)
+        steps += [controls, links]
     steps.append(keys)  # after every step that removes runs and observations
     for step in steps:
         batches(step)
@@ -310,16 +396,19 @@ def prune(store: Store, retention: Retention, *, pause_s: float = 0.0, max_batch
 
 class Pruner:
     """A daemon thread that prunes the store every ``retention.interval_s`` seconds (0: never); ``recover``, when
-    given, runs first in each pass (a server without a probe worker re-queues jobs whose lease ran out with it)."""
+    given, runs first in each pass (a server without a probe worker re-queues jobs whose lease ran out with it). Each
+    pass goes on releasing controls where the one before stopped (:attr:`PruneCounts.resume`)."""
 
     def __init__(self, store: Store, retention: Retention, pause_s: float = 0.05,
-                 recover: Callable[[], object] | None = None):
+                 recover: Callable[[], object] | None = None, max_batches: int = MAX_BATCHES_PER_PASS):
         self.store = store
         self.retention = retention
         self.pause_s = pause_s
         self.recover = recover
+        self.max_batches = max_batches
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._resume: tuple[int, str] | None = None
 
     def start(self) -> None:
         if self.retention.interval_s <= 0 or self._thread is not None:
@@ -332,12 +421,19 @@ class Pruner:
         if self._thread is not None:
             self._thread.join(timeout_s)
 
+    def run_pass(self) -> PruneCounts:
+        """One pass (``recover`` first), releasing controls from where the pass before stopped."""
+        if self.recover is not None:
+            self.recover()
+        counts = prune(self.store, self.retention, pause_s=self.pause_s, max_batches=self.max_batches,
+                       stop=self._stop, resume=self._resume)
+        self._resume = counts.resume
+        return counts
+
     def _loop(self) -> None:
         while not self._stop.wait(self.retention.interval_s):
             try:
-                if self.recover is not None:
-                    self.recover()
-                counts = prune(self.store, self.retention, pause_s=self.pause_s, stop=self._stop)
+                counts = self.run_pass()
             except AdvisorError as exc:  # a store briefly unavailable: the next pass tries again
                 log.warning("pruning the store failed: %s", exc)
                 continue

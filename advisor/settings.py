@@ -322,11 +322,13 @@ class Settings:
         Retention (advisor/retention.py), per destination: TAME_KEEP_FITS (newest fits kept with their
         curves, default 20), TAME_KEEP_RUNS (newest probe runs and finished probe jobs kept, default 20),
         TAME_RUN_MAX_AGE_S (runs and finished jobs older than this go even within TAME_KEEP_RUNS, and links
-        that hold nothing newer, fits and all; default 2592000 = 30 days or 2 x TAME_TTL_S if longer, 0 = no age
-        limit, else at least 2 x TAME_TTL_S), TAME_KEEP_OBSERVATIONS
-        (default 1000, at least 200, the refit window); while a link stays, its current fit, the run it rests on
-        and the newest run are kept. TAME_PRUNE_INTERVAL_S (seconds between pruning passes of a serving process, default 60,
-        0 = never prune), TAME_PRUNE_BATCH (rows deleted per transaction, default 500).
+        that hold nothing newer, fits and all, and a link's congestion controls under which it holds nothing newer
+        and no probe is queued or running, with what it holds under them; default 2592000 = 30 days or
+        2 x TAME_TTL_S if longer, 0 = no age limit, else at least 2 x TAME_TTL_S), TAME_KEEP_OBSERVATIONS
+        (default 1000, at least 200, the refit window); while a link and its control stay, its current fit, the run
+        it rests on and the newest run are kept. TAME_PRUNE_INTERVAL_S (seconds between pruning passes of a serving
+        process, default 60, 0 = never prune), TAME_PRUNE_BATCH (rows deleted, or rows of link_controls gone
+        through, per transaction, default 500).
         ConfigError names the variable that is wrong."""
         env = os.environ if env is None else env
 

@@ -502,7 +502,9 @@ class Store:
             raise TooManyControls(
                 f"link {src} -> {dest_key} holds results or probes under {len(held)} congestion controls "
                 f"({', '.join(held):.300}), the most this service keeps for one link, and {control!r} would be "
-                "another, so nothing was stored: report it under the control the streams used, one of those")
+                "another, so nothing was stored: report it under the control the streams used, one of those (a "
+                "control is released once nothing under it is newer than TAME_RUN_MAX_AGE_S and no probe under it is "
+                "queued or running)")
 
     def check_new_link(self, tx: Tx, src: str, dest_key: str, max_links: int) -> None:
         """Refuse (TooManyLinks) to make ``dest_key`` a link of ``src`` when it is not one yet and ``src`` has

@@ -510,3 +510,257 @@ def test_a_server_without_a_worker_requeues_a_claim_whose_lease_ran_out(tmp_path
             pruner.stop()
     finally:
         store.close()
+
+
+# Controls a link holds results under (link_controls, advisor.limits.MAX_LINK_CONTROLS): released by pruning once
+# nothing under one is newer than run_max_age_s and no probe under it is queued or running.
+DAY = 86400.0
+AGED = replace(RETENTION, keep_fits=1000, keep_runs=1000, run_max_age_s=10 * DAY)
+
+
+def controls_of(store, dest=DESTS[0]):
+    with store.db.transaction() as tx:
+        return [r[0] for r in tx.execute("SELECT lc.congestion_control FROM link_controls lc JOIN destinations d "
+                                         "ON d.id = lc.destination_id WHERE d.dest = ? ORDER BY 1", (dest,)).fetchall()]
+
+
+def write_under(service, control, dest=DESTS[0]):
+    """A pushed run under ``control`` (its fit), then an observation under it (a refit), kept with its key."""
+    from advisor.idempotency import OBSERVATION, KeyedRequest
+
+    service.ingest_run(parse_destination(dest), 0.001, probe_results(dest, 0), service.clock(), source="push",
+                       congestion_control=control)
+    service.observe(dest, 2, rate(2), congestion_control=control,
+                    request=KeyedRequest(SITE, OBSERVATION, f"{dest}-{control}-{service.clock()}", "digest"))
+
+
+def written_then_in_use(service, old, in_use):
+    """Results on the first link under each of ``old`` and ``in_use``, then, eleven days on, under ``in_use`` only."""
+    for name in (*old, in_use):
+        write_under(service, name)
+    service.store.clock.now += 11 * DAY
+    write_under(service, in_use)
+
+
+def held_under(store, control, dest=DESTS[0]):
+    """Every row link ``dest`` holds under ``control``, per table (request_keys: those naming its observations;
+    probe_results: their ids and numbers)."""
+    link = "(SELECT id FROM destinations WHERE dest = ?)"
+    with store.db.transaction() as tx:
+        return {table: tx.execute(sql, (dest, control)).fetchall() for table, sql in {
+            "fits": f"SELECT * FROM fits WHERE destination_id = {link} AND congestion_control = ? ORDER BY id",
+            "curve_points": "SELECT c.* FROM curve_points c JOIN fits f ON f.id = c.fit_id WHERE f.destination_id = "
+                            f"{link} AND f.congestion_control = ? ORDER BY c.fit_id, c.streams",
+            "probe_runs": f"SELECT * FROM probe_runs WHERE destination_id = {link} AND congestion_control = ? "
+                          "ORDER BY id",
+            # Not raw: pruning clears it in all but the link's newest run with results, whatever its control.
+            "probe_results": "SELECT p.id, p.probe_run_id, p.streams, p.throughput_bps FROM probe_results p JOIN "
+                             "probe_runs r ON r.id = p.probe_run_id WHERE "
+                             f"r.destination_id = {link} AND r.congestion_control = ? ORDER BY p.id",
+            "observations": f"SELECT * FROM observations WHERE destination_id = {link} AND congestion_control = ? "
+                            "ORDER BY id",
+            "request_keys": "SELECT k.* FROM request_keys k JOIN observations o ON o.id = k.record_id WHERE "
+                            f"k.kind = 'observation' AND o.destination_id = {link} AND o.congestion_control = ? "
+                            "ORDER BY k.id"}.items()}
+
+
+def url_of(backend, tmp_path, request):
+    return f"sqlite:///{tmp_path}/tame.sqlite3" if backend == "sqlite" else request.getfixturevalue("pg_url")
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def test_a_link_at_its_control_cap_takes_a_new_control_once_pruning_released_the_old_ones(tmp_path, request,
+                                                                                         backend):
+    """A link probed under MAX_LINK_CONTROLS controls long ago, and in use under one of them since, takes a new
+    control once a pass finds nothing under the others newer than run_max_age_s; before then it is refused."""
+    from advisor.errors import TooManyControls
+    from advisor.limits import MAX_LINK_CONTROLS
+
+    service = make_service(url_of(backend, tmp_path, request))
+    store = service.store
+    old = [f"old{k}" for k in range(MAX_LINK_CONTROLS)]
+    try:
+        for control in old:
+            write_under(service, control)
+        prune(store, AGED)  # nothing is ten days old yet
+        with pytest.raises(TooManyControls) as refused:
+            service.observe(DESTS[0], 2, rate(2), congestion_control="new")
+
+        store.clock.now += 11 * DAY
+        service.observe(DESTS[0], 2, rate(2), congestion_control=old[0])  # the link is in use under one of them
+        prune(store, replace(AGED, run_max_age_s=0))  # no age limit
+        assert controls_of(store) == old
+        pruned = prune(store, AGED)
+        assert controls_of(store) == [old[0]]
+        assert service.observe(DESTS[0], 2, rate(2), congestion_control="new")["accepted"]
+        assert controls_of(store) == ["new", old[0]]
+        assert pruned.deleted["link_controls"] == MAX_LINK_CONTROLS - 1
+        # The refusal says when a control is released.
+        assert "released once nothing under it is newer than TAME_RUN_MAX_AGE_S" in str(refused.value)
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def test_a_control_with_anything_recent_or_a_probe_queued_or_running_is_not_released(tmp_path, request, backend):
+    """Under each kept control the link holds something newer than run_max_age_s (an observation, a run, a job asked
+    for or finished) or a probe queued or running since long ago; only the control with none of them goes."""
+    service = make_service(url_of(backend, tmp_path, request))
+    store = service.store
+    dest = parse_destination(DESTS[0])
+    kept = ["finished", "observed", "queued", "ran", "requested", "running"]
+    try:
+        for control in ["old", *kept]:
+            write_under(service, control)
+        for control in ("queued", "running"):  # asked for long ago, never finished
+            store.enqueue_job(dest, [1, 10], 5.0, src=SITE, congestion_control=control)
+        store.clock.now += 11 * DAY
+        with store.db.transaction(write=True) as tx:
+            tx.execute("UPDATE probe_jobs SET status = 'running', started_at = ? WHERE congestion_control = 'running'",
+                       (store.clock(),))
+        service.observe(DESTS[0], 2, rate(2), congestion_control="observed")
+        service.ingest_run(dest, 0.001, probe_results(DESTS[0], 0), service.clock(), source="push",
+                           congestion_control="ran")
+        store.enqueue_job(dest, [1, 10], 5.0, src=SITE, congestion_control="requested")
+        job, _ = store.enqueue_job(dest, [1, 10], 5.0, src=SITE, congestion_control="finished")
+        with store.db.transaction(write=True) as tx:
+            tx.execute("UPDATE probe_jobs SET status = 'failed', finished_at = ? WHERE id = ?", (store.clock(), job.id))
+        before = {control: held_under(store, control) for control in kept}
+
+        pruned = prune(store, AGED)
+        assert controls_of(store) == kept
+        assert {control: held_under(store, control) for control in kept} == before
+        assert pruned.deleted["link_controls"] == 1
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def test_a_released_control_goes_with_its_fits_runs_observations_and_keys_and_the_others_stay(tmp_path, request,
+                                                                                              backend):
+    """Releasing a control deletes what its link held under it (fits and curves, runs and results, observations and
+    their Idempotency-Keys), nothing under the link's other controls or another link's same control, and the
+    advice under the controls that stay is unchanged."""
+    service = make_service(url_of(backend, tmp_path, request))
+    store = service.store
+    control = service.settings.congestion_control
+    gone, stays = "gone", "stays"
+    try:
+        for dest in DESTS:
+            for name in (gone, stays):
+                write_under(service, name, dest)
+        store.clock.now += 11 * DAY
+        for dest, name in ((DESTS[0], stays), (DESTS[1], stays), (DESTS[1], gone)):  # in use: all but one
+            write_under(service, name, dest)
+        assert all(held_under(store, gone)[table] for table in ("fits", "curve_points", "probe_runs",
+                                                                 "probe_results", "observations", "request_keys"))
+        before = {(dest, name): held_under(store, name, dest) for dest in DESTS for name in (gone, stays)
+                  if (dest, name) != (DESTS[0], gone)}
+        before_advice = {name: store.current_fit(DESTS[0], name, src=SITE) for name in (stays, control)}
+
+        pruned = prune(store, AGED)
+        assert not any(held_under(store, gone).values())
+        assert controls_of(store) == [stays] and controls_of(store, DESTS[1]) == [gone, stays]
+        assert pruned.deleted["link_controls"] == 1 and pruned.deleted["request_keys"] == 1, pruned.deleted
+        assert {(dest, name): held_under(store, name, dest) for dest, name in before} == before
+        assert store.current_fit(DESTS[0], gone, src=SITE) is None
+        assert {name: store.current_fit(DESTS[0], name, src=SITE) for name in (stays, control)} == before_advice
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def test_each_pass_goes_on_releasing_controls_where_the_one_before_stopped(tmp_path, request, backend):
+    """With one (link, control) a batch and one batch a pass, successive passes of the Pruner go through
+    link_controls in key order, releasing the next pair each time, and start again from the first at its end."""
+    from advisor.retention import Pruner
+
+    service = make_service(url_of(backend, tmp_path, request))
+    store = service.store
+    try:
+        written_then_in_use(service, ["a1", "a2", "a3"], "keep")
+        pruner = Pruner(store, replace(AGED, batch=1), pause_s=0, max_batches=1)
+        released = []
+        for expected in (["a2", "a3", "keep"], ["a3", "keep"], ["keep"], ["keep"], ["keep"]):
+            released.append(pruner.run_pass().deleted.get("link_controls"))
+            assert controls_of(store) == expected
+        assert released == [1, 1, 1, 0, 0]  # a1, a2, a3, keep (not idle), the end (none left: from the first next)
+        with store.db.transaction() as tx:
+            did = tx.execute("SELECT id FROM destinations WHERE dest = ?", (DESTS[0],)).fetchone()[0]
+        assert prune(store, replace(AGED, batch=1), max_batches=1, resume=(did, "a3")).resume == (did, "keep")
+    finally:
+        store.close()
+
+
+@pytest.mark.postgres
+def test_a_write_under_a_control_being_released_waits_and_records_it_again(pg_url, monkeypatch):
+    """A write under a control that a pass is releasing waits for the pass's lock on the link, then finds the control
+    gone from link_controls and records it again with its observation: never a result under an uncounted control."""
+    import threading
+    import time
+
+    import psycopg
+
+    import advisor.retention as retention
+
+    service = make_service(pg_url)
+    store = service.store
+    try:
+        written_then_in_use(service, ["old"], "keep")
+        releasing, go_on = threading.Event(), threading.Event()
+        delete_held = retention._delete_held
+
+        def held_back(tx, ids, control=None):
+            delete_held(tx, ids, control)
+            releasing.set()
+            assert go_on.wait(30)
+
+        monkeypatch.setattr(retention, "_delete_held", held_back)
+        passed, written = [], []
+        pruning = threading.Thread(target=lambda: passed.append(prune(store, AGED)))
+        pruning.start()
+        assert releasing.wait(30)
+        writing = threading.Thread(target=lambda: written.append(
+            service.observe(DESTS[0], 2, rate(2), congestion_control="old")))
+        writing.start()
+        with psycopg.connect(pg_url) as watcher:
+            deadline = time.monotonic() + 30
+            while not watcher.execute("SELECT count(*) FROM pg_locks WHERE NOT granted").fetchone()[0]:
+                assert time.monotonic() < deadline, "the write did not wait for the pass's lock on its link"
+                time.sleep(0.05)
+        go_on.set()
+        pruning.join(30)
+        writing.join(30)
+        assert passed and passed[0].deleted["link_controls"] == 1
+        assert written and written[0]["accepted"]
+        assert controls_of(store) == ["keep", "old"]
+        with store.db.transaction() as tx:
+            assert tx.execute("SELECT count(*) FROM observations WHERE congestion_control = 'old'").fetchone()[0] == 1
+    finally:
+        store.close()
+
+
+@pytest.mark.postgres
+def test_a_control_whose_link_a_write_holds_is_skipped_not_waited_for(pg_url):
+    """A write holding its link (Store.link_id: FOR KEY SHARE) wins: the pass skips the link's idle control without
+    waiting, and releases it on a later pass once the write has ended."""
+    import threading
+
+    import psycopg
+
+    service = make_service(pg_url)
+    store = service.store
+    try:
+        written_then_in_use(service, ["old"], "keep")
+        with psycopg.connect(pg_url) as writer:
+            writer.execute("SELECT id FROM destinations WHERE dest = %s FOR KEY SHARE", (DESTS[0],))
+            passed = []
+            pruning = threading.Thread(target=lambda: passed.append(prune(store, AGED)))
+            pruning.start()
+            pruning.join(30)
+            assert not pruning.is_alive() and passed, "the prune pass waited for the write's lock"
+            assert controls_of(store) == ["keep", "old"]
+        prune(store, AGED)
+        assert controls_of(store) == ["keep"]
+    finally:
+        store.close()
