@@ -146,10 +146,13 @@ def fresh_destinations(paths: list[dict[str, Any]], control: str, unrecorded_con
 class AdviceService:
     def __init__(self, store: Store, settings: Settings, clock: Callable[[], float] = time.time,
                  resolver: Resolver = system_resolver,
-                 controls: Callable[[], Sequence[str]] = available_controls):
+                 controls: Callable[[], Sequence[str]] = available_controls,
+                 monotonic: Callable[[], float] = time.monotonic):
         self.store = store
         self.settings = settings
         self.clock = clock
+        # Seconds that only go forward: a registration's lookup deadline (REGISTRATION_LOOKUPS_S) is read from it.
+        self.monotonic = monotonic
         self.resolver = resolver
         # The congestion controls a probe run here may use (read when a probe is asked for: modules load).
         self.controls = controls
@@ -714,11 +717,11 @@ class AdviceService:
         control = self.control(congestion_control)
         self._check_budget_fits(budget)
         parsed, refused = {}, []
-        lookups_until = time.monotonic() + REGISTRATION_LOOKUPS_S
+        lookups_until = self.monotonic() + REGISTRATION_LOOKUPS_S
         for text in self._slow_names_last(dests):
             try:
                 dest = parse_destination(text)
-                if self.settings.allowed.needs_lookup(dest) and time.monotonic() > lookups_until:
+                if self.settings.allowed.needs_lookup(dest) and self.monotonic() > lookups_until:
                     raise InvalidRequest(f"not checked: this registration's name lookups took their "
                                          f"{REGISTRATION_LOOKUPS_S:g} s (slow DNS): give addresses, or fewer names "
                                          "a registration (the next one checks these first)")
