@@ -36,6 +36,7 @@ from advisor.observations import Observation
 from advisor.opening import how_to_open
 from advisor.plan_runner import adaptive_probes, plan_for, plan_need_text, plan_needs
 from advisor.settings import Settings
+from advisor.slownames import SlowNames
 from advisor.sites import (SITE_CEILING_VARIABLES, SiteBudget, claim_job, holds, never_fits, register_site, site_budget,
                            site_use)
 from advisor.store import FitRow, Job, NewFit, Store, StoredRun
@@ -124,7 +125,8 @@ REPROBE_AT_TTL = 0.8
 MAX_REFUSED_IN_A_CLAIM = 16
 # Seconds one registration may spend resolving its destinations' names; the names left are refused, saying so.
 REGISTRATION_LOOKUPS_S = 30.0
-# Names whose lookup last timed out in a registration, the most remembered (each registration checks them last).
+# Names whose lookup last timed out in a site's registration, the most remembered in all, every site's
+# (advisor.slownames.SlowNames: each registration checks its site's last).
 SLOW_NAMES_KEPT = 4096
 
 
@@ -174,10 +176,10 @@ class AdviceService:
         self._listeners: list[Callable[[], None]] = []
         # Store reads of the cache (for /metrics): "unchanged" kept an entry, "reloaded" rebuilt one.
         self._cache_reads = {"unchanged": 0, "reloaded": 0}
-        # Host names whose lookup timed out in a registration, oldest first (at most SLOW_NAMES_KEPT; guarded by
-        # _lock): a registration checks them after the others, so the names its lookup time did not reach last time
-        # are checked this time, not refused again behind the same slow ones.
-        self._slow_names: OrderedDict[str, None] = OrderedDict()
+        # Per site, host names whose lookup timed out in its registrations: its next registration checks them after
+        # the others, so the names its lookup time did not reach last time are checked this time, not refused again
+        # behind the same slow ones.
+        self._slow_names = SlowNames(SLOW_NAMES_KEPT)
 
     # -- writes and cache -----------------------------------------------------------------
 
@@ -718,14 +720,14 @@ class AdviceService:
         self._check_budget_fits(budget)
         parsed, refused = {}, []
         lookups_until = self.monotonic() + REGISTRATION_LOOKUPS_S
-        for text in self._slow_names_last(dests):
+        for text in self._slow_names_last(name, dests):
             try:
                 dest = parse_destination(text)
                 if self.settings.allowed.needs_lookup(dest) and self.monotonic() > lookups_until:
                     raise InvalidRequest(f"not checked: this registration's name lookups took their "
                                          f"{REGISTRATION_LOOKUPS_S:g} s (slow DNS): give addresses, or fewer names "
                                          "a registration (the next one checks these first)")
-                self._check_remembering_slow_names(dest)  # resolved once per registration
+                self._check_remembering_slow_names(name, dest)  # resolved once per registration
             except (DestinationNotAllowed, InvalidRequest) as exc:
                 refused.append({"dest": str(text), "error": str(exc)})
                 continue
@@ -749,10 +751,10 @@ class AdviceService:
         return {"site": name, "links": len(parsed), "queued": queued, "deferred": deferred, "refused": refused,
                 "budget": budget.to_json()}
 
-    def _slow_names_last(self, dests: Sequence[Any]) -> list[Any]:
-        """``dests`` in their order, but those whose host name last timed out in a registration after the others."""
-        with self._lock:
-            slow_names = set(self._slow_names)
+    def _slow_names_last(self, site: str, dests: Sequence[Any]) -> list[Any]:
+        """``dests`` in their order, but those whose host name last timed out in ``site``'s registrations after the
+        others."""
+        slow_names = self._slow_names.ages(site)
 
         def slow(text: Any) -> bool:
             try:
@@ -762,23 +764,16 @@ class AdviceService:
 
         return sorted(dests, key=slow) if slow_names else list(dests)
 
-    def _check_remembering_slow_names(self, dest: Destination) -> None:
-        """:meth:`check_allowed`, remembering whether ``dest``'s name lookup timed out (see _slow_names)."""
-        timed_out = False
+    def _check_remembering_slow_names(self, site: str, dest: Destination) -> None:
+        """:meth:`check_allowed`, remembering for ``site`` whether ``dest``'s name lookup timed out (_slow_names)."""
+        remember = self._slow_names.looked_up  # resolved, refused for its addresses, or not a name at all
         try:
             self.check_allowed(dest)
         except LookupTimedOut:
-            timed_out = True
+            remember = self._slow_names.timed_out
             raise
         finally:
-            with self._lock:
-                if timed_out:
-                    self._slow_names[dest.host] = None
-                    self._slow_names.move_to_end(dest.host)
-                    while len(self._slow_names) > SLOW_NAMES_KEPT:
-                        self._slow_names.popitem(last=False)
-                else:
-                    self._slow_names.pop(dest.host, None)
+            remember(site, dest.host)
 
     def _check_budget_fits(self, budget: SiteBudget) -> None:
         """Refuse a site budget above the operator's ceiling (settings.site_ceiling), or one no probe of the

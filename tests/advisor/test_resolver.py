@@ -163,3 +163,50 @@ def test_names_a_registration_had_no_lookup_time_for_are_checked_first_the_next_
         assert {r["dest"] for r in second["refused"]} == set(slow)
     finally:
         store.close()
+
+
+def _slow_name_service(tmp_path, resolver, clock):
+    """An AdviceService over a fresh SQLite store that looks names up with ``resolver`` (loopback allowed)."""
+    from advisor.allowlist import AllowList
+    from advisor.service import AdviceService
+    from advisor.settings import Settings
+    from advisor.store import Store
+
+    store = Store.open(f"sqlite:///{tmp_path}/s.sqlite3")
+    return store, AdviceService(store, Settings(allowed=AllowList.parse("127.0.0.0/8")), resolver=resolver,
+                                controls=lambda: ["cubic", "reno", "bbr"], monotonic=clock)
+
+
+def test_one_site_s_slow_names_do_not_evict_another_site_s(tmp_path, monkeypatch):
+    # The memory of slow names was one list for every site: a site registering more slow names than it keeps
+    # (4,096; 4 here) evicted every other site's, whose next registration checked its slow names first again. Now
+    # each site keeps its own, and when the memory is full the site holding the most forgets its oldest.
+    import advisor.service as service_module
+    from advisor.allowlist import LookupTimedOut
+    from advisor.sites import SiteBudget
+
+    monkeypatch.setattr(service_module, "SLOW_NAMES_KEPT", 4)
+    looked_up = []
+
+    def resolver(host):
+        looked_up.append(host)
+        if "slow" in host:
+            raise LookupTimedOut(f"dest host {host!r} did not resolve within 5 s")
+        return ["127.0.0.5"]
+
+    store, service = _slow_name_service(tmp_path, resolver, LookupClock())
+    budget = SiteBudget(2, 64, 3600.0)
+    mine = ["slow0.a.example:5201", "slow1.a.example:5201", "fast.a.example:5201"]
+    try:
+        service.register_site("site-a", budget, mine)
+        service.register_site("site-b", budget, [f"slow{i}.b.example:5201" for i in range(6)])
+        looked_up.clear()
+        service.register_site("site-a", budget, mine)
+        # site-a's two slow names are still remembered: its fast name first, then them.
+        assert looked_up == ["fast.a.example", "slow0.a.example", "slow1.a.example"]
+        looked_up.clear()
+        # site-b kept its newest two (4 in all, 2 a site): its other four, not remembered, go first.
+        service.register_site("site-b", budget, [f"slow{i}.b.example:5201" for i in range(6)])
+        assert looked_up == [f"slow{i}.b.example" for i in (0, 1, 2, 3, 4, 5)]
+    finally:
+        store.close()
