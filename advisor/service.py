@@ -126,7 +126,7 @@ MAX_REFUSED_IN_A_CLAIM = 16
 # Seconds one registration may spend resolving its destinations' names; the names left are refused, saying so.
 REGISTRATION_LOOKUPS_S = 30.0
 # Names whose lookup last timed out in a site's registration, the most remembered in all, every site's
-# (advisor.slownames.SlowNames: each registration checks its site's last).
+# (advisor.slownames.SlowNames: each registration checks its site's last, oldest timeout first).
 SLOW_NAMES_KEPT = 4096
 
 
@@ -177,8 +177,8 @@ class AdviceService:
         # Store reads of the cache (for /metrics): "unchanged" kept an entry, "reloaded" rebuilt one.
         self._cache_reads = {"unchanged": 0, "reloaded": 0}
         # Per site, host names whose lookup timed out in its registrations: its next registration checks them after
-        # the others, so the names its lookup time did not reach last time are checked this time, not refused again
-        # behind the same slow ones.
+        # the others, oldest timeout first, so the names its lookup time did not reach last time are checked this
+        # time, and the slow ones in turn, not refused again behind the same ones.
         self._slow_names = SlowNames(SLOW_NAMES_KEPT)
 
     # -- writes and cache -----------------------------------------------------------------
@@ -726,7 +726,8 @@ class AdviceService:
                 if self.settings.allowed.needs_lookup(dest) and self.monotonic() > lookups_until:
                     raise InvalidRequest(f"not checked: this registration's name lookups took their "
                                          f"{REGISTRATION_LOOKUPS_S:g} s (slow DNS): give addresses, or fewer names "
-                                         "a registration (the next one checks these first)")
+                                         "a registration (the next one checks these ahead of names whose lookup "
+                                         "timed out more recently)")
                 self._check_remembering_slow_names(name, dest)  # resolved once per registration
             except (DestinationNotAllowed, InvalidRequest) as exc:
                 refused.append({"dest": str(text), "error": str(exc)})
@@ -752,17 +753,17 @@ class AdviceService:
                 "budget": budget.to_json()}
 
     def _slow_names_last(self, site: str, dests: Sequence[Any]) -> list[Any]:
-        """``dests`` in their order, but those whose host name last timed out in ``site``'s registrations after the
-        others."""
-        slow_names = self._slow_names.ages(site)
+        """``dests`` in their order, but those whose host name timed out in ``site``'s registrations after the
+        others, the one whose timeout was longest ago first."""
+        ages = self._slow_names.ages(site)
 
-        def slow(text: Any) -> bool:
+        def age(text: Any) -> int:
             try:
-                return parse_destination(text).host in slow_names
+                return ages.get(parse_destination(text).host, -1)
             except InvalidRequest:
-                return False
+                return -1
 
-        return sorted(dests, key=slow) if slow_names else list(dests)
+        return sorted(dests, key=age) if ages else list(dests)
 
     def _check_remembering_slow_names(self, site: str, dest: Destination) -> None:
         """:meth:`check_allowed`, remembering for ``site`` whether ``dest``'s name lookup timed out (_slow_names)."""

@@ -1,5 +1,5 @@
 """The host names whose lookup timed out when a site registered them, kept per site, so that the site's next
-registration checks them after its other names."""
+registration checks them after its other names and goes round them, oldest timeout first."""
 
 from __future__ import annotations
 

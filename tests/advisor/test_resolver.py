@@ -151,8 +151,8 @@ def test_names_a_registration_had_no_lookup_time_for_are_checked_first_the_next_
         first = service.register_site("dtn2", SiteBudget(2, 64, 3600.0), [*slow, *fast])
         refused = {r["dest"]: r["error"] for r in first["refused"]}
         assert first["links"] == 0 and set(refused) == {*slow, *fast}
-        assert all("took their 0.5 s (slow DNS)" in refused[d] and "the next one checks these first" in refused[d]
-                   for d in fast)
+        assert all("took their 0.5 s (slow DNS)" in refused[d]
+                   and "checks these ahead of names whose lookup timed out more recently" in refused[d] for d in fast)
         assert looked_up == ["slow0.example", "slow1.example", "slow2.example"]
 
         looked_up.clear()
@@ -208,5 +208,49 @@ def test_one_site_s_slow_names_do_not_evict_another_site_s(tmp_path, monkeypatch
         # site-b kept its newest two (4 in all, 2 a site): its other four, not remembered, go first.
         service.register_site("site-b", budget, [f"slow{i}.b.example:5201" for i in range(6)])
         assert looked_up == [f"slow{i}.b.example" for i in (0, 1, 2, 3, 4, 5)]
+    finally:
+        store.close()
+
+
+def test_slow_names_are_checked_oldest_timeout_first_so_registrations_rotate_through_them(tmp_path, monkeypatch):
+    # Six names that time out, each taking 0.2 s of the registration's 0.5 s: three are looked up a registration.
+    # The remembered ones were checked in the order the site listed them, so the same first three were looked up
+    # every time and the other three never again (one whose DNS recovered stayed refused, "not checked").
+    # Checked oldest timeout first, successive registrations go round all six.
+    import advisor.service as service_module
+    from advisor.allowlist import LookupTimedOut
+    from advisor.sites import SiteBudget
+
+    monkeypatch.setattr(service_module, "REGISTRATION_LOOKUPS_S", 0.5)
+    clock = LookupClock()
+    looked_up = []
+    slow_now = {f"slow{i}.example" for i in range(6)}
+
+    def resolver(host):
+        looked_up.append(host)
+        if host in slow_now:
+            clock.take(0.2)
+            raise LookupTimedOut(f"dest host {host!r} did not resolve within 0.2 s")
+        return ["127.0.0.5"]
+
+    store, service = _slow_name_service(tmp_path, resolver, clock)
+    dests = [f"slow{i}.example:5201" for i in range(6)] + ["fast.example:5201"]
+
+    def register():
+        looked_up.clear()
+        return service.register_site("dtn2", SiteBudget(2, 64, 3600.0), dests)
+
+    try:
+        register()
+        assert looked_up == ["slow0.example", "slow1.example", "slow2.example"]
+        register()  # the names not reached first (fast.example's turn is not reached: the three before it took it)
+        assert looked_up == ["slow3.example", "slow4.example", "slow5.example"]
+        register()  # every slow name remembered: fast.example first, then the three that timed out longest ago
+        assert looked_up == ["fast.example", "slow0.example", "slow1.example", "slow2.example"]
+        slow_now.discard("slow3.example")  # its DNS recovers
+        got = register()
+        # slow3.example takes no time now, so a fourth name fits: the oldest timeout of the rest.
+        assert looked_up == ["fast.example", "slow3.example", "slow4.example", "slow5.example", "slow0.example"]
+        assert got["links"] == 2  # fast.example and slow3.example
     finally:
         store.close()
