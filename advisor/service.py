@@ -25,8 +25,8 @@ from advisor.advice import Advice, curve_to_json
 from advisor.alternatives import alternatives, budget_met
 from advisor.allowlist import LookupTimedOut, Resolver, system_resolver
 from advisor.destinations import Destination, client_key, parse_destination
-from advisor.errors import (AdvisorError, BatchTooLarge, DestinationNotAllowed, InvalidRequest, QueueFull,
-                            UnknownDestination, UnknownProbe)
+from advisor.errors import (AdvisorError, BatchTooLarge, DestinationNotAllowed, InvalidRequest, LookupsBusy,
+                            QueueFull, UnknownDestination, UnknownProbe)
 from advisor.curves import curve_of
 from advisor.fitcodec import fit_from_stored, fit_to_record
 from advisor.idempotency import KeyedRequest
@@ -729,7 +729,7 @@ class AdviceService:
                                          "a registration (the next one checks these ahead of names whose lookup "
                                          "timed out more recently)")
                 self._check_remembering_slow_names(name, dest)  # resolved once per registration
-            except (DestinationNotAllowed, InvalidRequest) as exc:
+            except (DestinationNotAllowed, InvalidRequest, LookupsBusy) as exc:
                 refused.append({"dest": str(text), "error": str(exc)})
                 continue
             parsed[dest.key] = dest
@@ -766,15 +766,21 @@ class AdviceService:
         return sorted(dests, key=age) if ages else list(dests)
 
     def _check_remembering_slow_names(self, site: str, dest: Destination) -> None:
-        """:meth:`check_allowed`, remembering for ``site`` whether ``dest``'s name lookup timed out (_slow_names)."""
+        """:meth:`check_allowed`, remembering for ``site`` whether ``dest``'s name lookup timed out (_slow_names).
+        A name the service's busy lookups never started (LookupsBusy) is neither remembered nor forgotten: nothing
+        was learnt of it."""
         remember = self._slow_names.looked_up  # resolved, refused for its addresses, or not a name at all
         try:
             self.check_allowed(dest)
         except LookupTimedOut:
             remember = self._slow_names.timed_out
             raise
+        except LookupsBusy:
+            remember = None
+            raise
         finally:
-            remember(site, dest.host)
+            if remember is not None:
+                remember(site, dest.host)
 
     def _check_budget_fits(self, budget: SiteBudget) -> None:
         """Refuse a site budget above the operator's ceiling (settings.site_ceiling), or one no probe of the
@@ -814,6 +820,12 @@ class AdviceService:
             # own list, so the service checks its own again here, out of the claim's transaction (a name resolves).
             try:
                 self.check_allowed(parse_destination(claimed.job.dest))
+                break
+            except LookupsBusy as exc:
+                # Not looked up (this service's lookups all busy): nothing is known against the job, so it goes back
+                # in its place, the attempt not counted, and this claim gives none.
+                self.store.release_attempt(claimed.job.id, owner, name, f"not started: {exc}; re-queued")
+                claimed = claimed.none(f"the probe of {claimed.job.dest} could not start: {exc}")
                 break
             except DestinationNotAllowed as exc:
                 self.store.refuse_attempt(claimed.job.id, owner, name, f"never run: {exc}")

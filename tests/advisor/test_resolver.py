@@ -22,7 +22,7 @@ LOOKUPS = textwrap.dedent("""
     silent.bind(("127.0.0.77", 53))  # takes every query, answers none
     threading.Thread(target=lambda: [silent.recvfrom(4096) for _ in iter(int, 1)], daemon=True).start()
     import advisor.allowlist as allowlist
-    from advisor.errors import InvalidRequest
+    from advisor.errors import AdvisorError
     allowlist.RESOLVE_TIMEOUT_S = 1.0
     out = []
 
@@ -31,7 +31,7 @@ LOOKUPS = textwrap.dedent("""
         try:
             allowlist.system_resolver(name)
             out.append(("resolved", name, time.monotonic() - began))
-        except InvalidRequest as exc:
+        except AdvisorError as exc:
             out.append((str(exc), name, time.monotonic() - began))
 
     threads = [threading.Thread(target=resolve, args=(f"slow{i}.tame.invalid",)) for i in range(12)]
@@ -60,14 +60,19 @@ def test_a_lookup_that_never_answers_is_refused_within_its_deadline_and_never_ho
 
     results = json.loads(done.stdout)
     slow = [r for r in results if r[1] != "localhost"]
-    # Each of the twelve refused at its deadline (1 s), those that waited for one of the 8 slots included.
-    assert len(slow) == 12 and all("did not resolve within 1 s" in why and took_s < 2.5 for why, _, took_s in slow), \
-        slow
+    # Each of the twelve refused at its deadline (1 s): 8 looked up and timed out, and the 4 that waited for one of
+    # the 8 slots in vain refused saying they were never looked up.
+    assert len(slow) == 12 and all(took_s < 2.5 for _, _, took_s in slow), slow
+    assert sorted("did not resolve within 1 s" in why for why, _, _ in slow) == [False] * 4 + [True] * 8, slow
+    assert all("was not looked up: this service's 8 name lookups were all busy for 1 s" in why
+               for why, _, _ in slow if "did not resolve" not in why), slow
     # The process ends at once: the hanging lookups are not waited for (glibc alone would take 15 s).
     assert took < 8, took
-    # At most 8 lookups at once: with 8 still hanging, a ninth waits for a slot no longer than its deadline.
+    # At most 8 lookups at once: with 8 still hanging, a ninth waits for a slot no longer than its deadline, and is
+    # refused saying it was never looked up (not that it "did not resolve within 1 s").
     [(why, _, took_s)] = [r for r in results if r[1] == "localhost"]
-    assert why == "dest host 'localhost' did not resolve within 1 s: try again later, or give its address"
+    assert why == ("dest host 'localhost' was not looked up: this service's 8 name lookups were all busy for 1 s: "
+                   "try again later, or give its address")
     assert took_s < 2.5
 
 
@@ -252,5 +257,119 @@ def test_slow_names_are_checked_oldest_timeout_first_so_registrations_rotate_thr
         # slow3.example takes no time now, so a fourth name fits: the oldest timeout of the rest.
         assert looked_up == ["fast.example", "slow3.example", "slow4.example", "slow5.example", "slow0.example"]
         assert got["links"] == 2  # fast.example and slow3.example
+    finally:
+        store.close()
+
+
+def test_a_name_that_waits_for_a_lookup_slot_in_vain_is_refused_as_not_looked_up(monkeypatch):
+    # Every slot taken for the whole deadline: the name was never looked up, but the refusal said it "did not
+    # resolve within 5 s" and was a LookupTimedOut, so the service remembered a name it knew nothing of as slow.
+    import threading
+
+    import advisor.allowlist as allowlist
+    from advisor.errors import AdvisorError
+
+    slots = threading.BoundedSemaphore(1)
+    slots.acquire()
+    monkeypatch.setattr(allowlist, "_lookup_slots", slots)
+    monkeypatch.setattr(allowlist, "RESOLVE_TIMEOUT_S", 0.05)
+    with pytest.raises(AdvisorError) as refused:
+        allowlist.system_resolver("localhost")
+    assert not isinstance(refused.value, allowlist.LookupTimedOut)
+    assert str(refused.value) == ("dest host 'localhost' was not looked up: this service's 8 name lookups were all "
+                                  "busy for 0.05 s: try again later, or give its address")
+    assert refused.value.retry_after_s == 0.05
+
+
+def test_a_lookup_whose_thread_cannot_start_is_refused_as_not_looked_up_and_gives_its_slot_back(monkeypatch):
+    # At the process's thread limit Thread.start raises RuntimeError: it went out of the resolver as a 500, and
+    # the slot it had taken was never given back (8 such and no name would resolve again).
+    import threading
+
+    import advisor.allowlist as allowlist
+    from advisor.errors import AdvisorError
+
+    slots = threading.BoundedSemaphore(1)
+    monkeypatch.setattr(allowlist, "_lookup_slots", slots)
+    real_start = threading.Thread.start
+
+    def start(thread):
+        if thread.name == "tame-resolve":
+            raise RuntimeError("can't start new thread")
+        real_start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    with pytest.raises(AdvisorError, match="'localhost' was not looked up: this service could not start a lookup"):
+        allowlist.system_resolver("localhost")
+    assert slots.acquire(blocking=False)
+
+
+def _take_every_lookup_slot(monkeypatch):
+    """advisor.allowlist.system_resolver with every lookup slot taken: it refuses each name after 0.01 s."""
+    import threading
+
+    import advisor.allowlist as allowlist
+
+    slots = threading.BoundedSemaphore(1)
+    slots.acquire()
+    monkeypatch.setattr(allowlist, "_lookup_slots", slots)
+    monkeypatch.setattr(allowlist, "RESOLVE_TIMEOUT_S", 0.01)
+    return allowlist.system_resolver
+
+
+BUSY = "was not looked up: this service's 8 name lookups were all busy for 0.01 s: try again later, or give its address"
+
+
+def test_a_name_refused_because_lookups_were_busy_is_not_remembered_as_slow_nor_forgotten(tmp_path, monkeypatch):
+    # A busy refusal was a LookupTimedOut: the name went to the slow ones, checked last, though it was never looked
+    # up. Now it is refused saying so, and the service's memory of the site's slow names is left as it was.
+    from advisor.allowlist import LookupTimedOut
+    from advisor.sites import SiteBudget
+
+    busy = None
+
+    def resolver(host):
+        if busy is not None:
+            return busy(host)
+        if host == "slow.example":
+            raise LookupTimedOut(f"dest host {host!r} did not resolve within 5 s")
+        return ["127.0.0.5"]
+
+    store, service = _slow_name_service(tmp_path, resolver, LookupClock())
+    budget = SiteBudget(2, 64, 3600.0)
+    try:
+        service.register_site("dtn2", budget, ["slow.example:5201"])
+        assert len(service._slow_names) == 1
+        busy = _take_every_lookup_slot(monkeypatch)
+        got = service.register_site("dtn2", budget, ["slow.example:5201", "new.example:5201"])
+        assert {r["dest"]: r["error"] for r in got["refused"]} == {
+            f"{host}:5201": f"dest host {host!r} {BUSY}" for host in ("new.example", "slow.example")}
+        assert len(service._slow_names) == 1  # slow.example still, and new.example not
+    finally:
+        store.close()
+
+
+def test_a_claim_whose_name_lookup_could_not_start_hands_the_job_back_uncounted(tmp_path, monkeypatch):
+    # The claimed job's destination could not be looked up (lookups busy): it failed an attempt, "not run: did not
+    # resolve within 5 s", and after TAME_MAX_PROBE_ATTEMPTS such claims the job failed for good. Now it goes back in
+    # its place, the attempt not counted, and the claim says why it gives none.
+    from advisor.sites import SiteBudget
+
+    busy = None
+
+    def resolver(host):
+        return ["127.0.0.5"] if busy is None else busy(host)
+
+    store, service = _slow_name_service(tmp_path, resolver, LookupClock())
+    try:
+        assert service.register_site("dtn2", SiteBudget(2, 64, 3600.0), ["n.example:5201"])["queued"] == 1
+        busy = _take_every_lookup_slot(monkeypatch)
+        for _ in range(service.settings.max_probe_attempts + 1):
+            got = service.claim("dtn2", "agent-1", 64)
+            assert got["job"] is None
+            assert got["waiting"] == f"the probe of n.example:5201 could not start: dest host 'n.example' {BUSY}"
+        busy = None
+        got = service.claim("dtn2", "agent-1", 64)
+        assert got["job"]["status"] == "running" and got["job"]["attempts"] == 1, got["job"]
     finally:
         store.close()
