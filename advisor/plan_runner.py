@@ -24,6 +24,12 @@ def plan_for(settings: Settings, levels: Sequence[int], duration_s: float,
     )
 
 
+# The settings a claimed job's plan, and so its lease, takes from whoever runs it, beside the job's own levels and
+# duration_s: the Settings field -> the variable that sets it.
+LEASE_SETTINGS = {"model": "TAME_MODEL", "max_probe_duration_s": "TAME_PROBE_MAX_DURATION_S",
+                  "omit_s": "TAME_PROBE_OMIT_S"}
+
+
 def plan_needs(settings: Settings) -> tuple[int, float]:
     """What one probe of the configured plan takes of a site's budget: its most streams, and its longest time, s."""
     return max(settings.default_levels), plan_for(settings, settings.default_levels,
