@@ -34,7 +34,7 @@ from advisor.limits import (check_available_control, check_congestion_control, c
                             check_owner, check_probe_levels, check_site, MAX_SITE_STREAMS)
 from advisor.observations import Observation
 from advisor.opening import how_to_open
-from advisor.plan_runner import adaptive_probes, plan_for, plan_need_text, plan_needs
+from advisor.plan_runner import adaptive_probes, lease_settings, plan_for, plan_need_text, plan_needs
 from advisor.settings import Settings
 from advisor.slownames import SlowNames
 from advisor.sites import (SITE_CEILING_VARIABLES, SiteBudget, claim_job, holds, never_fits, register_site, site_budget,
@@ -803,7 +803,8 @@ class AdviceService:
         ``holding``: the ids of the probes the agent runs, None when it does not say):
         {"site", "job": the job (as GET /v1/probes/ID shows it) or None, "max_streams", "lease_until", "lease_s" (how
         long from now, by this service's clock), "waiting",
-        "budget": the budget in force, "use"}; jobs whose agent's lease ran out are queued again first."""
+        "budget": the budget in force, "use", "plan_settings": this service's settings the lease is worked out from
+        (advisor.plan_runner.lease_settings)}; jobs whose agent's lease ran out are queued again first."""
         name = check_site(site, "site")
         check_owner(owner)
         cap = max_streams if isinstance(max_streams, int) and not isinstance(max_streams, bool) else None
@@ -843,7 +844,7 @@ class AdviceService:
                 "max_streams": claimed.streams or None, "lease_until": claimed.lease_until,
                 "lease_s": None if claimed.lease_until is None else claimed.lease_until - self.store.clock(),
                 "waiting": claimed.waiting, "budget": claimed.budget.to_json(),
-                "use": site_use(self.store, name).to_json()}
+                "use": site_use(self.store, name).to_json(), "plan_settings": lease_settings(self.settings)}
 
     def fail_claim(self, site: Any, job_id: str, owner: Any, error: str) -> dict[str, Any]:
         """Agent ``owner`` of ``site`` could not run its claimed probe ``job_id`` (``error``, as it saw it): the job goes
