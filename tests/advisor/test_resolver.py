@@ -90,16 +90,43 @@ class LookupClock:
         self.now_s += seconds
 
 
+class SlowDNS:
+    """The service's resolver seam: notes each name looked up (``looked_up``); one of ``slow`` times out, taking
+    ``each_s`` of ``clock``; any other resolves to 127.0.0.5 at once."""
+
+    def __init__(self, clock, slow, each_s=0.2):
+        self.clock, self.slow, self.each_s = clock, set(slow), each_s
+        self.looked_up = []
+
+    def __call__(self, host):
+        from advisor.allowlist import LookupTimedOut
+
+        self.looked_up.append(host)
+        if host in self.slow:
+            self.clock.take(self.each_s)
+            raise LookupTimedOut(f"dest host {host!r} did not resolve within {self.each_s:g} s")
+        return ["127.0.0.5"]
+
+
+def _slow_name_service(tmp_path, resolver, clock, allowed="127.0.0.0/8"):
+    """An AdviceService over a fresh SQLite store that looks names up with ``resolver`` (``allowed``: the
+    allow-list) and reads ``clock`` for a registration's lookup deadline."""
+    from advisor.allowlist import AllowList
+    from advisor.service import AdviceService
+    from advisor.settings import Settings
+    from advisor.store import Store
+
+    store = Store.open(f"sqlite:///{tmp_path}/s.sqlite3")
+    return store, AdviceService(store, Settings(allowed=AllowList.parse(allowed)), resolver=resolver,
+                                controls=lambda: ["cubic", "reno", "bbr"], monotonic=clock)
+
+
 def test_a_registration_stops_resolving_names_when_its_lookup_time_is_spent(tmp_path, monkeypatch):
     # 2,000 names under a slow zone took one request thread 2,000 lookups long. Each lookup here takes 0.2 s (the
     # service's resolver seam; the deadline of each is the test above) and the registration has 0.5 s: the names
     # left are refused saying why, addresses and listed names are still checked, and the rest is registered.
     import advisor.service as service_module
-    from advisor.allowlist import AllowList
-    from advisor.service import AdviceService
-    from advisor.settings import Settings
     from advisor.sites import SiteBudget
-    from advisor.store import Store
 
     monkeypatch.setattr(service_module, "REGISTRATION_LOOKUPS_S", 0.5)
     clock = LookupClock()
@@ -108,10 +135,8 @@ def test_a_registration_stops_resolving_names_when_its_lookup_time_is_spent(tmp_
         clock.take(0.2)
         return ["127.0.0.5"]
 
-    store = Store.open(f"sqlite:///{tmp_path}/s.sqlite3")
+    store, service = _slow_name_service(tmp_path, slow, clock, allowed="127.0.0.0/8,listed.example")
     try:
-        service = AdviceService(store, Settings(allowed=AllowList.parse("127.0.0.0/8,listed.example")),
-                                resolver=slow, controls=lambda: ["cubic", "reno", "bbr"], monotonic=clock)
         names = [f"n{i}.example:5201" for i in range(6)]
         got = service.register_site("dtn2", SiteBudget(2, 64, 3600.0),
                                     [*names, "127.0.0.9:5201", "listed.example:5201"])
@@ -130,56 +155,30 @@ def test_names_a_registration_had_no_lookup_time_for_are_checked_first_the_next_
     # registration's lookups: the first registration spends it on the slow names and refuses the rest unchecked. The
     # same list again refused the same three, every time; now the slow names go last, so the three are checked.
     import advisor.service as service_module
-    from advisor.allowlist import AllowList, LookupTimedOut
-    from advisor.service import AdviceService
-    from advisor.settings import Settings
     from advisor.sites import SiteBudget
-    from advisor.store import Store
 
     monkeypatch.setattr(service_module, "REGISTRATION_LOOKUPS_S", 0.5)
     clock = LookupClock()
-    looked_up = []
-
-    def resolver(host):
-        looked_up.append(host)
-        if host.startswith("slow"):
-            clock.take(0.2)
-            raise LookupTimedOut(f"dest host {host!r} did not resolve within 0.2 s")
-        return ["127.0.0.5"]
-
+    dns = SlowDNS(clock, [f"slow{i}.example" for i in range(4)])
     slow = [f"slow{i}.example:5201" for i in range(4)]
     fast = [f"fast{i}.example:5201" for i in range(3)]
-    store = Store.open(f"sqlite:///{tmp_path}/s.sqlite3")
+    store, service = _slow_name_service(tmp_path, dns, clock)
     try:
-        service = AdviceService(store, Settings(allowed=AllowList.parse("127.0.0.0/8")), resolver=resolver,
-                                controls=lambda: ["cubic", "reno", "bbr"], monotonic=clock)
         first = service.register_site("dtn2", SiteBudget(2, 64, 3600.0), [*slow, *fast])
         refused = {r["dest"]: r["error"] for r in first["refused"]}
         assert first["links"] == 0 and set(refused) == {*slow, *fast}
         assert all("took their 0.5 s (slow DNS)" in refused[d]
                    and "checks these ahead of names whose lookup timed out more recently" in refused[d] for d in fast)
-        assert looked_up == ["slow0.example", "slow1.example", "slow2.example"]
+        assert dns.looked_up == ["slow0.example", "slow1.example", "slow2.example"]
 
-        looked_up.clear()
+        dns.looked_up.clear()
         second = service.register_site("dtn2", SiteBudget(2, 64, 3600.0), [*slow, *fast])
         # The name not reached before and the three fast ones first, then the names that timed out.
-        assert looked_up[:4] == ["slow3.example", "fast0.example", "fast1.example", "fast2.example"]
+        assert dns.looked_up[:4] == ["slow3.example", "fast0.example", "fast1.example", "fast2.example"]
         assert second["links"] == 3
         assert {r["dest"] for r in second["refused"]} == set(slow)
     finally:
         store.close()
-
-
-def _slow_name_service(tmp_path, resolver, clock):
-    """An AdviceService over a fresh SQLite store that looks names up with ``resolver`` (loopback allowed)."""
-    from advisor.allowlist import AllowList
-    from advisor.service import AdviceService
-    from advisor.settings import Settings
-    from advisor.store import Store
-
-    store = Store.open(f"sqlite:///{tmp_path}/s.sqlite3")
-    return store, AdviceService(store, Settings(allowed=AllowList.parse("127.0.0.0/8")), resolver=resolver,
-                                controls=lambda: ["cubic", "reno", "bbr"], monotonic=clock)
 
 
 def test_one_site_s_slow_names_do_not_evict_another_site_s(tmp_path, monkeypatch):
@@ -187,32 +186,26 @@ def test_one_site_s_slow_names_do_not_evict_another_site_s(tmp_path, monkeypatch
     # (4,096; 4 here) evicted every other site's, whose next registration checked its slow names first again. Now
     # each site keeps its own, and when the memory is full the site holding the most forgets its oldest.
     import advisor.service as service_module
-    from advisor.allowlist import LookupTimedOut
     from advisor.sites import SiteBudget
 
     monkeypatch.setattr(service_module, "SLOW_NAMES_KEPT", 4)
-    looked_up = []
-
-    def resolver(host):
-        looked_up.append(host)
-        if "slow" in host:
-            raise LookupTimedOut(f"dest host {host!r} did not resolve within 5 s")
-        return ["127.0.0.5"]
-
-    store, service = _slow_name_service(tmp_path, resolver, LookupClock())
+    clock = LookupClock()
+    theirs = [f"slow{i}.b.example:5201" for i in range(6)]
+    dns = SlowDNS(clock, ["slow0.a.example", "slow1.a.example", *(d.rsplit(":", 1)[0] for d in theirs)], each_s=0)
+    store, service = _slow_name_service(tmp_path, dns, clock)
     budget = SiteBudget(2, 64, 3600.0)
     mine = ["slow0.a.example:5201", "slow1.a.example:5201", "fast.a.example:5201"]
     try:
         service.register_site("site-a", budget, mine)
-        service.register_site("site-b", budget, [f"slow{i}.b.example:5201" for i in range(6)])
-        looked_up.clear()
+        service.register_site("site-b", budget, theirs)
+        dns.looked_up.clear()
         service.register_site("site-a", budget, mine)
         # site-a's two slow names are still remembered: its fast name first, then them.
-        assert looked_up == ["fast.a.example", "slow0.a.example", "slow1.a.example"]
-        looked_up.clear()
+        assert dns.looked_up == ["fast.a.example", "slow0.a.example", "slow1.a.example"]
+        dns.looked_up.clear()
         # site-b kept its newest two (4 in all, 2 a site): its other four, not remembered, go first.
-        service.register_site("site-b", budget, [f"slow{i}.b.example:5201" for i in range(6)])
-        assert looked_up == [f"slow{i}.b.example" for i in (0, 1, 2, 3, 4, 5)]
+        service.register_site("site-b", budget, theirs)
+        assert dns.looked_up == [f"slow{i}.b.example" for i in (0, 1, 2, 3, 4, 5)]
     finally:
         store.close()
 
@@ -223,39 +216,29 @@ def test_slow_names_are_checked_oldest_timeout_first_so_registrations_rotate_thr
     # every time and the other three never again (one whose DNS recovered stayed refused, "not checked").
     # Checked oldest timeout first, successive registrations go round all six.
     import advisor.service as service_module
-    from advisor.allowlist import LookupTimedOut
     from advisor.sites import SiteBudget
 
     monkeypatch.setattr(service_module, "REGISTRATION_LOOKUPS_S", 0.5)
     clock = LookupClock()
-    looked_up = []
-    slow_now = {f"slow{i}.example" for i in range(6)}
-
-    def resolver(host):
-        looked_up.append(host)
-        if host in slow_now:
-            clock.take(0.2)
-            raise LookupTimedOut(f"dest host {host!r} did not resolve within 0.2 s")
-        return ["127.0.0.5"]
-
-    store, service = _slow_name_service(tmp_path, resolver, clock)
+    dns = SlowDNS(clock, [f"slow{i}.example" for i in range(6)])
+    store, service = _slow_name_service(tmp_path, dns, clock)
     dests = [f"slow{i}.example:5201" for i in range(6)] + ["fast.example:5201"]
 
     def register():
-        looked_up.clear()
+        dns.looked_up.clear()
         return service.register_site("dtn2", SiteBudget(2, 64, 3600.0), dests)
 
     try:
         register()
-        assert looked_up == ["slow0.example", "slow1.example", "slow2.example"]
+        assert dns.looked_up == ["slow0.example", "slow1.example", "slow2.example"]
         register()  # the names not reached first (fast.example's turn is not reached: the three before it took it)
-        assert looked_up == ["slow3.example", "slow4.example", "slow5.example"]
+        assert dns.looked_up == ["slow3.example", "slow4.example", "slow5.example"]
         register()  # every slow name remembered: fast.example first, then the three that timed out longest ago
-        assert looked_up == ["fast.example", "slow0.example", "slow1.example", "slow2.example"]
-        slow_now.discard("slow3.example")  # its DNS recovers
+        assert dns.looked_up == ["fast.example", "slow0.example", "slow1.example", "slow2.example"]
+        dns.slow.discard("slow3.example")  # its DNS recovers
         got = register()
         # slow3.example takes no time now, so a fourth name fits: the oldest timeout of the rest.
-        assert looked_up == ["fast.example", "slow3.example", "slow4.example", "slow5.example", "slow0.example"]
+        assert dns.looked_up == ["fast.example", "slow3.example", "slow4.example", "slow5.example", "slow0.example"]
         assert got["links"] == 2  # fast.example and slow3.example
     finally:
         store.close()
