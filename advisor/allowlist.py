@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
 from advisor.destinations import Destination
-from advisor.errors import ConfigError, DestinationNotAllowed, InvalidRequest
+from advisor.errors import ConfigError, DestinationNotAllowed, InvalidRequest, LookupsBusy
 from probes import destination as probe_destination
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -25,7 +25,8 @@ DEFAULT_ALLOWED = "127.0.0.0/8,::1/128,localhost"
 # enough such requests every thread of the server. A lookup past its time goes on in a daemon thread of its own,
 # holding its slot until it ends, and is not waited for (nor at exit).
 RESOLVE_TIMEOUT_S = 5.0
-_lookup_slots = threading.BoundedSemaphore(8)
+LOOKUP_SLOTS = 8
+_lookup_slots = threading.BoundedSemaphore(LOOKUP_SLOTS)
 
 
 class LookupTimedOut(InvalidRequest):
@@ -34,12 +35,13 @@ class LookupTimedOut(InvalidRequest):
 
 def system_resolver(host: str) -> list[str]:
     """Every address ``host`` resolves to (A and AAAA), within RESOLVE_TIMEOUT_S (LookupTimedOut otherwise;
-    InvalidRequest for a name that does not resolve)."""
+    LookupsBusy when the lookup could not start; InvalidRequest for a name that does not resolve)."""
     deadline = time.monotonic() + RESOLVE_TIMEOUT_S
-    too_slow = LookupTimedOut(f"dest host {host!r} did not resolve within {RESOLVE_TIMEOUT_S:g} s: try again later, "
-                              "or give its address")
+    not_looked_up = f"dest host {host!r} was not looked up"
+    retry = "try again later, or give its address"
     if not _lookup_slots.acquire(timeout=RESOLVE_TIMEOUT_S):
-        raise too_slow
+        raise LookupsBusy(f"{not_looked_up}: this service's {LOOKUP_SLOTS} name lookups were all busy for "
+                          f"{RESOLVE_TIMEOUT_S:g} s: {retry}", retry_after_s=RESOLVE_TIMEOUT_S)
     answer: dict[str, object] = {}
     ended = threading.Event()
 
@@ -52,9 +54,14 @@ def system_resolver(host: str) -> list[str]:
             _lookup_slots.release()
             ended.set()
 
-    threading.Thread(target=lookup, name="tame-resolve", daemon=True).start()
+    try:
+        threading.Thread(target=lookup, name="tame-resolve", daemon=True).start()
+    except RuntimeError:  # "can't start new thread": the process is at its thread limit
+        _lookup_slots.release()
+        raise LookupsBusy(f"{not_looked_up}: this service could not start a lookup (it runs as many threads as it "
+                          f"may): {retry}", retry_after_s=RESOLVE_TIMEOUT_S) from None
     if not ended.wait(max(0.0, deadline - time.monotonic())):
-        raise too_slow
+        raise LookupTimedOut(f"dest host {host!r} did not resolve within {RESOLVE_TIMEOUT_S:g} s: {retry}")
     if "error" in answer:
         raise InvalidRequest(f"dest host {host!r} does not resolve: {answer['error']}") from answer["error"]
     return sorted({info[4][0] for info in answer["infos"]})

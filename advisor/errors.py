@@ -53,9 +53,18 @@ class BudgetConflict(AdvisorError):
     """An agent registered its site with a budget other than the one the site's live agents run with."""
 
 
-class QueueFull(AdvisorError):
-    """The probe queue holds as many jobs as the service accepts; ``retry_after_s`` says when to ask again."""
+class RetryLater(AdvisorError):
+    """The service cannot do it now, through no fault of the request; ``retry_after_s`` says when to ask again."""
 
     def __init__(self, message: str, retry_after_s: float):
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+class QueueFull(RetryLater):
+    """The probe queue holds as many jobs as the service accepts."""
+
+
+class LookupsBusy(RetryLater):
+    """A destination's name was not looked up at all (advisor.allowlist.system_resolver): every lookup slot stayed
+    taken for RESOLVE_TIMEOUT_S, or no thread could be started for it."""

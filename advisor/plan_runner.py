@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 from advisor.settings import Settings
 from advisor.tame import point_from_probe
@@ -22,6 +22,29 @@ def plan_for(settings: Settings, levels: Sequence[int], duration_s: float,
         adaptive_probes=adaptive_probes(settings.model),
         congestion_control=congestion_control or settings.congestion_control,
     )
+
+
+# The settings a claimed job's plan, and so its lease, takes from whoever runs it, beside the job's own levels and
+# duration_s: the Settings field (and key of a claim's "plan_settings") -> the variable that sets it.
+LEASE_SETTINGS = {"model": "TAME_MODEL", "max_probe_duration_s": "TAME_PROBE_MAX_DURATION_S",
+                  "omit_s": "TAME_PROBE_OMIT_S"}
+
+
+def lease_settings(settings: Settings) -> dict[str, Any]:
+    """``settings``' values of LEASE_SETTINGS (the model's name; seconds), as a claim's answer gives the service's."""
+    return {name: getattr(settings, name) for name in LEASE_SETTINGS}
+
+
+def lease_settings_differ(mine: Settings, services: dict[str, Any]) -> list[str]:
+    """Each of LEASE_SETTINGS whose value in ``mine`` differs from ``services`` (a claim's "plan_settings"), as
+    ``TAME_X is MINE, the service's THEIRS``; a setting the service does not give is left out."""
+    return [f"{variable} is {_shown(getattr(mine, name))}, the service's {_shown(services[name])}"
+            for name, variable in LEASE_SETTINGS.items()
+            if name in services and services[name] != getattr(mine, name)]
+
+
+def _shown(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
 
 
 def plan_needs(settings: Settings) -> tuple[int, float]:

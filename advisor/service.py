@@ -25,8 +25,8 @@ from advisor.advice import Advice, curve_to_json
 from advisor.alternatives import alternatives, budget_met
 from advisor.allowlist import LookupTimedOut, Resolver, system_resolver
 from advisor.destinations import Destination, client_key, parse_destination
-from advisor.errors import (AdvisorError, BatchTooLarge, DestinationNotAllowed, InvalidRequest, QueueFull,
-                            UnknownDestination, UnknownProbe)
+from advisor.errors import (AdvisorError, BatchTooLarge, DestinationNotAllowed, InvalidRequest, LookupsBusy,
+                            QueueFull, UnknownDestination, UnknownProbe)
 from advisor.curves import curve_of
 from advisor.fitcodec import fit_from_stored, fit_to_record
 from advisor.idempotency import KeyedRequest
@@ -34,8 +34,9 @@ from advisor.limits import (check_available_control, check_congestion_control, c
                             check_owner, check_probe_levels, check_site, MAX_SITE_STREAMS)
 from advisor.observations import Observation
 from advisor.opening import how_to_open
-from advisor.plan_runner import adaptive_probes, plan_for, plan_need_text, plan_needs
+from advisor.plan_runner import adaptive_probes, lease_settings, plan_for, plan_need_text, plan_needs
 from advisor.settings import Settings
+from advisor.slownames import SlowNames
 from advisor.sites import (SITE_CEILING_VARIABLES, SiteBudget, claim_job, holds, never_fits, register_site, site_budget,
                            site_use)
 from advisor.store import FitRow, Job, NewFit, Store, StoredRun
@@ -124,7 +125,8 @@ REPROBE_AT_TTL = 0.8
 MAX_REFUSED_IN_A_CLAIM = 16
 # Seconds one registration may spend resolving its destinations' names; the names left are refused, saying so.
 REGISTRATION_LOOKUPS_S = 30.0
-# Names whose lookup last timed out in a registration, the most remembered (each registration checks them last).
+# Names whose lookup last timed out in a site's registration, the most remembered in all, every site's
+# (advisor.slownames.SlowNames: each registration checks its site's last, oldest timeout first).
 SLOW_NAMES_KEPT = 4096
 
 
@@ -146,10 +148,13 @@ def fresh_destinations(paths: list[dict[str, Any]], control: str, unrecorded_con
 class AdviceService:
     def __init__(self, store: Store, settings: Settings, clock: Callable[[], float] = time.time,
                  resolver: Resolver = system_resolver,
-                 controls: Callable[[], Sequence[str]] = available_controls):
+                 controls: Callable[[], Sequence[str]] = available_controls,
+                 monotonic: Callable[[], float] = time.monotonic):
         self.store = store
         self.settings = settings
         self.clock = clock
+        # Seconds that only go forward: a registration's lookup deadline (REGISTRATION_LOOKUPS_S) is read from it.
+        self.monotonic = monotonic
         self.resolver = resolver
         # The congestion controls a probe run here may use (read when a probe is asked for: modules load).
         self.controls = controls
@@ -171,10 +176,10 @@ class AdviceService:
         self._listeners: list[Callable[[], None]] = []
         # Store reads of the cache (for /metrics): "unchanged" kept an entry, "reloaded" rebuilt one.
         self._cache_reads = {"unchanged": 0, "reloaded": 0}
-        # Host names whose lookup timed out in a registration, oldest first (at most SLOW_NAMES_KEPT; guarded by
-        # _lock): a registration checks them after the others, so the names its lookup time did not reach last time
-        # are checked this time, not refused again behind the same slow ones.
-        self._slow_names: OrderedDict[str, None] = OrderedDict()
+        # Per site, host names whose lookup timed out in its registrations: its next registration checks them after
+        # the others, oldest timeout first, so the names its lookup time did not reach last time are checked this
+        # time, and the slow ones in turn, not refused again behind the same ones.
+        self._slow_names = SlowNames(SLOW_NAMES_KEPT)
 
     # -- writes and cache -----------------------------------------------------------------
 
@@ -714,16 +719,17 @@ class AdviceService:
         control = self.control(congestion_control)
         self._check_budget_fits(budget)
         parsed, refused = {}, []
-        lookups_until = time.monotonic() + REGISTRATION_LOOKUPS_S
-        for text in self._slow_names_last(dests):
+        lookups_until = self.monotonic() + REGISTRATION_LOOKUPS_S
+        for text in self._slow_names_last(name, dests):
             try:
                 dest = parse_destination(text)
-                if self.settings.allowed.needs_lookup(dest) and time.monotonic() > lookups_until:
+                if self.settings.allowed.needs_lookup(dest) and self.monotonic() > lookups_until:
                     raise InvalidRequest(f"not checked: this registration's name lookups took their "
                                          f"{REGISTRATION_LOOKUPS_S:g} s (slow DNS): give addresses, or fewer names "
-                                         "a registration (the next one checks these first)")
-                self._check_remembering_slow_names(dest)  # resolved once per registration
-            except (DestinationNotAllowed, InvalidRequest) as exc:
+                                         "a registration (the next one checks these ahead of names whose lookup "
+                                         "timed out more recently)")
+                self._check_remembering_slow_names(name, dest)  # resolved once per registration
+            except (DestinationNotAllowed, InvalidRequest, LookupsBusy) as exc:
                 refused.append({"dest": str(text), "error": str(exc)})
                 continue
             parsed[dest.key] = dest
@@ -746,36 +752,35 @@ class AdviceService:
         return {"site": name, "links": len(parsed), "queued": queued, "deferred": deferred, "refused": refused,
                 "budget": budget.to_json()}
 
-    def _slow_names_last(self, dests: Sequence[Any]) -> list[Any]:
-        """``dests`` in their order, but those whose host name last timed out in a registration after the others."""
-        with self._lock:
-            slow_names = set(self._slow_names)
+    def _slow_names_last(self, site: str, dests: Sequence[Any]) -> list[Any]:
+        """``dests`` in their order, but those whose host name timed out in ``site``'s registrations after the
+        others, the one whose timeout was longest ago first."""
+        ages = self._slow_names.ages(site)
 
-        def slow(text: Any) -> bool:
+        def age(text: Any) -> int:
             try:
-                return parse_destination(text).host in slow_names
+                return ages.get(parse_destination(text).host, -1)
             except InvalidRequest:
-                return False
+                return -1
 
-        return sorted(dests, key=slow) if slow_names else list(dests)
+        return sorted(dests, key=age) if ages else list(dests)
 
-    def _check_remembering_slow_names(self, dest: Destination) -> None:
-        """:meth:`check_allowed`, remembering whether ``dest``'s name lookup timed out (see _slow_names)."""
-        timed_out = False
+    def _check_remembering_slow_names(self, site: str, dest: Destination) -> None:
+        """:meth:`check_allowed`, remembering for ``site`` whether ``dest``'s name lookup timed out (_slow_names).
+        A name the service's busy lookups never started (LookupsBusy) is neither remembered nor forgotten: nothing
+        was learnt of it."""
+        remember = self._slow_names.looked_up  # resolved, refused for its addresses, or not a name at all
         try:
             self.check_allowed(dest)
         except LookupTimedOut:
-            timed_out = True
+            remember = self._slow_names.timed_out
+            raise
+        except LookupsBusy:
+            remember = None
             raise
         finally:
-            with self._lock:
-                if timed_out:
-                    self._slow_names[dest.host] = None
-                    self._slow_names.move_to_end(dest.host)
-                    while len(self._slow_names) > SLOW_NAMES_KEPT:
-                        self._slow_names.popitem(last=False)
-                else:
-                    self._slow_names.pop(dest.host, None)
+            if remember is not None:
+                remember(site, dest.host)
 
     def _check_budget_fits(self, budget: SiteBudget) -> None:
         """Refuse a site budget above the operator's ceiling (settings.site_ceiling), or one no probe of the
@@ -798,7 +803,8 @@ class AdviceService:
         ``holding``: the ids of the probes the agent runs, None when it does not say):
         {"site", "job": the job (as GET /v1/probes/ID shows it) or None, "max_streams", "lease_until", "lease_s" (how
         long from now, by this service's clock), "waiting",
-        "budget": the budget in force, "use"}; jobs whose agent's lease ran out are queued again first."""
+        "budget": the budget in force, "use", "plan_settings": this service's settings the lease is worked out from
+        (advisor.plan_runner.lease_settings)}; jobs whose agent's lease ran out are queued again first."""
         name = check_site(site, "site")
         check_owner(owner)
         cap = max_streams if isinstance(max_streams, int) and not isinstance(max_streams, bool) else None
@@ -816,6 +822,12 @@ class AdviceService:
             try:
                 self.check_allowed(parse_destination(claimed.job.dest))
                 break
+            except LookupsBusy as exc:
+                # Not looked up (this service's lookups all busy): nothing is known against the job, so it goes back
+                # in its place, the attempt not counted, and this claim gives none.
+                self.store.release_attempt(claimed.job.id, owner, name, f"not started: {exc}; re-queued")
+                claimed = claimed.none(f"the probe of {claimed.job.dest} could not start: {exc}")
+                break
             except DestinationNotAllowed as exc:
                 self.store.refuse_attempt(claimed.job.id, owner, name, f"never run: {exc}")
             except InvalidRequest as exc:
@@ -832,7 +844,7 @@ class AdviceService:
                 "max_streams": claimed.streams or None, "lease_until": claimed.lease_until,
                 "lease_s": None if claimed.lease_until is None else claimed.lease_until - self.store.clock(),
                 "waiting": claimed.waiting, "budget": claimed.budget.to_json(),
-                "use": site_use(self.store, name).to_json()}
+                "use": site_use(self.store, name).to_json(), "plan_settings": lease_settings(self.settings)}
 
     def fail_claim(self, site: Any, job_id: str, owner: Any, error: str) -> dict[str, Any]:
         """Agent ``owner`` of ``site`` could not run its claimed probe ``job_id`` (``error``, as it saw it): the job goes

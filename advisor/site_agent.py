@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterable
 from advisor.destinations import parse_destination
 from advisor.errors import AdvisorError
 from advisor.limits import MAX_SITE_PROBES
-from advisor.plan_runner import level_chooser, plan_for
+from advisor.plan_runner import LEASE_SETTINGS, lease_settings_differ, level_chooser, plan_for
 from advisor.settings import Settings
 from advisor.sites import SiteBudget
 from advisor.tame import plan_control
@@ -51,14 +51,26 @@ def run_payload(dest: str, plan: PlanResult, started_at: float, control: str | N
 LEASE_MARGIN_S = 5.0
 
 
-def check_plan_fits_lease(worst_case_s: float, lease_s: float | None) -> None:
+def check_plan_fits_lease(worst_case_s: float, lease_s: float | None, settings: Settings,
+                          services: dict[str, Any] | None) -> None:
     """ValueError when a plan that may take ``worst_case_s`` could outlast its claim's lease (``lease_s`` from the
     claim; None: a service that does not say): the job would go to another agent mid-probe, and the link would be
-    probed twice at once."""
-    if lease_s is not None and worst_case_s > lease_s - LEASE_MARGIN_S:
-        raise ValueError(f"this agent's probe plan may take {worst_case_s:.0f} s, longer than the {lease_s:.0f} s lease "
-                         "its claim holds: run the agent with the service's TAME_MODEL, TAME_PROBE_DURATION_S, "
-                         "TAME_PROBE_MAX_DURATION_S and TAME_PROBE_OMIT_S")
+    probed twice at once. The message names the agent's ``settings`` that differ from the ``services`` the claim
+    gives ("plan_settings"; None: a service that does not say), with both values."""
+    if lease_s is None or worst_case_s <= lease_s - LEASE_MARGIN_S:
+        return
+    outlasts = (f"this agent's probe plan may take {worst_case_s:.0f} s, longer than the {lease_s:.0f} s lease its "
+                "claim holds")
+    variables = ", ".join(LEASE_SETTINGS.values())
+    if services is None:
+        raise ValueError(f"{outlasts}: run the agent with the service's {variables} (this service does not say "
+                         "its own)")
+    differ = lease_settings_differ(settings, services)
+    if not differ:
+        raise ValueError(f"{outlasts}, though its {variables} are the service's: run the agent and the service at the "
+                         "same version of tame")
+    raise ValueError(f"{outlasts}: its {'; its '.join(differ)}: run the agent with the service's "
+                     + ("value" if len(differ) == 1 else "values"))
 
 
 @dataclasses.dataclass
@@ -158,7 +170,8 @@ class SiteAgent:
             started = self.clock()
             control = job["congestion_control"] or self.settings.congestion_control
             planned = plan_for(self.settings, job["levels"], job["duration_s"], control)
-            check_plan_fits_lease(planned.worst_case_s, claim.get("lease_s"))
+            check_plan_fits_lease(planned.worst_case_s, claim.get("lease_s"), self.settings,
+                                  claim.get("plan_settings"))
             plan = run_plan(self.driver, target, planned,
                             next_level=level_chooser(self.settings.model, min(self.settings.n_max, claim["max_streams"])))
             used = plan_control(plan.probes, control)

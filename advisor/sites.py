@@ -231,8 +231,12 @@ _TURN_WAITS = (
     "(o.requested_at = j.requested_at AND o.id < j.id)))))")
 
 
+# Seconds a claim's lease lasts past its plan's worst case: the agent pushes its run as its plan ends.
+LEASE_SLACK_S = 15.0
+
+
 def claim_job(store: Store, site: str, owner: str, *, max_streams: int, adaptive: bool,
-              worst_case_s: Callable[[Job], float], lease_slack_s: float = 15.0,
+              worst_case_s: Callable[[Job], float], lease_slack_s: float = LEASE_SLACK_S,
               ceiling: SiteBudget = SITE_HARD_CAPS, holding: Sequence[str] | None = None) -> Claim:
     """Claim the site's oldest queued job for ``owner`` if the site's budget, held to the operator's ``ceiling``,
     allows it (a budget stored before the ceiling was lowered never takes effect above it).

@@ -966,8 +966,9 @@ class Store:
             requeued=lambda attempts: f"attempt {attempts} failed: {error}; re-queued", requeued_at=now)
 
     def release_attempt(self, job_id: str, owner: str, src: str, note: str) -> Job | None:
-        """Agent ``owner`` hands back its running job (a probe of a link from ``src``) unfinished, because it is
-        stopping: the job is queued again at once, in its place, the attempt not counted, and the attempt's
+        """Agent ``owner``'s running job (a probe of a link from ``src``) goes back unfinished, because the agent is
+        stopping or its claim could not start it: the job is queued again at once, in its place, the attempt not
+        counted, and the attempt's
         probe-seconds are what it took, started_at to now. None when ``owner`` does not hold the job."""
         return self._end_agent_attempt(job_id, owner, src, self.clock(), max_attempts=1, gave_up=lambda _: "",
                                        requeued=lambda _: note, counted=False)

@@ -3,7 +3,8 @@
 Error mapping to HTTP statuses lives here and only here:
 InvalidRequest -> 422 (TooManyLinks, a new link past a site's TAME_MAX_SITE_LINKS, among them), BatchTooLarge ->
 413, DestinationNotAllowed and WrongSite -> 403, UnknownDestination and UnknownProbe -> 404, BudgetConflict -> 409,
-StoreError -> 503 (with a generic message; the detail is logged); a body that is not JSON, or gives a key twice in one
+QueueFull -> 429 and LookupsBusy (a name not looked up: the service's lookups all busy) -> 503, both with
+Retry-After, StoreError -> 503 (with a generic message; the detail is logged); a body that is not JSON, or gives a key twice in one
 object (api/bodies.py), or does not fit its schema -> 422. Tokens, body caps and body deadlines are checked
 before any route, by api/boundary.py: when TAME_TOKEN is set, writes need ``Authorization: Bearer TOKEN``; when TAME_READ_TOKEN is set, reads (the docs
 included) need it or the write token. A site's token (TAME_SITE_TOKENS) reads, and writes only links from
@@ -32,8 +33,8 @@ from starlette.staticfiles import StaticFiles
 from advisor import idempotency
 from advisor.allowlist import Resolver, system_resolver
 from advisor.destinations import parse_destination
-from advisor.errors import (BatchTooLarge, BudgetConflict, DestinationNotAllowed, InvalidRequest, QueueFull,
-                            StoreError, UnknownDestination, UnknownProbe, WrongSite)
+from advisor.errors import (BatchTooLarge, BudgetConflict, DestinationNotAllowed, InvalidRequest, LookupsBusy,
+                            QueueFull, RetryLater, StoreError, UnknownDestination, UnknownProbe, WrongSite)
 from advisor.retention import Pruner
 from advisor.service import AdviceService
 from advisor.settings import Settings
@@ -57,6 +58,7 @@ _STATUS = {
     BudgetConflict: 409,
     InvalidRequest: 422,
     QueueFull: 429,
+    LookupsBusy: 503,
     StoreError: 503,
 }
 # What a stored write answers, the first time and when sent again under its Idempotency-Key.
@@ -76,8 +78,10 @@ _ERROR_MEANING = {
          "TAME_MAX_SITE_PROBE_SECONDS_PER_HOUR), or a new link from a site that has TAME_MAX_SITE_LINKS links "
          "already; the detail says what to give instead",
     429: "the probe queue is full, in total or for this client; ask again after Retry-After seconds",
-    503: "the advice store is unavailable, the server is at its connection limit, or it is reading as many bodies "
-         "over 1 MiB as it reads at once (TAME_MAX_LARGE_BODIES; send it again after Retry-After seconds)",
+    503: "the advice store is unavailable, the server is at its connection limit, it is reading as many bodies "
+         "over 1 MiB as it reads at once (TAME_MAX_LARGE_BODIES), or its name lookups were all busy and the "
+         "destination's name was not looked up (give its address); send it again after Retry-After seconds when "
+         "given",
 }
 
 
@@ -86,7 +90,7 @@ def _responses(*codes: int) -> dict[int, dict]:
     out: dict[int, dict] = {}
     for code in codes:
         out[code] = {"model": schemas.ErrorOut, "description": _ERROR_MEANING[code]}
-        if code in (429, 503):  # a 503 has it when too many large bodies are being read (api/boundary.py)
+        if code in (429, 503):  # a 503 has it when too many large bodies are being read (api/boundary.py), or lookups
             out[code]["headers"] = {"Retry-After": {"description": "seconds to wait", "schema": {"type": "integer"}}}
     return out
 
@@ -162,7 +166,7 @@ def create_app(settings: Settings, store: Store, driver: ProbeDriver | None = No
 
     async def _advisor_error(request: Request, exc: Exception):
         status = next(code for kind, code in _STATUS.items() if isinstance(exc, kind))
-        retry = {"Retry-After": str(max(1, round(exc.retry_after_s)))} if isinstance(exc, QueueFull) else None
+        retry = {"Retry-After": str(max(1, round(exc.retry_after_s)))} if isinstance(exc, RetryLater) else None
         if isinstance(exc, StoreError):
             # The store's text can carry SQL and data (a key's value); it goes to the log only.
             log.error("%s %s: %s", request.method, request.url.path, exc)

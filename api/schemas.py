@@ -433,6 +433,10 @@ class ClaimOut(BaseModel):
     budget: dict[str, float] = Field(description="the site's budget in force: as registered, held to the operator's "
                                                  "ceiling (TAME_MAX_SITE_PROBES, _STREAMS, _PROBE_SECONDS_PER_HOUR)")
     use: dict[str, float] = Field(description="what the site's probes hold of its budget now")
+    plan_settings: dict[str, str | float] | None = Field(
+        default=None, description="this service's settings the lease is worked out from, beside the job's levels and "
+                                  "duration_s: model (TAME_MODEL), max_probe_duration_s (TAME_PROBE_MAX_DURATION_S) "
+                                  "and omit_s (TAME_PROBE_OMIT_S), seconds; an agent whose own differ may outlast it")
 
 
 class Health(BaseModel):

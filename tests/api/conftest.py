@@ -65,6 +65,10 @@ def live_server(app):
 def resolver(host):
     table = {"localhost": ["127.0.0.1"], "lo.test": ["127.0.0.2"], "evil.test": ["198.51.100.7"],
              "mixed.test": ["127.0.0.3", "203.0.113.9"]}
+    if host == "busy.test":  # as advisor.allowlist.system_resolver refuses a name when its lookup slots stay taken
+        from advisor.errors import LookupsBusy
+        raise LookupsBusy(f"dest host {host!r} was not looked up: this service's 8 name lookups were all busy for 5 s: "
+                          "try again later, or give its address", retry_after_s=5.0)
     if host not in table:
         from advisor.errors import InvalidRequest
         raise InvalidRequest(f"dest host {host!r} does not resolve")

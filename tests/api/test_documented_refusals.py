@@ -114,3 +114,21 @@ def test_a_body_the_parser_cannot_read_is_a_documented_refusal(service_factory, 
     assert response.status_code == 422 and says in response.json()["detail"], response.text
     made.validate_response(response, checks=CHECKS)
     assert client.get("/v1/links").json()["links"] == []
+
+
+def test_a_name_the_service_s_busy_lookups_never_started_is_a_503_to_send_again_not_a_422(service_factory):
+    # Refused as a LookupTimedOut (422, "did not resolve within 5 s"), though never looked up: tame agent set such a
+    # pushed run aside for good, as a 4xx is the request's own fault. A 503 with Retry-After it keeps and sends again.
+    from api.client import TameError
+
+    base, client, app = service_factory(start_worker=False)
+    response = client.post("/v1/probe-runs", json={"dest": "busy.test", "probes": [
+        {"streams": 1, "throughput_bps": 1e6}, {"streams": 10, "throughput_bps": 5e6}]})
+    assert response.status_code == 503 and response.headers["Retry-After"] == "5"
+    assert response.json()["detail"] == ("dest host 'busy.test' was not looked up: this service's 8 name lookups were "
+                                         "all busy for 5 s: try again later, or give its address")
+    assert TameError(503, response.json()["detail"]).retryable
+    # Documented (the CHECKS of the cases above take any 5xx for a server error, so it is checked here).
+    for path in ("/v1/probes", "/v1/probe-runs", "/v1/observations"):
+        documented = client.get("/openapi.json").json()["paths"][path]["post"]["responses"]["503"]
+        assert "name lookups were all busy" in documented["description"] and "Retry-After" in documented["headers"]

@@ -1,10 +1,14 @@
 """advisor/site_agent.py against a live service (the app on a real socket): nothing a probe's thread raises dies
-silently."""
+silently, and a plan that could outlast its claim's lease is refused naming the settings that differ."""
 
 import logging
 import time
+from dataclasses import replace
 
-from advisor.site_agent import SiteAgent
+import pytest
+
+from advisor.settings import Settings
+from advisor.site_agent import SiteAgent, check_plan_fits_lease
 from advisor.sites import SiteBudget
 from api.client import TameClient
 from probes.fake import FakeDriver
@@ -68,3 +72,44 @@ def test_a_run_the_service_could_not_take_is_not_probed_again_while_its_lease_la
     assert sum(1 for call in driver.calls if call[0] == "run") == probes  # nothing probed since
     job = app.state.service.store.job(pushed[0])
     assert job.status == "running" and job.attempts == 1
+
+
+def test_an_agent_whose_plan_outlasts_its_lease_names_the_settings_that_differ_and_both_values(service_factory):
+    """The lease is the service's plan's worst case for the job, from its TAME_MODEL, TAME_PROBE_MAX_DURATION_S and
+    TAME_PROBE_OMIT_S: an agent whose own could make its plan longer probes nothing (the job would go to another
+    agent mid-probe). The refusal listed four settings, one of which (TAME_PROBE_DURATION_S) a claimed job does not
+    take from the agent at all, and no value: now it names the ones that differ, the agent's value and the
+    service's."""
+    base, client, app = service_factory(start_worker=False)
+    reported = []
+    driver = FakeDriver(rate, rtt_s=0.01)
+    # 60 s of warm-up a probe here, 5 s at the service: every run of the plan 55 s longer than the lease allows for.
+    settings = replace(app.state.settings, omit_s=60.0, n_max=app.state.settings.n_max + 1)
+    with TameClient(base) as remote:
+        agent = SiteAgent(remote, "dtn2", "agent-1", SiteBudget(), settings, driver, push=lambda payload: True,
+                          clock=time.time, report_failure=lambda job_id, error: reported.append(error),
+                          log=lambda line: None)
+        agent.round(["127.0.0.1:5201"])
+    [error] = reported
+    # 2752 s against a 1227 s lease: each of the plan's 28 runs counts 55 s more warm-up (2 levels, 2 attempts, 7
+    # lengths 1 s to 60 s), the rest (the idle RTT's 20 s, 20 s of slack a run) alike.
+    assert error == ("this agent's probe plan may take 2752 s, longer than the 1227 s lease its claim holds: its "
+                     "TAME_PROBE_OMIT_S is 60, the service's 5: run the agent with the service's value"), error
+    assert not [call for call in driver.calls if call[0] == "run"]
+
+
+def test_the_lease_refusal_names_every_setting_that_differs_and_says_when_the_service_gives_none():
+    mine = Settings(model="auto", max_probe_duration_s=120.0, omit_s=5.0)
+    check_plan_fits_lease(100.0, 105.0, mine, None)  # fits, with the 5 s it leaves for the push
+    with pytest.raises(ValueError) as refused:
+        check_plan_fits_lease(200.0, 100.0, mine, {"model": "lu", "max_probe_duration_s": 60.0, "omit_s": 5.0})
+    assert str(refused.value) == (
+        "this agent's probe plan may take 200 s, longer than the 100 s lease its claim holds: its TAME_MODEL is auto, "
+        "the service's lu; its TAME_PROBE_MAX_DURATION_S is 120, the service's 60: run the agent with the service's "
+        "values")
+    with pytest.raises(ValueError, match="though its TAME_MODEL, TAME_PROBE_MAX_DURATION_S, TAME_PROBE_OMIT_S are "
+                                         "the service's: run the agent and the service at the same version"):
+        check_plan_fits_lease(200.0, 100.0, mine, {"model": "auto", "max_probe_duration_s": 120.0, "omit_s": 5.0})
+    with pytest.raises(ValueError, match="run the agent with the service's TAME_MODEL, TAME_PROBE_MAX_DURATION_S, "
+                                         "TAME_PROBE_OMIT_S \\(this service does not say its own\\)"):
+        check_plan_fits_lease(200.0, 100.0, mine, None)
