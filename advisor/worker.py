@@ -24,7 +24,7 @@ import time
 from typing import Any, Callable
 
 from advisor.destinations import Destination, parse_destination
-from advisor.errors import AdvisorError
+from advisor.errors import AdvisorError, StoreError
 from advisor.plan_runner import level_chooser, plan_for
 from advisor.retention import Pruner
 from advisor.service import AdviceService
@@ -42,6 +42,15 @@ PROGRESS_INTERVAL_S = 2.0
 # A re-queued job may find the iperf3 server still busy with the test its killed worker had
 # started, until the server notices the dead connection: it is tried again after these waits.
 BUSY_RETRY_WAITS_S = (2.0, 4.0, 8.0)
+# A finished run the store could not take (a full disk, a database restarting) is kept and stored again after these
+# waits, the last repeated, while the job's lease lasts: the probe is not thrown away for a passing failure.
+STORE_RETRY_WAITS_S = (1.0, 2.0, 4.0, 8.0)
+# What is left of the lease when the worker stops trying to store a run: its job then goes back to the queue.
+STORE_RETRY_MARGIN_S = 5.0
+
+
+class _RunNotStored(StoreError):
+    """A finished run the store failed to take until its job's lease was nearly over."""
 
 
 def probe_target(address: str, port: int) -> str:
@@ -206,7 +215,8 @@ class ProbeWorker:
             # Resolved once, here: the allow-list is checked against this address and the probes go
             # to exactly it, so a name re-pointed after the check cannot send them elsewhere.
             address = self.service.probe_address(dest)
-            if not self.store.pin_address(job.id, self.owner, address, self.service.clock() + self._lease_s(job)):
+            lease_until = self.service.clock() + self._lease_s(job)
+            if not self.store.pin_address(job.id, self.owner, address, lease_until):
                 self.store.release_job(job.id, self.owner, f"waiting: a probe to {address} is running", address)
                 probed = False
                 return
@@ -218,14 +228,16 @@ class ProbeWorker:
                 self._write_progress(job.id, progress)
 
             plan = self._run_plan(job, probe_target(address, dest.port), report)
-            _, error = self.service.ingest_run(dest, plan.idle_rtt_s, plan.probes, started_wall,
-                                               source="probe", job_id=job.id, address=address,
-                                               congestion_control=self._control(job), src=job.src)
+            error = self._store_run(job, dest, plan, started_wall, address, lease_until)
         except (ProbeError, AdvisorError) as exc:
             error = f"{type(exc).__name__}: {exc}"
             if self._stop.is_set():
                 # Shutting down killed the probe: not the job's fault, so not a failed attempt.
                 self.store.release_job(job.id, self.owner, "interrupted: the service stopped; re-queued")
+            elif isinstance(exc, _RunNotStored):
+                # Not the probe's fault either: the job's lease, about to end, returns it to the queue.
+                log.error("job %s: the run to %s could not be stored within its lease (%s); the job goes back to the "
+                          "queue when the lease ends", job.id, job.dest, exc)
             else:
                 self.store.fail_job(job.id, error)
         except Exception as exc:
@@ -237,6 +249,36 @@ class ProbeWorker:
                 self._active.pop(job.id, None)
             if self.on_probe is not None and probed:
                 self.on_probe(job.dest, time.monotonic() - started, error)
+
+    def _store_run(self, job: Job, dest: Destination, plan: PlanResult, started_wall: float, address: str,
+                   lease_until: float) -> str | None:
+        """Store the job's finished run and close the job (its fit error, or None). A store that fails (StoreError) is
+        tried again while the job's lease lasts and the worker is not stopping; a commit whose answer was lost is told
+        by the job, closed in the run's own transaction, so the run is stored once. _RunNotStored once the lease is
+        nearly over, StoreError when the worker stops."""
+        waits = list(STORE_RETRY_WAITS_S)
+        while True:
+            try:
+                _, error = self.service.ingest_run(dest, plan.idle_rtt_s, plan.probes, started_wall,
+                                                   source="probe", job_id=job.id, address=address,
+                                                   congestion_control=self._control(job), src=job.src)
+                return error
+            except StoreError as exc:
+                wait_s = waits.pop(0) if len(waits) > 1 else waits[0]
+                if self._stop.is_set():
+                    raise
+                if self.service.clock() + wait_s > lease_until - STORE_RETRY_MARGIN_S:
+                    raise _RunNotStored(str(exc)) from exc
+                log.warning("job %s: the run to %s could not be stored (%s); trying again in %g s", job.id,
+                            job.dest, exc, wait_s)
+                if self._stop.wait(wait_s):
+                    raise
+            try:
+                stored = self.store.job(job.id)
+            except StoreError:
+                continue
+            if stored.probe_run_id is not None:  # the failure came after the commit: the run is there
+                return stored.error
 
     def _control(self, job: Job) -> str:
         """The control a job probes under: its own, or the default for a job queued before controls were kept."""

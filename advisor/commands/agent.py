@@ -329,13 +329,22 @@ def _keep(spool: Path, record: dict[str, Any], held: HeldRuns | None) -> str:
 
 def _push(client, payload: dict[str, Any], spool: Path, path: Path | None = None, key: str | None = None,
           held: HeldRuns | None = None, from_memory: bool = False) -> bool:
-    """POST one run under Idempotency-Key ``key`` (None: a new run, a new key). A new run not taken goes to
-    ``spool``, or to ``held`` when the spool cannot be written; one from the spool (``path``) or from memory
-    (``from_memory``) stays there. False when the service could not take it now."""
+    """POST one run under Idempotency-Key ``key`` (None: a new run, a new key). A new run is written to ``spool``
+    before it is sent, and stays there until the service takes it (or, when the spool cannot be written, is held
+    in ``held`` if not taken); one from the spool (``path``) or from memory (``from_memory``) stays there. False
+    when the service could not take it now."""
     from api.client import TameError
 
     dest = payload.get("dest")
     key = key or uuid.uuid4().hex
+    new = path is None and not from_memory
+    if new:
+        # Kept before it is sent: an agent killed while the service has not answered (a slow one holds a request
+        # for the client's 30 s) finds the run in its spool at its next start and sends it again under its key.
+        try:
+            path = _spool(spool, _spool_record(payload, key))
+        except OSError:
+            pass  # said below if the service does not take it either
     try:
         answer = client.push_probe_run(payload, idempotency_key=key)
     except TameError as exc:
@@ -359,12 +368,15 @@ def _push(client, payload: dict[str, Any], spool: Path, path: Path | None = None
     if path is not None:
         try:
             path.unlink()
+        except FileNotFoundError:
+            pass  # delivered by another agent sharing the spool too: stored once, by its key
         except OSError as exc:
             # Sent again next round, which stores nothing new: the run carries its Idempotency-Key.
             print(f"tame agent: {dest}: delivered {path} but cannot remove it ({exc.strerror or exc}): it will be sent "
                   f"again (stored once); {_SPOOL_FIX}", file=sys.stderr, flush=True)
     print(f"tame agent: {dest}: pushed run {answer['probe_run_id']} (fitted: {answer['fitted']})"
-          f"{' from the spool' if path is not None else ' from memory' if from_memory else ''}", flush=True)
+          f"{' from the spool' if path is not None and not new else ' from memory' if from_memory else ''}",
+          flush=True)
     return True
 
 

@@ -173,3 +173,76 @@ def test_a_run_stored_whose_answer_was_lost_is_sent_again_and_stored_once(tmp_pa
             assert list(spool.glob("*.json")) == []
     assert rows(env, "SELECT count(*) FROM probe_runs") == [(1,)]
     assert rows(env, "SELECT idempotency_key FROM request_keys") == [(key,)]
+
+
+class HangingService:
+    """A listener on 127.0.0.1 that answers every GET 503 at once and never answers a POST /v1/probe-runs (a service
+    stuck in its write): ``posted`` is set when one has arrived."""
+
+    def __init__(self):
+        import socket
+        import threading
+
+        self._sock = socket.socket()
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(16)
+        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+        self.posted = threading.Event()
+        self._held = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            head = b""
+            while b"\r\n\r\n" not in head:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    break
+                head += chunk
+            if head.startswith(b"POST /v1/probe-runs"):
+                self._held.append(conn)  # read, never answered
+                self.posted.set()
+                continue
+            body = b'{"detail": "busy"}'
+            conn.sendall(b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: "
+                         + str(len(body)).encode() + b"\r\nconnection: close\r\n\r\n" + body)
+            conn.close()
+
+    def close(self):
+        self._sock.close()
+        for conn in self._held:
+            conn.close()
+
+
+def test_an_agent_killed_while_its_run_is_being_sent_delivers_it_after_a_restart(tmp_path, iperf_server):
+    """The service takes the run's request and does not answer (stuck in a write; the agent waits 30 s for it), and
+    the agent is SIGKILLed meanwhile: the run was written to the spool before it was sent, so the next start
+    delivers it, stored once (before: it was only in the dead agent's memory, and lost)."""
+    env, dests = agent_setup(tmp_path, iperf_server)
+    spool = tmp_path / "spool"
+    hanging = HangingService()
+    proc = subprocess.Popen([sys.executable, "-m", "advisor", "agent", "--dest-file", str(dests), "--push",
+                             hanging.url, "--spool", str(spool), "--once"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    try:
+        assert hanging.posted.wait(120), "the agent never sent its run"
+        proc.kill()
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+        hanging.close()
+    [kept] = spool.glob("*.json")
+    assert json.loads(kept.read_text())["payload"]["dest"] == iperf_server
+    dests.write_text("# nothing to probe: the agent delivers its spool\n")
+    with served(env) as base:
+        done = agent(env, "--dest-file", str(dests), "--push", base, "--spool", str(spool), "--once")
+        assert done.returncode == 0, done.stderr
+        assert "from the spool" in done.stdout and done.stdout.count("pushed run") == 1, (done.stdout, done.stderr)
+        assert list(spool.glob("*.json")) == []
+    assert rows(env, "SELECT count(*) FROM probe_runs") == [(1,)]
