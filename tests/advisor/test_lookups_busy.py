@@ -50,6 +50,10 @@ def test_stale_advice_whose_re_probe_finds_the_lookups_busy_is_still_served(tmp_
         busy = True
         advice = service.advice(DEST, 0.5)
         assert advice["stale"] and advice["num_flows"] >= 1, advice
+        # A batch holding it answers it too (its re-probe is asked for again later, not on every read).
+        service._refresh_requested.clear()
+        [item] = service.batch([(DEST, 0.5, None, None)])
+        assert b'"error":null' in item and b'"advice":{' in item, item
         assert store.job_counts().get("queued", 0) == 0  # no probe queued: its name was not checked
     finally:
         store.close()
