@@ -326,7 +326,7 @@ class AdviceService:
         self._refresh_requested[(src, dest_key, control)] = now
         try:
             self.request_probe(dest_key, congestion_control=control, src=src)
-        except (DestinationNotAllowed, InvalidRequest, QueueFull) as exc:
+        except (DestinationNotAllowed, InvalidRequest, QueueFull, LookupsBusy) as exc:
             # The advice is still the best answer; the re-probe is asked for again later.
             log.info("advice from %s to %s under %s (%s) not re-probed: %s", src, dest_key, control, due, exc)
 
