@@ -504,7 +504,7 @@ class Store:
                 f"({', '.join(held):.300}), the most this service keeps for one link, and {control!r} would be "
                 "another, so nothing was stored: report it under the control the streams used, one of those (a "
                 "control is released once nothing under it is newer than TAME_RUN_MAX_AGE_S and no probe under it is "
-                "queued or running)")
+                "queued or running; never while TAME_RUN_MAX_AGE_S is 0)")
 
     def check_new_link(self, tx: Tx, src: str, dest_key: str, max_links: int) -> None:
         """Refuse (TooManyLinks) to make ``dest_key`` a link of ``src`` when it is not one yet and ``src`` has
@@ -537,8 +537,8 @@ class Store:
                 f"site {src} has {links} links, the most this service keeps for one site (TAME_MAX_SITE_LINKS="
                 f"{max_links}), and {dest_key} would be another, so it was not stored. Write for a link it has, or "
                 "wait: a link with no queued or running probe and nothing newer than TAME_RUN_MAX_AGE_S "
-                "(fits, runs, observations, probes) is removed when the store is pruned. The operator can raise "
-                "TAME_MAX_SITE_LINKS")
+                "(fits, runs, observations, probes) is removed when the store is pruned (never while TAME_RUN_MAX_AGE_S "
+                "is 0). The operator can raise TAME_MAX_SITE_LINKS")
         counts[src] = links + 1
 
     @staticmethod

@@ -597,6 +597,7 @@ def test_a_link_at_its_control_cap_takes_a_new_control_once_pruning_released_the
         assert pruned.deleted["link_controls"] == MAX_LINK_CONTROLS - 1
         # The refusal says when a control is released.
         assert "released once nothing under it is newer than TAME_RUN_MAX_AGE_S" in str(refused.value)
+        assert "never while TAME_RUN_MAX_AGE_S is 0" in str(refused.value)
     finally:
         store.close()
 
