@@ -247,6 +247,25 @@ def _spool_record(payload: dict[str, Any], key: str) -> dict[str, Any]:
     return {"form": SPOOL_FORM, "payload": payload, "spooled_at": time.time(), "idempotency_key": key}
 
 
+# A spooled run's temporary file (_spool) this much older than now was left by a writer stopped before it renamed
+# it (SIGKILL, power loss); a younger one may be another agent's, sharing the spool, being written now. Seconds.
+LEFTOVER_AGE_S = 600.0
+
+
+def _adopt_leftovers(spool: Path) -> None:
+    """Give each temporary file a stopped writer left in ``spool`` (:data:`LEFTOVER_AGE_S`) its record's name, so
+    the run in it is delivered as a spooled one is, or, written only in part, set aside as unreadable."""
+    for tmp in sorted(spool.glob(".*.json.tmp")):
+        try:
+            if time.time() - tmp.lstat().st_mtime < LEFTOVER_AGE_S:
+                continue
+            os.replace(tmp, tmp.with_name(tmp.name[1:-len(".tmp")]))
+        except FileNotFoundError:  # its writer, or another agent sharing the spool, got to it first
+            continue
+        print(f"tame agent: {tmp} was left by an agent stopped while spooling a run; it goes with the spooled runs",
+              file=sys.stderr, flush=True)
+
+
 def _spool(spool: Path, record: dict[str, Any]) -> Path:
     """Write a run that was not delivered to ``spool`` (atomically: a reader never sees half a file), with the
     Idempotency-Key it was sent under: a run the service stored without its answer arriving is not stored twice.
@@ -437,6 +456,7 @@ def _deliver_spooled(client, spool: Path, held: HeldRuns | None = None) -> None:
         held.discard(record)
     if not spool.is_dir():
         return
+    _adopt_leftovers(spool)
     from api.boundary import PROBE_RUN_BYTES  # a record larger than the service takes is no run of this agent's
 
     for path in sorted(spool.glob("*.json")):

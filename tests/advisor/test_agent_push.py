@@ -111,6 +111,34 @@ def test_a_run_the_service_could_not_take_is_spooled_and_delivered_next_round(tm
     assert runs[0][2] == 0  # probed with the agent's TAME_PROBE_OMIT_S, not the default 5 s warm-up
 
 
+def test_runs_an_agent_stopped_while_spooling_left_are_delivered_or_set_aside(tmp_path, iperf_server):
+    # A writer killed after writing a record's temporary file, before renaming it (_spool), leaves the file: whole
+    # (killed after its fsync) or in part. Ten minutes on, the next agent takes them up: the whole run is delivered,
+    # the part set aside. A young one may be another agent's being written: it stays as it is.
+    env, dests = agent_setup(tmp_path, iperf_server)
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    record = json.dumps({"form": SPOOL_FORM, "idempotency_key": "left-1", "spooled_at": time.time() - 700,
+                         "payload": {"dest": iperf_server, "probes": [{"streams": 1, "throughput_bps": 1e8},
+                                                                      {"streams": 2, "throughput_bps": 1.5e8}]}})
+    whole, part, young = (spool / f".{name}.json.tmp" for name in ("1-aaaaaaaa", "2-bbbbbbbb", "3-cccccccc"))
+    whole.write_text(record)
+    part.write_text(record[:40])
+    young.write_text(record)
+    for left in (whole, part):
+        os.utime(left, (time.time() - 700, time.time() - 700))
+    with served(env) as base:
+        done = agent(env, "--dest-file", str(dests), "--push", base, "--spool", str(spool), "--once")
+        assert done.returncode == 0, done.stderr
+        assert done.stderr.count("left by an agent stopped while spooling a run") == 2, done.stderr
+        assert "from the spool" in done.stdout and "2-bbbbbbbb.json is unreadable" in done.stderr, done.stderr
+        assert [p.name for p in (spool / "rejected").iterdir()] == ["2-bbbbbbbb.json"]
+        assert sorted(p.name for p in spool.iterdir() if p.is_file()) == [young.name]
+    # The whole run stored once, under the key it was spooled with (the agent then probed under its own control).
+    assert rows(env, "SELECT count(*) FROM request_keys k JOIN probe_runs r ON r.id = k.record_id "
+                     "WHERE k.idempotency_key = 'left-1'") == [(1,)]
+
+
 def test_a_pushing_agent_judges_freshness_by_its_server_s_own_site(tmp_path, iperf_server):
     """Runs pushed without src are the server's own site's: another site's fresh advice for the same destination
     does not make the agent skip it."""
