@@ -30,9 +30,9 @@ LOOKUPS = textwrap.dedent("""
         began = time.monotonic()
         try:
             allowlist.system_resolver(name)
-            out.append(("resolved", name, time.monotonic() - began))
-        except AdvisorError as exc:
-            out.append((str(exc), name, time.monotonic() - began))
+            out.append(("resolved", name, time.monotonic() - began, None))
+        except AdvisorError as exc:  # with the seconds a 503 tells the client to wait (Retry-After)
+            out.append((str(exc), name, time.monotonic() - began, getattr(exc, "retry_after_s", None)))
 
     threads = [threading.Thread(target=resolve, args=(f"slow{i}.tame.invalid",)) for i in range(12)]
     for t in threads:
@@ -62,15 +62,18 @@ def test_a_lookup_that_never_answers_is_refused_within_its_deadline_and_never_ho
     slow = [r for r in results if r[1] != "localhost"]
     # Each of the twelve refused at its deadline (1 s): 8 looked up and timed out, and the 4 that waited for one of
     # the 8 slots in vain refused saying they were never looked up.
-    assert len(slow) == 12 and all(took_s < 2.5 for _, _, took_s in slow), slow
-    assert sorted("did not resolve within 1 s" in why for why, _, _ in slow) == [False] * 4 + [True] * 8, slow
+    assert len(slow) == 12 and all(took_s < 2.5 for _, _, took_s, _ in slow), slow
+    assert sorted("did not resolve within 1 s" in why for why, _, _, _ in slow) == [False] * 4 + [True] * 8, slow
     assert all("was not looked up: this service's 8 name lookups were all busy for 1 s" in why
-               for why, _, _ in slow if "did not resolve" not in why), slow
+               for why, _, _, _ in slow if "did not resolve" not in why), slow
+    # Either way nothing is known against the name: to be asked again after the deadline (503, Retry-After), where
+    # a timed-out one was a 422 that tame agent took for the request's own fault.
+    assert {retry_after_s for _, _, _, retry_after_s in slow} == {1.0}, slow
     # The process ends at once: the hanging lookups are not waited for (glibc alone would take 15 s).
     assert took < 8, took
     # At most 8 lookups at once: with 8 still hanging, a ninth waits for a slot no longer than its deadline, and is
     # refused saying it was never looked up (not that it "did not resolve within 1 s").
-    [(why, _, took_s)] = [r for r in results if r[1] == "localhost"]
+    [(why, _, took_s, _)] = [r for r in results if r[1] == "localhost"]
     assert why == ("dest host 'localhost' was not looked up: this service's 8 name lookups were all busy for 1 s: "
                    "try again later, or give its address")
     assert took_s < 2.5
@@ -99,12 +102,12 @@ class SlowDNS:
         self.looked_up = []
 
     def __call__(self, host):
-        from advisor.allowlist import LookupTimedOut
+        from advisor.errors import LookupTimedOut
 
         self.looked_up.append(host)
         if host in self.slow:
             self.clock.take(self.each_s)
-            raise LookupTimedOut(f"dest host {host!r} did not resolve within {self.each_s:g} s")
+            raise LookupTimedOut(f"dest host {host!r} did not resolve within {self.each_s:g} s", retry_after_s=5.0)
         return ["127.0.0.5"]
 
 
@@ -306,7 +309,7 @@ BUSY = "was not looked up: this service's 8 name lookups were all busy for 0.01 
 def test_a_name_refused_because_lookups_were_busy_is_not_remembered_as_slow_nor_forgotten(tmp_path, monkeypatch):
     # A busy refusal was a LookupTimedOut: the name went to the slow ones, checked last, though it was never looked
     # up. Now it is refused saying so, and the service's memory of the site's slow names is left as it was.
-    from advisor.allowlist import LookupTimedOut
+    from advisor.errors import LookupTimedOut
     from advisor.sites import SiteBudget
 
     busy = None
@@ -315,7 +318,7 @@ def test_a_name_refused_because_lookups_were_busy_is_not_remembered_as_slow_nor_
         if busy is not None:
             return busy(host)
         if host == "slow.example":
-            raise LookupTimedOut(f"dest host {host!r} did not resolve within 5 s")
+            raise LookupTimedOut(f"dest host {host!r} did not resolve within 5 s", retry_after_s=5.0)
         return ["127.0.0.5"]
 
     store, service = _slow_name_service(tmp_path, resolver, LookupClock())
