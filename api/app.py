@@ -294,8 +294,9 @@ def create_app(settings: Settings, store: Store, driver: ProbeDriver | None = No
     @app.post("/v1/sites/{site}/claims/{probe_id}/release", response_model=schemas.ProbeStatus,
               responses={**_BODY_ERRORS, **_responses(403)})
     def post_claim_release(site: str, probe_id: str, body: schemas.ClaimReleaseIn) -> Response:
-        # An agent that stops hands its probe back: queued again now, charged what it took, not counted an attempt.
-        return _json(service.release_claim(site, probe_id, body.owner))
+        # An agent that stops hands its probe back: queued again now, charged what it took, not counted an attempt;
+        # one whose lookup of the name did not finish, to wait (service.release_claim).
+        return _json(service.release_claim(site, probe_id, body.owner, body.lookup_error))
 
     @app.get("/healthz", response_model=schemas.Health, responses=_responses(503))
     def healthz() -> Response:
