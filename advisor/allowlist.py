@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
 from advisor.destinations import Destination
-from advisor.errors import ConfigError, DestinationNotAllowed, InvalidRequest, LookupsBusy
+from advisor.errors import ConfigError, DestinationNotAllowed, InvalidRequest, LookupsBusy, LookupTimedOut
 from probes import destination as probe_destination
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -27,10 +27,6 @@ DEFAULT_ALLOWED = "127.0.0.0/8,::1/128,localhost"
 RESOLVE_TIMEOUT_S = 5.0
 LOOKUP_SLOTS = 8
 _lookup_slots = threading.BoundedSemaphore(LOOKUP_SLOTS)
-
-
-class LookupTimedOut(InvalidRequest):
-    """A name that did not resolve within RESOLVE_TIMEOUT_S (its servers slow, or silent)."""
 
 
 def system_resolver(host: str) -> list[str]:
@@ -61,7 +57,8 @@ def system_resolver(host: str) -> list[str]:
         raise LookupsBusy(f"{not_looked_up}: this service could not start a lookup (it runs as many threads as it "
                           f"may): {retry}", retry_after_s=RESOLVE_TIMEOUT_S) from None
     if not ended.wait(max(0.0, deadline - time.monotonic())):
-        raise LookupTimedOut(f"dest host {host!r} did not resolve within {RESOLVE_TIMEOUT_S:g} s: {retry}")
+        raise LookupTimedOut(f"dest host {host!r} did not resolve within {RESOLVE_TIMEOUT_S:g} s: {retry}",
+                             retry_after_s=RESOLVE_TIMEOUT_S)
     if "error" in answer:
         raise InvalidRequest(f"dest host {host!r} does not resolve: {answer['error']}") from answer["error"]
     return sorted({info[4][0] for info in answer["infos"]})

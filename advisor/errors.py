@@ -65,6 +65,15 @@ class QueueFull(RetryLater):
     """The probe queue holds as many jobs as the service accepts."""
 
 
-class LookupsBusy(RetryLater):
-    """A destination's name was not looked up at all (advisor.allowlist.system_resolver): every lookup slot stayed
-    taken for RESOLVE_TIMEOUT_S, or no thread could be started for it."""
+class LookupUnfinished(RetryLater):
+    """A destination's name lookup did not finish (advisor.allowlist.system_resolver): nothing is known against the
+    destination, so the request (or the probe job) is to be tried again later, not refused."""
+
+
+class LookupsBusy(LookupUnfinished):
+    """A destination's name was not looked up at all: every lookup slot stayed taken for RESOLVE_TIMEOUT_S, or no
+    thread could be started for it."""
+
+
+class LookupTimedOut(LookupUnfinished):
+    """A name that did not resolve within RESOLVE_TIMEOUT_S (its servers slow, or silent)."""

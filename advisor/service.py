@@ -23,10 +23,10 @@ from typing import Any, Callable, Sequence
 
 from advisor.advice import Advice, curve_to_json
 from advisor.alternatives import alternatives, budget_met
-from advisor.allowlist import LookupTimedOut, Resolver, system_resolver
+from advisor.allowlist import RESOLVE_TIMEOUT_S, Resolver, system_resolver
 from advisor.destinations import Destination, client_key, parse_destination
 from advisor.errors import (AdvisorError, BatchTooLarge, DestinationNotAllowed, InvalidRequest, LookupsBusy,
-                            QueueFull, UnknownDestination, UnknownProbe)
+                            LookupTimedOut, LookupUnfinished, QueueFull, RetryLater, UnknownDestination, UnknownProbe)
 from advisor.curves import curve_of
 from advisor.fitcodec import fit_from_stored, fit_to_record
 from advisor.idempotency import KeyedRequest
@@ -326,8 +326,9 @@ class AdviceService:
         self._refresh_requested[(src, dest_key, control)] = now
         try:
             self.request_probe(dest_key, congestion_control=control, src=src)
-        except (DestinationNotAllowed, InvalidRequest, QueueFull, LookupsBusy) as exc:
-            # The advice is still the best answer; the re-probe is asked for again later.
+        except (DestinationNotAllowed, InvalidRequest, RetryLater) as exc:
+            # The advice is still the best answer; the re-probe is asked for again later (a full queue, or a name
+            # lookup that did not finish, among them).
             log.info("advice from %s to %s under %s (%s) not re-probed: %s", src, dest_key, control, due, exc)
 
     def cached_entry(self, dest_text: str, max_impact: float, control: str | None = None,
@@ -729,7 +730,7 @@ class AdviceService:
                                          "a registration (the next one checks these ahead of names whose lookup "
                                          "timed out more recently)")
                 self._check_remembering_slow_names(name, dest)  # resolved once per registration
-            except (DestinationNotAllowed, InvalidRequest, LookupsBusy) as exc:
+            except (DestinationNotAllowed, InvalidRequest, LookupUnfinished) as exc:
                 refused.append({"dest": str(text), "error": str(exc)})
                 continue
             parsed[dest.key] = dest
@@ -822,10 +823,10 @@ class AdviceService:
             try:
                 self.check_allowed(parse_destination(claimed.job.dest))
                 break
-            except LookupsBusy as exc:
-                # Not looked up (this service's lookups all busy): nothing is known against the job, so it goes back
-                # in its place, the attempt not counted, and this claim gives none.
-                self.store.release_attempt(claimed.job.id, owner, name, f"not started: {exc}; re-queued")
+            except LookupUnfinished as exc:
+                # Nothing is known against the job: it waits, uncounted, and this claim gives none (one claim spends
+                # at most one lookup's deadline).
+                self.store.defer_attempt(claimed.job.id, owner, name, str(exc), exc.retry_after_s)
                 claimed = claimed.none(f"the probe of {claimed.job.dest} could not start: {exc}")
                 break
             except DestinationNotAllowed as exc:
@@ -859,13 +860,18 @@ class AdviceService:
                                "went to another agent): nothing to report")
         return self.probe_status(job.id)
 
-    def release_claim(self, site: Any, job_id: str, owner: Any) -> dict[str, Any]:
-        """Agent ``owner`` of ``site`` hands back its claimed probe ``job_id`` unfinished (it is stopping): the job is
-        queued again at once, the attempt not counted, and the site's budget counts the seconds it took. The job as
-        GET /v1/probes/ID shows it; UnknownProbe when the agent does not hold it."""
+    def release_claim(self, site: Any, job_id: str, owner: Any, lookup_error: str | None = None) -> dict[str, Any]:
+        """Agent ``owner`` of ``site`` hands back its claimed probe ``job_id`` unfinished: it is stopping, and the job
+        is queued again at once; or its lookup of the destination's name did not finish (``lookup_error``), and the
+        job waits as when this service's own lookup does not (Store.defer_attempt). The attempt is not counted, and
+        the site's budget counts the seconds it took. The job as GET /v1/probes/ID shows it; UnknownProbe when the
+        agent does not hold it."""
         name = check_site(site, "site")
         check_owner(owner)
-        job = self.store.release_attempt(job_id, owner, name, f"handed back by {owner}, which stopped; re-queued")
+        if lookup_error is None:
+            job = self.store.release_attempt(job_id, owner, name, f"handed back by {owner}, which stopped; re-queued")
+        else:
+            job = self.store.defer_attempt(job_id, owner, name, f"at {owner}: {lookup_error}", RESOLVE_TIMEOUT_S)
         if job is None:
             raise UnknownProbe(f"{owner} of {name} holds no running probe {job_id} (finished, or its lease ran out and "
                                "went to another agent): nothing to hand back")

@@ -21,7 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Iterable
 
 from advisor.destinations import parse_destination
-from advisor.errors import AdvisorError
+from advisor.errors import AdvisorError, LookupUnfinished
 from advisor.limits import MAX_SITE_PROBES
 from advisor.plan_runner import LEASE_SETTINGS, lease_settings_differ, level_chooser, plan_for
 from advisor.settings import Settings
@@ -89,8 +89,10 @@ class SiteAgent:
     # report_failure(job id, error): tells the service a claimed probe could not run (left unreported, its lease
     # runs out and returns it to the queue later).
     report_failure: Callable[[str, str], None] = lambda job_id, error: None
-    # hand_back(job id): gives back a claimed probe this agent stopped (``stop``) before it ended: queued again at once.
-    hand_back: Callable[[str], None] = lambda job_id: None
+    # hand_back(job id, lookup error): gives back a claimed probe this agent stopped (``stop``) before it ended, queued
+    # again at once; or, with the error, one that could not start because this host's lookup of its name did not
+    # finish, which the service keeps waiting a while before it is claimed again.
+    hand_back: Callable[[str, str | None], None] = lambda job_id, lookup_error=None: None
     log: Callable[[str], None] = lambda line: print(line, flush=True)
     stop: threading.Event = dataclasses.field(default_factory=threading.Event)
     # Every job this agent claimed, by id, to when its lease ends (time.monotonic()): named in each claim while it
@@ -175,6 +177,11 @@ class SiteAgent:
             plan = run_plan(self.driver, target, planned,
                             next_level=level_chooser(self.settings.model, min(self.settings.n_max, claim["max_streams"])))
             used = plan_control(plan.probes, control)
+        except LookupUnfinished as exc:
+            # Nothing is known against the job (nothing was probed): handed back to wait, not a failed attempt.
+            print(f"tame agent: {self.site} -> {dest}: {exc}; handed back", file=sys.stderr, flush=True)
+            self.hand_back(job["id"], str(exc))
+            return
         except (AdvisorError, ProbeError, ValueError) as exc:
             if self.stop.is_set():  # stopping killed the probe: not the job's fault, so not a failed attempt
                 self.hand_back(job["id"])

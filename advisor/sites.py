@@ -19,8 +19,8 @@ from advisor.destinations import Destination
 from advisor.errors import BudgetConflict, InvalidRequest, TooManyLinks
 from advisor.limits import (BUDGET_WINDOW_S, MAX_SITE_LINKS, MAX_SITE_PROBE_SECONDS_PER_HOUR, MAX_SITE_PROBES,
                             MAX_SITE_STREAMS)
-from advisor.store import (ANSWERED_JOB, HELD_JOB, JOB_COLUMNS, Job, Store, end_attempt_in, fail_job_in, job_from_row,
-                           lock_claims)
+from advisor.store import (ANSWERED_JOB, HELD_JOB, JOB_COLUMNS, LOOKUP_WAIT_OVER, Job, Store, end_attempt_in,
+                           fail_job_in, job_from_row, lock_claims)
 
 # How long after its agents' last sign of life (a registration or a claimed probe; one under a lease counts until the
 # lease runs out) a site's budget stays held against a different one, seconds. An agent registers every round
@@ -279,14 +279,19 @@ def claim_job(store: Store, site: str, owner: str, *, max_streams: int, adaptive
             # goes to that site first when its turn is older (:data:`_TURN_WAITS`).
             row = tx.execute(
                 f"SELECT {JOB_COLUMNS} FROM probe_jobs j WHERE j.src = ? AND j.status = 'queued' AND j.dest NOT IN "
-                f"(SELECT dest FROM probe_jobs WHERE status = 'running') AND NOT {_TURN_WAITS} "
-                f"ORDER BY j.requested_at, j.id LIMIT 1{skip}", (site, now - BUDGET_HOLD_S)).fetchone()
+                f"(SELECT dest FROM probe_jobs WHERE status = 'running') AND {LOOKUP_WAIT_OVER.format(j='j')} AND NOT "
+                f"{_TURN_WAITS} ORDER BY j.requested_at, j.id LIMIT 1{skip}",
+                (site, now, now - BUDGET_HOLD_S)).fetchone()
             if row is None:
-                queued = tx.execute("SELECT count(*) FROM probe_jobs WHERE src = ? AND status = 'queued'",
-                                    (site,)).fetchone()[0]
+                queued, next_lookup = tx.execute(
+                    "SELECT count(*), min(CASE WHEN retry_at > ? THEN retry_at END) FROM probe_jobs WHERE src = ? "
+                    "AND status = 'queued'", (now, site)).fetchone()
+                lookups = ("" if next_lookup is None else ", or their name lookups did not finish as they were to "
+                           f"start (the first is tried again in {math.ceil(next_lookup - now)} s)")
                 return Claim(None, budget, waiting="no queued probe" if not queued else (
-                    f"{queued} queued probe(s) of {site} wait: their destinations are being probed, or another site "
-                    "that probed them less recently waits for them too"))
+                    f"{queued} queued probe(s) of {site} wait: their destinations are being probed"
+                    f"{',' if lookups else ', or'} another site that probed them less recently waits for them "
+                    f"too{lookups}"))
             job = job_from_row(row)
             needed, seconds = max(job.levels), worst_case_s(job)
             never = never_fits(site, needed, seconds, held, ceiling)

@@ -47,11 +47,22 @@ LINK_COUNT_LOCK = 7316
 # done, and probing the link again would be traffic for nothing), a probe of that link. One another agent holds is not.
 # A job its claim's holder still runs (parameters: job id, owner).
 HELD_JOB = "id = ? AND owner = ? AND status = 'running'"
+# An attempt its prober (a site's agent, this service's worker) holds at its job, a probe of a link from its site
+# (parameters: job id, owner, src).
+HELD_ATTEMPT = "id = ? AND owner = ? AND src = ? AND status = 'running'"
 ANSWERED_JOB = "((status = 'running' AND owner = ?) OR (status = 'queued' AND attempts > 0)) AND src = ? AND dest = ?"
 # The PostgreSQL advisory lock every claim of a probe job takes first (this service's worker and the sites' agents,
 # advisor.sites.claim_job): a claim checks that no probe of the job's destination runs, from any site, and marks the
 # job running; two claims at once from different sites would both see the destination idle.
 CLAIM_LOCK = 7317
+# A job whose destination's name lookup did not finish as it was to start (Store.defer_attempt) is not claimed again
+# before the lookup's retry_after_s has passed, twice as long for each such time before (at most LOOKUP_RETRY_MAX_S),
+# and the MAX_LOOKUP_WAITS-th such time fails it: with advisor.allowlist's 5 s, a name that never resolves in time is
+# tried 12 times over about 2.4 hours (waits of 5 s, 10 s, ... 2560 s, then 3600 s), then its job fails, saying so.
+LOOKUP_RETRY_MAX_S = 3600.0
+MAX_LOOKUP_WAITS = 12
+# A queued job ``{j}`` whose wait for its name lookup (above) is over, so it may be claimed (parameter: now).
+LOOKUP_WAIT_OVER = "({j}.retry_at IS NULL OR {j}.retry_at <= ?)"
 # The key of Tx.memo holding the link counts check_new_link keeps for the transaction.
 _LINK_COUNTS = "site_link_counts"
 
@@ -410,6 +421,15 @@ def end_attempt_in(tx: Tx, held: str, held_params: Sequence[Any], *, job_id: str
     if done and started_at is not None:
         charge_attempt_in(tx, src, job_id, started_at, stopped - started_at)
     return done
+
+
+def _held_attempt(tx: Tx, job_id: str, owner: str, src: str, *more: str) -> tuple | None:
+    """(attempts, started_at, lease_until, and the columns ``more``) of the attempt ``owner`` holds at its job
+    (HELD_ATTEMPT), locked as read: a lease lapsing meanwhile (Store.recover_jobs) re-queues the job once, not under
+    the caller's report too. None when it holds none."""
+    lock = " FOR UPDATE" if tx.dialect == "postgresql" else ""
+    columns = ", ".join(("attempts", "started_at", "lease_until", *more))
+    return tx.execute(f"SELECT {columns} FROM probe_jobs WHERE {HELD_ATTEMPT}{lock}", (job_id, owner, src)).fetchone()
 
 
 class Store:
@@ -908,8 +928,9 @@ class Store:
                 "(t.client = j.client OR "
                 "(t.client IS NULL AND j.client IS NULL)) WHERE j.status = 'queued' AND j.src = ? AND (j.address IS "
                 "NULL OR j.address NOT IN (SELECT address FROM probe_jobs WHERE status = 'running' AND address IS NOT "
-                "NULL)) AND j.dest NOT IN (SELECT dest FROM probe_jobs WHERE status = 'running') "
-                "ORDER BY coalesce(t.started, 0), j.requested_at, j.id LIMIT 1", (src, now - BUDGET_WINDOW_S, now, src)
+                "NULL)) AND j.dest NOT IN (SELECT dest FROM probe_jobs WHERE status = 'running') AND "
+                f"{LOOKUP_WAIT_OVER.format(j='j')} ORDER BY coalesce(t.started, 0), j.requested_at, j.id LIMIT 1",
+                (src, now - BUDGET_WINDOW_S, now, src, now)
             ).fetchone()
             if row is None:
                 return None
@@ -973,6 +994,33 @@ class Store:
         return self._end_agent_attempt(job_id, owner, src, self.clock(), max_attempts=1, gave_up=lambda _: "",
                                        requeued=lambda _: note, counted=False)
 
+    def defer_attempt(self, job_id: str, owner: str, src: str, error: str, retry_after_s: float, *,
+                      charged: bool = True) -> Job | None:
+        """``owner``'s running job (a probe of a link from ``src``) could not start: its destination's name lookup did
+        not finish (``error``: advisor.errors.LookupUnfinished, which says to wait ``retry_after_s``). Nothing is known
+        against the job, so the attempt is not counted: the job goes behind the site's other queued ones, not to be
+        claimed again before it has waited (LOOKUP_WAIT_OVER), so a name that stays slow is not looked up again and
+        again, and fails the MAX_LOOKUP_WAITS-th time. The attempt's seconds, started_at to now, count in the site's
+        budget when ``charged`` (an agent's claim). None when ``owner`` does not hold the job."""
+        now = self.clock()
+        with self.db.transaction(write=True) as tx:
+            row = _held_attempt(tx, job_id, owner, src, "lookup_waits")
+            if row is None:
+                return None
+            attempts, started_at, lease_until, waits = row
+            waits += 1
+            wait_s = min(retry_after_s * 2.0 ** (waits - 1), LOOKUP_RETRY_MAX_S)
+            last = waits >= MAX_LOOKUP_WAITS  # counted, with max_attempts 1: it fails the job whatever its attempts
+            end_attempt_in(tx, HELD_ATTEMPT, (job_id, owner, src), job_id=job_id, src=src, attempts=attempts,
+                            started_at=started_at if charged else None, lease_until=lease_until, now=now,
+                            max_attempts=1, counted=last, requeued_at=now,
+                            gave_up=f"never run: its name lookup did not finish as it was to start, {waits} times; "
+                                    f"the last time: {error}",
+                            requeued=f"not started: {error}; re-queued, tried again in {wait_s:g} s")
+            tx.execute("UPDATE probe_jobs SET lookup_waits = ?, retry_at = ? WHERE id = ?",
+                       (waits, None if last else now + wait_s, job_id))
+        return self.job(job_id)
+
     def refuse_attempt(self, job_id: str, owner: str, src: str, error: str) -> Job | None:
         """The job agent ``owner`` has just claimed (a probe of a link from ``src``) must not run (``error``: its
         destination is no longer allowed): it fails now, whatever its attempts, and the site is charged nothing.
@@ -985,15 +1033,11 @@ class Store:
         """:func:`end_attempt_in` for the attempt agent ``owner`` holds at its job (the messages made from the
         attempt's number); None when it holds none."""
         with self.db.transaction(write=True) as tx:
-            # Locked as read: a lease lapsing meanwhile (recover_jobs) re-queues the job once, not under this report.
-            held = "id = ? AND owner = ? AND src = ? AND status = 'running'"
-            lock = " FOR UPDATE" if tx.dialect == "postgresql" else ""
-            row = tx.execute(f"SELECT attempts, started_at, lease_until FROM probe_jobs WHERE {held}{lock}",
-                             (job_id, owner, src)).fetchone()
+            row = _held_attempt(tx, job_id, owner, src)
             if row is None:
                 return None
             attempts, started_at, lease_until = row
-            end_attempt_in(tx, held, (job_id, owner, src), job_id=job_id, src=src, attempts=attempts,
+            end_attempt_in(tx, HELD_ATTEMPT, (job_id, owner, src), job_id=job_id, src=src, attempts=attempts,
                             started_at=started_at, lease_until=lease_until, now=now, gave_up=gave_up(attempts),
                             requeued=requeued(attempts), **end)
         return self.job(job_id)

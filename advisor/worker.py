@@ -7,7 +7,9 @@ a job whose address is busy goes back to the queue and waits). Jobs left running
 that died are re-queued.
 
 A job's destination is resolved once, when it runs: that address is checked against the
-allow-list, probed (as an IP literal, never the name again) and recorded with the run.
+allow-list, probed (as an IP literal, never the name again) and recorded with the run. A job whose name lookup
+does not finish (slow DNS, or the lookups all busy) goes back to the queue uncounted and waits before it is claimed
+again (advisor.store.Store.defer_attempt), as a site agent's claim does.
 
 While it runs, a :class:`advisor.retention.Pruner` prunes the store every
 ``settings.retention.interval_s`` (so `tame serve` and a local `tame agent` keep it bounded).
@@ -24,7 +26,7 @@ import time
 from typing import Any, Callable
 
 from advisor.destinations import Destination, parse_destination
-from advisor.errors import AdvisorError, StoreError
+from advisor.errors import AdvisorError, LookupUnfinished, StoreError
 from advisor.plan_runner import level_chooser, plan_for
 from advisor.retention import Pruner
 from advisor.service import AdviceService
@@ -229,6 +231,12 @@ class ProbeWorker:
 
             plan = self._run_plan(job, probe_target(address, dest.port), report)
             error = self._store_run(job, dest, plan, started_wall, address, lease_until)
+        except LookupUnfinished as exc:
+            # Nothing is known against the job (nothing was probed): not a failed attempt.
+            waiting = self.store.defer_attempt(job.id, self.owner, job.src, str(exc), exc.retry_after_s,
+                                               charged=False)
+            log.warning("probe %s of %s: %s", job.id, job.dest, waiting.error if waiting else exc)
+            probed = False
         except (ProbeError, AdvisorError) as exc:
             error = f"{type(exc).__name__}: {exc}"
             if self._stop.is_set():

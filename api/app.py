@@ -3,9 +3,10 @@
 Error mapping to HTTP statuses lives here and only here:
 InvalidRequest -> 422 (TooManyLinks, a new link past a site's TAME_MAX_SITE_LINKS, among them), BatchTooLarge ->
 413, DestinationNotAllowed and WrongSite -> 403, UnknownDestination and UnknownProbe -> 404, BudgetConflict -> 409,
-QueueFull -> 429 and LookupsBusy (a name not looked up: the service's lookups all busy) -> 503, both with
-Retry-After, StoreError -> 503 (with a generic message; the detail is logged); a body that is not JSON, or gives a key twice in one
-object (api/bodies.py), or does not fit its schema -> 422. Tokens, body caps and body deadlines are checked
+QueueFull -> 429 and LookupUnfinished (a destination's name lookup did not finish: the name slow to resolve, or the
+service's lookups all busy) -> 503, both with Retry-After, StoreError -> 503 (with a generic message; the detail is
+logged); a body that is not JSON, or gives a key twice in one object (api/bodies.py), or does not fit its schema ->
+422. Tokens, body caps and body deadlines are checked
 before any route, by api/boundary.py: when TAME_TOKEN is set, writes need ``Authorization: Bearer TOKEN``; when TAME_READ_TOKEN is set, reads (the docs
 included) need it or the write token. A site's token (TAME_SITE_TOKENS) reads, and writes only links from
 its site: the boundary checks /v1/sites/SITE, the write routes a body's src (api.boundary.check_src). /healthz
@@ -31,9 +32,9 @@ from starlette.concurrency import run_in_threadpool
 from starlette.staticfiles import StaticFiles
 
 from advisor import idempotency
-from advisor.allowlist import Resolver, system_resolver
+from advisor.allowlist import RESOLVE_TIMEOUT_S, Resolver, system_resolver
 from advisor.destinations import parse_destination
-from advisor.errors import (BatchTooLarge, BudgetConflict, DestinationNotAllowed, InvalidRequest, LookupsBusy,
+from advisor.errors import (BatchTooLarge, BudgetConflict, DestinationNotAllowed, InvalidRequest, LookupUnfinished,
                             QueueFull, RetryLater, StoreError, UnknownDestination, UnknownProbe, WrongSite)
 from advisor.retention import Pruner
 from advisor.service import AdviceService
@@ -58,7 +59,7 @@ _STATUS = {
     BudgetConflict: 409,
     InvalidRequest: 422,
     QueueFull: 429,
-    LookupsBusy: 503,
+    LookupUnfinished: 503,
     StoreError: 503,
 }
 # What a stored write answers, the first time and when sent again under its Idempotency-Key.
@@ -79,9 +80,9 @@ _ERROR_MEANING = {
          "already; the detail says what to give instead",
     429: "the probe queue is full, in total or for this client; ask again after Retry-After seconds",
     503: "the advice store is unavailable, the server is at its connection limit, it is reading as many bodies "
-         "over 1 MiB as it reads at once (TAME_MAX_LARGE_BODIES), or its name lookups were all busy and the "
-         "destination's name was not looked up (give its address); send it again after Retry-After seconds when "
-         "given",
+         "over 1 MiB as it reads at once (TAME_MAX_LARGE_BODIES), or the destination's name lookup did not "
+         f"finish: it did not resolve within {RESOLVE_TIMEOUT_S:g} s, or the service's name lookups were all busy "
+         "and it was not looked up (give its address); send it again after Retry-After seconds when given",
 }
 
 
@@ -293,8 +294,9 @@ def create_app(settings: Settings, store: Store, driver: ProbeDriver | None = No
     @app.post("/v1/sites/{site}/claims/{probe_id}/release", response_model=schemas.ProbeStatus,
               responses={**_BODY_ERRORS, **_responses(403)})
     def post_claim_release(site: str, probe_id: str, body: schemas.ClaimReleaseIn) -> Response:
-        # An agent that stops hands its probe back: queued again now, charged what it took, not counted an attempt.
-        return _json(service.release_claim(site, probe_id, body.owner))
+        # An agent that stops hands its probe back: queued again now, charged what it took, not counted an attempt;
+        # one whose lookup of the name did not finish, to wait (service.release_claim).
+        return _json(service.release_claim(site, probe_id, body.owner, body.lookup_error))
 
     @app.get("/healthz", response_model=schemas.Health, responses=_responses(503))
     def healthz() -> Response:

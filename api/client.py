@@ -193,10 +193,12 @@ class TameClient:
         return self._call("POST", f"/v1/sites/{_segment(site)}/claims/{_segment(job_id)}/failure",
                           json={"owner": owner, "error": error[:1000]})
 
-    def release_claim(self, site: str, job_id: str, owner: str) -> dict[str, Any]:
-        """POST /v1/sites/SITE/claims/ID/release: agent ``owner`` stops and hands its claimed probe back."""
+    def release_claim(self, site: str, job_id: str, owner: str, lookup_error: str | None = None) -> dict[str, Any]:
+        """POST /v1/sites/SITE/claims/ID/release: agent ``owner`` hands its claimed probe back, because it stops, or
+        because its lookup of the destination's name did not finish (``lookup_error``: the job waits)."""
         return self._call("POST", f"/v1/sites/{_segment(site)}/claims/{_segment(job_id)}/release",
-                          json={"owner": owner})
+                          json={"owner": owner, **_given(lookup_error=None if lookup_error is None
+                                                         else lookup_error[:1000])})
 
     def register_site(self, site: str, dests: Sequence[str], budget: dict[str, Any],
                       congestion_control: str | None = None, owner: str | None = None) -> dict[str, Any]:

@@ -416,10 +416,16 @@ class ClaimFailureIn(BaseModel):
 
 
 class ClaimReleaseIn(BaseModel):
-    """A claimed probe its agent hands back unfinished, because it is stopping."""
+    """A claimed probe its agent hands back unfinished: it is stopping, or its lookup of the destination's name did not
+    finish."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
     owner: Owner = Field(description="the agent that claimed it")
+    lookup_error: str | None = Field(
+        default=None, min_length=1, max_length=1000,
+        description="the probe could not start: the agent's lookup of the destination's name did not finish (its "
+                    "message, as the agent saw it); the job waits before it is claimed again, longer each such time, "
+                    "and fails the 12th. Left out: the agent is stopping, and the job is queued again at once")
 
 
 class ClaimOut(BaseModel):

@@ -1,12 +1,16 @@
 """The docs name settings that exist: every TAME_ variable README.md and docs/ name is one Settings.from_env
 (advisor/settings.py) reads, or, for the few that are not the service's settings, one the file named for it reads;
-and the sentences on a claim's lease name exactly the settings the lease is worked out from, with its default."""
+the sentences on a claim's lease name exactly the settings the lease is worked out from, with its default; and the
+retention settings' table gives the defaults and ranges Settings.from_env has."""
 
 import re
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
+from advisor.errors import ConfigError
 from advisor.plan_runner import LEASE_SETTINGS, plan_for
 from advisor.settings import Settings
 from advisor.sites import LEASE_SLACK_S
@@ -100,3 +104,31 @@ def test_the_lease_sentences_name_exactly_the_settings_the_lease_depends_on_and_
     for changed in (dict(default_levels=(1, 10, 20)), dict(default_duration_s=20.0), dict(model="lu"),
                     dict(max_probe_duration_s=120.0), dict(omit_s=10.0)):
         assert lease_s(replace(default, **changed)) != lease_s(default), changed
+
+
+RETENTION_TABLE = re.compile(r"^\| `(TAME_[A-Z0-9_]+)` \| ([^|]+) \| ([^|]+) \|", re.MULTILINE)
+
+
+def test_the_retention_settings_table_gives_each_one_s_default_and_range_as_the_code_has_them():
+    # TAME_PRUNE_BATCH was read by Settings.from_env and named once in docs/security.md, with neither its default nor
+    # what it may be. Each retention setting is now a row of the table there: default, then range LOW-HIGH.
+    text = (ROOT / "docs" / "security.md").read_text()
+    rows = {name: (default.strip(), allowed.strip()) for name, default, allowed in RETENTION_TABLE.findall(
+        text[text.index("## The store stays bounded"):])}
+    fields = {"TAME_KEEP_FITS": "keep_fits", "TAME_KEEP_RUNS": "keep_runs", "TAME_RUN_MAX_AGE_S": "run_max_age_s",
+              "TAME_KEEP_OBSERVATIONS": "keep_observations", "TAME_PRUNE_INTERVAL_S": "interval_s",
+              "TAME_PRUNE_BATCH": "batch"}
+    assert set(fields) <= set(rows), rows
+    defaults = Settings.from_env({}).retention
+    for name, field in fields.items():
+        default, allowed = rows[name]
+        assert float(default.split()[0]) == getattr(defaults, field), (name, default)
+        bounds = re.fullmatch(r"([0-9]+)–([0-9]+)", allowed)
+        if bounds is None:  # TAME_RUN_MAX_AGE_S: its range follows TAME_TTL_S (tests/advisor/test_settings.py)
+            continue
+        low, high = (int(b) for b in bounds.groups())
+        for value in (low, high):
+            assert getattr(Settings.from_env({name: str(value)}).retention, field) == value, name
+        for value in (low - 1, high + 1):
+            with pytest.raises(ConfigError, match=name):
+                Settings.from_env({name: str(value)})

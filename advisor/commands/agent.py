@@ -504,8 +504,8 @@ def _run_site(args, settings, driver) -> int:
                           push=lambda payload: _push(client, payload, spool, held=held), clock=time.time,
                           report_failure=lambda job_id, error: tell(job_id, "report the failed probe", lambda: (
                               client.fail_claim(args.site, job_id, owner, error))),
-                          hand_back=lambda job_id: tell(job_id, "hand back the probe", lambda: (
-                              client.release_claim(args.site, job_id, owner))))
+                          hand_back=lambda job_id, lookup_error=None: tell(job_id, "hand back the probe", lambda: (
+                              client.release_claim(args.site, job_id, owner, lookup_error))))
         with _stopped_by_signals(agent.stop, getattr(driver, "cancel", lambda: None)):
             while not agent.stop.is_set():
                 _deliver_spooled(client, spool, held)

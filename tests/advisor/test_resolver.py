@@ -30,9 +30,9 @@ LOOKUPS = textwrap.dedent("""
         began = time.monotonic()
         try:
             allowlist.system_resolver(name)
-            out.append(("resolved", name, time.monotonic() - began))
-        except AdvisorError as exc:
-            out.append((str(exc), name, time.monotonic() - began))
+            out.append(("resolved", name, time.monotonic() - began, None))
+        except AdvisorError as exc:  # with the seconds a 503 tells the client to wait (Retry-After)
+            out.append((str(exc), name, time.monotonic() - began, getattr(exc, "retry_after_s", None)))
 
     threads = [threading.Thread(target=resolve, args=(f"slow{i}.tame.invalid",)) for i in range(12)]
     for t in threads:
@@ -62,15 +62,18 @@ def test_a_lookup_that_never_answers_is_refused_within_its_deadline_and_never_ho
     slow = [r for r in results if r[1] != "localhost"]
     # Each of the twelve refused at its deadline (1 s): 8 looked up and timed out, and the 4 that waited for one of
     # the 8 slots in vain refused saying they were never looked up.
-    assert len(slow) == 12 and all(took_s < 2.5 for _, _, took_s in slow), slow
-    assert sorted("did not resolve within 1 s" in why for why, _, _ in slow) == [False] * 4 + [True] * 8, slow
+    assert len(slow) == 12 and all(took_s < 2.5 for _, _, took_s, _ in slow), slow
+    assert sorted("did not resolve within 1 s" in why for why, _, _, _ in slow) == [False] * 4 + [True] * 8, slow
     assert all("was not looked up: this service's 8 name lookups were all busy for 1 s" in why
-               for why, _, _ in slow if "did not resolve" not in why), slow
+               for why, _, _, _ in slow if "did not resolve" not in why), slow
+    # Either way nothing is known against the name: to be asked again after the deadline (503, Retry-After), where
+    # a timed-out one was a 422 that tame agent took for the request's own fault.
+    assert {retry_after_s for _, _, _, retry_after_s in slow} == {1.0}, slow
     # The process ends at once: the hanging lookups are not waited for (glibc alone would take 15 s).
     assert took < 8, took
     # At most 8 lookups at once: with 8 still hanging, a ninth waits for a slot no longer than its deadline, and is
     # refused saying it was never looked up (not that it "did not resolve within 1 s").
-    [(why, _, took_s)] = [r for r in results if r[1] == "localhost"]
+    [(why, _, took_s, _)] = [r for r in results if r[1] == "localhost"]
     assert why == ("dest host 'localhost' was not looked up: this service's 8 name lookups were all busy for 1 s: "
                    "try again later, or give its address")
     assert took_s < 2.5
@@ -99,24 +102,24 @@ class SlowDNS:
         self.looked_up = []
 
     def __call__(self, host):
-        from advisor.allowlist import LookupTimedOut
+        from advisor.errors import LookupTimedOut
 
         self.looked_up.append(host)
         if host in self.slow:
             self.clock.take(self.each_s)
-            raise LookupTimedOut(f"dest host {host!r} did not resolve within {self.each_s:g} s")
+            raise LookupTimedOut(f"dest host {host!r} did not resolve within {self.each_s:g} s", retry_after_s=5.0)
         return ["127.0.0.5"]
 
 
-def _slow_name_service(tmp_path, resolver, clock, allowed="127.0.0.0/8"):
-    """An AdviceService over a fresh SQLite store that looks names up with ``resolver`` (``allowed``: the
-    allow-list) and reads ``clock`` for a registration's lookup deadline."""
+def _slow_name_service(tmp_path, resolver, clock, allowed="127.0.0.0/8", store_clock=time.time):
+    """An AdviceService over a fresh SQLite store (whose Unix time is ``store_clock``) that looks names up with
+    ``resolver`` (``allowed``: the allow-list) and reads ``clock`` for a registration's lookup deadline."""
     from advisor.allowlist import AllowList
     from advisor.service import AdviceService
     from advisor.settings import Settings
     from advisor.store import Store
 
-    store = Store.open(f"sqlite:///{tmp_path}/s.sqlite3")
+    store = Store.open(f"sqlite:///{tmp_path}/s.sqlite3", clock=store_clock)
     return store, AdviceService(store, Settings(allowed=AllowList.parse(allowed)), resolver=resolver,
                                 controls=lambda: ["cubic", "reno", "bbr"], monotonic=clock)
 
@@ -306,7 +309,7 @@ BUSY = "was not looked up: this service's 8 name lookups were all busy for 0.01 
 def test_a_name_refused_because_lookups_were_busy_is_not_remembered_as_slow_nor_forgotten(tmp_path, monkeypatch):
     # A busy refusal was a LookupTimedOut: the name went to the slow ones, checked last, though it was never looked
     # up. Now it is refused saying so, and the service's memory of the site's slow names is left as it was.
-    from advisor.allowlist import LookupTimedOut
+    from advisor.errors import LookupTimedOut
     from advisor.sites import SiteBudget
 
     busy = None
@@ -315,7 +318,7 @@ def test_a_name_refused_because_lookups_were_busy_is_not_remembered_as_slow_nor_
         if busy is not None:
             return busy(host)
         if host == "slow.example":
-            raise LookupTimedOut(f"dest host {host!r} did not resolve within 5 s")
+            raise LookupTimedOut(f"dest host {host!r} did not resolve within 5 s", retry_after_s=5.0)
         return ["127.0.0.5"]
 
     store, service = _slow_name_service(tmp_path, resolver, LookupClock())
@@ -332,27 +335,96 @@ def test_a_name_refused_because_lookups_were_busy_is_not_remembered_as_slow_nor_
         store.close()
 
 
-def test_a_claim_whose_name_lookup_could_not_start_hands_the_job_back_uncounted(tmp_path, monkeypatch):
+def test_a_claim_whose_name_lookup_could_not_start_hands_the_job_back_uncounted_to_wait(tmp_path, monkeypatch):
     # The claimed job's destination could not be looked up (lookups busy): it failed an attempt, "not run: did not
-    # resolve within 5 s", and after TAME_MAX_PROBE_ATTEMPTS such claims the job failed for good. Now it goes back in
-    # its place, the attempt not counted, and the claim says why it gives none.
+    # resolve within 5 s", and after TAME_MAX_PROBE_ATTEMPTS such claims the job failed for good. Then it went back in
+    # its place at once, the attempt not counted, so every claim of the site looked it up again and gave none. Now it
+    # also waits the refusal's retry_after_s before it is claimed again, no name looked up meanwhile.
     from advisor.sites import SiteBudget
+    from tests.api.conftest import Clock
 
-    busy = None
+    busy, looked_up = None, []
 
     def resolver(host):
+        looked_up.append(host)
         return ["127.0.0.5"] if busy is None else busy(host)
 
-    store, service = _slow_name_service(tmp_path, resolver, LookupClock())
+    clock = Clock()
+    store, service = _slow_name_service(tmp_path, resolver, LookupClock(), store_clock=clock)
     try:
         assert service.register_site("dtn2", SiteBudget(2, 64, 3600.0), ["n.example:5201"])["queued"] == 1
         busy = _take_every_lookup_slot(monkeypatch)
-        for _ in range(service.settings.max_probe_attempts + 1):
-            got = service.claim("dtn2", "agent-1", 64)
-            assert got["job"] is None
-            assert got["waiting"] == f"the probe of n.example:5201 could not start: dest host 'n.example' {BUSY}"
+        looked_up.clear()
+        got = service.claim("dtn2", "agent-1", 64)
+        assert got["job"] is None and looked_up == ["n.example"]
+        assert got["waiting"] == f"the probe of n.example:5201 could not start: dest host 'n.example' {BUSY}"
+        with store.db.transaction() as tx:
+            [(job_id,)] = tx.execute("SELECT id FROM probe_jobs").fetchall()
+        job = store.job(job_id)
+        assert (job.status, job.attempts) == ("queued", 0)
+        assert job.error == f"not started: dest host 'n.example' {BUSY}; re-queued, tried again in 0.01 s"
         busy = None
+        for _ in range(service.settings.max_probe_attempts + 1):  # waiting: nothing is looked up
+            got = service.claim("dtn2", "agent-1", 64)
+            assert got["job"] is None and looked_up == ["n.example"], got
+            assert got["waiting"].endswith("or their name lookups did not finish as they were to start (the first "
+                                           "is tried again in 1 s)"), got["waiting"]
+        clock.advance(0.01)
         got = service.claim("dtn2", "agent-1", 64)
         assert got["job"]["status"] == "running" and got["job"]["attempts"] == 1, got["job"]
+    finally:
+        store.close()
+
+
+def test_a_name_that_stays_slow_waits_longer_each_time_lets_the_site_s_other_probes_go_and_fails_at_last(tmp_path):
+    # A claimed job whose name lookup timed out (LookupTimedOut, an InvalidRequest then) failed an attempt: three slow
+    # DNS moments and the job failed for good. Now the attempt is not counted: the job goes behind the site's other
+    # probes, waits 5 s, then twice as long each time its lookup times out again (at most an hour), and the 12th time
+    # (about 2.4 hours of a name that never resolves in time) it fails, saying why.
+    from advisor.sites import SiteBudget
+    from advisor.store import MAX_LOOKUP_WAITS
+    from tests.api.conftest import Clock
+
+    clock = Clock()
+    dns = SlowDNS(LookupClock(), [], each_s=0)
+    store, service = _slow_name_service(tmp_path, dns, LookupClock(), store_clock=clock)
+    budget = SiteBudget(2, 64, 3600.0)
+
+    def job(dest):
+        with store.db.transaction() as tx:
+            [(job_id,)] = tx.execute("SELECT id FROM probe_jobs WHERE dest = ?", (dest,)).fetchall()
+        return store.job(job_id)
+
+    try:
+        assert service.register_site("dtn2", budget, ["slow.example:5201"])["queued"] == 1
+        clock.advance(1)  # n.example's probe queued after slow.example's
+        assert service.register_site("dtn2", budget, ["slow.example:5201", "n.example:5201"])["queued"] == 1
+        assert service.register_site("dtn3", budget, ["slow3.example:5201"])["queued"] == 1
+        dns.slow.update({"slow.example", "slow3.example"})
+        dns.looked_up.clear()  # the registrations' lookups
+        got = service.claim("dtn2", "agent-1", 64)
+        assert got["job"] is None and got["waiting"] == ("the probe of slow.example:5201 could not start: dest host "
+                                                         "'slow.example' did not resolve within 0 s")
+        # The next claim gives the site's other probe: the slow name does not hold the head of its site's queue.
+        assert service.claim("dtn2", "agent-1", 64)["job"]["dest"] == "n.example:5201"
+
+        waits = []
+        for looked_up in range(1, MAX_LOOKUP_WAITS + 1):
+            assert service.claim("dtn3", "agent-3", 64)["job"] is None
+            assert dns.looked_up.count("slow3.example") == looked_up
+            slow = job("slow3.example:5201")
+            if slow.status != "queued":
+                break
+            assert slow.attempts == 0
+            waits.append(float(slow.error.rsplit("tried again in ", 1)[1].removesuffix(" s")))
+            clock.advance(waits[-1] - 0.001)
+            assert service.claim("dtn3", "agent-3", 64)["job"] is None  # not yet: nothing looked up
+            assert dns.looked_up.count("slow3.example") == looked_up
+            clock.advance(0.001)
+        # 5 s, 10 s, ... 2560 s, then an hour; the 12th time it fails: 8715 s of waits.
+        assert waits == [5.0 * 2 ** n for n in range(10)] + [3600.0]
+        assert (slow.status, slow.attempts) == ("failed", 1)
+        assert slow.error == (f"never run: its name lookup did not finish as it was to start, {MAX_LOOKUP_WAITS} "
+                              "times; the last time: dest host 'slow3.example' did not resolve within 0 s")
     finally:
         store.close()

@@ -658,3 +658,26 @@ def test_a_site_whose_budget_is_spent_does_not_hold_another_s_turn(store):
     queue(store, "a", DESTS[:1])
     store.clock.advance(3600)
     assert _claim(store, "b").job.dest == DESTS[0].key
+
+
+def test_a_job_handed_back_for_its_name_lookup_waits_behind_the_site_s_others_uncounted(store):
+    # Store.defer_attempt (a claim whose job's name lookup did not finish): the job goes behind the site's other
+    # probes, its attempt not counted and the seconds it held charged to the site, and no claim gives it until its
+    # wait is over, the claim's waiting saying when.
+    register_site(store, "a", SiteBudget(max_probes=4), DESTS[:2])
+    queue(store, "a", DESTS[:2])
+    first = _claim(store, "a")
+    assert first.job.dest == DESTS[0].key
+    store.clock.advance(2)
+    back = store.defer_attempt(first.job.id, "agent-a", "a", "dest host 'x' did not resolve within 5 s", 5.0)
+    assert (back.status, back.attempts, back.error) == (
+        "queued", 0, "not started: dest host 'x' did not resolve within 5 s; re-queued, tried again in 5 s")
+    assert site_use(store, "a").seconds == 2.0
+    assert store.defer_attempt(first.job.id, "agent-a", "a", "again", 5.0) is None  # no longer held
+    assert _claim(store, "a").job.dest == DESTS[1].key
+    waiting = _claim(store, "a")
+    assert waiting.job is None and waiting.waiting.endswith(
+        "their name lookups did not finish as they were to start (the first is tried again in 5 s)"), waiting.waiting
+    store.clock.advance(5)
+    again = _claim(store, "a")
+    assert (again.job.id, again.job.attempts) == (first.job.id, 1)

@@ -296,3 +296,50 @@ def test_a_re_queued_job_waits_out_a_server_still_busy_with_its_killed_attempt(t
     assert worker.run_once()
     assert store.job(again.id).status == "failed" and "ServerBusy" in store.job(again.id).error
     store.close()
+
+
+# -- a name lookup that did not finish is no failed probe ------------------------------------------
+
+def test_a_job_whose_name_lookup_does_not_finish_waits_uncounted_and_is_not_looked_up_meanwhile(tmp_path):
+    # The worker failed such a job at once (a LookupTimedOut or LookupsBusy is an AdvisorError: fail_job), so one slow
+    # DNS moment lost the probe asked for. Now it goes back to the queue, no attempt counted, and waits the refusal's
+    # retry_after_s (twice as long each time more) before the worker claims it again; nothing is looked up meanwhile.
+    from advisor.errors import LookupsBusy, LookupTimedOut
+    from tests.api.conftest import Clock
+
+    clock = Clock()
+    refusals = []
+    looked_up = []
+
+    def resolver(host):
+        looked_up.append(host)
+        if refusals:
+            raise refusals.pop(0)
+        return ["127.0.0.1"]
+
+    store = Store.open(f"sqlite:///{tmp_path}/tame.sqlite3", clock=clock)
+    settings = Settings(database_url=store.db.url, allowed=AllowList.parse("127.0.0.1/32"), model="lu",
+                        default_levels=(1, 10), default_duration_s=1.0)
+    driver = FakeDriver(rate, rtt_s=0.01)
+    worker = ProbeWorker(AdviceService(store, settings, clock=clock, resolver=resolver), driver, poll_s=0.05)
+    try:
+        job, _ = worker.service.request_probe("slow.test:5300")
+        refusals[:] = [LookupTimedOut("dest host 'slow.test' did not resolve within 5 s: try again later, or give "
+                                      "its address", retry_after_s=5.0),
+                       LookupsBusy("dest host 'slow.test' was not looked up: ...", retry_after_s=5.0)]
+        looked_up.clear()
+        for wait_s in (5.0, 10.0):
+            assert worker.run_once()
+            waiting = store.job(job.id)
+            assert (waiting.status, waiting.attempts) == ("queued", 0), waiting
+            assert waiting.error.endswith(f"; re-queued, tried again in {wait_s:g} s"), waiting.error
+            clock.advance(wait_s - 0.01)
+            assert not worker.run_once()  # not claimed yet, nor looked up
+            assert len(looked_up) == (1 if wait_s == 5.0 else 2)
+            clock.advance(0.01)
+        assert worker.run_once()
+        done = store.job(job.id)
+        assert (done.status, done.attempts) == ("done", 1), done
+        assert {call[1] for call in driver.calls if call[0] == "run"} == {"127.0.0.1:5300"}
+    finally:
+        store.close()

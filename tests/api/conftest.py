@@ -69,6 +69,10 @@ def resolver(host):
         from advisor.errors import LookupsBusy
         raise LookupsBusy(f"dest host {host!r} was not looked up: this service's 8 name lookups were all busy for 5 s: "
                           "try again later, or give its address", retry_after_s=5.0)
+    if host == "slow.test":  # as advisor.allowlist.system_resolver refuses a name that does not resolve in time
+        from advisor.errors import LookupTimedOut
+        raise LookupTimedOut(f"dest host {host!r} did not resolve within 5 s: try again later, or give its address",
+                             retry_after_s=5.0)
     if host not in table:
         from advisor.errors import InvalidRequest
         raise InvalidRequest(f"dest host {host!r} does not resolve")

@@ -195,6 +195,28 @@ def test_stale_advice_is_served_when_the_probe_queue_is_full(service_factory, cl
     assert response.json()["results"][0]["advice"]["stale"] is True
 
 
+@pytest.mark.parametrize("unfinished", ["LookupsBusy", "LookupTimedOut"])
+def test_stale_advice_is_served_when_its_re_probe_s_name_lookup_does_not_finish(service_factory, clock, unfinished):
+    # The read path queues the re-probe of stale advice, which looks the name up: a lookup the service's busy lookups
+    # never started (LookupsBusy) went through it, so a stale GET /v1/advice answered 503 instead of the advice it
+    # has. A lookup that did not finish is no reason to withhold it, whichever way it did not.
+    import advisor.errors
+
+    base, client, app = service_factory(driver=None, ttl_s=600)
+    response = client.post("/v1/probe-runs", json={"dest": "lo.test:5301", "probes": [
+        {"streams": 1, "throughput_bps": rate(1)}, {"streams": 10, "throughput_bps": rate(10)}]})
+    assert response.status_code == 201
+
+    def resolver(host):
+        raise getattr(advisor.errors, unfinished)(f"dest host {host!r}: not in time", retry_after_s=5.0)
+
+    app.state.service.resolver = resolver
+    clock.advance(601)
+    response = client.get("/v1/advice", params={"dest": "lo.test:5301", "max_impact": 0.5})
+    assert response.status_code == 200 and response.json()["stale"] is True, response.text
+    assert app.state.service.store.job_counts().get("queued") is None  # the re-probe is asked for again later
+
+
 def test_observations_refine_the_fit(service_factory):
     base, client, app = service_factory()
     probe_and_wait(client)

@@ -132,3 +132,26 @@ def test_a_name_the_service_s_busy_lookups_never_started_is_a_503_to_send_again_
     for path in ("/v1/probes", "/v1/probe-runs", "/v1/observations"):
         documented = client.get("/openapi.json").json()["paths"][path]["post"]["responses"]["503"]
         assert "name lookups were all busy" in documented["description"] and "Retry-After" in documented["headers"]
+
+
+def test_a_name_that_did_not_resolve_in_time_is_a_503_and_tame_agent_keeps_the_run_to_send_again(service_factory,
+                                                                                                  tmp_path, capsys):
+    # A lookup past its deadline (LookupTimedOut) was an InvalidRequest, 422, though its message said "try again
+    # later": tame agent --push set the run aside in its spool's rejected/ for good when the service's DNS was slow
+    # once. Now it is a 503 with Retry-After, and the run stays in the spool, sent again next round.
+    from advisor.commands.agent import _push
+    from api.client import TameClient
+
+    base, client, app = service_factory(start_worker=False)
+    run = {"dest": "slow.test", "probes": [{"streams": 1, "throughput_bps": 1e6}, {"streams": 10, "throughput_bps": 5e6}]}
+    response = client.post("/v1/probe-runs", json=run)
+    assert response.status_code == 503 and response.headers["Retry-After"] == "5", response.text
+    assert response.json()["detail"] == "dest host 'slow.test' did not resolve within 5 s: try again later, or give its address"
+    spool = tmp_path / "spool"
+    with TameClient(base) as remote:
+        assert _push(remote, run, spool) is False
+    assert len(list(spool.glob("*.json"))) == 1 and not (spool / "rejected").exists()
+    assert "kept in" in capsys.readouterr().err
+    for path in ("/v1/probes", "/v1/probe-runs", "/v1/observations"):
+        documented = client.get("/openapi.json").json()["paths"][path]["post"]["responses"]["503"]
+        assert "did not resolve within 5 s" in documented["description"] and "Retry-After" in documented["headers"]

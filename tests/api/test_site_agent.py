@@ -113,3 +113,45 @@ def test_the_lease_refusal_names_every_setting_that_differs_and_says_when_the_se
     with pytest.raises(ValueError, match="run the agent with the service's TAME_MODEL, TAME_PROBE_MAX_DURATION_S, "
                                          "TAME_PROBE_OMIT_S \\(this service does not say its own\\)"):
         check_plan_fits_lease(200.0, 100.0, mine, None)
+
+
+def test_a_probe_whose_local_name_lookup_does_not_finish_is_handed_back_to_wait_not_failed(service_factory, clock,
+                                                                                          monkeypatch):
+    """The agent resolves its claimed job's name itself (advisor.allowlist.system_resolver, here with every lookup slot
+    taken, so none finishes): it reported the claim failed, an attempt counted, so a few slow DNS moments at the site
+    failed the job. Now it hands the job back with the lookup's error; the service queues it uncounted and keeps it
+    from the site's claims for a while (as when its own lookup does not finish), and the agent's next round waits."""
+    import threading
+
+    import advisor.allowlist as allowlist
+
+    base, client, app = service_factory(start_worker=False)
+    slots = threading.BoundedSemaphore(1)
+    slots.acquire()
+    monkeypatch.setattr(allowlist, "_lookup_slots", slots)
+    monkeypatch.setattr(allowlist, "RESOLVE_TIMEOUT_S", 0.01)
+    reported, waiting = [], []
+    driver = FakeDriver(rate, rtt_s=0.01)
+    with TameClient(base) as remote:
+        agent = SiteAgent(remote, "dtn2", "agent-1", SiteBudget(), app.state.settings, driver,
+                          push=lambda payload: True, clock=time.time,
+                          report_failure=lambda job_id, error: reported.append(error),
+                          hand_back=lambda job_id, lookup_error=None: remote.release_claim(
+                              "dtn2", job_id, "agent-1", lookup_error),
+                          log=waiting.append)
+        assert agent.round(["localhost:5201"]) == 1
+        [job_id] = agent.claimed
+        job = app.state.service.store.job(job_id)
+        assert (job.status, job.attempts) == ("queued", 0), job
+        assert job.error == ("not started: at agent-1: dest host 'localhost' was not looked up: this service's 8 name "
+                             "lookups were all busy for 0.01 s: try again later, or give its address; re-queued, tried "
+                             "again in 5 s")
+        assert agent.round(["localhost:5201"]) == 0  # the job waits: not claimed, nothing looked up or probed
+        assert "the first is tried again in 5 s" in waiting[-1], waiting
+        clock.advance(5)
+        slots.release()
+        assert agent.round(["localhost:5201"]) == 1
+    assert reported == []
+    probed = app.state.service.store.job(job.id)  # its run not pushed here (push: a no-op): it stays the agent's
+    assert (probed.status, probed.attempts) == ("running", 1), probed
+    assert {call[1] for call in driver.calls if call[0] == "run"} == {"127.0.0.1:5201"}
