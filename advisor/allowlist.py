@@ -20,24 +20,28 @@ Resolver = Callable[[str], Sequence[str]]
 DEFAULT_ALLOWED = "127.0.0.0/8,::1/128,localhost"
 
 
-# How long one name may take to resolve, seconds, and how many lookups run at once: a name under a zone whose
-# servers answer slowly (or never) would otherwise hold a request's thread for as long as the C library retries, and
-# enough such requests every thread of the server. A lookup past its time goes on in a daemon thread of its own,
-# holding its slot until it ends, and is not waited for (nor at exit).
+# How long one name may take to resolve once its lookup has started, seconds, and how many lookups run at once: a
+# name under a zone whose servers answer slowly (or never) would otherwise hold a request's thread for as long as the
+# C library retries, and enough such requests every thread of the server. A lookup waits for a slot at most as long
+# again. A lookup past its time goes on in a daemon thread of its own, holding its slot until it ends, and is not
+# waited for (nor at exit).
 RESOLVE_TIMEOUT_S = 5.0
 LOOKUP_SLOTS = 8
 _lookup_slots = threading.BoundedSemaphore(LOOKUP_SLOTS)
 
 
 def system_resolver(host: str) -> list[str]:
-    """Every address ``host`` resolves to (A and AAAA), within RESOLVE_TIMEOUT_S (LookupTimedOut otherwise;
-    LookupsBusy when the lookup could not start; InvalidRequest for a name that does not resolve)."""
-    deadline = time.monotonic() + RESOLVE_TIMEOUT_S
+    """Every address ``host`` resolves to (A and AAAA), within RESOLVE_TIMEOUT_S of its lookup's start
+    (LookupTimedOut otherwise; LookupsBusy when the lookup could not start within as long; InvalidRequest for a name
+    that does not resolve)."""
     not_looked_up = f"dest host {host!r} was not looked up"
     retry = "try again later, or give its address"
     if not _lookup_slots.acquire(timeout=RESOLVE_TIMEOUT_S):
         raise LookupsBusy(f"{not_looked_up}: this service's {LOOKUP_SLOTS} name lookups were all busy for "
                           f"{RESOLVE_TIMEOUT_S:g} s: {retry}", retry_after_s=RESOLVE_TIMEOUT_S)
+    # From here: a name that waited for its slot has its whole time to resolve, so "did not resolve within" is true
+    # (and the name remembered as slow, advisor.slownames, is one that was slow).
+    deadline = time.monotonic() + RESOLVE_TIMEOUT_S
     answer: dict[str, object] = {}
     ended = threading.Event()
 
