@@ -136,7 +136,12 @@ class TameClient:
             except ValueError:
                 detail = response.text
             raise TameError(response.status_code, str(detail))
-        return response.json()
+        try:
+            return response.json()
+        except ValueError:  # a proxy's or a captive portal's page, a redirect: not the service's answer
+            raise TameError(0, f"the advice service at {self.shown_url} answered HTTP {response.status_code} with "
+                               f"{response.headers.get('content-type', 'no content type')!r:.80}, not JSON: check that "
+                               "it is the service's address (TAME_URL), not a proxy's or a login page's") from None
 
     def advice(self, dest: str, max_impact: float, cc: str | None = None, src: str | None = None) -> dict[str, Any]:
         """GET /v1/advice for the link from ``src`` (None: the service's own site) to ``dest``."""

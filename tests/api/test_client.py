@@ -92,3 +92,63 @@ def test_the_client_refuses_a_bad_url_and_shows_a_good_one_without_its_password(
         with pytest.raises(TameError) as raised:
             client.paths()
     assert raised.value.status == 0 and "cannot reach the advice service" in str(raised.value)
+
+
+@pytest.fixture
+def login_page():
+    """A real HTTP server on 127.0.0.1 that answers every request 200 with an HTML page, as a proxy's or a captive
+    portal's login page does, or 302 to it for /redirect...: yields its URL."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Page(BaseHTTPRequestHandler):
+        def do_GET(self):
+            if self.path.startswith("/redirect"):
+                self.send_response(302)
+                self.send_header("Location", "/login")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            body = b"<html><body>Please log in</body></html>"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_POST = do_GET
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("prefix", ["", "/redirect"])
+def test_an_answer_that_is_not_json_is_a_tame_error_to_try_again_naming_what_came(login_page, prefix):
+    # Was a bare ValueError (JSONDecodeError) out of every client call: a traceback in the CLI, and a site agent's
+    # probe thread took it for a failed probe.
+    with TameClient(login_page + prefix) as client:
+        with pytest.raises(TameError) as got:
+            client.paths()
+    assert got.value.retryable
+    assert "answered HTTP" in str(got.value) and "not JSON" in str(got.value) and "TAME_URL" in str(got.value)
+    assert ("'text/html'" in str(got.value)) == (prefix == "")
+
+
+def test_the_cli_says_the_service_answered_a_page_not_json_and_exits_nonzero(login_page):
+    import os
+    import subprocess
+    import sys
+
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("TAME_")}, "TAME_URL": login_page}
+    done = subprocess.run([sys.executable, "-m", "advisor", "paths"], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
+    assert "not JSON: check that it is the service's address (TAME_URL)" in done.stderr, done.stderr
