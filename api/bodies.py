@@ -48,25 +48,28 @@ class UniqueKeysRequest(Request):
                                        "the deepest, nests four levels", "", 0) from exc
         # No field takes a NUL, and PostgreSQL cannot store one in text (a 503 else). Walked whatever the bytes: the
         # parser also reads UTF-16 and UTF-32, where the escape \\u0000 is not those six bytes.
-        if _holds_nul(doc):
-            raise json.JSONDecodeError("the body holds a NUL character (\\u0000) in a string; no field takes one", "", 0)
+        where = _nul_at(doc)
+        if where is not None:
+            raise json.JSONDecodeError(f"{where[:100]}: the body holds a NUL character (\\u0000) in a string; no field "
+                                       "takes one", "", 0)
         return doc
 
 
-def _holds_nul(doc: Any) -> bool:
-    """Whether a string in ``doc`` (parsed JSON), a key or a value, holds NUL."""
-    stack = [doc]
+def _nul_at(doc: Any) -> str | None:
+    """Where a string in ``doc`` (parsed JSON), a key or a value, holds NUL (``probes[0].raw``; ``the body`` for
+    the top level); None when none does."""
+    stack: list[tuple[str, Any]] = [("", doc)]
     while stack:
-        item = stack.pop()
+        where, item = stack.pop()
         if isinstance(item, str):
             if "\x00" in item:
-                return True
+                return where.lstrip(".") or "the body"
         elif isinstance(item, dict):
-            stack.extend(item)
-            stack.extend(item.values())
+            stack.extend((f"{where}.{key!r}", key) for key in item)
+            stack.extend((f"{where}.{key}", value) for key, value in item.items())
         elif isinstance(item, list):
-            stack.extend(item)
-    return False
+            stack.extend((f"{where}[{index}]", value) for index, value in enumerate(item))
+    return None
 
 
 class UniqueKeysRoute(APIRoute):

@@ -10,11 +10,11 @@ PROBES = [{"streams": 1, "throughput_bps": 1e6}, {"streams": 10, "throughput_bps
 DATABASES = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 # Each route with a body that holds NUL in a string the schema takes as free text.
 ROUTES = [
-    ("/v1/sites/dtn2/claims/{job}/release", {"owner": "agent-1", "lookup_error": "a\x00b"}),
-    ("/v1/sites/dtn2/claims/{job}/failure", {"owner": "agent-1", "error": "a\x00b"}),
-    ("/v1/probe-runs", {"dest": DEST, "probes": [{**PROBES[0], "raw": "iperf3\x00"}, PROBES[1]]}),
+    ("/v1/sites/dtn2/claims/{job}/release", {"owner": "agent-1", "lookup_error": "a\x00b"}, "lookup_error"),
+    ("/v1/sites/dtn2/claims/{job}/failure", {"owner": "agent-1", "error": "a\x00b"}, "error"),
+    ("/v1/probe-runs", {"dest": DEST, "probes": [{**PROBES[0], "raw": "iperf3\x00"}, PROBES[1]]}, "probes[0].raw"),
     ("/v1/probe-runs", {"src": "dtn2", "dest": DEST, "probes": PROBES, "job_id": "{job}", "owner": "agent-1",
-                        "congestion_control": "bbr", "\x00": 1}),
+                        "congestion_control": "bbr", "\x00": 1}, "'\\x00'"),
 ]
 
 
@@ -25,9 +25,9 @@ def stored(store):
 
 
 @pytest.mark.parametrize("database", DATABASES)
-@pytest.mark.parametrize("path, body", ROUTES, ids=["release", "failure", "raw", "key"])
+@pytest.mark.parametrize("path, body, where", ROUTES, ids=["release", "failure", "raw", "key"])
 def test_a_nul_character_in_a_string_is_refused_as_malformed_and_nothing_is_stored(service_factory, request, tmp_path,
-                                                                                   database, path, body):
+                                                                                   database, path, body, where):
     url = request.getfixturevalue("pg_url") if database == "postgres" else None
     base, client, app = service_factory(start_worker=False, url=url)
     assert client.put("/v1/sites/dtn2", json={"dests": [DEST], "owner": "agent-1"}).status_code == 200
@@ -37,7 +37,7 @@ def test_a_nul_character_in_a_string_is_refused_as_malformed_and_nothing_is_stor
     sent = {k: (v.replace("{job}", job) if isinstance(v, str) else v) for k, v in body.items()}
     response = client.post(path.replace("{job}", job), json=sent, headers={"Idempotency-Key": "nul-1"})
     assert response.status_code == 422, response.text
-    assert "NUL" in response.json()["detail"], response.text
+    assert response.json()["detail"].startswith(f"{where}: the body holds a NUL character"), response.text
     assert stored(store) == before
     assert client.get(f"/v1/probes/{job}").json()["status"] == "running"
 
