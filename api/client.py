@@ -138,8 +138,9 @@ class TameClient:
         else:
             is_json = True
         if response.status_code >= 400:
-            # The service's refusals are objects with a detail; anything else (a proxy's) is shown as it came.
-            detail = answer.get("detail", response.text) if isinstance(answer, dict) else response.text
+            # The service's refusals are objects with a detail; anything else (a proxy's page) is shown a line of.
+            detail = (answer["detail"] if isinstance(answer, dict) and "detail" in answer
+                      else _line_of(response.text))
             raise TameError(response.status_code, str(detail))
         if not isinstance(answer, dict):  # every answer of the service is an object
             came = ("not JSON" if not is_json else f"JSON that is not a JSON object ({type(answer).__name__})")
@@ -222,6 +223,17 @@ class TameClient:
         runs the probes ``holding`` (ids) now: one claimed in its name before and not among them comes first."""
         return self._call("POST", f"/v1/sites/{_segment(site)}/claims",
                           json={"owner": owner, "max_streams": max_streams, "holding": list(holding)})
+
+
+# The most of an answer that is not the service's a TameError shows, characters.
+SHOWN_TEXT_CHARS = 300
+
+
+def _line_of(text: str) -> str:
+    """The start of an answer's text that is not the service's (a proxy's error page) as one line of printable
+    characters: it goes into messages a terminal shows, every round of an agent."""
+    line = " ".join("".join(c if c.isprintable() else " " for c in text[:SHOWN_TEXT_CHARS]).split())
+    return line + (" …" if len(text) > SHOWN_TEXT_CHARS else "")
 
 
 def _segment(text: str) -> str:

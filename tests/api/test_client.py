@@ -166,6 +166,8 @@ def answering():
         def do_GET(self):
             _, status, text = self.path.split("?")[0].split("/", 2)
             body = urllib.parse.unquote(text.split("/")[0]).encode()
+            if body == b"huge":  # a proxy's error page of a megabyte, with a terminal escape in it
+                body = b"<html>\x1b]0;owned\x07\x1b[2J" + b"x" * 1_000_000 + b"</html>"
             self.send_response(int(status))
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
@@ -204,3 +206,14 @@ def test_json_that_is_no_object_is_a_tame_error_naming_what_came_not_a_traceback
     else:
         assert got.value.status == 0 and got.value.retryable
         assert f"answered HTTP {status}" in str(got.value) and "not a JSON object" in str(got.value), str(got.value)
+
+
+def test_a_refusal_that_is_not_the_service_s_shows_a_line_of_its_text_not_all_of_it(answering):
+    # A proxy's 502 page was the TameError's whole message: a megabyte, terminal escapes and all, printed by the CLI
+    # and by tame agent every round.
+    with TameClient(f"{answering}/502/huge") as client:
+        with pytest.raises(TameError) as got:
+            client.probe("x")
+    shown = str(got.value)
+    assert got.value.status == 502 and shown.startswith("HTTP 502: <html>"), shown[:200]
+    assert len(shown) < 1000 and "<html>" in shown and "\x1b" not in shown and "\x07" not in shown, shown[:200]
