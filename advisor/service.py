@@ -721,15 +721,31 @@ class AdviceService:
         self._check_budget_fits(budget)
         parsed, refused = {}, []
         lookups_until = self.monotonic() + REGISTRATION_LOOKUPS_S
+        # Each host looked up once a registration, however often (spellings, ports) it is listed: its addresses, or
+        # the refusal its lookup raised. Else a name that times out, listed thrice, spent three lookups' time.
+        answers: dict[str, list[str] | AdvisorError] = {}
+
+        def resolver(host: str) -> list[str]:
+            if host not in answers:
+                try:
+                    answers[host] = list(self.resolver(host))
+                except (InvalidRequest, LookupUnfinished) as exc:
+                    answers[host] = exc
+            answer = answers[host]
+            if isinstance(answer, AdvisorError):
+                raise answer
+            return answer
+
         for text in self._slow_names_last(name, dests):
             try:
                 dest = parse_destination(text)
-                if self.settings.allowed.needs_lookup(dest) and self.monotonic() > lookups_until:
+                if (self.settings.allowed.needs_lookup(dest) and dest.host not in answers
+                        and self.monotonic() > lookups_until):
                     raise InvalidRequest(f"not checked: this registration's name lookups took their "
                                          f"{REGISTRATION_LOOKUPS_S:g} s (slow DNS): give addresses, or fewer names "
                                          "a registration (the next one checks these ahead of names whose lookup "
                                          "timed out more recently)")
-                self._check_remembering_slow_names(name, dest)  # resolved once per registration
+                self._check_remembering_slow_names(name, dest, resolver)
             except (DestinationNotAllowed, InvalidRequest, LookupUnfinished) as exc:
                 refused.append({"dest": str(text), "error": str(exc)})
                 continue
@@ -766,13 +782,14 @@ class AdviceService:
 
         return sorted(dests, key=age) if ages else list(dests)
 
-    def _check_remembering_slow_names(self, site: str, dest: Destination) -> None:
-        """:meth:`check_allowed`, remembering for ``site`` whether ``dest``'s name lookup timed out (_slow_names).
+    def _check_remembering_slow_names(self, site: str, dest: Destination, resolver: Resolver) -> None:
+        """:meth:`check_allowed` with ``resolver``, remembering for ``site`` whether ``dest``'s name lookup timed out
+        (_slow_names).
         A name the service's busy lookups never started (LookupsBusy) is neither remembered nor forgotten: nothing
         was learnt of it."""
         remember = self._slow_names.looked_up  # resolved, refused for its addresses, or not a name at all
         try:
-            self.check_allowed(dest)
+            self.settings.allowed.check(dest, resolver)
         except LookupTimedOut:
             remember = self._slow_names.timed_out
             raise

@@ -5,8 +5,8 @@ InvalidRequest -> 422 (TooManyLinks, a new link past a site's TAME_MAX_SITE_LINK
 413, DestinationNotAllowed and WrongSite -> 403, UnknownDestination and UnknownProbe -> 404, BudgetConflict -> 409,
 QueueFull -> 429 and LookupUnfinished (a destination's name lookup did not finish: the name slow to resolve, or the
 service's lookups all busy) -> 503, both with Retry-After, StoreError -> 503 (with a generic message; the detail is
-logged); a body that is not JSON, or gives a key twice in one object (api/bodies.py), or does not fit its schema ->
-422. Tokens, body caps and body deadlines are checked
+logged); a body that is not JSON, or gives a key twice in one object, or holds a NUL in a string (api/bodies.py), or
+does not fit its schema -> 422. Tokens, body caps and body deadlines are checked
 before any route, by api/boundary.py: when TAME_TOKEN is set, writes need ``Authorization: Bearer TOKEN``; when TAME_READ_TOKEN is set, reads (the docs
 included) need it or the write token. A site's token (TAME_SITE_TOKENS) reads, and writes only links from
 its site: the boundary checks /v1/sites/SITE, the write routes a body's src (api.boundary.check_src). /healthz

@@ -4,8 +4,9 @@ JSON parsers keep one of the two values, silently, and the sender may have meant
 route a UniqueKeysRoute, so FastAPI reads each body through UniqueKeysRequest.json, which raises the error FastAPI
 answers a body that is not JSON with (RequestValidationError "json_invalid"; 422 in api/app.py). The rule is
 advisor.limits.unique_keys, the one the queue files of `tame schedule` are read with. A body the parser cannot read
-for another reason (not UTF-8, nested past Python's recursion limit, a whole number too long for int()) is answered
-the same way: FastAPI would answer those 400, a status no route documents, saying only that parsing failed.
+for another reason (not UTF-8, nested past Python's recursion limit, a whole number too long for int()), or that
+holds a NUL character in a string (no field takes one; PostgreSQL cannot store one), is answered the same way:
+FastAPI would answer those 400, a status no route documents, saying only that parsing failed.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ class UniqueKeysRequest(Request):
     async def json(self) -> Any:
         body = await self.body()
         try:
-            return json.loads(body, object_pairs_hook=_UNIQUE_KEYS)
+            doc = json.loads(body, object_pairs_hook=_UNIQUE_KEYS)
         except DuplicateKey as exc:
             # The hook is not told where the object is: the message names the key instead of a position.
             raise json.JSONDecodeError(str(exc), "", 0) from exc
@@ -45,6 +46,30 @@ class UniqueKeysRequest(Request):
         except RecursionError as exc:  # the parser recurses per level; a request nests at most four deep
             raise json.JSONDecodeError("the body nests arrays or objects too deeply to be a request; a probe run, "
                                        "the deepest, nests four levels", "", 0) from exc
+        # No field takes a NUL, and PostgreSQL cannot store one in text (a 503 else). Walked whatever the bytes: the
+        # parser also reads UTF-16 and UTF-32, where the escape \\u0000 is not those six bytes.
+        where = _nul_at(doc)
+        if where is not None:
+            raise json.JSONDecodeError(f"{where[:100]}: the body holds a NUL character (\\u0000) in a string; no field "
+                                       "takes one", "", 0)
+        return doc
+
+
+def _nul_at(doc: Any) -> str | None:
+    """Where a string in ``doc`` (parsed JSON), a key or a value, holds NUL (``probes[0].raw``; ``the body`` for
+    the top level); None when none does."""
+    stack: list[tuple[str, Any]] = [("", doc)]
+    while stack:
+        where, item = stack.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return where.lstrip(".") or "the body"
+        elif isinstance(item, dict):
+            stack.extend((f"{where}.{key!r}", key) for key in item)
+            stack.extend((f"{where}.{key}", value) for key, value in item.items())
+        elif isinstance(item, list):
+            stack.extend((f"{where}[{index}]", value) for index, value in enumerate(item))
+    return None
 
 
 class UniqueKeysRoute(APIRoute):

@@ -130,18 +130,24 @@ class TameClient:
             response = self._http.request(method, path, **kwargs)
         except httpx.HTTPError as exc:
             raise TameError(0, f"cannot reach the advice service: {exc}") from exc
-        if response.status_code >= 400:
-            try:
-                detail = response.json().get("detail", response.text)
-            except ValueError:
-                detail = response.text
-            raise TameError(response.status_code, str(detail))
         try:
-            return response.json()
+            answer = response.json()
         except ValueError:  # a proxy's or a captive portal's page, a redirect: not the service's answer
+            answer = None
+            is_json = False
+        else:
+            is_json = True
+        if response.status_code >= 400:
+            # The service's refusals are objects with a detail; anything else (a proxy's page) is shown a line of.
+            detail = (answer["detail"] if isinstance(answer, dict) and "detail" in answer
+                      else _line_of(response.text))
+            raise TameError(response.status_code, str(detail))
+        if not isinstance(answer, dict):  # every answer of the service is an object
+            came = ("not JSON" if not is_json else f"JSON that is not a JSON object ({type(answer).__name__})")
             raise TameError(0, f"the advice service at {self.shown_url} answered HTTP {response.status_code} with "
-                               f"{response.headers.get('content-type', 'no content type')!r:.80}, not JSON: check that "
-                               "it is the service's address (TAME_URL), not a proxy's or a login page's") from None
+                               f"{response.headers.get('content-type', 'no content type')!r:.80}, {came}: check that "
+                               "it is the service's address (TAME_URL), not a proxy's or a login page's")
+        return answer
 
     def advice(self, dest: str, max_impact: float, cc: str | None = None, src: str | None = None) -> dict[str, Any]:
         """GET /v1/advice for the link from ``src`` (None: the service's own site) to ``dest``."""
@@ -217,6 +223,17 @@ class TameClient:
         runs the probes ``holding`` (ids) now: one claimed in its name before and not among them comes first."""
         return self._call("POST", f"/v1/sites/{_segment(site)}/claims",
                           json={"owner": owner, "max_streams": max_streams, "holding": list(holding)})
+
+
+# The most of an answer that is not the service's a TameError shows, characters.
+SHOWN_TEXT_CHARS = 300
+
+
+def _line_of(text: str) -> str:
+    """The start of an answer's text that is not the service's (a proxy's error page) as one line of printable
+    characters: it goes into messages a terminal shows, every round of an agent."""
+    line = " ".join("".join(c if c.isprintable() else " " for c in text[:SHOWN_TEXT_CHARS]).split())
+    return line + (" …" if len(text) > SHOWN_TEXT_CHARS else "")
 
 
 def _segment(text: str) -> str:

@@ -9,6 +9,7 @@ import json
 import math
 import os
 import signal
+import stat
 import sys
 import threading
 import time
@@ -256,11 +257,24 @@ def _adopt_leftovers(spool: Path) -> None:
     """Give each temporary file a stopped writer left in ``spool`` (:data:`LEFTOVER_AGE_S`) its record's name, so
     the run in it is delivered as a spooled one is, or, written only in part, set aside as unreadable."""
     for tmp in sorted(spool.glob(".*.json.tmp")):
+        record = tmp.with_name(tmp.name[1:-len(".tmp")])
         try:
-            if time.time() - tmp.lstat().st_mtime < LEFTOVER_AGE_S:
+            info = tmp.lstat()
+            if time.time() - info.st_mtime < LEFTOVER_AGE_S:
                 continue
-            os.replace(tmp, tmp.with_name(tmp.name[1:-len(".tmp")]))
+            # _spool writes only regular files, under names no other record has: anything else is no run of an
+            # agent's, and renamed it would replace the run (or raise out of the agent's loop at every start).
+            if not stat.S_ISREG(info.st_mode) or os.path.lexists(record):
+                why = "not a regular file" if not stat.S_ISREG(info.st_mode) else f"{record.name} is there already"
+                print(f"tame agent: {tmp} is no run an agent left ({why}); {_set_aside(tmp)}", file=sys.stderr,
+                      flush=True)
+                continue
+            os.replace(tmp, record)
         except FileNotFoundError:  # its writer, or another agent sharing the spool, got to it first
+            continue
+        except OSError as exc:  # another user's, in a shared spool
+            print(f"tame agent: {tmp} cannot be taken up ({exc.strerror or exc}) and stays; {_SPOOL_FIX}",
+                  file=sys.stderr, flush=True)
             continue
         print(f"tame agent: {tmp} was left by an agent stopped while spooling a run; it goes with the spooled runs",
               file=sys.stderr, flush=True)

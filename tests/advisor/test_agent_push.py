@@ -139,6 +139,43 @@ def test_runs_an_agent_stopped_while_spooling_left_are_delivered_or_set_aside(tm
                      "WHERE k.idempotency_key = 'left-1'") == [(1,)]
 
 
+def test_leftovers_that_are_no_run_an_agent_left_are_set_aside_and_never_stop_the_agent(tmp_path, iperf_server):
+    # Anything named .NAME.json.tmp ten minutes old was taken up by renaming it to NAME.json whatever it was: a
+    # leftover whose NAME.json is a directory (or a directory leftover beside a NAME.json file) raised
+    # IsADirectoryError / NotADirectoryError out of the agent's loop, so the agent died at every start and delivered
+    # nothing; a leftover named as a spooled run was renamed over that run, which was lost. Now a leftover that is not
+    # a regular file (a directory, a FIFO, a symlink), or whose name is taken, is set aside in rejected/, the spooled
+    # run is delivered, and the agent goes on.
+    env, dests = agent_setup(tmp_path, iperf_server)
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    record = json.dumps({"form": SPOOL_FORM, "idempotency_key": "kept-1", "spooled_at": time.time() - 700,
+                         "payload": {"dest": iperf_server, "probes": [{"streams": 1, "throughput_bps": 1e8},
+                                                                      {"streams": 2, "throughput_bps": 1.5e8}]}})
+    (spool / "1-aaaaaaaa.json").write_text(record)          # a spooled run ...
+    (spool / ".1-aaaaaaaa.json.tmp").write_text("{")         # ... and a leftover of its name, written in part
+    (spool / ".2-bbbbbbbb.json.tmp").write_text(record.replace("kept-1", "left-2"))
+    (spool / "2-bbbbbbbb.json").mkdir()                      # a directory where the leftover's record goes
+    (spool / "2-bbbbbbbb.json" / "x").write_text("")
+    (spool / ".3-cccccccc.json.tmp").mkdir()                 # a directory, a FIFO and a symlink as leftovers
+    os.mkfifo(spool / ".4-dddddddd.json.tmp")
+    (spool / ".5-eeeeeeee.json.tmp").symlink_to(spool / "1-aaaaaaaa.json")
+    for left in spool.glob(".*.json.tmp"):
+        os.utime(left, (time.time() - 700, time.time() - 700), follow_symlinks=False)
+    with served(env) as base:
+        done = agent(env, "--dest-file", str(dests), "--push", base, "--spool", str(spool), "--once")
+        assert done.returncode == 0, done.stderr
+        assert "Traceback" not in done.stderr, done.stderr
+        assert "from the spool" in done.stdout, (done.stdout, done.stderr)
+    # (The directory 2-bbbbbbbb.json is set aside as an unreadable spooled run, as before.)
+    assert sorted(p.name for p in (spool / "rejected").iterdir()) == [f".{n}.json.tmp" for n in (
+        "1-aaaaaaaa", "2-bbbbbbbb", "3-cccccccc", "4-dddddddd", "5-eeeeeeee")] + ["2-bbbbbbbb.json"], done.stderr
+    assert done.stderr.count("is no run an agent left") == 5, done.stderr
+    # The spooled run stored once, under its key: the part-written leftover did not replace it.
+    assert rows(env, "SELECT count(*) FROM request_keys k JOIN probe_runs r ON r.id = k.record_id "
+                     "WHERE k.idempotency_key = 'kept-1'") == [(1,)]
+
+
 def test_a_pushing_agent_judges_freshness_by_its_server_s_own_site(tmp_path, iperf_server):
     """Runs pushed without src are the server's own site's: another site's fresh advice for the same destination
     does not make the agent skip it."""

@@ -297,6 +297,31 @@ def test_slow_names_are_checked_oldest_timeout_first_so_registrations_rotate_thr
         store.close()
 
 
+def test_a_registration_looks_each_host_name_up_once_however_often_and_however_spelt_it_is_listed(tmp_path,
+                                                                                                   monkeypatch):
+    # A registration looked a host up once per item naming it: a name that times out listed three times (three
+    # spellings of one host, or three ports) spent three lookup deadlines of the registration's time (and held three
+    # of the process's lookup slots), and the names after it were refused "not checked". Now each host is looked up
+    # once a registration, its answer (addresses, or the refusal) used for every item naming it.
+    import advisor.service as service_module
+    from advisor.sites import SiteBudget
+
+    monkeypatch.setattr(service_module, "REGISTRATION_LOOKUPS_S", 0.5)
+    clock = LookupClock()
+    dns = SlowDNS(clock, ["slow.example"])
+    store, service = _slow_name_service(tmp_path, dns, clock)
+    listed = ["slow.example:5201", "SLOW.example", "slow.example.:5202", "fast.example:5201", "Fast.Example.:5202"]
+    try:
+        got = service.register_site("dtn2", SiteBudget(2, 64, 3600.0), listed)
+        assert dns.looked_up == ["slow.example", "fast.example"]
+        refused = {r["dest"]: r["error"] for r in got["refused"]}
+        assert set(refused) == set(listed[:3]), refused
+        assert all("did not resolve within" in why for why in refused.values()), refused
+        assert got["links"] == 2  # fast.example's two ports
+    finally:
+        store.close()
+
+
 def test_a_name_that_waits_for_a_lookup_slot_in_vain_is_refused_as_not_looked_up(monkeypatch):
     # Every slot taken for the whole deadline: the name was never looked up, but the refusal said it "did not
     # resolve within 5 s" and was a LookupTimedOut, so the service remembered a name it knew nothing of as slow.

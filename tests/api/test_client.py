@@ -152,3 +152,68 @@ def test_the_cli_says_the_service_answered_a_page_not_json_and_exits_nonzero(log
                           timeout=60)
     assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
     assert "not JSON: check that it is the service's address (TAME_URL)" in done.stderr, done.stderr
+
+
+@pytest.fixture
+def answering():
+    """A real HTTP server on 127.0.0.1 answering each request with the status and JSON text its path gives,
+    /STATUS/TEXT (percent-encoded), as a proxy or a wrong service might: yields its URL."""
+    import threading
+    import urllib.parse
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Answer(BaseHTTPRequestHandler):
+        def do_GET(self):
+            _, status, text = self.path.split("?")[0].split("/", 2)
+            body = urllib.parse.unquote(text.split("/")[0]).encode()
+            if body == b"huge":  # a proxy's error page of a megabyte, with a terminal escape in it
+                body = b"<html>\x1b]0;owned\x07\x1b[2J" + b"x" * 1_000_000 + b"</html>"
+            self.send_response(int(status))
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_POST = do_PUT = do_GET
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("status, text", [
+    (502, '["bad gateway"]'), (503, '"down for maintenance"'), (500, "null"), (404, "42"),  # a refusal's
+    (200, "null"), (200, "[]"), (200, '"ok"'), (201, "1.5"), (200, "true"),  # an answer's
+])
+def test_json_that_is_no_object_is_a_tame_error_naming_what_came_not_a_traceback(answering, status, text):
+    # JSON that is not an object (a proxy's, another service's) was returned as the answer, which every caller reads
+    # as an object (a TypeError in the agent's loop), or, refused, raised AttributeError ('list' object has no
+    # attribute 'get') out of the client.
+    import urllib.parse
+
+    with TameClient(f"{answering}/{status}/{urllib.parse.quote(text)}") as client:
+        with pytest.raises(TameError) as got:
+            client.probe("x")
+    if status >= 400:
+        assert got.value.status == status and text.strip('"') in str(got.value), str(got.value)
+    else:
+        assert got.value.status == 0 and got.value.retryable
+        assert f"answered HTTP {status}" in str(got.value) and "not a JSON object" in str(got.value), str(got.value)
+
+
+def test_a_refusal_that_is_not_the_service_s_shows_a_line_of_its_text_not_all_of_it(answering):
+    # A proxy's 502 page was the TameError's whole message: a megabyte, terminal escapes and all, printed by the CLI
+    # and by tame agent every round.
+    with TameClient(f"{answering}/502/huge") as client:
+        with pytest.raises(TameError) as got:
+            client.probe("x")
+    shown = str(got.value)
+    assert got.value.status == 502 and shown.startswith("HTTP 502: <html>"), shown[:200]
+    assert len(shown) < 1000 and "<html>" in shown and "\x1b" not in shown and "\x07" not in shown, shown[:200]

@@ -284,7 +284,8 @@ def test_a_pushed_run_naming_a_bad_owner_is_refused_and_nothing_is_stored(servic
     for owner, says in [
         ("", "owner must name the agent"), ("x" * 201, "owner: String should have at most 200 characters"),
         (12, "owner"), (["agent-1"], "owner"), ({"name": "agent-1"}, "owner"),
-        ("agent-1\n", "printable"), ("agent-1\r\nX-Owner: agent-2", "printable"), ("agent-1\x00", "printable"),
+        ("agent-1\n", "printable"), ("agent-1\r\nX-Owner: agent-2", "printable"),
+        ("agent-1\x00", "owner: the body holds a NUL"),  # refused as every string holding one is (api/bodies.py)
         ("agent\x1b[2J", "printable"), ("agent\u202e1", "printable"), ("agent\u200b1", "printable"),
         ("agent\udcff", "owner"),  # a lone surrogate, as an undecodable host name gives
     ]:
