@@ -30,6 +30,7 @@ from advisor.errors import (AdvisorError, BatchTooLarge, DestinationNotAllowed, 
 from advisor.curves import curve_of
 from advisor.fitcodec import fit_from_stored, fit_to_record
 from advisor.idempotency import KeyedRequest
+from advisor.jobs import Job
 from advisor.limits import (check_available_control, check_congestion_control, check_max_impact, check_probe_duration_s,
                             check_owner, check_probe_levels, check_site, MAX_SITE_STREAMS)
 from advisor.observations import Observation
@@ -39,7 +40,7 @@ from advisor.settings import Settings
 from advisor.slownames import SlowNames
 from advisor.sites import (SITE_CEILING_VARIABLES, SiteBudget, claim_job, holds, never_fits, register_site, site_budget,
                            site_use)
-from advisor.store import FitRow, Job, NewFit, Store, StoredRun
+from advisor.store import FitRow, NewFit, Store, StoredRun
 from advisor.tame import CURVE_VERSION, advise, plan_control, point_from_probe, representative_rtt_s
 from models.errors import FitError
 from models.parallel import ParallelFit, ProbePoint

@@ -17,10 +17,11 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 from advisor.destinations import Destination
 from advisor.errors import BudgetConflict, InvalidRequest, TooManyLinks
+from advisor.jobs import (ANSWERED_JOB, HELD_JOB, JOB_COLUMNS, LOOKUP_WAIT_OVER, Job, end_attempt_in, fail_job_in,
+                          job_from_row, lock_claims)
 from advisor.limits import (BUDGET_WINDOW_S, MAX_SITE_LINKS, MAX_SITE_PROBE_SECONDS_PER_HOUR, MAX_SITE_PROBES,
                             MAX_SITE_STREAMS)
-from advisor.store import (ANSWERED_JOB, HELD_JOB, JOB_COLUMNS, LOOKUP_WAIT_OVER, Job, Store, end_attempt_in,
-                           fail_job_in, job_from_row, lock_claims)
+from advisor.store import Store
 
 # How long after its agents' last sign of life (a registration or a claimed probe; one under a lease counts until the
 # lease runs out) a site's budget stays held against a different one, seconds. An agent registers every round

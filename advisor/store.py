@@ -1,4 +1,6 @@
-"""The advice store: destinations, probe jobs and runs (raw results kept for the newest, advisor.retention), fits, curves, observations.
+"""The advice store: probe runs (raw results kept for the newest, advisor.retention), fits, curves, observations and
+their refits; :class:`Store`, the one object callers use, with links (advisor.links) and the probe job queue
+(advisor.jobs) as parts of it.
 
 Schema: advisor/migrations/ (one versioned SQL file per change). Every write that belongs
 together (a probe run, its results, its fit and curve, and the job's final status) happens in
@@ -9,11 +11,9 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 import threading
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -21,14 +21,14 @@ from advisor.advice import CurvePoint
 from advisor.curves import rebuild_outdated_curves, write_curve
 from advisor.db import DEFAULT_POOL_SIZE, Database, Tx
 from advisor.destinations import Destination
-from advisor.errors import QueueFull, StoreError, TooManyControls, TooManyLinks, UnknownProbe
 from advisor.idempotency import KeyedRequest
-from advisor.limits import BUDGET_WINDOW_S, MAX_LINK_CONTROLS, MAX_SITE_LINKS
+from advisor.jobs import ANSWERED_JOB, JobQueue
+from advisor.limits import MAX_SITE_LINKS
+from advisor.links import Links, same_control
 from advisor.observations import RECORD_COLUMNS as OBSERVATION_COLUMNS, Observation
 from probes.result import ProbeResult
 
 Clock = Callable[[], float]
-ACTIVE = ("queued", "running")
 # A test hook (tests/advisor/test_commit_atomic.py), read when a Store is made: when set, record_run
 # names each step of its transaction on stderr and then pauses there, for that many seconds, or, set
 # to "stdin", until a line arrives on stdin; so a test can kill the process inside the transaction,
@@ -39,32 +39,6 @@ RECORD_RUN_PAUSE_ENV = "TAME_TEST_RECORD_RUN_PAUSE_S"
 REFIT_OBSERVATIONS = 200
 # Locks an observation's refit takes its link's turn from (Store.add_observation): links share one when they hash alike.
 _REFIT_TURN_STRIPES = 64
-# PostgreSQL advisory locks of the link count, one per site (the first of two keys; the migrations' lock is one key):
-# two transactions adding a site's last allowed link must not both count one less than the cap and insert.
-LINK_COUNT_LOCK = 7316
-# The job a run pushed for a claim closes (parameters: owner, src, dest): the claim's holder's running job, or one
-# back in the queue after its lease lapsed (the run came late, from the agent's spool say: the probe it asked for is
-# done, and probing the link again would be traffic for nothing), a probe of that link. One another agent holds is not.
-# A job its claim's holder still runs (parameters: job id, owner).
-HELD_JOB = "id = ? AND owner = ? AND status = 'running'"
-# An attempt its prober (a site's agent, this service's worker) holds at its job, a probe of a link from its site
-# (parameters: job id, owner, src).
-HELD_ATTEMPT = "id = ? AND owner = ? AND src = ? AND status = 'running'"
-ANSWERED_JOB = "((status = 'running' AND owner = ?) OR (status = 'queued' AND attempts > 0)) AND src = ? AND dest = ?"
-# The PostgreSQL advisory lock every claim of a probe job takes first (this service's worker and the sites' agents,
-# advisor.sites.claim_job): a claim checks that no probe of the job's destination runs, from any site, and marks the
-# job running; two claims at once from different sites would both see the destination idle.
-CLAIM_LOCK = 7317
-# A job whose destination's name lookup did not finish as it was to start (Store.defer_attempt) is not claimed again
-# before the lookup's retry_after_s has passed, twice as long for each such time before (at most LOOKUP_RETRY_MAX_S),
-# and the MAX_LOOKUP_WAITS-th such time fails it: with advisor.allowlist's 5 s, a name that never resolves in time is
-# tried 12 times over about 2.4 hours (waits of 5 s, 10 s, ... 2560 s, then 3600 s), then its job fails, saying so.
-LOOKUP_RETRY_MAX_S = 3600.0
-MAX_LOOKUP_WAITS = 12
-# A queued job ``{j}`` whose wait for its name lookup (above) is over, so it may be claimed (parameter: now).
-LOOKUP_WAIT_OVER = "({j}.retry_at IS NULL OR {j}.retry_at <= ?)"
-# The key of Tx.memo holding the link counts check_new_link keeps for the transaction.
-_LINK_COUNTS = "site_link_counts"
 
 
 @dataclass(frozen=True)
@@ -94,29 +68,6 @@ class FitRow:
         """Unix seconds of the newest evidence behind the fit, which its freshness is judged by: the probes', or
         for a fit refitted on finished transfers the newest transfer's (a link with recent transfers needs no probe)."""
         return max(self.probed_at, self.fitted_at) if self.observations_used else self.probed_at
-
-
-@dataclass(frozen=True)
-class Job:
-    """A probe request and where it is in its life cycle."""
-
-    id: str
-    dest: str
-    status: str
-    levels: list[int]
-    duration_s: float
-    requested_at: float
-    started_at: float | None
-    finished_at: float | None
-    progress: float
-    attempts: int
-    error: str | None
-    probe_run_id: int | None
-    progress_detail: dict[str, Any] | None = None
-    address: str | None = None
-    congestion_control: str | None = None  # the control to probe under (NULL: jobs queued before it was kept)
-    src: str = ""  # the site whose prober runs it
-
 
 @dataclass(frozen=True)
 class NewFit:
@@ -221,15 +172,8 @@ class StoredRun:
                 f"{self.newer_probed_at - self.probed_at:.0f} s newer than this run's, and stays")
 
 
-JOB_COLUMNS = ("id, dest, status, levels_json, duration_s, requested_at, started_at, finished_at, "
-                "progress, attempts, error, probe_run_id, progress_detail, address, congestion_control, src")
 _FIT_COLUMNS = ("id, dest, model, params_json, regime, warnings_json, probe_streams_json, probes_json, "
                 "observations_used, idle_rtt_s, n_max, fitted_at, probed_at, record_json, congestion_control, src")
-
-
-def job_from_row(row) -> Job:
-    return Job(row[0], row[1], row[2], json.loads(row[3]), row[4], row[5], row[6], row[7], row[8], row[9],
-               row[10], row[11], json.loads(row[12]) if row[12] else None, row[13], row[14], row[15])
 
 
 def _fit(row) -> FitRow:
@@ -266,13 +210,6 @@ def _newest_run(tx: Tx, link: str, link_params: Sequence[Any], control: str | No
     return tx.execute(_NEWEST_RUN.format(link=link, control=where), (*link_params, *params)).fetchone()
 
 
-def same_control(column: str, control: str | None) -> tuple[str, tuple]:
-    """SQL (and its parameters) for ``column`` holding ``control``; None matches NULL (not recorded)."""
-    if control is None:
-        return f"{column} IS NULL", ()
-    return f"{column} = ?", (control,)
-
-
 def _json_list(values: Sequence[float]) -> str | None:
     """A per-stream list as stored (a JSON array), or NULL when the driver gave none."""
     return json.dumps(list(values)) if values else None
@@ -301,139 +238,9 @@ def _step_pause(env=os.environ) -> Callable[[str], None]:
     return pause
 
 
-def _boot_id() -> str:
-    """This boot of the kernel ("" where /proc does not say)."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
-
-
-def _start_ticks(pid: int) -> int | None:
-    """When process ``pid`` started, in clock ticks since boot (/proc/PID/stat field 22); None if there is no such process."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read().decode("ascii", errors="replace")
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    except OSError:
-        return -1  # exists but unreadable: cannot tell, treat as alive
-    # The command name (field 2) is in parentheses and may hold spaces or ')': split after the last one.
-    fields = stat[stat.rfind(")") + 2:].split()
-    try:
-        return int(fields[19])
-    except (IndexError, ValueError):
-        return -1
-
-
-def process_owner() -> str:
-    """host:pid:boot_id:start_ticks:nonce naming this process as the owner of the jobs it runs.
-
-    A pid alone is reused (a restart inside a PID namespace is PID 1 again); the same pid with
-    the same start time in the same boot of the same host is the same process.
-    """
-    pid = os.getpid()
-    ticks = _start_ticks(pid)
-    return (f"{socket.gethostname()}:{pid}:{_boot_id()}:{'' if ticks is None or ticks < 0 else ticks}:"
-            f"{uuid.uuid4().hex[:8]}")
-
-
-def _owner_is_dead_here(owner: str | None) -> bool:
-    """True when ``owner`` (see :func:`process_owner`) was a process on this host that no longer runs.
-
-    Another host's owner is never judged dead here (its lease decides). On this host, an owner
-    from an earlier boot is dead; otherwise it is alive only if its pid exists and started when
-    the owner says (a pid reused by another process, e.g. PID 1 of a restarted container, has
-    another start time). Owners written before start times were recorded (host:pid:nonce) are
-    judged by the pid alone. Limit: two live processes on one host name in different PID
-    namespaces cannot see each other's pids, so each would judge the other dead; give each
-    instance its own host name (containers do).
-    """
-    if not owner:
-        return True
-    parts = owner.split(":")
-    if parts[0] != socket.gethostname() or len(parts) < 2 or not parts[1].isdigit():
-        return False
-    pid = int(parts[1])
-    if len(parts) == 5:
-        _, _, boot, start, _ = parts
-        here = _boot_id()
-        if boot and here and boot != here:
-            return True
-        if start.isdigit():
-            ticks = _start_ticks(pid)
-            if ticks is None:
-                return True
-            return ticks >= 0 and ticks != int(start)
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
-
-
-
-def fail_job_in(tx: Tx, job_id: str, error: str, now: float) -> None:
-    """Finish a queued or running job as failed with ``error``, inside the caller's transaction ``tx``. A queued job
-    fails without running: a started_at left from a lapsed attempt (kept in spent_attempts) goes, or a site's budget
-    would count the job's time in the queue as probing."""
-    tx.execute("UPDATE probe_jobs SET status = 'failed', finished_at = ?, error = ?, owner = NULL, lease_until = NULL, "
-               "started_at = CASE WHEN status = 'queued' THEN NULL ELSE started_at END "
-               "WHERE id = ? AND status IN ('queued', 'running')", (now, error, job_id))
-
-
-def lock_claims(tx: Tx) -> None:
-    """Take the claims' lock (CLAIM_LOCK) for ``tx`` on PostgreSQL; SQLite runs one write transaction at a time."""
-    if tx.dialect == "postgresql":
-        tx.execute(f"SELECT pg_advisory_xact_lock({CLAIM_LOCK})")
-
-
-def charge_attempt_in(tx: Tx, src: str, job_id: str, started_at: float, seconds: float) -> None:
-    """Keep an attempt's ``seconds`` (from ``started_at``) in spent_attempts, where a site's hourly budget counts them."""
-    tx.execute("INSERT INTO spent_attempts (src, job_id, started_at, seconds) VALUES (?, ?, ?, ?)",
-               (src, job_id, started_at, max(0.0, seconds)))
-
-
-def end_attempt_in(tx: Tx, held: str, held_params: Sequence[Any], *, job_id: str, src: str, attempts: int,
-                   started_at: float | None, lease_until: float | None, now: float, max_attempts: int, gave_up: str,
-                   requeued: str, requeued_at: float | None = None, counted: bool = True,
-                   address: str | None = None) -> bool:
-    """End a running job's attempt, inside ``tx``, if the job still matches ``held`` (a WHERE clause, its
-    ``held_params``). The attempt stopped ``now``, or when its lease ran out if that was earlier (the longest it
-    was allowed to send). It fails with ``gave_up`` (finished then, its seconds counted from its own row) when it
-    was the ``max_attempts``-th, else goes back in the queue with ``requeued`` (behind the site's others when
-    ``requeued_at`` is given; kept from probes of ``address`` while one runs) and the seconds it took from
-    ``started_at`` (None: none to count) kept in spent_attempts, as a site's hourly budget counts them. An attempt
-    not ``counted`` (handed back: its prober stopped, not the job) never gives up and is not one of the job's
-    attempts. Returns whether the job matched."""
-    stopped = now if lease_until is None else min(now, lease_until)
-    if counted and attempts >= max_attempts:
-        return tx.execute("UPDATE probe_jobs SET status = 'failed', finished_at = ?, owner = NULL, lease_until = NULL, "
-                          f"error = ? WHERE {held} RETURNING id", (stopped, gave_up, *held_params)).fetchone() is not None
-    behind, behind_params = ("requested_at = ?, ", (requeued_at,)) if requeued_at is not None else ("", ())
-    uncount = "" if counted else "attempts = CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END, "
-    done = tx.execute("UPDATE probe_jobs SET status = 'queued', progress = 0, progress_detail = NULL, owner = NULL, "
-                      f"lease_until = NULL, address = ?, {behind}{uncount}error = ? WHERE {held} RETURNING id",
-                      (address, *behind_params, requeued, *held_params)).fetchone() is not None
-    if done and started_at is not None:
-        charge_attempt_in(tx, src, job_id, started_at, stopped - started_at)
-    return done
-
-
-def _held_attempt(tx: Tx, job_id: str, owner: str, src: str, *more: str) -> tuple | None:
-    """(attempts, started_at, lease_until, and the columns ``more``) of the attempt ``owner`` holds at its job
-    (HELD_ATTEMPT), locked as read: a lease lapsing meanwhile (Store.recover_jobs) re-queues the job once, not under
-    the caller's report too. None when it holds none."""
-    lock = " FOR UPDATE" if tx.dialect == "postgresql" else ""
-    columns = ", ".join(("attempts", "started_at", "lease_until", *more))
-    return tx.execute(f"SELECT {columns} FROM probe_jobs WHERE {HELD_ATTEMPT}{lock}", (job_id, owner, src)).fetchone()
-
-
-class Store:
-    """All reads and writes of the advice store. ``clock`` gives Unix seconds."""
+class Store(Links, JobQueue):
+    """All reads and writes of the advice store. ``clock`` gives Unix seconds. Links and their controls are
+    :class:`advisor.links.Links`' part of it, the probe job queue :class:`advisor.jobs.JobQueue`'s."""
 
     def __init__(self, db: Database, clock: Clock = time.time):
         self.db = db
@@ -456,116 +263,6 @@ class Store:
 
     def close(self) -> None:
         self.db.close()
-
-    # -- links --------------------------------------------------------------------------
-
-    def link_id(self, tx: Tx, src: str, dest: Destination, max_links: int = MAX_SITE_LINKS) -> int:
-        """The row id of the link from site ``src`` to ``dest`` (a row of ``destinations``), the row created if
-        missing; safe against concurrent first writes. A new link is refused (TooManyLinks, nothing written) when
-        ``src`` has ``max_links`` links already (:meth:`check_new_link`)."""
-        # On PostgreSQL the row is held (KEY SHARE, as a foreign key's check holds it) until the transaction ends,
-        # so pruning (advisor/retention.py) cannot remove a link a write has just found; one being removed is
-        # waited for and then not found, and made again.
-        held = " FOR KEY SHARE" if self.db.dialect == "postgresql" else ""
-        select = f"SELECT id FROM destinations WHERE src = ? AND dest = ?{held}"
-        row = tx.execute(select, (src, dest.key)).fetchone()
-        if row:  # the common case, without an insert that would spend an id of the sequence
-            return row[0]
-        self.check_new_link(tx, src, dest.key, max_links)
-        # Several transactions may miss the row at once (on PostgreSQL they run in parallel): the
-        # upsert makes all but one wait for the winner's commit and do nothing, and the SELECT after
-        # it (a new snapshot under READ COMMITTED) then sees that row.
-        made = tx.execute(
-            "INSERT INTO destinations (src, dest, host, port, created_at) VALUES (?, ?, ?, ?, ?) "
-            "ON CONFLICT (src, dest) DO NOTHING RETURNING id",
-            (src, dest.key, dest.host, dest.port, self.clock()),
-        ).fetchone()
-        if made:
-            return made[0]
-        # Another transaction's row: whether this transaction's count of the site's links saw it is not known, so
-        # the next new link counts them again.
-        self._forget_link_count(tx, src)
-        return tx.execute(select, (src, dest.key)).fetchone()[0]
-
-    def _link_controls(self, tx: Tx, src: str, dest_key: str) -> list[str]:
-        """The controls link (``src``, ``dest_key``) holds results under, and those of its queued and running probes
-        (a probe queued under a new control holds its place, so its run is never refused after it ran)."""
-        return sorted(r[0] for r in tx.execute(
-            "SELECT lc.congestion_control FROM link_controls lc JOIN destinations d ON d.id = lc.destination_id "
-            "WHERE d.src = ? AND d.dest = ? UNION SELECT congestion_control FROM probe_jobs WHERE src = ? AND dest = ? "
-            "AND status IN ('queued', 'running') AND congestion_control IS NOT NULL",
-            (src, dest_key, src, dest_key)).fetchall())
-
-    def check_link_control(self, tx: Tx, destination_id: int, control: str | None, src: str, dest_key: str) -> None:
-        """Record that link ``destination_id`` (``src`` to ``dest_key``) holds results under ``control`` (None: not
-        recorded, no check); TooManyControls, and nothing of this transaction kept, when that would make more than
-        MAX_LINK_CONTROLS, counting its queued and running probes' controls (:meth:`check_job_control`)."""
-        held_already = "SELECT 1 FROM link_controls WHERE destination_id = ? AND congestion_control = ?"
-        if control is None or tx.execute(held_already, (destination_id, control)).fetchone() is not None:
-            return
-        self.check_job_control(tx, src, dest_key, control)
-        tx.execute("INSERT INTO link_controls (destination_id, congestion_control) VALUES (?, ?) "
-                   "ON CONFLICT (destination_id, congestion_control) DO NOTHING", (destination_id, control))
-
-    def check_job_control(self, tx: Tx, src: str, dest_key: str, control: str | None) -> None:
-        """TooManyControls when results or a probe of link (``src``, ``dest_key``) under ``control`` would be one
-        control more than MAX_LINK_CONTROLS (a probe's run would be refused after it ran)."""
-        if control is None:
-            return
-        if self.db.dialect == "postgresql":
-            # One new control of a link at a time, so two at once cannot both find room for one; taken before
-            # link_controls' INSERT, whose key check would share the row with the other one's (a deadlock). Writes
-            # under the link's own controls (a key share) are not held back by it.
-            tx.execute("SELECT 1 FROM destinations WHERE src = ? AND dest = ? FOR NO KEY UPDATE", (src, dest_key))
-        held = self._link_controls(tx, src, dest_key)
-        if control not in held and len(held) >= MAX_LINK_CONTROLS:
-            raise TooManyControls(
-                f"link {src} -> {dest_key} holds results or probes under {len(held)} congestion controls "
-                f"({', '.join(held):.300}), the most this service keeps for one link, and {control!r} would be "
-                "another, so nothing was stored: report it under the control the streams used, one of those (a "
-                "control is released once nothing under it is newer than TAME_RUN_MAX_AGE_S and no probe under it is "
-                "queued or running; never while TAME_RUN_MAX_AGE_S is 0)")
-
-    def check_new_link(self, tx: Tx, src: str, dest_key: str, max_links: int) -> None:
-        """Refuse (TooManyLinks) to make ``dest_key`` a link of ``src`` when it is not one yet and ``src`` has
-        ``max_links`` links: rows of ``destinations`` and destinations of its queued or running probe jobs (a probe
-        queued for a new link holds its place, so its run is never refused after it ran). Each new link would
-        bring its own retention allowance (advisor/retention.py), so links are what bounds the store per site.
-
-        A link this passes is taken as made by the caller in this transaction (or the transaction ends): the site's
-        links are counted once per transaction, and each new link passed adds one, so a registration of many new
-        links reads them once, not once per link."""
-        counts = tx.memo.setdefault(_LINK_COUNTS, {})  # src: its links in this transaction, or None: not counted
-        if src not in counts:
-            if self.db.dialect == "postgresql":
-                # Held to the end of the transaction, so no other transaction adds one of the site's links while
-                # this one's count stands; SQLite's write transactions are serial already.
-                tx.execute(f"SELECT pg_advisory_xact_lock({LINK_COUNT_LOCK}, hashtext(?))", (src,))
-            counts[src] = None
-        known = tx.execute(
-            "SELECT 1 FROM destinations WHERE src = ? AND dest = ? UNION ALL SELECT 1 FROM probe_jobs WHERE src = ? "
-            "AND dest = ? AND status IN ('queued', 'running')", (src, dest_key, src, dest_key)).fetchone()
-        if known:
-            return
-        links = counts[src]
-        if links is None:
-            links = counts[src] = tx.execute(
-                "SELECT count(*) FROM (SELECT dest FROM destinations WHERE src = ? UNION SELECT dest FROM probe_jobs "
-                "WHERE src = ? AND status IN ('queued', 'running')) AS links", (src, src)).fetchone()[0]
-        if links >= max_links:
-            raise TooManyLinks(
-                f"site {src} has {links} links, the most this service keeps for one site (TAME_MAX_SITE_LINKS="
-                f"{max_links}), and {dest_key} would be another, so it was not stored. Write for a link it has, or "
-                "wait: a link with no queued or running probe and nothing newer than TAME_RUN_MAX_AGE_S "
-                "(fits, runs, observations, probes) is removed when the store is pruned (never while TAME_RUN_MAX_AGE_S "
-                "is 0). The operator can raise TAME_MAX_SITE_LINKS")
-        counts[src] = links + 1
-
-    @staticmethod
-    def _forget_link_count(tx: Tx, src: str) -> None:
-        counts = tx.memo.get(_LINK_COUNTS)
-        if counts is not None and src in counts:
-            counts[src] = None  # counted again when next needed; the site's lock is still held
 
     # -- fits -----------------------------------------------------------------------------
 
@@ -820,264 +517,3 @@ class Store:
         if row is None:
             return None
         return row[0], row[1], row[2], Observation.from_record(dict(zip(OBSERVATION_COLUMNS, row[3:])))
-
-    # -- probe jobs -----------------------------------------------------------------------
-
-    def enqueue_job(self, dest: Destination, levels: Sequence[int], duration_s: float,
-                    max_queued: int | None = None, retry_after_s: float = 60.0, client: str | None = None,
-                    max_queued_per_client: int | None = None, *, src: str,
-                    congestion_control: str | None = None, max_queued_per_src: int | None = None,
-                    max_links: int = MAX_SITE_LINKS) -> tuple[Job, bool]:
-        """A new queued job probing the link from site ``src`` under ``congestion_control``, or the link's active
-        one under that control: (job, created).
-
-        Raises QueueFull (with ``retry_after_s``) when ``max_queued`` jobs are queued already,
-        ``max_queued_per_client`` of them were asked for by ``client``, or ``max_queued_per_src`` of them are
-        links from ``src``; TooManyLinks when the job would be a new link of ``src`` past ``max_links``."""
-        job_id = uuid.uuid4().hex
-        job_where, job_params = same_control("congestion_control", congestion_control)
-        try:
-            with self.db.transaction(write=True) as tx:
-                active = tx.execute(
-                    f"SELECT {JOB_COLUMNS} FROM probe_jobs WHERE src = ? AND dest = ? AND {job_where} "
-                    "AND status IN ('queued', 'running')",
-                    (src, dest.key, *job_params),
-                ).fetchone()
-                if active:
-                    return job_from_row(active), False
-                # Before LOCK TABLE: a run's transaction takes the link count's lock, then writes probe_jobs.
-                self.check_new_link(tx, src, dest.key, max_links)
-                self.check_job_control(tx, src, dest.key, congestion_control)
-                if max_queued is not None:
-                    if self.db.dialect == "postgresql":
-                        # Two processes must not both count max_queued - 1 and insert.
-                        tx.execute("LOCK TABLE probe_jobs IN SHARE ROW EXCLUSIVE MODE")
-                    queued = tx.execute("SELECT count(*) FROM probe_jobs WHERE status = 'queued'").fetchone()[0]
-                    if queued >= max_queued:
-                        raise QueueFull(f"the probe queue is full ({queued} probes waiting, at most {max_queued}); "
-                                        f"ask again in {retry_after_s:.0f} s", retry_after_s)
-                if client is not None and max_queued_per_client is not None:
-                    mine = tx.execute("SELECT count(*) FROM probe_jobs WHERE client = ? AND status = 'queued'",
-                                      (client,)).fetchone()[0]
-                    if mine >= max_queued_per_client:
-                        raise QueueFull(f"you have {mine} probes waiting, at most {max_queued_per_client} per client; "
-                                        f"ask again in {retry_after_s:.0f} s", retry_after_s)
-                if max_queued_per_src is not None:
-                    theirs = tx.execute("SELECT count(*) FROM probe_jobs WHERE src = ? AND status = 'queued'",
-                                        (src,)).fetchone()[0]
-                    if theirs >= max_queued_per_src:
-                        raise QueueFull(f"site {src} has {theirs} probes waiting for its agents to claim them, at most "
-                                        f"{max_queued_per_src} per site; ask again in {retry_after_s:.0f} s",
-                                        retry_after_s)
-                tx.execute(
-                    "INSERT INTO probe_jobs (id, src, dest, status, levels_json, duration_s, requested_at, client, "
-                    "congestion_control) VALUES (?, ?, ?, 'queued', ?, ?, ?, ?, ?)",
-                    (job_id, src, dest.key, json.dumps(list(levels)), duration_s, self.clock(), client,
-                     congestion_control),
-                )
-        except StoreError as exc:
-            # Another process enqueued the same destination between our check and insert.
-            if not self.db.is_unique_violation(exc):
-                raise
-            return self.active_job(dest.key, congestion_control, src=src), False
-        return self.job(job_id), True
-
-    def active_job(self, dest_key: str, control: str | None = None, *, src: str) -> Job | None:
-        """The link's queued or running job under ``control`` (None: a job queued before controls were kept)."""
-        where, params = same_control("congestion_control", control)
-        with self.db.transaction() as tx:
-            row = tx.execute(
-                f"SELECT {JOB_COLUMNS} FROM probe_jobs WHERE src = ? AND dest = ? AND {where} "
-                "AND status IN ('queued', 'running')",
-                (src, dest_key, *params),
-            ).fetchone()
-        return job_from_row(row) if row else None
-
-    def job(self, job_id: str) -> Job:
-        with self.db.transaction() as tx:
-            row = tx.execute(f"SELECT {JOB_COLUMNS} FROM probe_jobs WHERE id = ?", (job_id,)).fetchone()
-        if row is None:
-            raise UnknownProbe(f"no probe job has id {job_id!r}")
-        return job_from_row(row)
-
-    def claim_job(self, owner: str, lease_s: Callable[[Job], float], limit: int, *, src: str) -> Job | None:
-        """Mark site ``src``'s next queued job running for ``owner`` if fewer than ``limit`` of that site's probes
-        run (a site's probes share its links): clients in turn, the oldest of each first."""
-        with self.db.transaction(write=True) as tx:
-            lock_claims(tx)
-            if self.db.dialect == "postgresql":
-                tx.execute("LOCK TABLE probe_jobs IN SHARE ROW EXCLUSIVE MODE")
-            running = tx.execute("SELECT count(*) FROM probe_jobs WHERE status = 'running' AND src = ?",
-                                 (src,)).fetchone()[0]
-            if running >= limit:
-                return None
-            # A job whose destination another site's agent probes, or whose address (as it resolved when it last
-            # ran) has a probe running, waits its turn. Clients take turns (the jobs the service queues itself,
-            # client NULL, are one): first the job of the client whose last probe started longest ago (none in the
-            # last hour: first of all), so one asking for many long probes cannot hold the worker while another's
-            # wait behind them, and the service's own re-probes wait one round of the clients waiting, not until
-            # every client has had as many probes as it has.
-            now = self.clock()
-            # Each client's last start once (one per candidate read the site's every job again for each). A start
-            # after now (the clock stepped back, or another replica's runs ahead) is left out: it would stay the
-            # client's last until the clock caught up, and the client served first after the step, its new starts
-            # all older, take every turn until then.
-            row = tx.execute(
-                "WITH turns AS (SELECT client, max(started_at) AS started FROM probe_jobs WHERE src = ? AND "
-                f"started_at >= ? AND started_at <= ? GROUP BY client) SELECT {JOB_COLUMNS} FROM probe_jobs j LEFT JOIN turns t ON "
-                "(t.client = j.client OR "
-                "(t.client IS NULL AND j.client IS NULL)) WHERE j.status = 'queued' AND j.src = ? AND (j.address IS "
-                "NULL OR j.address NOT IN (SELECT address FROM probe_jobs WHERE status = 'running' AND address IS NOT "
-                "NULL)) AND j.dest NOT IN (SELECT dest FROM probe_jobs WHERE status = 'running') AND "
-                f"{LOOKUP_WAIT_OVER.format(j='j')} ORDER BY coalesce(t.started, 0), j.requested_at, j.id LIMIT 1",
-                (src, now - BUDGET_WINDOW_S, now, src, now)
-            ).fetchone()
-            if row is None:
-                return None
-            job = job_from_row(row)
-            tx.execute(
-                "UPDATE probe_jobs SET status = 'running', started_at = ?, progress = 0, progress_detail = NULL, "
-                "attempts = attempts + 1, owner = ?, lease_until = ?, error = NULL, address = NULL WHERE id = ?",
-                (now, owner, now + lease_s(job), job.id),
-            )
-        return self.job(job.id)
-
-    def pin_address(self, job_id: str, owner: str, address: str, lease_until: float) -> bool:
-        """Record that ``owner``'s running job probes ``address`` (and renew its lease), unless another
-        running job probes that address: False then, and the job should wait (:meth:`release_job`)."""
-        with self.db.transaction(write=True) as tx:
-            lock_claims(tx)
-            if self.db.dialect == "postgresql":
-                tx.execute("LOCK TABLE probe_jobs IN SHARE ROW EXCLUSIVE MODE")
-            busy = tx.execute(
-                "SELECT count(*) FROM probe_jobs WHERE status = 'running' AND address = ? AND id <> ?",
-                (address, job_id),
-            ).fetchone()[0]
-            if busy:
-                return False
-            tx.execute(f"UPDATE probe_jobs SET address = ?, lease_until = ? WHERE {HELD_JOB}",
-                       (address, lease_until, job_id, owner))
-        return True
-
-    def release_job(self, job_id: str, owner: str, note: str, address: str | None = None) -> None:
-        """Put this service's worker ``owner``'s running job back in the queue without counting the attempt (a
-        shutdown, or its address is busy: ``address`` is kept so the claim skips the job while that address is
-        probed)."""
-        with self.db.transaction(write=True) as tx:
-            end_attempt_in(tx, HELD_JOB, (job_id, owner), job_id=job_id, src="",
-                            attempts=0, started_at=None, lease_until=None, now=self.clock(), max_attempts=1,
-                            gave_up="", requeued=note, counted=False, address=address)
-
-    def set_progress(self, job_id: str, owner: str, progress: float, detail: dict[str, Any] | None = None) -> None:
-        """The fraction done and, optionally, where in its plan the job is (a small JSON object)."""
-        with self.db.transaction(write=True) as tx:
-            tx.execute(f"UPDATE probe_jobs SET progress = ?, progress_detail = ? WHERE {HELD_JOB}",
-                       (progress, None if detail is None else json.dumps(detail), job_id, owner))
-
-    def fail_attempt(self, job_id: str, owner: str, src: str, error: str, max_attempts: int) -> Job | None:
-        """``owner``'s attempt at its running job (a probe of a link from ``src``) failed with ``error``, reported by
-        that agent: the job goes to the back of the site's queue (failed when this was its ``max_attempts``-th
-        attempt), and the attempt's probe-seconds are what it took, started_at to now (not its lease's worth, as a
-        lapsed one counts). None when ``owner`` does not hold the job (its lease went to another agent)."""
-        now = self.clock()
-        # Behind the site's other queued jobs: one that fails at once must not hold the head of the queue.
-        return self._end_agent_attempt(
-            job_id, owner, src, now, max_attempts=max_attempts,
-            gave_up=lambda attempts: f"failed {attempts} times; giving up. Last: {error}",
-            requeued=lambda attempts: f"attempt {attempts} failed: {error}; re-queued", requeued_at=now)
-
-    def release_attempt(self, job_id: str, owner: str, src: str, note: str) -> Job | None:
-        """Agent ``owner``'s running job (a probe of a link from ``src``) goes back unfinished, because the agent is
-        stopping or its claim could not start it: the job is queued again at once, in its place, the attempt not
-        counted, and the attempt's
-        probe-seconds are what it took, started_at to now. None when ``owner`` does not hold the job."""
-        return self._end_agent_attempt(job_id, owner, src, self.clock(), max_attempts=1, gave_up=lambda _: "",
-                                       requeued=lambda _: note, counted=False)
-
-    def defer_attempt(self, job_id: str, owner: str, src: str, error: str, retry_after_s: float, *,
-                      charged: bool = True) -> Job | None:
-        """``owner``'s running job (a probe of a link from ``src``) could not start: its destination's name lookup did
-        not finish (``error``: advisor.errors.LookupUnfinished, which says to wait ``retry_after_s``). Nothing is known
-        against the job, so the attempt is not counted: the job goes behind the site's other queued ones, not to be
-        claimed again before it has waited (LOOKUP_WAIT_OVER), so a name that stays slow is not looked up again and
-        again, and fails the MAX_LOOKUP_WAITS-th time. The attempt's seconds, started_at to now, count in the site's
-        budget when ``charged`` (an agent's claim). None when ``owner`` does not hold the job."""
-        now = self.clock()
-        with self.db.transaction(write=True) as tx:
-            row = _held_attempt(tx, job_id, owner, src, "lookup_waits")
-            if row is None:
-                return None
-            attempts, started_at, lease_until, waits = row
-            waits += 1
-            wait_s = min(retry_after_s * 2.0 ** (waits - 1), LOOKUP_RETRY_MAX_S)
-            last = waits >= MAX_LOOKUP_WAITS  # counted, with max_attempts 1: it fails the job whatever its attempts
-            end_attempt_in(tx, HELD_ATTEMPT, (job_id, owner, src), job_id=job_id, src=src, attempts=attempts,
-                            started_at=started_at if charged else None, lease_until=lease_until, now=now,
-                            max_attempts=1, counted=last, requeued_at=now,
-                            gave_up=f"never run: its name lookup did not finish as it was to start, {waits} times; "
-                                    f"the last time: {error}",
-                            requeued=f"not started: {error}; re-queued, tried again in {wait_s:g} s")
-            tx.execute("UPDATE probe_jobs SET lookup_waits = ?, retry_at = ? WHERE id = ?",
-                       (waits, None if last else now + wait_s, job_id))
-        return self.job(job_id)
-
-    def refuse_attempt(self, job_id: str, owner: str, src: str, error: str) -> Job | None:
-        """The job agent ``owner`` has just claimed (a probe of a link from ``src``) must not run (``error``: its
-        destination is no longer allowed): it fails now, whatever its attempts, and the site is charged nothing.
-        None when ``owner`` does not hold the job."""
-        return self._end_agent_attempt(job_id, owner, src, self.clock(), max_attempts=1, gave_up=lambda _: error,
-                                       requeued=lambda _: error)
-
-    def _end_agent_attempt(self, job_id: str, owner: str, src: str, now: float, *,
-                           gave_up: Callable[[int], str], requeued: Callable[[int], str], **end: Any) -> Job | None:
-        """:func:`end_attempt_in` for the attempt agent ``owner`` holds at its job (the messages made from the
-        attempt's number); None when it holds none."""
-        with self.db.transaction(write=True) as tx:
-            row = _held_attempt(tx, job_id, owner, src)
-            if row is None:
-                return None
-            attempts, started_at, lease_until = row
-            end_attempt_in(tx, HELD_ATTEMPT, (job_id, owner, src), job_id=job_id, src=src, attempts=attempts,
-                            started_at=started_at, lease_until=lease_until, now=now, gave_up=gave_up(attempts),
-                            requeued=requeued(attempts), **end)
-        return self.job(job_id)
-
-    def fail_job(self, job_id: str, error: str) -> None:
-        with self.db.transaction(write=True) as tx:
-            fail_job_in(tx, job_id, error, self.clock())
-
-    def recover_jobs(self, max_attempts: int, owner_is_dead: Callable[[str | None], bool] = _owner_is_dead_here, *,
-                     local_src: str | None = None) -> int:
-        """Re-queue running jobs whose owner died or whose lease ran out (failed after ``max_attempts``).
-
-        The probe-seconds a re-queued attempt may have spent are kept in ``spent_attempts`` in the same transaction
-        (its site's hourly budget counts them: :mod:`advisor.sites`); a job given up on keeps its last attempt in its
-        own row, finished when that attempt stopped. With ``local_src``, only that site's jobs are judged by ``owner_is_dead`` (their owners are processes that
-        share this host's view); other sites' jobs were claimed by remote agents, whose owner names are theirs to
-        choose, and are judged by their lease alone. A job changed since it was read here (claimed again by
-        another process meanwhile) is left alone."""
-        now = self.clock()
-        with self.db.transaction(write=True) as tx:
-            rows = tx.execute(
-                "SELECT id, owner, lease_until, attempts, src, started_at FROM probe_jobs WHERE status = 'running'"
-            ).fetchall()
-            orphans = [r for r in rows if (r[2] is not None and r[2] < now)
-                       or ((local_src is None or r[4] == local_src) and owner_is_dead(r[1]))]
-            recovered = 0
-            for job_id, owner, lease_until, attempts, src, started_at in orphans:
-                unchanged = ("id = ? AND status = 'running' AND owner IS NOT DISTINCT FROM ? "
-                             "AND lease_until IS NOT DISTINCT FROM ?")
-                # When the attempt stopped is not known: an owner found dead here stopped by now, a remote one
-                # may have sent until its lease ran out.
-                recovered += end_attempt_in(
-                    tx, unchanged, (job_id, owner, lease_until), job_id=job_id, src=src, attempts=attempts,
-                    started_at=started_at, lease_until=lease_until, now=now,
-                    max_attempts=max_attempts,
-                    gave_up=f"interrupted {attempts} times (the probing process stopped); giving up",
-                    requeued="interrupted: the probing process stopped; re-queued")
-        return recovered
-
-    def job_counts(self) -> dict[str, int]:
-        with self.db.transaction() as tx:
-            rows = tx.execute("SELECT status, count(*) FROM probe_jobs GROUP BY status").fetchall()
-        return {status: count for status, count in rows}

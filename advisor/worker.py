@@ -27,10 +27,10 @@ from typing import Any, Callable
 
 from advisor.destinations import Destination, parse_destination
 from advisor.errors import AdvisorError, LookupUnfinished, StoreError
+from advisor.jobs import Job, process_owner
 from advisor.plan_runner import level_chooser, plan_for
 from advisor.retention import Pruner
 from advisor.service import AdviceService
-from advisor.store import Job, process_owner
 from probes.base import ProbeDriver
 from probes.errors import ProbeError, ServerBusy
 from probes.plan import PlanEvent, run_plan

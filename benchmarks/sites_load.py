@@ -42,7 +42,7 @@ def agent_main(site: str, server: str, dests_file: str, seconds: float, probe_s:
     from advisor.settings import Settings
     from advisor.site_agent import SiteAgent
     from advisor.sites import SiteBudget
-    from advisor.store import process_owner
+    from advisor.jobs import process_owner
     from api.client import TameClient
     from probes.fake import FakeDriver
 

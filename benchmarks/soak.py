@@ -394,7 +394,7 @@ QUEUED_LIMIT_S = 120.0
 
 def job_check(url: str) -> dict[str, int]:
     from advisor.db import Database
-    from advisor.store import _owner_is_dead_here
+    from advisor.jobs import _owner_is_dead_here
 
     db = Database(url)
     try:

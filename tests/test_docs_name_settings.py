@@ -137,7 +137,7 @@ def test_the_retention_settings_table_gives_each_one_s_default_and_range_as_the_
 def test_the_docs_lookup_retry_figures_are_the_code_s():
     # "not claimed again for 5 s, twice as long each time more (at most an hour) ... the 12th time, about 2.4 hours".
     from advisor.allowlist import RESOLVE_TIMEOUT_S
-    from advisor.store import LOOKUP_RETRY_MAX_S, MAX_LOOKUP_WAITS
+    from advisor.jobs import LOOKUP_RETRY_MAX_S, MAX_LOOKUP_WAITS
 
     waits_s = [min(RESOLVE_TIMEOUT_S * 2.0 ** i, LOOKUP_RETRY_MAX_S) for i in range(MAX_LOOKUP_WAITS - 1)]
     hours = f"about {sum(waits_s) / 3600:.1f} hours"

@@ -33,7 +33,7 @@ from probes.plan import run_plan
 from advisor.service import AdviceService, fresh_destinations
 from advisor.site_agent import SiteAgent, run_payload
 from advisor.sites import SiteBudget
-from advisor.store import process_owner
+from advisor.jobs import process_owner
 from advisor.commands.common import number_between, service_url, site_name, whole_number
 from advisor.limits import MAX_SITE_PROBE_SECONDS_PER_HOUR, MAX_SITE_PROBES, MAX_SITE_STREAMS
 from advisor.worker import ProbeWorker, probe_target

@@ -33,9 +33,10 @@ CURVE_POINTS = Settings().n_max  # one curve point per stream count 1..n_max
 CHILD = """
 import sys, time
 from advisor.destinations import parse_destination
+from advisor.jobs import process_owner
 from advisor.service import AdviceService
 from advisor.settings import Settings
-from advisor.store import Store, process_owner
+from advisor.store import Store
 from probes.result import ProbeResult
 from tests.api.conftest import rate
 from tests.sites import SITE

@@ -457,7 +457,7 @@ def test_a_name_that_stays_slow_waits_longer_each_time_lets_the_site_s_other_pro
     # probes, waits 5 s, then twice as long each time its lookup times out again (at most an hour), and the 12th time
     # (about 2.4 hours of a name that never resolves in time) it fails, saying why.
     from advisor.sites import SiteBudget
-    from advisor.store import MAX_LOOKUP_WAITS
+    from advisor.jobs import MAX_LOOKUP_WAITS
     from tests.api.conftest import Clock
 
     clock = Clock()

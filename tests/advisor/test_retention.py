@@ -9,10 +9,11 @@ from dataclasses import replace
 import pytest
 
 from advisor.destinations import parse_destination
+from advisor.jobs import process_owner
 from advisor.retention import Retention, prune
 from advisor.service import AdviceService
 from advisor.settings import Settings
-from advisor.store import Store, process_owner
+from advisor.store import Store
 from probes.result import ProbeResult
 from tests.sites import SITE
 

@@ -11,10 +11,11 @@ import pytest
 from advisor.allowlist import AllowList
 from advisor.destinations import parse_destination
 from advisor.errors import QueueFull
+from advisor.jobs import _boot_id, _owner_is_dead_here, _start_ticks, process_owner
 from advisor.limits import check_owner
 from advisor.service import AdviceService
 from advisor.settings import Settings
-from advisor.store import Store, _boot_id, _owner_is_dead_here, _start_ticks, process_owner
+from advisor.store import Store
 from advisor.worker import JobProgress, ProbeWorker
 from probes.errors import ServerBusy
 from probes.fake import FakeDriver
