@@ -188,7 +188,9 @@ def end_attempt_in(tx: Tx, held: str, held_params: Sequence[Any], *, job_id: str
         return tx.execute("UPDATE probe_jobs SET status = 'failed', finished_at = ?, owner = NULL, lease_until = NULL, "
                           f"error = ? WHERE {held} RETURNING id", (stopped, gave_up, *held_params)).fetchone() is not None
     behind, behind_params = ("requested_at = ?, ", (requeued_at,)) if requeued_at is not None else ("", ())
-    uncount = "" if counted else "attempts = CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END, "
+    # A counted attempt got past its name lookup: a slow one after it starts the waits (Store.defer_attempt) anew.
+    uncount = ("lookup_waits = 0, retry_at = NULL, " if counted
+               else "attempts = CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END, ")
     done = tx.execute("UPDATE probe_jobs SET status = 'queued', progress = 0, progress_detail = NULL, owner = NULL, "
                       f"lease_until = NULL, address = ?, {behind}{uncount}error = ? WHERE {held} RETURNING id",
                       (address, *behind_params, requeued, *held_params)).fetchone() is not None

@@ -19,9 +19,6 @@ def hand_back_slow(client, job):
     return told.json()
 
 
-@pytest.mark.xfail(strict=True, reason="advisor/store.py (not to be edited now): Store.defer_attempt counts every "
-                   "lookup hand-back of a job's life, never reset by an attempt that started (its lookup finished), "
-                   "so it waits an hour after one and fails it as 'never run' at the 12th")
 def test_a_lookup_that_finished_starts_the_back_off_again(service_factory, clock):
     # A job handed back for its lookup 11 times (a slow DNS for two hours) whose name then resolved, so its probe
     # ran and failed (nothing listened): the next slow lookup is the first of a new spell, a 5 s wait, not its 12th,
