@@ -260,7 +260,7 @@ def _adopt_leftovers(spool: Path) -> None:
         record = tmp.with_name(tmp.name[1:-len(".tmp")])
         try:
             info = tmp.lstat()
-            if time.time() - info.st_mtime < LEFTOVER_AGE_S:
+            if 0 <= time.time() - info.st_mtime < LEFTOVER_AGE_S:  # one dated ahead: the clock went back since
                 continue
             # _spool writes only regular files, under names no other record has: anything else is no run of an
             # agent's, and renamed it would replace the run (or raise out of the agent's loop at every start).

@@ -114,7 +114,8 @@ def test_a_run_the_service_could_not_take_is_spooled_and_delivered_next_round(tm
 def test_runs_an_agent_stopped_while_spooling_left_are_delivered_or_set_aside(tmp_path, iperf_server):
     # A writer killed after writing a record's temporary file, before renaming it (_spool), leaves the file: whole
     # (killed after its fsync) or in part. Ten minutes on, the next agent takes them up: the whole run is delivered,
-    # the part set aside. A young one may be another agent's being written: it stays as it is.
+    # the part set aside (also one dated ahead, by a clock set back since). A young one may be another agent's being
+    # written: it stays as it is.
     env, dests = agent_setup(tmp_path, iperf_server)
     spool = tmp_path / "spool"
     spool.mkdir()
@@ -125,8 +126,8 @@ def test_runs_an_agent_stopped_while_spooling_left_are_delivered_or_set_aside(tm
     whole.write_text(record)
     part.write_text(record[:40])
     young.write_text(record)
-    for left in (whole, part):
-        os.utime(left, (time.time() - 700, time.time() - 700))
+    os.utime(whole, (time.time() - 700, time.time() - 700))
+    os.utime(part, (time.time() + 86400, time.time() + 86400))  # written before the clock was set back a day
     with served(env) as base:
         done = agent(env, "--dest-file", str(dests), "--push", base, "--spool", str(spool), "--once")
         assert done.returncode == 0, done.stderr
