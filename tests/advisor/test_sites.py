@@ -681,3 +681,32 @@ def test_a_job_handed_back_for_its_name_lookup_waits_behind_the_site_s_others_un
     store.clock.advance(5)
     again = _claim(store, "a")
     assert (again.job.id, again.job.attempts) == (first.job.id, 1)
+
+
+def test_a_job_waiting_for_its_name_lookup_does_not_hold_another_site_s_turn(store):
+    # b's job of the shared destination waits for its name lookup (Store.defer_attempt: not claimed before
+    # retry_at), so b cannot take the destination now, as a site whose budget is spent cannot: a's probe of it,
+    # though its turn is the newer, goes on instead of waiting, the destination idle, until b's wait is over.
+    for site in ("a", "b"):
+        register_site(store, site, SiteBudget(max_probes=4), DESTS[:1])
+    queue(store, "b", DESTS[:1])
+    slow = _claim(store, "b")
+    assert store.defer_attempt(slow.job.id, "agent-b", "b", "dest host 'x' did not resolve within 5 s",
+                               600.0).status == "queued"
+    store.clock.advance(1)
+    queue(store, "a", DESTS[:1])
+    first = _claim(store, "a")  # b's turn (its claim) is newer than a's (none)
+    assert first.job.src == "a"
+    _finish(store, first)
+    queue(store, "a", DESTS[:1])  # a probed it last, but b's job cannot be claimed for 598 s more
+    again = _claim(store, "a")
+    assert again.job is not None and again.job.src == "a", again.waiting
+    # Once b's wait is over, b's turn (the older) comes first again.
+    _finish(store, again)
+    queue(store, "a", DESTS[:1])
+    store.clock.advance(600)
+    register_site(store, "a", SiteBudget(max_probes=4), DESTS[:1])
+    register_site(store, "b", SiteBudget(max_probes=4), DESTS[:1])
+    assert _claim(store, "a").job is None
+    assert _claim(store, "b").job.src == "b"
+
