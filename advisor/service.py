@@ -146,6 +146,14 @@ def fresh_destinations(paths: list[dict[str, Any]], control: str, unrecorded_con
                  or (unrecorded_counts and p["congestion_control"] is None and p["dest"] not in recorded))}
 
 
+def _probe_id(job_id: str) -> str:
+    """``job_id`` as a path gave it, to look up: one holding a NUL names no job (UnknownProbe, as the store would
+    answer), and PostgreSQL, which takes no NUL in text, would fail on it (a 503 for a request's own fault)."""
+    if "\x00" in job_id:
+        raise UnknownProbe(f"no probe job has id {job_id!r}")
+    return job_id
+
+
 class AdviceService:
     def __init__(self, store: Store, settings: Settings, clock: Callable[[], float] = time.time,
                  resolver: Resolver = system_resolver,
@@ -687,7 +695,7 @@ class AdviceService:
         return job, created
 
     def probe_status(self, job_id: str) -> dict[str, Any]:
-        job = self.store.job(job_id)
+        job = self.store.job(_probe_id(job_id))
         payload: dict[str, Any] = {
             "id": job.id, "src": job.src, "dest": job.dest, "congestion_control": job.congestion_control, "status": job.status,
             "progress": job.progress,
@@ -872,7 +880,7 @@ class AdviceService:
         agent does not hold it."""
         name = check_site(site, "site")
         check_owner(owner)
-        job = self.store.fail_attempt(job_id, owner, name, error, self.settings.max_probe_attempts)
+        job = self.store.fail_attempt(_probe_id(job_id), owner, name, error, self.settings.max_probe_attempts)
         if job is None:
             raise UnknownProbe(f"{owner} of {name} holds no running probe {job_id} (finished, or its lease ran out and "
                                "went to another agent): nothing to report")
@@ -886,6 +894,7 @@ class AdviceService:
         agent does not hold it."""
         name = check_site(site, "site")
         check_owner(owner)
+        _probe_id(job_id)
         if lookup_error is None:
             job = self.store.release_attempt(job_id, owner, name, f"handed back by {owner}, which stopped; re-queued")
         else:
