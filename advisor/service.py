@@ -124,8 +124,11 @@ REPROBE_AT_TTL = 0.8
 # Claimed jobs to destinations no longer allowed that one claim fails before it answers with none (the next claim
 # goes on).
 MAX_REFUSED_IN_A_CLAIM = 16
-# Seconds one registration may spend resolving its destinations' names; the names left are refused, saying so.
-REGISTRATION_LOOKUPS_S = 30.0
+# Seconds one registration may start looking its destinations' names up; the names left are refused, saying so. A
+# lookup started within them may take two RESOLVE_TIMEOUT_S more (its wait for a slot, then its own deadline), so a
+# registration answers within 25 s, before tame agent stops waiting for it (SERVICE_TIMEOUT_S, 30 s); with 30 s here,
+# six names that time out made every registration of their site outlast that, and its agent never claimed a probe.
+REGISTRATION_LOOKUPS_S = 15.0
 # Names whose lookup last timed out in a site's registration, the most remembered in all, every site's
 # (advisor.slownames.SlowNames: each registration checks its site's last, oldest timeout first).
 SLOW_NAMES_KEPT = 4096
