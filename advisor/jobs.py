@@ -40,8 +40,13 @@ CLAIM_LOCK = 7317
 # tried 12 times over about 2.4 hours (waits of 5 s, 10 s, ... 2560 s, then 3600 s), then its job fails, saying so.
 LOOKUP_RETRY_MAX_S = 3600.0
 MAX_LOOKUP_WAITS = 12
-# A queued job ``{j}`` whose wait for its name lookup (above) is over, so it may be claimed (parameter: now).
-LOOKUP_WAIT_OVER = "({j}.retry_at IS NULL OR {j}.retry_at <= ?)"
+# A retry_at further ahead of now than this was set by a clock ahead of the one reading it (set back since, or
+# another replica's): its wait is over, else a clock set back a day would hold the job a day, one reset by years for
+# ever. Twice the longest wait, so replicas whose clocks differ by less than an hour keep each other's waits.
+LOOKUP_RETRY_AHEAD_S = 2 * LOOKUP_RETRY_MAX_S
+# A queued job ``{j}`` whose wait for its name lookup (above) is over, so it may be claimed (parameters: now, then
+# now + LOOKUP_RETRY_AHEAD_S).
+LOOKUP_WAIT_OVER = "({j}.retry_at IS NULL OR {j}.retry_at <= ? OR {j}.retry_at > ?)"
 
 
 @dataclass(frozen=True)
@@ -322,7 +327,7 @@ class JobQueue:
                 "NULL OR j.address NOT IN (SELECT address FROM probe_jobs WHERE status = 'running' AND address IS NOT "
                 "NULL)) AND j.dest NOT IN (SELECT dest FROM probe_jobs WHERE status = 'running') AND "
                 f"{LOOKUP_WAIT_OVER.format(j='j')} ORDER BY coalesce(t.started, 0), j.requested_at, j.id LIMIT 1",
-                (src, now - BUDGET_WINDOW_S, now, src, now)
+                (src, now - BUDGET_WINDOW_S, now, src, now, now + LOOKUP_RETRY_AHEAD_S)
             ).fetchone()
             if row is None:
                 return None

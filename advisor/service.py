@@ -124,8 +124,11 @@ REPROBE_AT_TTL = 0.8
 # Claimed jobs to destinations no longer allowed that one claim fails before it answers with none (the next claim
 # goes on).
 MAX_REFUSED_IN_A_CLAIM = 16
-# Seconds one registration may spend resolving its destinations' names; the names left are refused, saying so.
-REGISTRATION_LOOKUPS_S = 30.0
+# Seconds one registration may start looking its destinations' names up; the names left are refused, saying so. A
+# lookup started within them may take two RESOLVE_TIMEOUT_S more (its wait for a slot, then its own deadline), so a
+# registration answers within 25 s, before tame agent stops waiting for it (SERVICE_TIMEOUT_S, 30 s); with 30 s here,
+# six names that time out made every registration of their site outlast that, and its agent never claimed a probe.
+REGISTRATION_LOOKUPS_S = 15.0
 # Names whose lookup last timed out in a site's registration, the most remembered in all, every site's
 # (advisor.slownames.SlowNames: each registration checks its site's last, oldest timeout first).
 SLOW_NAMES_KEPT = 4096
@@ -144,6 +147,14 @@ def fresh_destinations(paths: list[dict[str, Any]], control: str, unrecorded_con
             and (max_age_s is None or p["age_s"] <= max_age_s)
             and (p["congestion_control"] == control
                  or (unrecorded_counts and p["congestion_control"] is None and p["dest"] not in recorded))}
+
+
+def _probe_id(job_id: str) -> str:
+    """``job_id`` as a path gave it, to look up: one holding a NUL names no job (UnknownProbe, as the store would
+    answer), and PostgreSQL, which takes no NUL in text, would fail on it (a 503 for a request's own fault)."""
+    if "\x00" in job_id:
+        raise UnknownProbe(f"no probe job has id {job_id!r}")
+    return job_id
 
 
 class AdviceService:
@@ -687,7 +698,7 @@ class AdviceService:
         return job, created
 
     def probe_status(self, job_id: str) -> dict[str, Any]:
-        job = self.store.job(job_id)
+        job = self.store.job(_probe_id(job_id))
         payload: dict[str, Any] = {
             "id": job.id, "src": job.src, "dest": job.dest, "congestion_control": job.congestion_control, "status": job.status,
             "progress": job.progress,
@@ -872,7 +883,7 @@ class AdviceService:
         agent does not hold it."""
         name = check_site(site, "site")
         check_owner(owner)
-        job = self.store.fail_attempt(job_id, owner, name, error, self.settings.max_probe_attempts)
+        job = self.store.fail_attempt(_probe_id(job_id), owner, name, error, self.settings.max_probe_attempts)
         if job is None:
             raise UnknownProbe(f"{owner} of {name} holds no running probe {job_id} (finished, or its lease ran out and "
                                "went to another agent): nothing to report")
@@ -886,6 +897,7 @@ class AdviceService:
         agent does not hold it."""
         name = check_site(site, "site")
         check_owner(owner)
+        _probe_id(job_id)
         if lookup_error is None:
             job = self.store.release_attempt(job_id, owner, name, f"handed back by {owner}, which stopped; re-queued")
         else:

@@ -17,8 +17,8 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 from advisor.destinations import Destination
 from advisor.errors import BudgetConflict, InvalidRequest, TooManyLinks
-from advisor.jobs import (ANSWERED_JOB, HELD_JOB, JOB_COLUMNS, LOOKUP_WAIT_OVER, Job, end_attempt_in, fail_job_in,
-                          job_from_row, lock_claims)
+from advisor.jobs import (ANSWERED_JOB, HELD_JOB, JOB_COLUMNS, LOOKUP_RETRY_AHEAD_S, LOOKUP_WAIT_OVER, Job,
+                          end_attempt_in, fail_job_in, job_from_row, lock_claims)
 from advisor.limits import (BUDGET_WINDOW_S, MAX_SITE_LINKS, MAX_SITE_PROBE_SECONDS_PER_HOUR, MAX_SITE_PROBES,
                             MAX_SITE_STREAMS)
 from advisor.store import Store
@@ -218,15 +218,16 @@ def site_use(store: Store, site: str) -> SiteUse:
 
 
 # Whether candidate job ``j`` must wait its turn: another site seen within BUDGET_HOLD_S (its agents alive; the
-# parameter is that time), whose latest claim was not refused for its budget (it could take the destination now), has
-# a job queued for the same destination and last started a probe of it before j's site
-# did (never counts as earliest; on a tie, the one queued first goes first, as the queue orders them). Sites so take turns at a destination
+# parameters are that time, then LOOKUP_WAIT_OVER's), whose latest claim was not refused for its budget, has a job
+# queued for the same destination, not waiting for its name lookup (so it could take the destination now), and last
+# started a probe of it before j's site did (never counts as earliest; on a tie, the one queued first goes first, as the queue orders them). Sites so take turns at a destination
 # they share: one site's agents cannot keep it busy (claiming it again and again, or holding claims they never
 # finish) while another's probe of it waits.
 _LAST_TURN = "coalesce((SELECT max(t.started_at) FROM probe_jobs t WHERE t.src = {src} AND t.dest = j.dest), -1)"
 _TURN_WAITS = (
     "EXISTS (SELECT 1 FROM probe_jobs o JOIN sites s ON s.name = o.src WHERE o.dest = j.dest AND o.status = 'queued' "
-    "AND o.src <> j.src AND s.last_seen_at >= ? AND s.budget_refused_at IS NULL AND ("
+    "AND o.src <> j.src AND s.last_seen_at >= ? AND s.budget_refused_at IS NULL AND "
+    f"{LOOKUP_WAIT_OVER.format(j='o')} AND ("
     f"{_LAST_TURN.format(src='o.src')} < {_LAST_TURN.format(src='j.src')} OR "
     f"({_LAST_TURN.format(src='o.src')} = {_LAST_TURN.format(src='j.src')} AND (o.requested_at < j.requested_at OR "
     "(o.requested_at = j.requested_at AND o.id < j.id)))))")
@@ -274,6 +275,7 @@ def claim_job(store: Store, site: str, owner: str, *, max_streams: int, adaptive
 
         if use.probes >= budget.max_probes:
             return over_budget(f"{use.probes} probe(s) of {site} running, at most {budget.max_probes}")
+        waited = (now, now + LOOKUP_RETRY_AHEAD_S)  # LOOKUP_WAIT_OVER's
         while True:
             # A destination being probed from any site waits (an iperf3 server runs one test at a time, and two
             # probes through one bottleneck would measure each other); one that another live site also waits for
@@ -282,11 +284,11 @@ def claim_job(store: Store, site: str, owner: str, *, max_streams: int, adaptive
                 f"SELECT {JOB_COLUMNS} FROM probe_jobs j WHERE j.src = ? AND j.status = 'queued' AND j.dest NOT IN "
                 f"(SELECT dest FROM probe_jobs WHERE status = 'running') AND {LOOKUP_WAIT_OVER.format(j='j')} AND NOT "
                 f"{_TURN_WAITS} ORDER BY j.requested_at, j.id LIMIT 1{skip}",
-                (site, now, now - BUDGET_HOLD_S)).fetchone()
+                (site, *waited, now - BUDGET_HOLD_S, *waited)).fetchone()
             if row is None:
                 queued, next_lookup = tx.execute(
-                    "SELECT count(*), min(CASE WHEN retry_at > ? THEN retry_at END) FROM probe_jobs WHERE src = ? "
-                    "AND status = 'queued'", (now, site)).fetchone()
+                    "SELECT count(*), min(CASE WHEN retry_at > ? AND retry_at <= ? THEN retry_at END) FROM probe_jobs "
+                    "WHERE src = ? AND status = 'queued'", (*waited, site)).fetchone()
                 lookups = ("" if next_lookup is None else ", or their name lookups did not finish as they were to "
                            f"start (the first is tried again in {math.ceil(next_lookup - now)} s)")
                 return Claim(None, budget, waiting="no queued probe" if not queued else (

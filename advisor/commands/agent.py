@@ -248,6 +248,11 @@ def _spool_record(payload: dict[str, Any], key: str) -> dict[str, Any]:
     return {"form": SPOOL_FORM, "payload": payload, "spooled_at": time.time(), "idempotency_key": key}
 
 
+# How long tame agent waits for the service's answer to a request, seconds (a registration's is the longest:
+# advisor.service.REGISTRATION_LOOKUPS_S).
+SERVICE_TIMEOUT_S = 30.0
+
+
 # A spooled run's temporary file (_spool) this much older than now was left by a writer stopped before it renamed
 # it (SIGKILL, power loss); a younger one may be another agent's, sharing the spool, being written now. Seconds.
 LEFTOVER_AGE_S = 600.0
@@ -504,7 +509,7 @@ def _run_site(args, settings, driver) -> int:
     check_spool(spool)
     held = HeldRuns()
     budget = SiteBudget(args.max_probes, args.max_streams, float(args.probe_seconds_per_hour))
-    with TameClient(args.push, token=settings.token, timeout_s=30) as client:
+    with TameClient(args.push, token=settings.token, timeout_s=SERVICE_TIMEOUT_S) as client:
         owner = process_owner()
 
         def tell(job_id: str, what: str, call: Callable[[], Any]) -> None:
@@ -556,7 +561,7 @@ def _run_push(args, settings, driver) -> int:
     held = HeldRuns()
     stop = threading.Event()
     server_site = None  # the site the runs are pushed as (they name none): the server's own, learnt from it
-    with TameClient(args.push, token=settings.token, timeout_s=30) as client, \
+    with TameClient(args.push, token=settings.token, timeout_s=SERVICE_TIMEOUT_S) as client, \
             _stopped_by_signals(stop, getattr(driver, "cancel", lambda: None)):
         while not stop.is_set():
             # What could not be delivered before goes first: it is older, and it may make a probe unnecessary.

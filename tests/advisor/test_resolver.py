@@ -503,3 +503,24 @@ def test_a_name_that_stays_slow_waits_longer_each_time_lets_the_site_s_other_pro
                               "times; the last time: dest host 'slow3.example' did not resolve within 0 s")
     finally:
         store.close()
+
+
+def test_a_registration_of_slow_names_answers_before_tame_agent_stops_waiting(tmp_path):
+    # Each name here waits RESOLVE_TIMEOUT_S for a lookup slot, then as long again for its answer: the most a lookup
+    # takes since a name's deadline starts at its slot. A registration started lookups for 30 s, so it answered at
+    # 40 s; tame agent waits 30 s for it, so every round of a site listing a few such names (six of 5 s) failed,
+    # unanswered, and its agent never claimed a probe, of its good links either.
+    from advisor.allowlist import RESOLVE_TIMEOUT_S
+    from advisor.commands.agent import SERVICE_TIMEOUT_S
+    from advisor.sites import SiteBudget
+
+    clock = LookupClock()
+    slow = [f"slow{i}.example" for i in range(20)]
+    dns = SlowDNS(clock, slow, each_s=2 * RESOLVE_TIMEOUT_S)
+    store, service = _slow_name_service(tmp_path, dns, clock)
+    try:
+        got = service.register_site("dtn2", SiteBudget(2, 64, 3600.0), [f"{name}:5201" for name in slow])
+        assert clock() <= SERVICE_TIMEOUT_S - 5, clock()  # some seconds left for the rest of the request
+        assert len(got["refused"]) == len(slow) and dns.looked_up
+    finally:
+        store.close()

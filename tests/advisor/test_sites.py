@@ -681,3 +681,56 @@ def test_a_job_handed_back_for_its_name_lookup_waits_behind_the_site_s_others_un
     store.clock.advance(5)
     again = _claim(store, "a")
     assert (again.job.id, again.job.attempts) == (first.job.id, 1)
+
+
+def test_a_job_waiting_for_its_name_lookup_does_not_hold_another_site_s_turn(store):
+    # b's job of the shared destination waits for its name lookup (Store.defer_attempt: not claimed before
+    # retry_at), so b cannot take the destination now, as a site whose budget is spent cannot: a's probe of it,
+    # though its turn is the newer, goes on instead of waiting, the destination idle, until b's wait is over.
+    for site in ("a", "b"):
+        register_site(store, site, SiteBudget(max_probes=4), DESTS[:1])
+    queue(store, "b", DESTS[:1])
+    slow = _claim(store, "b")
+    assert store.defer_attempt(slow.job.id, "agent-b", "b", "dest host 'x' did not resolve within 5 s",
+                               600.0).status == "queued"
+    store.clock.advance(1)
+    queue(store, "a", DESTS[:1])
+    first = _claim(store, "a")  # b's turn (its claim) is newer than a's (none)
+    assert first.job.src == "a"
+    _finish(store, first)
+    queue(store, "a", DESTS[:1])  # a probed it last, but b's job cannot be claimed for 598 s more
+    again = _claim(store, "a")
+    assert again.job is not None and again.job.src == "a", again.waiting
+    # Once b's wait is over, b's turn (the older) comes first again.
+    _finish(store, again)
+    queue(store, "a", DESTS[:1])
+    store.clock.advance(600)
+    register_site(store, "a", SiteBudget(max_probes=4), DESTS[:1])
+    register_site(store, "b", SiteBudget(max_probes=4), DESTS[:1])
+    assert _claim(store, "a").job is None
+    assert _claim(store, "b").job.src == "b"
+
+
+
+def test_a_lookup_wait_outlasts_no_clock_set_back(store):
+    # A job's retry_at is never more than LOOKUP_RETRY_MAX_S ahead of the clock that set it: one further ahead was
+    # set before this clock was set back (or by a replica whose clock runs ahead), and waiting for it would hold the
+    # job a day (for ever, after a reset by years) where its wait is at most an hour.
+    register_site(store, "a", SiteBudget(max_probes=4), DESTS[:1])
+    queue(store, "a", DESTS[:1])
+    first = _claim(store, "a")
+    store.defer_attempt(first.job.id, "agent-a", "a", "dest host 'x' did not resolve within 5 s", 5.0)
+    assert _claim(store, "a").job is None  # its 5 s are not over
+    store.clock.advance(-86400)  # the clock set back a day
+    again = _claim(store, "a")
+    assert again.job is not None and again.job.id == first.job.id, again.waiting
+
+
+def test_the_worker_s_claim_outlasts_no_clock_set_back_either(store):
+    # Store.claim_job (this service's own worker) reads retry_at as a site's claim does.
+    store.enqueue_job(DESTS[0], [1, 10], 30.0, src="a")
+    first = store.claim_job("worker", worst, 1, src="a")
+    store.defer_attempt(first.id, "worker", "a", "dest host 'x' did not resolve within 5 s", 5.0, charged=False)
+    assert store.claim_job("worker", worst, 1, src="a") is None
+    store.clock.advance(-86400)
+    assert store.claim_job("worker", worst, 1, src="a").id == first.id
