@@ -125,7 +125,8 @@ class TameClient:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _call(self, method: str, path: str, **kwargs) -> Any:
+    def _call(self, method: str, path: str, field: str | None = None, **kwargs) -> Any:
+        """The service's answer to ``method path`` (an object), or its ``field`` when given; TameError otherwise."""
         try:
             response = self._http.request(method, path, **kwargs)
         except httpx.HTTPError as exc:
@@ -147,7 +148,12 @@ class TameClient:
             raise TameError(0, f"the advice service at {self.shown_url} answered HTTP {response.status_code} with "
                                f"{response.headers.get('content-type', 'no content type')!r:.80}, {came}: check that "
                                "it is the service's address (TAME_URL), not a proxy's or a login page's")
-        return answer
+        if field is None:
+            return answer
+        if field not in answer:
+            raise TameError(0, f"the advice service at {self.shown_url} answered HTTP {response.status_code} without "
+                               f"{field!r}: check that it is the service's address (TAME_URL) and of this version")
+        return answer[field]
 
     def advice(self, dest: str, max_impact: float, cc: str | None = None, src: str | None = None) -> dict[str, Any]:
         """GET /v1/advice for the link from ``src`` (None: the service's own site) to ``dest``."""
@@ -159,7 +165,7 @@ class TameClient:
               src: str | None = None) -> list[dict[str, Any]]:
         """POST /v1/advice:batch of (dest, max_impact) pairs, under ``cc`` from ``src`` (None: the service's)."""
         body = [{"dest": d, "max_impact": m} for d, m in queries]
-        return self._call("POST", "/v1/advice:batch", json=body, params=_given(cc=cc, src=src))["results"]
+        return self._call("POST", "/v1/advice:batch", "results", json=body, params=_given(cc=cc, src=src))
 
     def request_probe(self, dest: str, levels: Sequence[int] | None = None, duration_s: float | None = None,
                       congestion_control: str | None = None, src: str | None = None) -> dict:
@@ -173,10 +179,10 @@ class TameClient:
         return self._call("POST", "/v1/probes", json=body)
 
     def probe(self, probe_id: str) -> dict[str, Any]:
-        return self._call("GET", f"/v1/probes/{probe_id}")
+        return self._call("GET", f"/v1/probes/{_segment(probe_id)}")
 
     def paths(self, src: str | None = None) -> list[dict[str, Any]]:
-        return self._call("GET", "/v1/paths", params=_given(src=src))["paths"]
+        return self._call("GET", "/v1/paths", "paths", params=_given(src=src))
 
     def links(self, src: str | None = None) -> dict[str, Any]:
         """GET /v1/links: {"site": the service's own site, "links": [...]}."""

@@ -217,3 +217,55 @@ def test_a_refusal_that_is_not_the_service_s_shows_a_line_of_its_text_not_all_of
     shown = str(got.value)
     assert got.value.status == 502 and shown.startswith("HTTP 502: <html>"), shown[:200]
     assert len(shown) < 1000 and "<html>" in shown and "\x1b" not in shown and "\x07" not in shown, shown[:200]
+
+
+@pytest.fixture
+def answering_empty_object():
+    """A real HTTP server on 127.0.0.1 that answers every request 200 with ``{}`` (a service of another version, or
+    another service): yields (its URL, the paths it was asked for, as sent)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    asked = []
+
+    class Empty(BaseHTTPRequestHandler):
+        def do_GET(self):
+            asked.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        do_POST = do_GET
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Empty)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", asked
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_an_answer_without_the_field_a_call_reads_is_a_tame_error_naming_it(answering_empty_object):
+    # Was a KeyError out of paths() and batch(), a traceback where every other bad answer is a TameError.
+    url, _ = answering_empty_object
+    with TameClient(url) as client:
+        for call, field in ((client.paths, "paths"), (lambda: client.batch([("127.0.0.1:5201", 0.1)]), "results")):
+            with pytest.raises(TameError) as got:
+                call()
+            assert f"without {field!r}" in str(got.value) and got.value.retryable
+        assert client.probe("abc") == {}
+
+
+def test_a_probe_id_is_sent_as_one_path_segment(answering_empty_object):
+    # Was put in the path as given: '../paths' asked GET /v1/paths, 'a?b' sent a query.
+    url, asked = answering_empty_object
+    with TameClient(url) as client:
+        for probe_id in ("../paths", "a?b", "a/b", "a#b"):
+            client.probe(probe_id)
+    assert asked == ["/v1/probes/..%2Fpaths", "/v1/probes/a%3Fb", "/v1/probes/a%2Fb", "/v1/probes/a%23b"]
