@@ -1,11 +1,28 @@
 """The client's service URL: check_url takes http(s)://HOST[:PORT] only, and no message shows the URL's password."""
 
+import threading
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Iterator
+
 import pytest
 
 from api.client import InvalidServiceURL, TameClient, TameError, check_url, shown_url
 
 # Every password below is s3cr3tPW, written as is, percent-encoded or cut by a raw /: none of its pieces may be shown.
 SECRET_PIECES = ("s3cr", "tPW")
+
+
+@contextmanager
+def _served(handler: type) -> Iterator[str]:
+    """A real HTTP server on 127.0.0.1 answering with ``handler`` (a BaseHTTPRequestHandler) in a thread: its URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 @pytest.mark.parametrize("url, shown", [
@@ -98,9 +115,6 @@ def test_the_client_refuses_a_bad_url_and_shows_a_good_one_without_its_password(
 def login_page():
     """A real HTTP server on 127.0.0.1 that answers every request 200 with an HTML page, as a proxy's or a captive
     portal's login page does, or 302 to it for /redirect...: yields its URL."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
     class Page(BaseHTTPRequestHandler):
         def do_GET(self):
             if self.path.startswith("/redirect"):
@@ -121,13 +135,8 @@ def login_page():
         def log_message(self, *args):
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Page)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with _served(Page) as url:
+        yield url
 
 
 @pytest.mark.parametrize("prefix", ["", "/redirect"])
@@ -158,9 +167,7 @@ def test_the_cli_says_the_service_answered_a_page_not_json_and_exits_nonzero(log
 def answering():
     """A real HTTP server on 127.0.0.1 answering each request with the status and JSON text its path gives,
     /STATUS/TEXT (percent-encoded), as a proxy or a wrong service might: yields its URL."""
-    import threading
     import urllib.parse
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     class Answer(BaseHTTPRequestHandler):
         def do_GET(self):
@@ -179,13 +186,8 @@ def answering():
         def log_message(self, *args):
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Answer)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with _served(Answer) as url:
+        yield url
 
 
 @pytest.mark.parametrize("status, text", [
@@ -223,9 +225,6 @@ def test_a_refusal_that_is_not_the_service_s_shows_a_line_of_its_text_not_all_of
 def answering_empty_object():
     """A real HTTP server on 127.0.0.1 that answers every request 200 with ``{}`` (a service of another version, or
     another service): yields (its URL, the paths it was asked for, as sent)."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
     asked = []
 
     class Empty(BaseHTTPRequestHandler):
@@ -242,13 +241,8 @@ def answering_empty_object():
         def log_message(self, *args):
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Empty)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", asked
-    finally:
-        server.shutdown()
-        server.server_close()
+    with _served(Empty) as url:
+        yield url, asked
 
 
 def test_an_answer_without_the_field_a_call_reads_is_a_tame_error_naming_it(answering_empty_object):
