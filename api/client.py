@@ -188,6 +188,10 @@ class TameClient:
         """GET /v1/links: {"site": the service's own site, "links": [...]}."""
         return self._call("GET", "/v1/links", params=_given(src=src))
 
+    def own_site(self) -> str:
+        """The service's own site (GET /v1/links' "site"): the one a run pushed without ``src`` is stored under."""
+        return self._call("GET", "/v1/links", "site")
+
     def curve(self, dest: str, cc: str | None = None, src: str | None = None) -> dict[str, Any]:
         return self._call("GET", f"/v1/paths/{_segment(dest)}/curve",
                           params=_given(cc=cc, src=src))

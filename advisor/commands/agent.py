@@ -567,7 +567,7 @@ def _run_push(args, settings, driver) -> int:
             # What could not be delivered before goes first: it is older, and it may make a probe unnecessary.
             _deliver_spooled(client, spool, held)
             try:
-                server_site = server_site or client.links()["site"]
+                server_site = server_site or client.own_site()
                 # The server's default control is not known here: fits that recorded none do not count as fresh.
                 fresh = fresh_destinations(client.paths(server_site), settings.congestion_control, None)
             except TameError as exc:

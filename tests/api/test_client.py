@@ -246,10 +246,12 @@ def answering_empty_object():
 
 
 def test_an_answer_without_the_field_a_call_reads_is_a_tame_error_naming_it(answering_empty_object):
-    # Was a KeyError out of paths() and batch(), a traceback where every other bad answer is a TameError.
+    # Was a KeyError out of paths(), batch() and tame agent's links()["site"], a traceback where every other bad
+    # answer is a TameError.
     url, _ = answering_empty_object
     with TameClient(url) as client:
-        for call, field in ((client.paths, "paths"), (lambda: client.batch([("127.0.0.1:5201", 0.1)]), "results")):
+        for call, field in ((client.paths, "paths"), (lambda: client.batch([("127.0.0.1:5201", 0.1)]), "results"),
+                            (client.own_site, "site")):
             with pytest.raises(TameError) as got:
                 call()
             assert f"without {field!r}" in str(got.value) and got.value.retryable
