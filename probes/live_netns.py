@@ -120,11 +120,11 @@ def _holders() -> _Holders:
         proc = f"/proc/{pid}"
         try:
             tasks = os.listdir(f"{proc}/task")
-            mountinfo = Path(f"{proc}/mountinfo").read_text()
         except OSError as exc:
             if exc.errno in _GONE:
                 continue
             raise CcLivenessUnknown(f"cannot read {proc}: {exc.strerror}") from exc
+        view = _mount_view(proc, tasks)
         for tid in tasks:
             task = f"{proc}/task/{tid}"
             try:
@@ -162,6 +162,9 @@ def _holders() -> _Holders:
                 add(f"{proc}/fd/{fd}")
             elif target.startswith("socket:["):
                 found.sockets.append((pid, int(fd)))
+        if view is None:
+            continue
+        seen_from, mountinfo = view
         mounts = tuple(line for line in mountinfo.splitlines() if " - nsfs " in line)
         if mounts in mount_views:
             continue
@@ -174,8 +177,21 @@ def _holders() -> _Holders:
             if held is None or int(held.group(1)) in found.files:
                 continue
             mountpoint = _OCTAL.sub(lambda m: chr(int(m.group(1), 8)), fields[4])  # \040 for a space
-            add(f"{proc}/root{mountpoint}")
+            add(f"{seen_from}/root{mountpoint}")
     return found
+
+
+def _mount_view(proc: str, tasks: list[str]) -> tuple[str, str] | None:
+    """(the /proc directory its mounts are seen from, their mountinfo) of process ``proc``: its own or, while its first
+    thread is exiting (a zombie, or a leader gone before its threads: EINVAL, no mount namespace left), a live
+    thread's; None when every thread is exiting or gone (it holds no mount)."""
+    for seen_from in (proc, *(f"{proc}/task/{tid}" for tid in tasks)):
+        try:
+            return seen_from, Path(f"{seen_from}/mountinfo").read_text()
+        except OSError as exc:
+            if exc.errno not in (*_GONE, errno.EINVAL):
+                raise CcLivenessUnknown(f"cannot read {seen_from}/mountinfo: {exc.strerror}") from exc
+    return None
 
 
 def _socket_cookies(sockets: list[tuple[int, int]], wanted: set[int]) -> set[int]:

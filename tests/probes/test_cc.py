@@ -7,15 +7,18 @@ pair of namespaces of their own (tcc-<pid>-a, tcc-<pid>-b), removed whatever hap
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import json
 import os
 import socket
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -406,6 +409,52 @@ def test_a_namespace_held_only_by_a_thread_or_a_socket_is_live_and_one_held_by_n
     assert live_netns.socket_cookie(made["sock"]) == d
     assert live_netns.gone({d})[0] == set()  # the socket holds it
     made["sock"].close()
+    assert live_netns.gone({d})[0] == {d}
+
+
+# A process whose first thread has ended (pthread_exit) while another, inside the namespace named by argv[1], lives
+# on: /proc/PID/mountinfo is then EINVAL, as a zombie's is.
+LEADER_GONE = textwrap.dedent("""
+    import ctypes, os, sys, threading, time
+    libc = ctypes.CDLL(None)
+
+    def stay_inside():
+        fd = os.open(sys.argv[1], os.O_RDONLY)
+        assert libc.setns(fd, 0x40000000) == 0  # CLONE_NEWNET
+        os.close(fd)
+        print("inside", flush=True)
+        time.sleep(60)
+
+    threading.Thread(target=stay_inside).start()
+    time.sleep(0.5)
+    libc.pthread_exit(None)  # called with the GIL released (CDLL): the thread inside goes on
+""")
+
+
+@netns
+def test_exiting_processes_hold_no_namespace_and_stop_no_judgement(gone_ns):
+    # Any zombie on the host made every judgement fail ("cannot read /proc/PID: Invalid argument": its mountinfo), so a
+    # full map was never pruned; a process whose first thread ended must still be read by its living threads.
+    d = cc.netns_cookie(gone_ns)
+    zombie = subprocess.Popen(["true"])
+    leader_gone = subprocess.Popen([sys.executable, "-c", LEADER_GONE, f"/run/netns/{gone_ns}"], stdout=subprocess.PIPE,
+                                   text=True)
+    try:
+        assert leader_gone.stdout.readline().strip() == "inside"
+        for pid in (zombie.pid, leader_gone.pid):  # both first threads exited, neither reaped
+            for _ in range(100):
+                if Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z":
+                    break
+                time.sleep(0.05)
+            with pytest.raises(OSError) as read:
+                Path(f"/proc/{pid}/mountinfo").read_text()
+            assert read.value.errno == errno.EINVAL
+        _ip("netns", "del", gone_ns)
+        assert live_netns.gone({d, 12345})[0] == {12345}  # the living thread holds D
+    finally:
+        leader_gone.kill()
+        leader_gone.wait(10)
+        zombie.wait(10)
     assert live_netns.gone({d})[0] == {d}
 
 
