@@ -104,7 +104,12 @@ def test_a_write_drops_its_own_links_advice_and_no_other(service_factory):
     # warm: a write is followed by one store read, of its own link, not of every link its readers ask for.
     _, client, app = service_factory(start_worker=False)
     service = app.state.service
-    other = "127.0.0.1:5202"
+    # Links share a write stripe by their hash (1 in 4,096, and Python's string hash differs from run to run): the
+    # other link and the other site are ones whose stripes are not DEST's, as nearly every link's is not.
+    own = service._stripe(service.settings.site, DEST)
+    other = next(d for d in (f"127.0.0.1:{port}" for port in range(5202, 5300)) if service._stripe(
+        service.settings.site, d) != own)
+    other_site = next(s for s in (f"dtn{i}" for i in range(2, 100)) if service._stripe(s, DEST) != own)
     seed(app)
     seed(app, other)
     read = {"dest": DEST, "max_impact": 0.1}
@@ -115,7 +120,7 @@ def test_a_write_drops_its_own_links_advice_and_no_other(service_factory):
     # Written over HTTP as agents and transfers write: a probe run from another site to DEST, then to the other
     # link a run and an observation from this site.
     probes = [{"streams": n, "throughput_bps": 0.5 * rate(n)} for n in (1, 10)]
-    assert client.post("/v1/probe-runs", json={"src": "dtn2", "dest": DEST, "probes": probes}).status_code == 201
+    assert client.post("/v1/probe-runs", json={"src": other_site, "dest": DEST, "probes": probes}).status_code == 201
     assert service.cached_entry(DEST, 0.1) is not None  # another link, though the same destination
     assert client.post("/v1/probe-runs", json={"dest": other, "probes": probes}).status_code == 201
     assert service.cached_entry(other, 0.1) is None  # not served again: it predates the write
