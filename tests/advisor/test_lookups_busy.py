@@ -1,30 +1,15 @@
 """A name the service's busy lookups never started (advisor.errors.LookupsBusy) where nothing asked for the lookup
 but the service itself: the advice still answers, as it does when the re-probe's name is refused or the queue is full."""
 
-import math
-
 from advisor.destinations import parse_destination
 from advisor.errors import LookupsBusy
 from advisor.service import AdviceService
 from advisor.settings import Settings
 from advisor.store import Store
 from probes.result import ProbeResult
+from tests.api.conftest import Clock, rate
 
-A, B = 1e-16, 4e-16
 DEST = "lookups.example:5201"
-
-
-def rate(n):
-    return n / math.sqrt(A * n * n + B)
-
-
-class Clock:
-    def __init__(self):
-        self.now = 1_700_000_000.0
-
-    def __call__(self):
-        return self.now
-
 
 def test_stale_advice_whose_re_probe_finds_the_lookups_busy_is_still_served(tmp_path):
     # The re-probe of stale advice resolves the name (request_probe's allow-list check). A busy refusal was a
