@@ -75,5 +75,9 @@ class CcRouteConflict(CcError):
     """The destination's route cannot carry the control (a route tame did not add, or a local address)."""
 
 
+class CcNotAVrf(CcError):
+    """A VRF named for the routes (--vrf) is not a device of this network namespace, or is one that is not a VRF."""
+
+
 class CcCommandFailed(CcError):
     """bpftool or ip failed or passed its deadline."""

@@ -17,7 +17,7 @@ from advisor.tame import MIN_FRACTION, calibration_warning, fractional_multiplie
 from models.tame_share import LAWS, law_for
 from probes import cc
 from probes.controls import available_controls, host_default_control
-from probes.errors import CcBusy, CcError, CcMapFull, CcNotLoaded, CcNotRoot, CcOutdated, CcRouteConflict
+from probes.errors import CcBusy, CcError, CcMapFull, CcNotAVrf, CcNotLoaded, CcNotRoot, CcOutdated, CcRouteConflict
 
 
 @dataclass(frozen=True)
@@ -114,9 +114,14 @@ def register(subparsers) -> None:
     apply.add_argument("--uid", metavar="USER",
                        help="route the connections of this user (a name or a user id), when policy rules choose "
                        "their route by user (ip rule uidrange)")
+    apply.add_argument("--vrf", metavar="NAME",
+                       help="route the connections of sockets bound to this VRF (ip vrf exec NAME, SO_BINDTODEVICE), "
+                       "in the VRF's table")
     apply.add_argument("--json", action="store_true", help="print JSON")
     clear = actions.add_parser("clear", help="remove a destination's FM and the routes apply added")
     clear.add_argument("dest", metavar="DEST", help="destination IPv4 or IPv6 address")
+    clear.add_argument("--vrf", metavar="NAME",
+                       help="remove only the route apply --vrf NAME added, in the VRF's table; the FM entry stays")
     parser.set_defaults(handler=run)
 
 
@@ -134,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
         return _clear(args)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
-    except (CcBusy, CcMapFull, CcNotRoot, CcNotLoaded, CcOutdated, CcRouteConflict) as exc:  # for the user: exit 2
+    except (CcBusy, CcMapFull, CcNotAVrf, CcNotRoot, CcNotLoaded, CcOutdated, CcRouteConflict) as exc:  # exit 2
         raise UsageError(str(exc)) from exc
     except CcError as exc:
         print(f"tame cc {args.action}: {exc}", file=sys.stderr)
@@ -235,7 +240,9 @@ def _apply(args) -> int:
     if beyond:
         print(f"tame cc apply: warning: {beyond}", file=sys.stderr)
     cc.require_root()
-    others = cc.rules_choosing_otherwise(addr, cc.policy_rules(addr), selector)  # read before anything is changed
+    if selector.vrf is not None:
+        cc.vrf_table(selector.vrf)  # a name that is no VRF here changes nothing
+    rules = cc.policy_rules(addr)  # read before anything is changed
     with cc.exclusive_setting(addr):  # not under a running tame transfer, which would put its entry back after
         previous = cc.settings().get(addr)
         applied = False
@@ -249,11 +256,11 @@ def _apply(args) -> int:
                 cc.restore_fm(addr, previous)
     if pruned is not None:
         report_pruned(pruned, "tame cc apply")
+    others = cc.rules_routing_elsewhere(addr, rules, selector)
     if others:
-        print(f"tame cc apply: warning: policy rules here choose routes by more than the destination "
-              f"({'; '.join(_rule_text(r) for r in others[:5])}): connections to {addr} they pick out take their "
-              "table's route, which may not be the one set here; apply again with --mark/--from/--uid for them",
-              file=sys.stderr)
+        print(f"tame cc apply: warning: policy rules here send some connections to {addr} by another route than the "
+              "one set here, without the control:" + "".join(f"\n  {_rule_advice(addr, found)}" for found in others[:5])
+              + (f"\n  and {len(others) - 5} more (ip rule show)" if len(others) > 5 else ""), file=sys.stderr)
     if args.json:
         json.dump({"dest": str(addr), "fractional_multiplier": setting.fractional_multiplier, "form": setting.form,
                    "standard_streams": setting.standard_streams, "tame_streams": setting.tame_streams,
@@ -293,7 +300,7 @@ _HEX = re.compile(r"0[xX][0-9a-fA-F]+")
 
 
 def _route_selector(args, addr) -> cc.RouteSelector:
-    """The --mark, --from and --uid of ``apply``, checked."""
+    """The --mark, --from, --uid and --vrf of ``apply``, checked (the VRF's name only: cc.vrf_table finds it)."""
     mark = None
     if args.mark is not None:
         text = args.mark.strip()
@@ -303,10 +310,10 @@ def _route_selector(args, addr) -> cc.RouteSelector:
             raise UsageError(f"--mark {args.mark!r}: give a firewall mark, a number such as 16 or 0x10") from None
     source = cc.canonical_address(args.source) if args.source is not None else None
     try:
-        selector = cc.RouteSelector(mark, source, None if args.uid is None else _user_id(args.uid))
+        selector = cc.RouteSelector(mark, source, None if args.uid is None else _user_id(args.uid), args.vrf)
         selector.route_get(addr)
     except ValueError as exc:
-        raise UsageError(f"--mark/--from/--uid: {exc}") from None
+        raise UsageError(f"--mark/--from/--uid/--vrf: {exc}") from None
     return selector
 
 
@@ -327,21 +334,58 @@ def _rule_text(rule: dict) -> str:
     """A policy rule (``ip -j rule`` form) as ``ip rule`` prints it, near enough to find it there."""
     words = [f"{rule.get('priority')}:"] + (["not"] if "not" in rule else [])
     for key, value in rule.items():
-        if key not in ("priority", "not", "srclen", "dstlen", "fwmask", "uid_end"):
-            shown = {"src": "from", "dst": "to", "table": "lookup", "uid_start": "uidrange"}.get(key, key)
+        if key not in ("priority", "not", "srclen", "dstlen", "fwmask", "uid_end", "sport_end", "dport_end",
+                       "iif_detached", "oif_detached"):
+            shown = {"src": "from", "dst": "to", "table": "lookup", "uid_start": "uidrange", "sport_start": "sport",
+                     "dport_start": "dport"}.get(key, key)
             if key in ("src", "dst") and f"{key}len" in rule:
                 value = f"{value}/{rule[key + 'len']}"
-            elif key == "uid_start":
-                value = f"{value}-{rule.get('uid_end')}"
+            elif key in ("uid_start", "sport_start", "dport_start"):
+                value = f"{value}-{rule.get(key.replace('start', 'end'))}"
             elif key == "fwmark" and "fwmask" in rule:
                 value = f"{value}/{rule['fwmask']}"
             words += [shown] + ([] if value is None else [str(value)])
     return " ".join(words)
 
 
+# What apply routes by, for the connections a policy rule picks out: the rule's keys (ip -j rule form) and the option.
+_APPLY_OPTIONS = {"fwmark": "--mark", "uid_start": "--uid", "src": "--from", "l3mdev": "--vrf"}
+
+
+def _rule_advice(addr, found: cc.RuleRoute) -> str:
+    """A policy rule that sends connections to ``addr`` elsewhere (cc.rules_routing_elsewhere): where, and what to
+    do for them."""
+    rule, route = found.rule, found.route
+    table = route.get("table", "main") if route else rule.get("table", "?")
+    where = (f"they take table {table}'s route ({route.get('dst')} dev {route.get('dev', '?')})" if route
+             else "they can take another table's route")
+    chosen_by = cc.rule_selectors(rule) - {"fwmask", "uid_end", "srclen"}
+    if "not" not in rule and chosen_by <= set(_APPLY_OPTIONS):
+        values = {"fwmark": rule.get("fwmark"), "uid_start": rule.get("uid_start"),
+                  "src": f"ADDRESS (one of this host's in {rule.get('src')}/{rule.get('srclen')})",
+                  "l3mdev": "NAME (the VRF their sockets are bound to)"}
+        todo = "apply again with " + " ".join(f"{_APPLY_OPTIONS[key]} {values[key]}" for key in sorted(chosen_by))
+    else:
+        by = ", ".join(sorted(chosen_by - set(_APPLY_OPTIONS)) or ["a negated rule"])
+        todo = f"tame cc apply does not route by {by}: " + (
+            f"give them the control with '{' '.join(found.argv)}' (tame cc clear {addr} removes it)" if found.argv
+            else f"add 'congctl {cc.NAME}' to a route for {addr} in table {table} yourself")
+    return f"{_rule_text(rule)}: {where}; {todo}"
+
+
 def _clear(args) -> int:
     addr = cc.canonical_address(args.dest)
     cc.require_root()
+    if args.vrf is not None:
+        try:
+            cc.RouteSelector(vrf=args.vrf)
+        except ValueError as exc:
+            raise UsageError(f"--vrf: {exc}") from None
+        table = cc.vrf_table(args.vrf)
+        removed = cc.clear_route(addr, table)
+        print(f"{addr}: {'route removed' if removed else 'no route to remove'} in VRF {args.vrf}'s table {table}; the "
+              f"FM entry stays for the other routes (tame cc clear {addr} removes them all and it)")
+        return 0
     removed_route = cc.clear_route(addr)
     try:
         removed_entry = cc.registration() is not None and cc.delete_fm(addr)

@@ -110,6 +110,9 @@ def test_setting_for_refuses_input_that_needs_fm_below_one_or_is_not_a_number(n_
     (["apply", "10.0.0.2", "--tcp-equivalent", "1.5", "--uid", "a\x00b"], "no such user here"),
     (["apply", "10.0.0.2", "--tcp-equivalent", "1.5", "--uid", "9" * 5000], "give a user name or a user id"),
     (["apply", "10.0.0.2", "--tcp-equivalent", "1.5", "--from", "fd00::1"], "not of one IP version"),
+    (["apply", "10.0.0.2", "--tcp-equivalent", "1.5", "--vrf", "a/b"], "--vrf: vrf 'a/b': a device name is 1 to 15"),
+    (["apply", "10.0.0.2", "--tcp-equivalent", "1.5", "--vrf", "v" * 16], "a device name is 1 to 15 characters"),
+    (["clear", "10.0.0.2", "--vrf", "a b"], "--vrf: vrf 'a b': a device name is 1 to 15 characters"),
     (["apply", "10.0.0.2", "--tcp-equivalent", "1.5", "--from", "host.example"], "not an IPv4 or IPv6 address"),
     (["apply", "10.0.0.2", "--tcp-equivalent", "1.5", "--standard-control", "bogus"],
      "--standard-control 'bogus' is neither available here"),
@@ -165,3 +168,22 @@ def test_rules_that_choose_by_what_the_routed_connections_do_not_carry_are_named
     # The rule for 10.2/16 by mark 0x9 applies to a destination inside it, not to 10.9.0.1.
     assert 99 in [r["priority"] for r in cc.rules_choosing_otherwise(ipaddress.ip_address("10.2.0.1"), RULES,
                                                                      selector)]
+
+
+@pytest.mark.parametrize("rule, named", [
+    ({"priority": 10, "src": "all", "ipproto": "tcp", "table": "100"}, False),  # route get looks up as TCP: followed
+    ({"priority": 10, "src": "all", "ipproto": "udp", "table": "100"}, False),  # picks no TCP connection
+    ({"priority": 10, "src": "all", "iif": "eth9", "iif_detached": None, "table": "100"}, False),  # forwarded only
+    ({"priority": 10, "not": None, "src": "all", "iif": "eth9", "table": "100"}, True),  # all but forwarded: ours too
+    ({"priority": 10, "src": "all", "ipproto": "tcp", "dport": 5201, "table": "100"}, True),
+    ({"priority": 10, "src": "all", "tos": "0x10", "table": "100"}, True),
+    ({"priority": 10, "src": "all", "oif": "eth1", "table": "100"}, True),  # sockets bound to eth1
+    ({"priority": 1000, "src": "all", "l3mdev": None}, True),  # sockets bound to a VRF, without --vrf
+])
+def test_rules_that_pick_none_of_this_hosts_tcp_connections_are_not_named(rule, named):
+    import ipaddress
+
+    got = cc.rules_choosing_otherwise(ipaddress.ip_address("10.9.0.1"), [rule], cc.RouteSelector())
+    assert bool(got) == named
+    if "l3mdev" in rule:
+        assert cc.rules_choosing_otherwise(ipaddress.ip_address("10.9.0.1"), [rule], cc.RouteSelector(vrf="blue")) == []

@@ -511,8 +511,8 @@ def test_apply_routes_the_connections_a_mark_rule_picks_out_and_names_the_rules_
 
     done = _tame(pair.a, "apply", dest, "--tcp-equivalent", "1.5", "--standard-control", "bbr")
     assert done.returncode == 0, done.stderr
-    assert "warning: policy rules here choose routes by more than the destination (100: from all fwmark 0x7 " \
-           "lookup 100)" in done.stderr and "--mark" in done.stderr, done.stderr
+    assert "\n  100: from all fwmark 0x7 lookup 100: they take table 100's route (10.89.0.0/16 dev tccva); apply " \
+           "again with --mark 0x7" in done.stderr, done.stderr
     routes = json.loads(_ip("-n", pair.a, "-j", "-d", "route", "show", "table", "all", "exact", f"{dest}/32"))
     assert [(r.get("table", "main"), r["metrics"]) for r in routes] == [("main", [{"congestion": "tame"}])]
     default = subprocess.run(["ip", "netns", "exec", pair.a, "sysctl", "-n", "net.ipv4.tcp_congestion_control"],
@@ -545,7 +545,8 @@ def test_apply_routes_the_connections_of_a_user_a_uid_rule_picks_out(loaded, pai
 
     done = _tame(pair.a, "apply", dest, "--tcp-equivalent", "1.5", "--standard-control", "bbr")
     assert done.returncode == 0, done.stderr
-    assert "(100: from all uidrange 1000-1999 lookup 100)" in done.stderr and "--uid" in done.stderr, done.stderr
+    assert "\n  100: from all uidrange 1000-1999 lookup 100: they take table 100's route (10.89.0.0/16 dev tccva); " \
+           "apply again with --uid 1000" in done.stderr, done.stderr
     assert _marked_connection_control(pair, dest, mark=None) == "tame"
     assert _marked_connection_control(pair, dest, mark=None, uid=1500) != "tame"  # table 100's route: not tame yet
 
@@ -558,6 +559,74 @@ def test_apply_routes_the_connections_of_a_user_a_uid_rule_picks_out(loaded, pai
     done = _tame(pair.a, "clear", dest)
     assert done.returncode == 0, done.stderr
     assert _ip("-n", pair.a, "route", "show", "table", "all", "exact", f"{dest}/32") == ""
+
+
+@netns
+def test_apply_routes_tcp_connections_where_a_protocol_rule_sends_them_and_names_no_rule_that_picks_none(loaded,
+                                                                                                         pair):
+    # 10.89/16 in main, in table 100 (MTU 1300) for TCP, and in table 101 for UDP and for what comes in on tccva: the
+    # transfer's connections are TCP made here (looked up from lo), so table 100's route is theirs to get the control.
+    _ip("-n", pair.b, "addr", "add", "10.89.0.9/32", "dev", "lo")
+    _ip("-n", pair.a, "route", "add", "10.89.0.0/16", "via", B4, "dev", "tccva")
+    _ip("-n", pair.a, "route", "add", "10.89.0.0/16", "via", B4, "dev", "tccva", "table", "100", "mtu", "1300")
+    _ip("-n", pair.a, "route", "add", "10.89.0.0/16", "via", B4, "dev", "tccva", "table", "101")
+    _ip("-n", pair.a, "rule", "add", "iif", "tccva", "lookup", "101", "pref", "98")
+    _ip("-n", pair.a, "rule", "add", "ipproto", "udp", "lookup", "101", "pref", "99")
+    _ip("-n", pair.a, "rule", "add", "ipproto", "tcp", "lookup", "100", "pref", "100")
+    dest = "10.89.0.9"
+    assert _marked_connection_control(pair, dest, mark=None) != "tame"
+
+    done = _tame(pair.a, "apply", dest, "--tcp-equivalent", "1.5", "--standard-control", "bbr")
+    assert done.returncode == 0 and "warning" not in done.stderr, done.stderr
+    routes = json.loads(_ip("-n", pair.a, "-j", "-d", "route", "show", "table", "all", "exact", f"{dest}/32"))
+    assert [(r["table"], r["metrics"]) for r in routes] == [("100", [{"mtu": 1300, "congestion": "tame"}])]
+    assert _marked_connection_control(pair, dest, mark=None) == "tame"
+    done = _tame(pair.a, "clear", dest)
+    assert done.returncode == 0 and "cleared (route, FM entry)" in done.stdout, (done.stdout, done.stderr)
+
+
+@netns
+def test_apply_names_a_rule_that_sends_connections_elsewhere_with_the_route_that_gives_them_the_control(loaded, pair):
+    # Connections to port PORT take table 100's route (dport rule); those with TOS 0x10 would take table 102's, which
+    # has none for 10.89/16, so they fall through to main's, the one apply sets: only the port rule is named, with the
+    # command that gives its connections the control, and clear removes what that command adds.
+    _ip("-n", pair.b, "addr", "add", "10.89.0.9/32", "dev", "lo")
+    _ip("-n", pair.a, "route", "add", "10.89.0.0/16", "via", B4, "dev", "tccva")
+    _ip("-n", pair.a, "route", "add", "10.89.0.0/16", "via", B4, "dev", "tccva", "table", "100", "mtu", "1300")
+    _ip("-n", pair.a, "route", "add", "10.90.0.0/16", "via", B4, "dev", "tccva", "table", "102")
+    _ip("-n", pair.a, "rule", "add", "dport", str(PORT), "lookup", "100", "pref", "100")
+    _ip("-n", pair.a, "rule", "add", "tos", "0x10", "lookup", "102", "pref", "101")
+    dest = "10.89.0.9"
+
+    done = _tame(pair.a, "apply", dest, "--tcp-equivalent", "1.5", "--standard-control", "bbr")
+    assert done.returncode == 0, done.stderr
+    command = (f"ip -4 route replace {dest}/32 table 100 mtu 1300 proto 250 congctl tame via {B4} dev tccva")
+    assert (f"\n  100: from all dport {PORT} lookup 100: they take table 100's route (10.89.0.0/16 dev tccva); tame cc "
+            f"apply does not route by dport: give them the control with '{command}' (tame cc clear {dest} removes "
+            "it)") in done.stderr, done.stderr
+    assert "from all tos" not in done.stderr, done.stderr
+    assert _marked_connection_control(pair, dest, mark=None) != "tame"  # to PORT: table 100's route
+    subprocess.run(["ip", "netns", "exec", pair.a, *command.split()], check=True, timeout=10)
+    assert _marked_connection_control(pair, dest, mark=None) == "tame"
+    done = _tame(pair.a, "clear", dest)
+    assert done.returncode == 0 and "cleared (2 routes, FM entry)" in done.stdout, (done.stdout, done.stderr)
+    assert _ip("-n", pair.a, "route", "show", "table", "all", "exact", f"{dest}/32") == ""
+
+
+@netns
+def test_apply_and_clear_refuse_a_vrf_that_is_not_one_here_and_change_nothing(loaded, pair):
+    for vrf, says in (("nosuch", "--vrf nosuch: no device of that name in this network namespace"),
+                      ("tccva", "--vrf tccva: a veth device, not a VRF")):
+        done = _tame(pair.a, "apply", B4, "--tcp-equivalent", "1.5", "--standard-control", "bbr", "--vrf", vrf)
+        assert done.returncode == 2 and says in done.stderr, done.stderr
+        assert _route(pair.a, B4) == "" and cc.all_settings() == {}
+    assert _tame(pair.a, "apply", B4, "--tcp-equivalent", "1.5", "--standard-control", "bbr").returncode == 0
+    applied, entries = _route(pair.a, B4), cc.all_settings()
+    for vrf, says in (("nosuch", "no device of that name"), ("tccva", "a veth device, not a VRF")):
+        done = _tame(pair.a, "clear", B4, "--vrf", vrf)
+        assert done.returncode == 2 and says in done.stderr, done.stderr
+        assert (_route(pair.a, B4), cc.all_settings()) == (applied, entries) != ("", {})
+    assert _tame(pair.a, "clear", B4).returncode == 0
 
 
 def _marked_connection_control(pair: Pair, dest: str, mark: int | None, uid: int | None = None) -> str:
