@@ -18,6 +18,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from advisor.allowlist import agent_resolver
 from advisor.cli import UsageError
 from advisor.commands.probe import add_control_option, control_from_args
 from advisor.commands.runtime import (STOP_SIGNALS, default_driver, load_settings, on_stop_signals, open_store,
@@ -145,7 +146,7 @@ def run(args) -> int:
     if args.push:
         return _run_push(args, settings, driver)
     store = open_store(settings)
-    service = AdviceService(store, settings)
+    service = AdviceService(store, settings, resolver=agent_resolver)
     stop = threading.Event()
 
     def said(dest: str, seconds: float, error: str | None) -> None:
@@ -581,7 +582,7 @@ def _run_push(args, settings, driver) -> int:
                 try:
                     # Resolved once: the probes go to the address checked, never to the name again.
                     parsed = parse_destination(dest)
-                    target = probe_target(settings.allowed.checked_address(parsed), parsed.port)
+                    target = probe_target(settings.allowed.checked_address(parsed, agent_resolver), parsed.port)
                     started = time.time()
                     plan = run_plan(driver, target, plan_for(settings, settings.default_levels, settings.default_duration_s),
                                     next_level=level_chooser(settings.model, settings.n_max))
