@@ -30,14 +30,14 @@ LOOKUP_SLOTS = 8
 _lookup_slots = threading.BoundedSemaphore(LOOKUP_SLOTS)
 
 
-def system_resolver(host: str) -> list[str]:
+def system_resolver(host: str, looker: str = "this service") -> list[str]:
     """Every address ``host`` resolves to (A and AAAA), within RESOLVE_TIMEOUT_S of its lookup's start
-    (LookupTimedOut otherwise; LookupsBusy when the lookup could not start within as long; InvalidRequest for a name
-    that does not resolve)."""
+    (LookupTimedOut otherwise; LookupsBusy when the lookup could not start within as long, the message naming the
+    process whose lookups were busy as ``looker``; InvalidRequest for a name that does not resolve)."""
     not_looked_up = f"dest host {host!r} was not looked up"
     retry = "try again later, or give its address"
     if not _lookup_slots.acquire(timeout=RESOLVE_TIMEOUT_S):
-        raise LookupsBusy(f"{not_looked_up}: this service's {LOOKUP_SLOTS} name lookups were all busy for "
+        raise LookupsBusy(f"{not_looked_up}: {looker}'s {LOOKUP_SLOTS} name lookups were all busy for "
                           f"{RESOLVE_TIMEOUT_S:g} s: {retry}", retry_after_s=RESOLVE_TIMEOUT_S)
     # From here: a name that waited for its slot has its whole time to resolve, so "did not resolve within" is true
     # (and the name remembered as slow, advisor.slownames, is one that was slow).
@@ -58,7 +58,7 @@ def system_resolver(host: str) -> list[str]:
         threading.Thread(target=lookup, name="tame-resolve", daemon=True).start()
     except RuntimeError:  # "can't start new thread": the process is at its thread limit
         _lookup_slots.release()
-        raise LookupsBusy(f"{not_looked_up}: this service could not start a lookup (it runs as many threads as it "
+        raise LookupsBusy(f"{not_looked_up}: {looker} could not start a lookup (it runs as many threads as it "
                           f"may): {retry}", retry_after_s=RESOLVE_TIMEOUT_S) from None
     if not ended.wait(max(0.0, deadline - time.monotonic())):
         raise LookupTimedOut(f"dest host {host!r} did not resolve within {RESOLVE_TIMEOUT_S:g} s: {retry}",
@@ -66,6 +66,12 @@ def system_resolver(host: str) -> list[str]:
     if "error" in answer:
         raise InvalidRequest(f"dest host {host!r} does not resolve: {answer['error']}") from answer["error"]
     return sorted({info[4][0] for info in answer["infos"]})
+
+
+def agent_resolver(host: str) -> list[str]:
+    """:func:`system_resolver` in a tame agent, whose lookups are its own: its refusals say so (its messages are
+    logged on the agent's host, and a site's agent sends them to the service with the job it hands back)."""
+    return system_resolver(host, looker="this agent")
 
 
 _EXAMPLES = "give CIDR networks and host names, e.g. 10.0.0.0/8,dtn1.example.org,*.example.org"

@@ -69,15 +69,26 @@ class Job:
     address: str | None = None
     congestion_control: str | None = None  # the control to probe under (NULL: jobs queued before it was kept)
     src: str = ""  # the site whose prober runs it
+    retry_at: float | None = None  # not claimed before then: its name lookup did not finish (Store.defer_attempt)
+    lookup_waits: int = 0  # such waits since its last attempt that got past its lookup
+
+    def lookup_wait_ends(self, now: float) -> float | None:
+        """When the job, queued to wait for its name lookup (Store.defer_attempt), may be claimed again; None when it
+        does not wait at ``now`` (LOOKUP_WAIT_OVER's rule)."""
+        waits = (self.status == "queued" and self.retry_at is not None
+                 and now < self.retry_at <= now + LOOKUP_RETRY_AHEAD_S)
+        return self.retry_at if waits else None
 
 
 JOB_COLUMNS = ("id, dest, status, levels_json, duration_s, requested_at, started_at, finished_at, "
-                "progress, attempts, error, probe_run_id, progress_detail, address, congestion_control, src")
+                "progress, attempts, error, probe_run_id, progress_detail, address, congestion_control, src, "
+                "retry_at, lookup_waits")
 
 
 def job_from_row(row) -> Job:
     return Job(row[0], row[1], row[2], json.loads(row[3]), row[4], row[5], row[6], row[7], row[8], row[9],
-               row[10], row[11], json.loads(row[12]) if row[12] else None, row[13], row[14], row[15])
+               row[10], row[11], json.loads(row[12]) if row[12] else None, row[13], row[14], row[15], row[16],
+               row[17])
 
 
 def _boot_id() -> str:

@@ -705,6 +705,7 @@ class AdviceService:
             "progress_detail": job.progress_detail if job.status == "running" else None,
             "levels": job.levels, "duration_s": job.duration_s, "requested_at": job.requested_at,
             "started_at": job.started_at, "finished_at": job.finished_at, "attempts": job.attempts,
+            "retry_at": job.lookup_wait_ends(self.store.clock()), "lookup_waits": job.lookup_waits,
             "error": job.error, "result": None,
         }
         if job.status == "done":

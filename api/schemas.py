@@ -9,6 +9,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 
 from advisor import limits
 from advisor.errors import InvalidRequest
+from advisor.jobs import MAX_LOOKUP_WAITS
 from advisor.sites import BUDGET_HOLD_S
 from probes.controls import CONTROL_NAME, MAX_CONTROL_NAME
 from probes.iperf_parse import RAW_MAX_CHARS
@@ -170,6 +171,11 @@ class ProbeStatus(BaseModel):
     started_at: float | None
     finished_at: float | None
     attempts: int
+    retry_at: float | None = Field(description="Unix seconds: while the job is queued waiting because its "
+                                               "destination's name lookup did not finish, when it may be claimed "
+                                               "again; null when it does not wait")
+    lookup_waits: int = Field(description="how many times the job's name lookup did not finish since an attempt got "
+                                          f"past it; the {MAX_LOOKUP_WAITS}th time fails the job")
     error: str | None
     result: dict | None
 

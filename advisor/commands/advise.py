@@ -13,6 +13,7 @@ from advisor.cli import UsageError
 from advisor.commands.common import add_margin_option, add_src_option, fraction, fractional_margin_from_args, hold_defaults, margin_from_args, positive_int, print_advice, print_json, put_back_defaults, refuse_given, service_token, service_url
 from advisor.commands.probe import EXIT_PROBE_FAILED, add_plan_options, control_from_args, measure, parse_levels
 from advisor.errors import InvalidRequest
+from advisor.jobs import MAX_LOOKUP_WAITS
 from advisor.limits import check_probe_duration_s, check_probe_levels, parse_number
 from advisor.plan_runner import level_chooser
 from advisor.opening import how_to_open
@@ -110,6 +111,16 @@ def _plan_asked(args) -> dict:
     return asked
 
 
+def _waits(status: dict) -> str:
+    """What a probe job's status (GET /v1/probes/ID) says of its wait for its name lookup: "" when it does not wait."""
+    retry_at = status.get("retry_at")  # a service older than the field says nothing
+    if retry_at is None:
+        return ""
+    until = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(retry_at))
+    return (f": waiting for a name lookup until {until} (wait {status.get('lookup_waits')} of "
+            f"{MAX_LOOKUP_WAITS - 1}; the {MAX_LOOKUP_WAITS}th fails the probe)")
+
+
 def _from_server(url: str, token: str | None, args) -> dict | None:
     from api.client import TameClient, TameError  # the CLI is where the layers are wired together
 
@@ -127,7 +138,7 @@ def _from_server(url: str, token: str | None, args) -> dict | None:
             deadline = time.monotonic() + SERVER_PROBE_WAIT_S
             while time.monotonic() < deadline:
                 status = client.probe(job["id"])
-                print(f"tame advise: probe {status['status']} ({status.get('progress') or 0:.0%})",
+                print(f"tame advise: probe {status['status']} ({status.get('progress') or 0:.0%}){_waits(status)}",
                       file=sys.stderr, flush=True)
                 if status["status"] == "done":
                     return client.advice(args.dest, args.max_impact, args.congestion_control, args.src)

@@ -18,6 +18,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from advisor.allowlist import agent_resolver
 from advisor.cli import UsageError
 from advisor.commands.probe import add_control_option, control_from_args
 from advisor.commands.runtime import (STOP_SIGNALS, default_driver, load_settings, on_stop_signals, open_store,
@@ -145,7 +146,7 @@ def run(args) -> int:
     if args.push:
         return _run_push(args, settings, driver)
     store = open_store(settings)
-    service = AdviceService(store, settings)
+    service = AdviceService(store, settings, resolver=agent_resolver)
     stop = threading.Event()
 
     def said(dest: str, seconds: float, error: str | None) -> None:
@@ -502,6 +503,29 @@ def _deliver_spooled(client, spool: Path, held: HeldRuns | None = None) -> None:
               flush=True)
 
 
+def hand_back_claim(client, site: str, owner: str, job_id: str, lookup_error: str | None = None) -> None:
+    """Hand agent ``owner``'s claimed probe ``job_id`` back to the service (TameClient.release_claim), with the error of
+    its name lookup that did not finish, if that is why. A service older than lookup_error refuses the field (422
+    naming it): the lookup is reported as a failed claim then (TameClient.fail_claim), as agents of that service's
+    version reported it, an attempt counted (three fail the job, saying why), and the agent says so. Handed back
+    without the field, the job would be queued again in its place, claimed again at once and its name looked up
+    again and again, each time charged to the site's hour; left unreported, it would stay the agent's until its lease
+    ran out, the whole lease charged, and come back as an interrupted attempt. TameError when the service takes
+    neither."""
+    from api.client import TameError  # the CLI is where the layers are wired together
+
+    try:
+        client.release_claim(site, job_id, owner, lookup_error)
+        return
+    except TameError as exc:
+        if lookup_error is None or exc.status != 422 or "lookup_error" not in exc.detail:
+            raise
+        refused = exc.detail
+    print(f"tame agent: site {site}: the service refused probe {job_id} handed back for its name lookup ({refused:.200};"
+          " a service older than lookup_error): reported as a failed attempt instead", file=sys.stderr, flush=True)
+    client.fail_claim(site, job_id, owner, lookup_error)
+
+
 def _run_site(args, settings, driver) -> int:
     from api.client import TameClient, TameError
 
@@ -524,7 +548,7 @@ def _run_site(args, settings, driver) -> int:
                           report_failure=lambda job_id, error: tell(job_id, "report the failed probe", lambda: (
                               client.fail_claim(args.site, job_id, owner, error))),
                           hand_back=lambda job_id, lookup_error=None: tell(job_id, "hand back the probe", lambda: (
-                              client.release_claim(args.site, job_id, owner, lookup_error))))
+                              hand_back_claim(client, args.site, owner, job_id, lookup_error))))
         with _stopped_by_signals(agent.stop, getattr(driver, "cancel", lambda: None)):
             while not agent.stop.is_set():
                 _deliver_spooled(client, spool, held)
@@ -581,7 +605,7 @@ def _run_push(args, settings, driver) -> int:
                 try:
                     # Resolved once: the probes go to the address checked, never to the name again.
                     parsed = parse_destination(dest)
-                    target = probe_target(settings.allowed.checked_address(parsed), parsed.port)
+                    target = probe_target(settings.allowed.checked_address(parsed, agent_resolver), parsed.port)
                     started = time.time()
                     plan = run_plan(driver, target, plan_for(settings, settings.default_levels, settings.default_duration_s),
                                     next_level=level_chooser(settings.model, settings.n_max))

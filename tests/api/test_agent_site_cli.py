@@ -1,16 +1,20 @@
 """`tame agent --site` refuses bad input before it probes or registers anything, and stops when the server refuses
 it (a wrong token, another budget the site's agents run with): exit status 2 and a message that says what to do."""
 
+import json
 import os
 import sqlite3
 import subprocess
+import threading
 
 import httpx
 import psycopg
 import pytest
 
-from tests.api.conftest import free_port, wait_for
-from tests.api.procs import TAME, start_iperf3, start_serve, stop
+import advisor.allowlist as allowlist
+from advisor.cli import main
+from tests.api.conftest import free_port, live_server, wait_for
+from tests.api.procs import TAME, TOKEN_VARIABLES, start_iperf3, start_serve, stop
 
 
 @pytest.mark.parametrize("argv, says", [
@@ -247,3 +251,63 @@ def test_an_agent_whose_plan_could_outlast_its_lease_does_not_probe(tmp_path):
             assert conn.execute("SELECT count(*) FROM probe_runs").fetchone() == (0,)
     finally:
         stop(serve)
+
+
+def _before_lookup_error(app):
+    """``app`` as a service from before POST /v1/sites/NAME/claims/ID/release took lookup_error: a release naming it
+    is refused as that service's body model (extra="forbid") refused it; all else is ``app``'s (whose own server runs
+    its lifespan)."""
+    async def older(scope, receive, send):
+        if scope["type"] == "lifespan":
+            while (message := await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        if scope["type"] == "http" and scope["path"].endswith("/release"):
+            messages = [await receive()]
+            while messages[-1].get("more_body"):
+                messages.append(await receive())
+            if b'"lookup_error"' in b"".join(m.get("body", b"") for m in messages):
+                body = json.dumps({"detail": "lookup_error: Extra inputs are not permitted"}).encode()
+                await send({"type": "http.response.start", "status": 422,
+                            "headers": [(b"content-type", b"application/json")]})
+                await send({"type": "http.response.body", "body": body})
+                return
+
+            async def replay():
+                return messages.pop(0) if messages else await receive()
+            await app(scope, replay, send)
+            return
+        await app(scope, receive, send)
+
+    return older
+
+
+def test_an_agent_whose_lookup_did_not_finish_reports_it_failed_to_a_service_older_than_lookup_error(
+        tmp_path, service_factory, monkeypatch, capsys):
+    """Such a service answers the hand-back 422: the agent said it "could not hand back the probe" and left the job
+    running in its name until its lease ran out (the whole lease charged to the site's hour), to come back as an
+    interrupted attempt. It reports the lookup as a failed claim instead, as agents of that service's version did,
+    and says so: each attempt counted, the third fails the job, saying why."""
+    base, client, app = service_factory(start_worker=False)
+    slots = threading.BoundedSemaphore(1)
+    slots.acquire()  # every lookup slot of the agent taken: its lookup of localhost never starts
+    monkeypatch.setattr(allowlist, "_lookup_slots", slots)
+    monkeypatch.setattr(allowlist, "RESOLVE_TIMEOUT_S", 0.01)
+    for name in TOKEN_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    dests = tmp_path / "dests"
+    dests.write_text("localhost:5201\n")
+    with live_server(_before_lookup_error(app)) as older:
+        assert main(["agent", "--site", "dtn2", "--server", older, "--dest-file", str(dests), "--once",
+                     "--spool", str(tmp_path / "spool")]) == 0
+    err = capsys.readouterr().err
+    with app.state.service.store.db.transaction() as tx:
+        [(job_id,)] = tx.execute("SELECT id FROM probe_jobs").fetchall()
+    shown = client.get(f"/v1/probes/{job_id}").json()
+    busy = ("dest host 'localhost' was not looked up: this agent's 8 name lookups were all busy for 0.01 s: try again "
+            "later, or give its address")
+    assert (shown["status"], shown["attempts"]) == ("failed", 3), shown
+    assert shown["error"] == f"failed 3 times; giving up. Last: {busy}"
+    assert err.count("a service older than lookup_error): reported as a failed attempt instead") == 3, err
+    assert "could not hand back" not in err

@@ -4,6 +4,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 
 from numpy.testing import assert_allclose
 
@@ -52,6 +54,43 @@ def test_advise_via_server_asks_for_the_plan_given_and_reads_with_the_read_token
     # A scheduler holding only the read token reads the advice the server now has.
     read = tame(base, "advise", "127.0.0.1", "--max-impact", "0.5", "--json", env_extra={"TAME_READ_TOKEN": "r"})
     assert read.returncode == 0, read.stderr
+
+
+def test_advise_via_server_says_the_probe_waits_for_its_name_lookup_and_until_when(service_factory, clock):
+    # It printed "probe queued (0%)" every 2 s for the whole wait: a probe held back for its name lookup looked like
+    # one nobody took.
+    base, client, app = service_factory(start_worker=False)
+    assert client.put("/v1/sites/dtn2", json={"dests": ["127.0.0.1:5201"], "owner": "agent-1"}).status_code == 200
+    job = client.post("/v1/sites/dtn2/claims", json={"owner": "agent-1"}).json()["job"]
+    for wait_s in (5, 10):
+        back = client.post(f"/v1/sites/dtn2/claims/{job['id']}/release",
+                           json={"owner": "agent-1", "lookup_error": "dest host 'x' did not resolve within 5 s"})
+        assert back.status_code == 200, back.text
+        clock.advance(wait_s)
+        assert client.post("/v1/sites/dtn2/claims", json={"owner": "agent-1"}).json()["job"]["id"] == job["id"]
+    client.post(f"/v1/sites/dtn2/claims/{job['id']}/release", json={"owner": "agent-1", "lookup_error": "slow"})
+    env = {k: v for k, v in os.environ.items() if k not in ("TAME_TOKEN", "TAME_READ_TOKEN")}
+    advise = subprocess.Popen([sys.executable, "-m", "advisor", "advise", "127.0.0.1", "--max-impact", "0.5",
+                               "--src", "dtn2"], env={**env, "TAME_URL": base}, stderr=subprocess.PIPE, text=True)
+    killer = threading.Timer(120, advise.kill)  # the command polls for 900 s: a line never said must not hang here
+    killer.start()
+    try:
+        lines = []
+        for line in advise.stderr:
+            lines.append(line)
+            if "probe queued" in line:
+                break
+        # Its third wait, 20 s (5 s, twice as long each time more), from the service's clock.
+        until = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(clock() + 20))
+        assert lines[-1] == (f"tame advise: probe queued (0%): waiting for a name lookup until {until} (wait 3 of 11; "
+                             "the 12th fails the probe)\n"), lines
+        app.state.service.store.fail_job(job["id"], "given up by the test")
+        assert advise.wait(60) == 1
+        assert "the server's probe failed: given up by the test" in advise.stderr.read()
+    finally:
+        killer.cancel()
+        advise.kill()
+        advise.wait()
 
 
 def test_curve_via_server_of_a_bare_ipv6_destination(service_factory):

@@ -79,3 +79,29 @@ def test_a_lookup_hand_back_counts_once_for_its_holder_alone(service_factory, cl
     assert waiting["job"] is None and "tried again in 5 s" in waiting["waiting"], waiting
     clock.advance(5)
     assert claim(client)["id"] == job["id"]
+
+
+@pytest.mark.parametrize("database", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_a_job_waiting_for_its_name_lookup_says_until_when_and_which_wait(service_factory, clock, request, tmp_path,
+                                                                          database):
+    # GET /v1/probes/ID said "queued" and nothing more: a job held back for its lookup looked like one no agent took.
+    url = request.getfixturevalue("pg_url") if database == "postgres" else f"sqlite:///{tmp_path}/tame.sqlite3"
+    base, client, app = service_factory(start_worker=False, url=url)
+    assert client.put("/v1/sites/dtn2", json={"dests": [DEST], "owner": "agent-1"}).status_code == 200
+    job = claim(client)
+    assert (job["retry_at"], job["lookup_waits"]) == (None, 0)
+    for waits, wait_s in ((1, 5), (2, 10)):
+        back = hand_back_slow(client, job)
+        shown = client.get(f"/v1/probes/{job['id']}").json()
+        assert shown == back
+        assert (shown["status"], shown["retry_at"], shown["lookup_waits"]) == ("queued", clock() + wait_s, waits)
+        clock.advance(wait_s)
+        # Its wait over, it waits no more, though it is not claimed yet.
+        assert client.get(f"/v1/probes/{job['id']}").json()["retry_at"] is None
+        job = claim(client)
+        assert (job["status"], job["retry_at"], job["lookup_waits"]) == ("running", None, waits)
+    for _ in range(10):  # the 12th wait fails it
+        hand_back_slow(client, job)
+        clock.advance(3600)
+        job = claim(client) or client.get(f"/v1/probes/{job['id']}").json()
+    assert (job["status"], job["retry_at"], job["lookup_waits"]) == ("failed", None, 12), job

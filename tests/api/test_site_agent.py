@@ -116,11 +116,12 @@ def test_the_lease_refusal_names_every_setting_that_differs_and_says_when_the_se
 
 
 def test_a_probe_whose_local_name_lookup_does_not_finish_is_handed_back_to_wait_not_failed(service_factory, clock,
-                                                                                          monkeypatch):
+                                                                                          monkeypatch, capsys):
     """The agent resolves its claimed job's name itself (advisor.allowlist.system_resolver, here with every lookup slot
     taken, so none finishes): it reported the claim failed, an attempt counted, so a few slow DNS moments at the site
     failed the job. Now it hands the job back with the lookup's error; the service queues it uncounted and keeps it
-    from the site's claims for a while (as when its own lookup does not finish), and the agent's next round waits."""
+    from the site's claims for a while (as when its own lookup does not finish), and the agent's next round waits.
+    The busy lookups are the agent's own, and what it logs and sends says so (it said "this service's")."""
     import threading
 
     import advisor.allowlist as allowlist
@@ -143,9 +144,10 @@ def test_a_probe_whose_local_name_lookup_does_not_finish_is_handed_back_to_wait_
         [job_id] = agent.claimed
         job = app.state.service.store.job(job_id)
         assert (job.status, job.attempts) == ("queued", 0), job
-        assert job.error == ("not started: at agent-1: dest host 'localhost' was not looked up: this service's 8 name "
-                             "lookups were all busy for 0.01 s: try again later, or give its address; re-queued, tried "
-                             "again in 5 s")
+        busy = ("dest host 'localhost' was not looked up: this agent's 8 name lookups were all busy for 0.01 s: try "
+                "again later, or give its address")
+        assert f"tame agent: dtn2 -> localhost:5201: {busy}; handed back\n" in capsys.readouterr().err
+        assert job.error == f"not started: at agent-1: {busy}; re-queued, tried again in 5 s"
         assert agent.round(["localhost:5201"]) == 0  # the job waits: not claimed, nothing looked up or probed
         assert "the first is tried again in 5 s" in waiting[-1], waiting
         clock.advance(5)
