@@ -137,3 +137,24 @@ def test_paths_names_each_links_source_and_control_on_the_server_and_on_the_stor
         assert rows == links, done.stdout
     only_b = tame(base, "paths", "--json", "--src", "site-b", env_extra=elsewhere)
     assert [(p["src"], p["congestion_control"]) for p in json.loads(only_b.stdout)["paths"]] == [("site-b", default)]
+
+
+def test_advise_via_server_says_the_link_and_whether_its_advice_is_stale_as_the_api_does(service_factory, clock):
+    # GET /v1/advice says stale: true once the evidence is older than TAME_TTL_S; `tame advise` printed the same
+    # advice under the bare destination with no word of its link or its age, as if it were fresh.
+    base, client, app = service_factory(start_worker=False)
+    control = app.state.settings.congestion_control
+    pushed = client.post("/v1/probe-runs", json={"dest": "127.0.0.1", "idle_rtt_s": 0.01, "congestion_control": control,
+                                                 "probes": [{"streams": 1, "throughput_bps": 40e6},
+                                                            {"streams": 10, "throughput_bps": 90e6}]})
+    assert pushed.status_code == 201, pushed.text
+    seen = []
+    for step in (30.0, app.state.settings.ttl_s):  # fresh, then past the TTL
+        clock.advance(step)
+        api = client.get("/v1/advice", params={"dest": "127.0.0.1", "max_impact": 0.5}).json()
+        done = tame(base, "advise", "127.0.0.1", "--max-impact", "0.5")
+        assert done.returncode == 0, done.stderr
+        first = done.stdout.splitlines()[0]
+        assert first.startswith(f"{api['src']} -> {api['dest']} (advice {api['age_s']:.0f} s old, "), first
+        seen.append((api["stale"], "STALE" in first, "fresh" in first))
+    assert seen == [(False, False, True), (True, True, False)]
