@@ -76,10 +76,22 @@ def run(args) -> int:
     if args.json:
         print_json(payload)
     else:
-        print(f"{payload['dest']}")
+        print(_link_text(payload))
         print_advice(Advice(**{k: v for k, v in payload.items() if k in Advice.__dataclass_fields__}),
                      payload.get("open"))
     return 0
+
+
+def _link_text(payload: dict) -> str:
+    """The first line of the advice for people: the link, and, for the server's advice, its age and whether it is
+    stale, as GET /v1/advice says (advice probed here and now has neither)."""
+    link = f"{payload['src']} -> {payload['dest']}" if payload.get("src") else payload["dest"]
+    if "age_s" not in payload:
+        return link
+    if payload.get("stale"):
+        return (f"{link} (advice {payload['age_s']:.0f} s old, STALE: its evidence is older than the service's "
+                "TAME_TTL_S and a probe is queued, or the service could not read its store in time; ask again later)")
+    return f"{link} (advice {payload['age_s']:.0f} s old, fresh)"
 
 
 def _locally(args) -> dict | None:

@@ -213,6 +213,13 @@ def streams_text(count: int) -> str:
     return f"{count} stream{'' if count == 1 else 's'}"
 
 
+def n_star_text(n_star: float) -> str:
+    """n* for people as the advice gives it (to 4 decimals, rounded down: advisor.tame.published_streams), never
+    rounded up: 2.9961 shown as 3.00 read as three whole streams, and copied into `tame cc apply --tcp-equivalent`
+    it passes the budget."""
+    return f"{n_star:.4f}".rstrip("0").rstrip(".")
+
+
 def opened_text(advice: Advice, with_fm: bool = True) -> str:
     """How many sockets to open, once and plainly: the standard and fractional streams that carry n*
     (Advice.opened_streams), and what to open instead when the tool cannot open a fractional stream.
@@ -221,10 +228,10 @@ def opened_text(advice: Advice, with_fm: bool = True) -> str:
     standard, fm = advice.opened_streams()
     if fm is None and advice.tcp_equivalent_streams < 1:
         # Below the smallest fractional stream: nothing fits the budget (tame transfer opens nothing).
-        return f"none within the budget (n* {advice.tcp_equivalent_streams:.2f}); 1 standard stream is the fewest, over it"
+        return f"none within the budget (n* {n_star_text(advice.tcp_equivalent_streams)}); 1 standard stream is the fewest, over it"
     if fm is None:
         return f"open {streams_text(standard)}" + (" (standard)" if standard == 1 else " (all standard)")
-    fractional = f"1 fractional at FM {fm:.2f}" if with_fm else "1 fractional"
+    fractional = f"1 fractional at FM {fm:g}" if with_fm else "1 fractional"
     opened = f"{standard} standard + {fractional}" if standard else fractional
     return (f"open {streams_text(standard + 1)}: {opened}, or {advice.num_flows} standard "
             f"stream{'' if advice.num_flows == 1 else 's'} if your tool cannot open a fractional stream")
@@ -235,7 +242,7 @@ def alternative_text(alternative: dict[str, Any]) -> str:
     name, kind = alternative["congestion_control"], alternative["kind"]
     if kind == "measured":
         verdict = "meets the budget" if alternative["meets_budget"] else "does not meet it either"
-        return (f"{name} (measured here) {verdict}: n* {alternative['tcp_equivalent_streams']:.2f}, "
+        return (f"{name} (measured here) {verdict}: n* {n_star_text(alternative['tcp_equivalent_streams'])}, "
                 f"{streams_text(alternative['num_flows'])}, {format_bps(alternative['max_nondisruptive_throughput_bps'])}")
     if kind == "tame":
         return alternative["note"]
@@ -249,7 +256,7 @@ def print_advice(advice: Advice, opening: dict[str, Any] | None = None) -> None:
         f"predicted throughput:       {format_bps(advice.max_nondisruptive_throughput_bps)} "
         f"on {advice.num_flows} standard stream{'' if advice.num_flows == 1 else 's'}",
         f"predicted impact on others: {advice.cross_traffic_impact:.1%} (budget {advice.max_impact:.1%})",
-        f"TCP-equivalent streams n*:  {advice.tcp_equivalent_streams:.2f}",
+        f"TCP-equivalent streams n*:  {n_star_text(advice.tcp_equivalent_streams)}",
     ]
     if advice.per_stream_buffer_bytes is not None:
         lines.append(f"per-stream socket buffer:   {advice.per_stream_buffer_bytes} bytes")

@@ -10,7 +10,7 @@ from advisor.advice import Advice, curve_to_json
 from advisor.cli import UsageError
 from advisor.commands.common import (
     add_probe_options, add_src_option, format_bps, fraction, fractional_margin_from_args, hold_defaults, margin_from_args,
-    opened_text, print_json, probes_from_args, put_back_defaults, refuse_given, service_token, service_url,
+    n_star_text, opened_text, print_json, probes_from_args, put_back_defaults, refuse_given, service_token, service_url,
 )
 from advisor.commands.probe import add_control_option
 from advisor.errors import InvalidRequest
@@ -101,7 +101,7 @@ def _print_table(payload: dict, budget: float | None, advice: Advice | None) -> 
             line += f"  {'yes' if within else 'no'}"
         print(line)
     if advice is not None:
-        print(f"at budget {budget:.1%}: {opened_text(advice)} (n* {advice.tcp_equivalent_streams:.2f})")
+        print(f"at budget {budget:.1%}: {opened_text(advice)} (n* {n_star_text(advice.tcp_equivalent_streams)})")
     for warning in payload.get("warnings", []):
         print(f"warning: {warning}")
 

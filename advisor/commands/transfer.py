@@ -27,7 +27,7 @@ from advisor.advice import Advice
 from advisor.cli import UsageError
 from advisor.commands.cc import report_pruned, setting_for
 from advisor.commands.common import (
-    add_src_option, format_bps, port_number, print_json, service_token, service_url, whole_number,
+    add_src_option, format_bps, n_star_text, port_number, print_json, service_token, service_url, whole_number,
 )
 from advisor.commands.runtime import on_stop_signals
 from advisor.destinations import Destination, parse_destination
@@ -377,7 +377,7 @@ def _print(out: dict[str, Any], opened: Opened, result: TransferResult, stored: 
     else:
         what = f"{opened.standard_streams} standard stream{'' if opened.standard_streams == 1 else 's'} " \
                f"({opened.clients[0].congestion_control})"
-    print(f"{out['dest']}: {what} for n* {advice['tcp_equivalent_streams']:.2f} (budget {advice['max_impact']:.1%})")
+    print(f"{out['dest']}: {what} for n* {n_star_text(advice['tcp_equivalent_streams'])} (budget {advice['max_impact']:.1%})")
     parts = ", ".join(f"{r.congestion_control} {format_bps(r.throughput_bps)}" for r in result.results)
     print(f"throughput: {format_bps(out['throughput_bps'])} over {out['duration_s']:.1f} s ({parts})")
     if stored is not None:

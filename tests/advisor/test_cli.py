@@ -62,7 +62,7 @@ def test_fit_human_output():
             "streams if your tool cannot open a fractional stream") in result.stdout
     assert "how to open:                3 standard + 1 tame stream at FM " in result.stdout
     assert result.stdout.count("FM") == 1
-    assert "on 3 standard streams" in result.stdout and "n*:  3.46\n" in result.stdout
+    assert "on 3 standard streams" in result.stdout and "n*:  3.4641\n" in result.stdout
     # Below one stream the fractional stream is the transfer: n* = 0.657, FM 1 / 0.657^2 = 2.31.
     below = tame("fit", *PROBE_ARGS, "--max-impact", "0.05", "--model", "lu", "--no-margin")
     assert ("open 1 stream: 1 fractional, or 1 standard stream if your tool cannot open a "

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -17,6 +18,15 @@ def tame(base, *args, env_extra=None):
     env.update(TAME_URL=base, **(env_extra or {}))
     return subprocess.run([sys.executable, "-m", "advisor", *args], env=env, capture_output=True, text=True,
                           timeout=180)
+
+
+def push_run(client, app, dest):
+    """A probe run of ``dest`` pushed to the server under its default control: 40 Mbit/s on 1 stream, 90 on 10."""
+    pushed = client.post("/v1/probe-runs", json={"dest": dest, "idle_rtt_s": 0.01,
+                                                 "congestion_control": app.state.settings.congestion_control,
+                                                 "probes": [{"streams": 1, "throughput_bps": 40e6},
+                                                            {"streams": 10, "throughput_bps": 90e6}]})
+    assert pushed.status_code == 201, pushed.text
 
 
 def test_advise_via_server_requests_a_probe_when_the_path_is_unknown(service_factory):
@@ -98,11 +108,7 @@ def test_curve_via_server_of_a_bare_ipv6_destination(service_factory):
     # ':' and the command died with a traceback, while GET /v1/advice, `tame advise ::1` and `tame curve ::1` on the
     # store itself answered. Every spelling of the destination gives the one link's curve and advice.
     base, client, app = service_factory(start_worker=False)
-    control = app.state.settings.congestion_control
-    pushed = client.post("/v1/probe-runs", json={"dest": "::1", "idle_rtt_s": 0.01, "congestion_control": control,
-                                                 "probes": [{"streams": 1, "throughput_bps": 40e6},
-                                                            {"streams": 10, "throughput_bps": 90e6}]})
-    assert pushed.status_code == 201, pushed.text
+    push_run(client, app, "::1")
     advice = client.get("/v1/advice", params={"dest": "::1", "max_impact": 0.5}).json()
     for spelling in ("::1", "[::1]", "[0:0::1]:5201"):
         done = tame(base, "curve", spelling, "--max-impact", "0.5", "--json")
@@ -176,3 +182,37 @@ def test_paths_names_each_links_source_and_control_on_the_server_and_on_the_stor
         assert rows == links, done.stdout
     only_b = tame(base, "paths", "--json", "--src", "site-b", env_extra=elsewhere)
     assert [(p["src"], p["congestion_control"]) for p in json.loads(only_b.stdout)["paths"]] == [("site-b", default)]
+
+
+def test_advise_via_server_says_the_link_and_whether_its_advice_is_stale_as_the_api_does(service_factory, clock):
+    # GET /v1/advice says stale: true once the evidence is older than TAME_TTL_S; `tame advise` printed the same
+    # advice under the bare destination with no word of its link or its age, as if it were fresh.
+    base, client, app = service_factory(start_worker=False)
+    push_run(client, app, "127.0.0.1")
+    seen = []
+    for step in (30.0, app.state.settings.ttl_s):  # fresh, then past the TTL
+        clock.advance(step)
+        api = client.get("/v1/advice", params={"dest": "127.0.0.1", "max_impact": 0.5}).json()
+        done = tame(base, "advise", "127.0.0.1", "--max-impact", "0.5")
+        assert done.returncode == 0, done.stderr
+        first = done.stdout.splitlines()[0]
+        assert first.startswith(f"{api['src']} -> {api['dest']} (advice {api['age_s']:.0f} s old, "), first
+        seen.append((api["stale"], "STALE" in first, "fresh" in first))
+    assert seen == [(False, False, True), (True, True, False)]
+
+
+def test_advise_and_curve_via_server_show_the_api_s_n_star_and_fm_not_rounded_up(service_factory):
+    # At this budget the API's n* is 1.8755 and its FM 1.244; the CLI printed n* 1.88 and FM 1.24 (two decimals):
+    # an n* above the advice's, which `tame cc apply --tcp-equivalent` would take as given and pass the budget.
+    base, client, app = service_factory(start_worker=False)
+    push_run(client, app, "127.0.0.1")
+    api = client.get("/v1/advice", params={"dest": "127.0.0.1", "max_impact": 0.341}).json()
+    n_star, fm = api["tcp_equivalent_streams"], api["fractional_multiplier"]
+    assert round(n_star, 2) > n_star and fm is not None and round(fm, 2) != fm, api  # what two decimals got wrong
+    advise = tame(base, "advise", "127.0.0.1", "--max-impact", "0.341")
+    curve = tame(base, "curve", "127.0.0.1", "--max-impact", "0.341")
+    assert advise.returncode == curve.returncode == 0, (advise.stderr, curve.stderr)
+    shown = re.search(r"^TCP-equivalent streams n\*: +(\S+)$", advise.stdout, re.M)
+    assert shown and float(shown[1]) == n_star, advise.stdout
+    at_budget = re.search(r"^at budget .* at FM (\S+), .*\(n\* (\S+)\)$", curve.stdout, re.M)
+    assert at_budget and (float(at_budget[1]), float(at_budget[2])) == (fm, n_star), curve.stdout
