@@ -84,3 +84,11 @@ def test_a_name_holding_a_control_or_bidi_character_is_refused_naming_it_and_not
     assert field in detail and detail.isprintable(), detail
     assert _tables(store) == before
     assert client.get(f"/v1/probes/{job}").json()["status"] == "running"
+
+
+def test_a_key_the_body_may_not_give_is_named_in_the_422_with_its_control_characters_escaped(service_factory):
+    base, client, app = service_factory(start_worker=False)
+    body = '{"dests": [], "owner": "agent-1", "\u202eevil\x9b2J": 1}'.encode()
+    answer = client.put("/v1/sites/dtn2", content=body, headers={"Content-Type": "application/json"})
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["detail"] == "\\u202eevil\\x9b2J: Extra inputs are not permitted"
