@@ -7,6 +7,8 @@ import importlib
 import os
 import sys
 
+from advisor.terminal import visible_output
+
 # Each name is a module advisor.commands.<name> with register(subparsers) that adds its parser
 # and sets `handler` (args -> exit code) as a default.
 COMMANDS = ("fit", "curve", "probe", "advise", "serve", "agent", "paths", "testbed", "cc", "transfer", "schedule")
@@ -46,6 +48,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Whatever a command prints (text from the store or a server among it) goes out with its control and bidi
+    # characters as visible escapes (advisor/terminal.py).
+    with visible_output():
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

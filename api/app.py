@@ -41,6 +41,7 @@ from advisor.service import AdviceService
 from advisor.settings import Settings
 from advisor.sites import SiteBudget
 from advisor.store import Store, StoredRun
+from advisor.terminal import visible
 from advisor.worker import ProbeWorker
 from api import schemas
 from api.bodies import UniqueKeysRoute
@@ -119,7 +120,8 @@ def _describe_validation(exc: RequestValidationError) -> str:
         if error.get("type") == "json_invalid":  # api/bodies.py: its message says what is wrong and where
             parts.append(error["ctx"]["error"])
             continue
-        where = ".".join(str(p) for p in error.get("loc", ()) if p not in ("body", "query", "path"))
+        # A key the schema does not take is named as sent: its control and bidi characters as escapes.
+        where = visible(".".join(str(p) for p in error.get("loc", ()) if p not in ("body", "query", "path")))
         parts.append(f"{where or 'request'}: {error.get('msg', 'invalid')}")
     return "; ".join(parts) or "invalid request"
 

@@ -11,6 +11,7 @@ from advisor import limits
 from advisor.errors import InvalidRequest
 from advisor.jobs import MAX_LOOKUP_WAITS
 from advisor.sites import BUDGET_HOLD_S
+from advisor.terminal import visible
 from probes.controls import CONTROL_NAME, MAX_CONTROL_NAME
 from probes.iperf_parse import RAW_MAX_CHARS
 
@@ -41,6 +42,13 @@ SITE_TOKEN_SRC = "; a site's token (TAME_SITE_TOKENS) must give its own site her
 
 # An agent's name; max_length here only bounds what is parsed, check_owner says what a name may be.
 Owner = Annotated[str, Field(max_length=limits.MAX_OWNER_LENGTH), _checked(limits.check_owner)]
+
+# Free text an agent sends about a probe (its error), stored and shown to others: a terminal, a scheduler's screen.
+# Taken as sent and stored on one line, each character a terminal would act on (a newline, ESC, a bidi override) as a
+# visible escape (advisor/terminal.py), not refused: it is the agent's report of a failure, its text often a foreign
+# program's or a remote peer's, and refusing it would leave the probe held until its lease ran out, unexplained.
+# Up to max_length characters as sent; escapes make at most ten characters of one.
+AgentText = Annotated[str, Field(min_length=1, max_length=1000), AfterValidator(visible)]
 
 Dest = Field(min_length=1, max_length=limits.MAX_DEST_LENGTH, description="HOST or HOST:PORT (default port 5201), IPv6 as [ADDR]:PORT")
 
@@ -418,7 +426,8 @@ class ClaimFailureIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
     owner: Owner = Field(description="the agent that claimed it")
-    error: str = Field(min_length=1, max_length=1000, description="what went wrong, as the agent saw it")
+    error: AgentText = Field(description="what went wrong, as the agent saw it (kept on one line, control and bidi "
+                                         "characters as escapes such as \\x1b)")
 
 
 class ClaimReleaseIn(BaseModel):
@@ -427,11 +436,12 @@ class ClaimReleaseIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
     owner: Owner = Field(description="the agent that claimed it")
-    lookup_error: str | None = Field(
-        default=None, min_length=1, max_length=1000,
+    lookup_error: AgentText | None = Field(
+        default=None,
         description="the probe could not start: the agent's lookup of the destination's name did not finish (its "
-                    "message, as the agent saw it); the job waits before it is claimed again, longer each such time, "
-                    "and fails the 12th. Left out: the agent is stopping, and the job is queued again at once")
+                    "message, as the agent saw it, kept as a failure's error is); the job waits before it is claimed "
+                    "again, longer each such time, and fails the 12th. Left out: the agent is stopping, and the job "
+                    "is queued again at once")
 
 
 class ClaimOut(BaseModel):

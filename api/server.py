@@ -249,7 +249,9 @@ def uvicorn_config(app, host: str, port: int, log_level: str = "warning") -> uvi
                           # No route is a WebSocket; an upgrade handed to uvicorn's WebSocket protocol would leave
                           # this protocol without its connection_lost (a client's connection slot never freed).
                           ws="none",
-                          proxy_headers=bool(proxies), forwarded_allow_ips=proxies)
+                          proxy_headers=bool(proxies), forwarded_allow_ips=proxies,
+                          # `tame serve` writes its stderr through advisor.terminal, which shows escapes as text.
+                          use_colors=False)
 
 
 def http_url(host: str, port: int) -> str:
