@@ -41,6 +41,10 @@ class TooManyLinks(InvalidRequest):
     """A write would make a new link from a site that has as many links as the service keeps for one site."""
 
 
+class TooManySites(InvalidRequest):
+    """A write would make a new site when the store holds as many sites as the service keeps."""
+
+
 class TooManyControls(InvalidRequest):
     """A write would add a congestion control to a link that holds as many as the service keeps for one link."""
 

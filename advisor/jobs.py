@@ -8,6 +8,7 @@ inherits them. The functions ending in ``_in`` write inside a caller's transacti
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import uuid
@@ -17,7 +18,7 @@ from typing import Any, Callable, Sequence
 from advisor.db import Database, Tx
 from advisor.destinations import Destination
 from advisor.errors import QueueFull, StoreError, UnknownProbe
-from advisor.limits import BUDGET_WINDOW_S, MAX_SITE_LINKS
+from advisor.limits import BUDGET_WINDOW_S, MAX_SITE_LINKS, SPENT_ATTEMPTS_BUCKET_S
 from advisor.links import same_control
 
 ACTIVE = ("queued", "running")
@@ -182,9 +183,20 @@ def lock_claims(tx: Tx) -> None:
 
 
 def charge_attempt_in(tx: Tx, src: str, job_id: str, started_at: float, seconds: float) -> None:
-    """Keep an attempt's ``seconds`` (from ``started_at``) in spent_attempts, where a site's hourly budget counts them."""
-    tx.execute("INSERT INTO spent_attempts (src, job_id, started_at, seconds) VALUES (?, ?, ?, ?)",
-               (src, job_id, started_at, max(0.0, seconds)))
+    """Keep an attempt's ``seconds`` (from ``started_at``) in spent_attempts, where a site's hourly budget counts them:
+    added to the site's row for attempts started in the same SPENT_ATTEMPTS_BUCKET_S (whose job_id is its first
+    attempt's), dated by the latest start among them, else in a row of its own."""
+    seconds = max(0.0, seconds)
+    bucket = math.floor(started_at / SPENT_ATTEMPTS_BUCKET_S) * SPENT_ATTEMPTS_BUCKET_S
+    row = tx.execute("SELECT id FROM spent_attempts WHERE src = ? AND started_at >= ? AND started_at < ? "
+                     "ORDER BY id LIMIT 1", (src, bucket, bucket + SPENT_ATTEMPTS_BUCKET_S)).fetchone()
+    if row is None:
+        tx.execute("INSERT INTO spent_attempts (src, job_id, started_at, seconds) VALUES (?, ?, ?, ?)",
+                   (src, job_id, started_at, seconds))
+        return
+    tx.execute("UPDATE spent_attempts SET seconds = seconds + ?, "
+               "started_at = CASE WHEN started_at < ? THEN ? ELSE started_at END WHERE id = ?",
+               (seconds, started_at, started_at, row[0]))
 
 
 def end_attempt_in(tx: Tx, held: str, held_params: Sequence[Any], *, job_id: str, src: str, attempts: int,

@@ -53,7 +53,16 @@ BUDGET_WINDOW_S = 3600.0
 MAX_SITE_PROBES = 64
 MAX_SITE_STREAMS = 4096
 MAX_SITE_PROBE_SECONDS_PER_HOUR = BUDGET_WINDOW_S * MAX_SITE_PROBES
+# The attempts of one site that end without a run (handed back, failed, lapsed) and start within one such stretch of
+# time are kept as one row of spent_attempts (advisor.jobs.charge_attempt_in), so a site's claims and hand-backs in
+# a loop add at most BUDGET_WINDOW_S / SPENT_ATTEMPTS_BUCKET_S rows over the window, not one each; the row is dated
+# by the latest start among them, so each attempt counts in the budget for at least the window after its own start.
+SPENT_ATTEMPTS_BUCKET_S = 60.0
 MAX_SITE_LINKS = 2000
+# Sites the store holds (TAME_MAX_SITES, default; advisor.store.Store.check_new_site): sites registered, and sites with
+# a link or a queued or running probe, the service's own left out. Each site brings its own TAME_MAX_SITE_LINKS, so
+# this and that bound the store together; where writes are open (no TAME_TOKEN) any client names new sites.
+MAX_SITES = 1000
 # The congestion controls one link keeps probe runs and observations under (advisor.store.Store.check_link_control):
 # each has its own current fit, refit window and advice alternative, so a link's store and advice are bounded by it.
 # One is counted until retention releases it (advisor/retention.py: nothing under it newer than TAME_RUN_MAX_AGE_S).

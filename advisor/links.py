@@ -10,12 +10,23 @@ from typing import Callable
 
 from advisor.db import Database, Tx
 from advisor.destinations import Destination
-from advisor.errors import TooManyControls, TooManyLinks
-from advisor.limits import MAX_LINK_CONTROLS, MAX_SITE_LINKS
+from advisor.errors import TooManyControls, TooManyLinks, TooManySites
+from advisor.limits import MAX_LINK_CONTROLS, MAX_SITE_LINKS, MAX_SITES
 
 # PostgreSQL advisory locks of the link count, one per site (the first of two keys; the migrations' lock is one key):
 # two transactions adding a site's last allowed link must not both count one less than the cap and insert.
 LINK_COUNT_LOCK = 7316
+# The PostgreSQL advisory lock of the site count, taken after the new site's LINK_COUNT_LOCK: two transactions making
+# the last allowed site must not both count one less than the cap.
+SITE_COUNT_LOCK = 7318
+# A site the store knows (parameters: its name three times): registered, or with a link or a queued or running probe.
+_KNOWN_SITE = ("SELECT 1 FROM sites WHERE name = ? UNION ALL SELECT 1 FROM destinations WHERE src = ? UNION ALL "
+               "SELECT 1 FROM probe_jobs WHERE src = ? AND status IN ('queued', 'running')")
+# The sources of links, each once, in as many index look-ups as there are (a loose index scan on (src, dest)), not a
+# read of every link.
+_LINK_SOURCES = ("WITH RECURSIVE s(src) AS (SELECT min(src) FROM destinations UNION ALL "
+                 "SELECT (SELECT min(d.src) FROM destinations d WHERE d.src > s.src) FROM s WHERE s.src IS NOT NULL) "
+                 "SELECT src FROM s WHERE src IS NOT NULL")
 # The key of Tx.memo holding the link counts check_new_link keeps for the transaction.
 _LINK_COUNTS = "site_link_counts"
 
@@ -33,6 +44,37 @@ class Links:
 
     db: Database
     clock: Callable[[], float]
+    # The most sites the store holds, and the site never refused (the service's own): set by limit_sites.
+    max_sites: int = MAX_SITES
+    own_site: str | None = None
+
+    def limit_sites(self, max_sites: int, own_site: str) -> None:
+        """Hold the store to ``max_sites`` sites besides ``own_site`` (TAME_MAX_SITES, TAME_SITE)."""
+        self.max_sites = max_sites
+        self.own_site = own_site
+
+    def check_new_site(self, tx: Tx, src: str) -> None:
+        """Refuse (TooManySites, nothing written) to make ``src`` a site when the store knows no such site yet
+        (registered, or with a link or a queued or running probe) and holds max_sites others; the service's own site
+        is never refused. Sites are few (this cap bounds them), so counting them reads that few names."""
+        if src == self.own_site or tx.execute(_KNOWN_SITE, (src, src, src)).fetchone() is not None:
+            return
+        if self.db.dialect == "postgresql":
+            # The site's own link-count lock first, as check_new_link takes it, then the count's: one order.
+            tx.execute(f"SELECT pg_advisory_xact_lock({LINK_COUNT_LOCK}, hashtext(?))", (src,))
+            tx.execute(f"SELECT pg_advisory_xact_lock({SITE_COUNT_LOCK})")
+        names = {r[0] for r in tx.execute("SELECT name FROM sites").fetchall()}
+        names.update(r[0] for r in tx.execute(_LINK_SOURCES).fetchall())
+        names.update(r[0] for r in tx.execute(
+            "SELECT DISTINCT src FROM probe_jobs WHERE status IN ('queued', 'running')").fetchall())
+        names.discard(self.own_site)
+        if src not in names and len(names) >= self.max_sites:
+            raise TooManySites(
+                f"this service keeps {len(names)} sites, the most it keeps (TAME_MAX_SITES={self.max_sites}), and "
+                f"{src} would be another, so nothing was stored. Write for a site it has, or wait: a site with no "
+                "link, no queued or running probe and no registration newer than TAME_RUN_MAX_AGE_S is removed "
+                "when the store is pruned (never while TAME_RUN_MAX_AGE_S is 0). The operator can raise "
+                "TAME_MAX_SITES, or set TAME_TOKEN so that only its token holders write")
 
     def link_id(self, tx: Tx, src: str, dest: Destination, max_links: int = MAX_SITE_LINKS) -> int:
         """The row id of the link from site ``src`` to ``dest`` (a row of ``destinations``), the row created if
@@ -127,6 +169,8 @@ class Links:
             links = counts[src] = tx.execute(
                 "SELECT count(*) FROM (SELECT dest FROM destinations WHERE src = ? UNION SELECT dest FROM probe_jobs "
                 "WHERE src = ? AND status IN ('queued', 'running')) AS links", (src, src)).fetchone()[0]
+        if links == 0:
+            self.check_new_site(tx, src)
         if links >= max_links:
             raise TooManyLinks(
                 f"site {src} has {links} links, the most this service keeps for one site (TAME_MAX_SITE_LINKS="

@@ -29,6 +29,10 @@ keeps no link, nor does a read whose re-probe the queue refuses (full) for the w
 (advisor.store.Store.check_new_link) is not held there for ever by links it no longer uses, written to once or
 fitted long ago. Until then the current fit under each control stays, as above, unless its control goes (below).
 
+A registered site (its ``sites`` row) goes likewise once it holds no link and no queued or running probe and no
+agent of it registered since ``run_max_age_s``, so sites named once do not hold advisor.store.Store.check_new_site's
+cap (TAME_MAX_SITES) for ever; its next registration makes it again.
+
 Likewise a link's congestion control (its row of ``link_controls``, one of the advisor.limits.MAX_LINK_CONTROLS the
 link may hold: advisor.store.Store.check_link_control) is released once nothing of the link under that control is
 newer than ``run_max_age_s`` and no probe of the link under it is queued or running (no fit made, run finished or
@@ -208,6 +212,9 @@ def _nothing_since(control: str = "") -> str:
 
 # A link (d) that holds nothing newer than a cut-off (each parameter): made before it, and nothing since.
 _IDLE_LINK = f"d.created_at < ? AND {_nothing_since()}"
+# A registered site (s) not seen since a cut-off (the parameter) that has no link and no queued or running probe.
+_IDLE_SITE = ("s.last_seen_at < ? AND NOT EXISTS (SELECT 1 FROM destinations d WHERE d.src = s.name) AND NOT EXISTS "
+              "(SELECT 1 FROM probe_jobs j WHERE j.src = s.name AND j.status IN ('queued', 'running'))")
 # A control (lc, a row of link_controls) of link d under which the link holds nothing newer than a cut-off.
 _IDLE_CONTROL = _nothing_since("lc.congestion_control")
 
@@ -383,11 +390,21 @@ def prune(store: Store, retention: Retention, *, pause_s: float = 0.0, max_batch
         counts.add("destinations", len(ids))
         return len(ids)
 
+    def sites(tx: Tx) -> int:
+        # A site goes as its last link did, once not registered since (TAME_MAX_SITES counts it until then).
+        names = [r[0] for r in tx.execute(f"SELECT s.name FROM sites s WHERE {_IDLE_SITE} ORDER BY s.name LIMIT ?",
+                                          (older_than, b)).fetchall()]
+        if names:
+            tx.execute(f"DELETE FROM sites WHERE name IN ({_placeholders(names)}) AND name IN "
+                       f"(SELECT s.name FROM sites s WHERE {_IDLE_SITE})", (*names, older_than))
+        counts.add("sites", len(names))
+        return len(names)
+
     # Fits first: a run is kept while a fit rests on it. Raw after runs: what goes anyway is not rewritten first.
     # Controls, then links, last: they go once what they held has gone.
     steps = [fits, runs, raw, observations, jobs, spent]
     if older_than is not None:
-        steps += [controls, links]
+        steps += [controls, links, sites]
     steps.append(keys)  # after every step that removes runs and observations
     for step in steps:
         batches(step)

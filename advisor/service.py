@@ -164,6 +164,7 @@ class AdviceService:
                  monotonic: Callable[[], float] = time.monotonic):
         self.store = store
         self.settings = settings
+        store.limit_sites(settings.max_sites, settings.site)
         self.clock = clock
         # Seconds that only go forward: a registration's lookup deadline (REGISTRATION_LOOKUPS_S) is read from it.
         self.monotonic = monotonic

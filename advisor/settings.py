@@ -18,7 +18,7 @@ from advisor.db import DEFAULT_POOL_SIZE, check_database_url, redact_url
 from advisor.errors import ConfigError, InvalidRequest, StoreError
 from advisor.files import FileTooLarge, NotARegularFile, read_capped
 from advisor.freshness import PROBE_MAX_AGE_TTLS, Freshness
-from advisor.limits import MAX_PROBE_MAX_DURATION_S, MAX_PROBE_OMIT_S, MAX_SITE_LINKS, SITE_RULE, TOKEN_RULE, check_congestion_control, check_site, check_token, \
+from advisor.limits import MAX_PROBE_MAX_DURATION_S, MAX_PROBE_OMIT_S, MAX_SITE_LINKS, MAX_SITES, SITE_RULE, TOKEN_RULE, check_congestion_control, check_site, check_token, \
     is_token, parse_number
 from advisor.retention import Retention
 from advisor.sites import SITE_CEILING_VARIABLES, SITE_HARD_CAPS, SiteBudget
@@ -285,6 +285,9 @@ class Settings:
     # refused (advisor.store.Store.check_new_link). Each link has its own retention allowance, so this bounds the
     # store per site; links that hold nothing age out (advisor/retention.py).
     max_site_links: int = MAX_SITE_LINKS
+    # The most sites the store holds besides this service's own: a write that would make one more is refused
+    # (advisor.store.Store.check_new_site); sites that hold nothing age out as links do (advisor/retention.py).
+    max_sites: int = MAX_SITES
 
     def __repr__(self) -> str:
         # A repr reaches logs, tracebacks and debuggers: the tokens are left out (repr=False), and the database URL,
@@ -315,6 +318,7 @@ class Settings:
         TAME_MAX_CONNECTIONS, TAME_MAX_CLIENT_CONNECTIONS (connections one client address, an IPv6 /64, may hold
         open; default 100 or TAME_MAX_CONNECTIONS if lower, at most TAME_MAX_CONNECTIONS), TAME_BACKLOG, TAME_MAX_LARGE_BODIES (request bodies over 1 MiB read at once, default
         4), TAME_LARGE_BODY_WAIT_S (how long one more waits for its turn before 503, default 5), TAME_MAX_SITE_LINKS (links the store keeps from one site, default 2000),
+        TAME_MAX_SITES (sites the store keeps besides its own, default 1000),
         TAME_CONGESTION_CONTROL (the control probes and advice use when a request names none; default this host's,
         net.ipv4.tcp_congestion_control), TAME_SITE (this service's site, the source of the links it probes;
         default "local"), TAME_MAX_SITE_PROBES, TAME_MAX_SITE_STREAMS, TAME_MAX_SITE_PROBE_SECONDS_PER_HOUR (the
@@ -407,6 +411,7 @@ class Settings:
             max_large_bodies=number("TAME_MAX_LARGE_BODIES", 4, 1, 1024, int),
             large_body_wait_s=number("TAME_LARGE_BODY_WAIT_S", 5.0, 0.0, 300.0),
             max_site_links=number("TAME_MAX_SITE_LINKS", MAX_SITE_LINKS, 1, 10_000_000, int),
+            max_sites=number("TAME_MAX_SITES", MAX_SITES, 1, 1_000_000, int),
             retention=Retention(
                 keep_fits=number("TAME_KEEP_FITS", 20, 1, 1_000_000, int),
                 keep_runs=number("TAME_KEEP_RUNS", 20, 1, 1_000_000, int),

@@ -132,7 +132,8 @@ def register_site(store: Store, site: str, budget: SiteBudget, dests: Sequence[D
     """Create or refresh the site (its budget, last_seen_at) and its links to ``dests`` for agent ``owner``, in one
     transaction; returns the destinations left out, each with why: new links past the site's ``max_links``
     (:meth:`advisor.store.Store.check_new_link`; the others are registered, as the route does with a destination
-    outside the allow-list).
+    outside the allow-list); TooManySites, and nothing stored, when ``site`` would be one more than the store holds
+    (:meth:`advisor.store.Store.check_new_site`).
 
     A site runs with one budget. The same budget is taken from any agent; a different one only from the agent that
     set the one in force (an agent that gives no ``owner`` never did), or once the site's agents have been quiet for
@@ -143,16 +144,24 @@ def register_site(store: Store, site: str, budget: SiteBudget, dests: Sequence[D
     now = store.clock()
     lock = _row_lock(store)
     with store.db.transaction(write=True) as tx:
-        created = tx.execute(
-            "INSERT INTO sites (name, max_probes, max_streams, probe_seconds_per_hour, registered_at, last_seen_at, "
-            "budget_set_by, budget_set_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO NOTHING RETURNING name",
-            (site, budget.max_probes, budget.max_streams, budget.probe_seconds_per_hour, now, now, owner, now)
-        ).fetchone()
-        if created is None:
+        store.check_new_site(tx, site)
+        row = None
+        for _ in range(2):  # a second time when a pruning pass removed the row between the two statements
+            created = tx.execute(
+                "INSERT INTO sites (name, max_probes, max_streams, probe_seconds_per_hour, registered_at, "
+                "last_seen_at, budget_set_by, budget_set_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (name) DO NOTHING RETURNING name",
+                (site, budget.max_probes, budget.max_streams, budget.probe_seconds_per_hour, now, now, owner, now)
+            ).fetchone()
+            if created is not None:
+                break
             # Serialised on the site's row (SQLite's write transactions are serial), so that of two agents
             # registering different budgets at once one sets it and the other is refused.
             row = tx.execute("SELECT max_probes, max_streams, probe_seconds_per_hour, budget_set_by, budget_set_at, "
                              f"last_seen_at FROM sites WHERE name = ?{lock}", (site,)).fetchone()
+            if row is not None:
+                break
+        if created is None:
             held, set_by, set_at, seen_at = SiteBudget(*row[:3]), row[3], row[4], row[5]
             if held == budget:
                 tx.execute("UPDATE sites SET last_seen_at = ? WHERE name = ?", (now, site))

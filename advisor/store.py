@@ -434,9 +434,9 @@ class Store(Links, JobQueue):
         lists empty where not reported) under the observation's congestion control that feed the fit (all
         streams standard: :attr:`Observation.feeds_fit`), stored since ``base_run`` reached the store (finished_at; under
         ``run_control``: its control, or None for one that did not record its control), at most
-        ``limit``, newest first, and returns the new fit or None. An observation that does not feed the fit is
-        stored without calling it. Returns (the observation's id, the new fit's id or None). One that would be a
-        new link past ``max_links`` is refused (TooManyLinks), nothing stored. With ``request`` (a client's
+        ``limit``, newest first, and returns the new fit or None. An observation that does not feed the fit, or has no
+        ``base_run`` to refit on, is stored without calling it. Returns (the observation's id, the new fit's id or
+        None). One that would be a new link past ``max_links`` is refused (TooManyLinks), nothing stored. With ``request`` (a client's
         Idempotency-Key) the key is claimed first (AlreadyTaken when an earlier request stored it: nothing stored)
         and ``answer(observation id, fit id)`` kept with it.
 
@@ -486,17 +486,18 @@ class Store(Links, JobQueue):
             f"VALUES (?, ?, {', '.join('?' for _ in record)}) RETURNING id",
             (destination_id, now, *record.values()),
         ).fetchone()[0]
-        if not observation.feeds_fit:
+        if not observation.feeds_fit or window.base_run is None:
+            # No probe run to refit on: the window is not read (up to REFIT_OBSERVATIONS of 1024-stream lists, parsed
+            # inside the write lock, for a refit that could not be made).
             return observation_id, None
         if tx.dialect == "postgresql":
             # Refits of one link from several processes (replicas) take turns from here to the commit: each one's
             # window then holds the observation the one before it stored, which one running beside it would not see
             # (each fit leaving out the other's). SQLite's write lock is the whole store's already.
             tx.execute("SELECT 1 FROM destinations WHERE id = ? FOR NO KEY UPDATE", (destination_id,))
-        if window.base_run is not None:
-            newest = _newest_run(tx, "d.id = ?", (destination_id,), window.run_control)
-            if newest is None or newest[0] != window.base_run.id:
-                return observation_id, None
+        newest = _newest_run(tx, "d.id = ?", (destination_id,), window.run_control)
+        if newest is None or newest[0] != window.base_run.id:
+            return observation_id, None
         if early is not None and window.ids(tx, destination_id) == (observation_id, *early[0]):
             fit = early[1]
         else:

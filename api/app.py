@@ -1,7 +1,8 @@
 """The HTTP API: create_app(settings, store, driver) builds it; nothing is opened at import time.
 
 Error mapping to HTTP statuses lives here and only here:
-InvalidRequest -> 422 (TooManyLinks, a new link past a site's TAME_MAX_SITE_LINKS, among them), BatchTooLarge ->
+InvalidRequest -> 422 (TooManyLinks, a new link past a site's TAME_MAX_SITE_LINKS, and TooManySites, a new site past
+TAME_MAX_SITES, among them), BatchTooLarge ->
 413, DestinationNotAllowed and WrongSite -> 403, UnknownDestination and UnknownProbe -> 404, BudgetConflict -> 409,
 QueueFull -> 429 and LookupUnfinished (a destination's name lookup did not finish: the name slow to resolve, or the
 service's lookups all busy) -> 503, both with Retry-After, StoreError -> 503 (with a generic message; the detail is
@@ -77,8 +78,8 @@ _ERROR_MEANING = {
     413: "the body, or the batch, is larger than this route takes",
     422: "malformed input (a body that is not JSON or gives a key twice in one object, a field out of range), a "
          "site's budget above the operator's ceiling (TAME_MAX_SITE_PROBES, TAME_MAX_SITE_STREAMS, "
-         "TAME_MAX_SITE_PROBE_SECONDS_PER_HOUR), or a new link from a site that has TAME_MAX_SITE_LINKS links "
-         "already; the detail says what to give instead",
+         "TAME_MAX_SITE_PROBE_SECONDS_PER_HOUR), a new link from a site that has TAME_MAX_SITE_LINKS links "
+         "already, or a new site past TAME_MAX_SITES; the detail says what to give instead",
     429: "the probe queue is full, in total or for this client; ask again after Retry-After seconds",
     503: "the advice store is unavailable, the server is at its connection limit, it is reading as many bodies "
          "over 1 MiB as it reads at once (TAME_MAX_LARGE_BODIES), or the destination's name lookup did not "

@@ -165,3 +165,31 @@ def test_the_advice_says_how_to_open_it_and_its_fm_is_the_advice_s(service_facto
             assert opening["command"].startswith("tame cc apply 127.0.0.1 --tcp-equivalent ")
         batch = client.post("/v1/advice:batch", json=[{"dest": DEST, "max_impact": budget}]).json()
         assert batch["results"][0]["advice"]["open"] == opening
+
+
+def test_transfers_to_a_link_with_no_probe_run_are_stored_without_reading_the_refit_window(service_factory,
+                                                                                            monkeypatch):
+    # Without a probe run there is nothing to refit on; main's code still read and parsed the link's newest 200
+    # standard observations inside the write lock (the whole store's on SQLite) for each one sent: with 1024-stream
+    # lists that grew to ~190 ms a request, every other write waiting behind it.
+    from advisor.store import _RefitWindow
+
+    reads = []
+    real_read = _RefitWindow.read
+    monkeypatch.setattr(_RefitWindow, "read",
+                        lambda self, tx, destination_id, limit: reads.append(limit) or real_read(
+                            self, tx, destination_id, limit))
+    base, client, app = service_factory(start_worker=False)
+    body = {"dest": DEST, "streams": MAX_STREAMS, "throughput_bps": 1e9,
+            "stream_bps": [1e9 / MAX_STREAMS] * MAX_STREAMS, "stream_retransmits": [7] * MAX_STREAMS}
+    for _ in range(3):
+        response = client.post("/v1/observations", json=body)
+        assert response.status_code == 202 and response.json()["refit"] is False, response.text
+    assert _count(app) == 3 and reads == []
+    # Once the link has a probe run, a transfer refits on it and the observations since.
+    pushed = client.post("/v1/probe-runs", json={"dest": DEST, "probes": [
+        {"streams": n, "throughput_bps": rate(n)} for n in (1, 10)]})
+    assert pushed.status_code == 201 and pushed.json()["fitted"], pushed.text
+    response = client.post("/v1/observations", json={"dest": DEST, "streams": 4, "throughput_bps": rate(4)})
+    assert response.status_code == 202 and response.json()["refit"] is True, response.text
+    assert reads
