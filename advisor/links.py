@@ -12,10 +12,8 @@ from advisor.db import Database, Tx
 from advisor.destinations import Destination
 from advisor.errors import TooManyControls, TooManyLinks
 from advisor.limits import MAX_LINK_CONTROLS, MAX_SITE_LINKS
+from advisor.locks import LINK_COUNT_LOCK
 
-# PostgreSQL advisory locks of the link count, one per site (the first of two keys; the migrations' lock is one key):
-# two transactions adding a site's last allowed link must not both count one less than the cap and insert.
-LINK_COUNT_LOCK = 7316
 # The key of Tx.memo holding the link counts check_new_link keeps for the transaction.
 _LINK_COUNTS = "site_link_counts"
 
