@@ -16,3 +16,6 @@ LINK_COUNT_LOCK = 7316
 # that no probe of the job's destination runs, from any site, and marks the job running; two claims at once from
 # different sites would both see the destination idle.
 CLAIM_LOCK = 7317
+# Each batch of a retention pass (advisor.retention.prune), taken without waiting: one replica prunes at a time, and
+# a replica that finds it taken ends its pass.
+PRUNE_LOCK = 7318
