@@ -16,15 +16,13 @@ from typing import Any, Callable, Mapping, Sequence
 from advisor.advice import CurvePoint
 from advisor.db import Database, Tx
 from advisor.fitcodec import fit_from_stored
+from advisor.locks import MIGRATION_LOCK
 from advisor.tame import CURVE_VERSION, stored_curve
 
 Curve = Sequence[tuple[CurvePoint, bool]]
 log = logging.getLogger("tame")
 # Current fits whose curves one start-up transaction writes again.
 REBUILD_BATCH = 100
-# The PostgreSQL advisory lock rebuilds take: the migrations' (advisor.db), so processes starting at once on one
-# store write each curve once.
-_REBUILD_LOCK = 7315
 # Current fits whose curve was written under an older version than this program's, or none recorded (stored before
 # migration 0018, or by a program older than it). A newer program's curves are left alone: an older replica
 # beside it must not write them back.
@@ -79,7 +77,7 @@ def rebuild_outdated_curves(db: Database, batch: int = REBUILD_BATCH) -> int:
     while True:
         with db.transaction(write=True) as tx:
             if tx.dialect == "postgresql":
-                tx.execute(f"SELECT pg_advisory_xact_lock({_REBUILD_LOCK})")
+                tx.execute(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK})")
             done = rebuild_curves(tx, batch)
         written += done
         if done:

@@ -21,6 +21,7 @@ from urllib.parse import unquote
 
 from advisor import userviews
 from advisor.errors import StoreError
+from advisor.locks import MIGRATION_LOCK
 from advisor.pool import ConnectionPool
 
 # Long enough that a writer's transaction (a probe run plus its curve, milliseconds) never
@@ -334,8 +335,9 @@ class Database:
         applied_now = []
         with self._transaction_on(lease, write=True) as tx:
             if self.dialect == "postgresql":
-                # Serialise concurrent start-ups of several processes on one database.
-                tx.execute("SELECT pg_advisory_xact_lock(7315)")
+                # Processes starting at once on one database take turns: the first applies what is pending, the
+                # others then find it recorded.
+                tx.execute(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK})")
             tx.execute(
                 "CREATE TABLE IF NOT EXISTS schema_migrations ("
                 "version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at DOUBLE PRECISION NOT NULL)"

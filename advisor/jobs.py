@@ -20,6 +20,7 @@ from advisor.destinations import Destination
 from advisor.errors import QueueFull, StoreError, UnknownProbe
 from advisor.limits import BUDGET_WINDOW_S, MAX_SITE_LINKS, SPENT_ATTEMPTS_BUCKET_S
 from advisor.links import same_control
+from advisor.locks import CLAIM_LOCK
 
 ACTIVE = ("queued", "running")
 # The job a run pushed for a claim closes (parameters: owner, src, dest): the claim's holder's running job, or one
@@ -31,10 +32,6 @@ HELD_JOB = "id = ? AND owner = ? AND status = 'running'"
 # (parameters: job id, owner, src).
 HELD_ATTEMPT = "id = ? AND owner = ? AND src = ? AND status = 'running'"
 ANSWERED_JOB = "((status = 'running' AND owner = ?) OR (status = 'queued' AND attempts > 0)) AND src = ? AND dest = ?"
-# The PostgreSQL advisory lock every claim of a probe job takes first (this service's worker and the sites' agents,
-# advisor.sites.claim_job): a claim checks that no probe of the job's destination runs, from any site, and marks the
-# job running; two claims at once from different sites would both see the destination idle.
-CLAIM_LOCK = 7317
 # A job whose destination's name lookup did not finish as it was to start (Store.defer_attempt) is not claimed again
 # before the lookup's retry_after_s has passed, twice as long for each such time before (at most LOOKUP_RETRY_MAX_S),
 # and the MAX_LOOKUP_WAITS-th such time fails it: with advisor.allowlist's 5 s, a name that never resolves in time is
@@ -177,7 +174,7 @@ def fail_job_in(tx: Tx, job_id: str, error: str, now: float) -> None:
 
 
 def lock_claims(tx: Tx) -> None:
-    """Take the claims' lock (CLAIM_LOCK) for ``tx`` on PostgreSQL; SQLite runs one write transaction at a time."""
+    """Take the claims' lock (advisor.locks.CLAIM_LOCK) for ``tx`` on PostgreSQL; SQLite runs one write transaction at a time."""
     if tx.dialect == "postgresql":
         tx.execute(f"SELECT pg_advisory_xact_lock({CLAIM_LOCK})")
 

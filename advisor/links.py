@@ -12,13 +12,8 @@ from advisor.db import Database, Tx
 from advisor.destinations import Destination
 from advisor.errors import TooManyControls, TooManyLinks, TooManySites
 from advisor.limits import MAX_LINK_CONTROLS, MAX_SITE_LINKS, MAX_SITES
+from advisor.locks import LINK_COUNT_LOCK, SITE_COUNT_LOCK
 
-# PostgreSQL advisory locks of the link count, one per site (the first of two keys; the migrations' lock is one key):
-# two transactions adding a site's last allowed link must not both count one less than the cap and insert.
-LINK_COUNT_LOCK = 7316
-# The PostgreSQL advisory lock of the site count, taken after the new site's LINK_COUNT_LOCK: two transactions making
-# the last allowed site must not both count one less than the cap.
-SITE_COUNT_LOCK = 7318
 # A site the store knows (parameters: its name three times): registered, or with a link or a queued or running probe.
 _KNOWN_SITE = ("SELECT 1 FROM sites WHERE name = ? UNION ALL SELECT 1 FROM destinations WHERE src = ? UNION ALL "
                "SELECT 1 FROM probe_jobs WHERE src = ? AND status IN ('queued', 'running')")

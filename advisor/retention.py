@@ -30,7 +30,7 @@ keeps no link, nor does a read whose re-probe the queue refuses (full) for the w
 fitted long ago. Until then the current fit under each control stays, as above, unless its control goes (below).
 
 A registered site (its ``sites`` row) goes likewise once it holds no link and no queued or running probe and no
-agent of it registered since ``run_max_age_s``, so sites named once do not hold advisor.store.Store.check_new_site's
+agent of it registered since ``run_max_age_s``, so sites named once do not hold advisor.links.Links.check_new_site's
 cap (TAME_MAX_SITES) for ever; its next registration makes it again.
 
 Likewise a link's congestion control (its row of ``link_controls``, one of the advisor.limits.MAX_LINK_CONTROLS the
@@ -42,9 +42,9 @@ observations; their Idempotency-Keys then go too); with no age limit (0) control
 those that did not record their control (NULL) are under none and stay with the link. So a link probed long ago under
 as many controls as it may hold, and in use under one of them since, takes a new control, as a site at its link cap
 takes a new link. A pass goes through ``link_controls`` in key order (link id, control), ``batch`` rows a
-transaction whether released or not, and the next pass goes on from where it stopped (:attr:`PruneCounts.resume`,
-kept by :class:`Pruner`), so a store with more controls than one pass goes through is not scanned from its first row
-every time.
+transaction whether released or not, and the next pass goes on from where it stopped (kept in the store's
+prune_positions, :attr:`PruneCounts.resume`), so a store with more controls than one pass goes through is not
+scanned from its first row every time, and replicas of the service on one store go on from each other's position.
 
 Each batch is one short write transaction of at most ``batch`` parent rows (and their children:
 a fit's curve points, a run's results; a released control's rows), so readers and writers wait at most for one
@@ -54,6 +54,13 @@ SQLite the pages freed are reused by later writes: under a steady load the file 
 without VACUUM (auto_vacuum is left as it is; switching it on for an existing file needs a VACUUM
 that rewrites the whole file under an exclusive lock). On PostgreSQL, autovacuum reclaims the
 dead rows.
+
+Several replicas of the service on one PostgreSQL store prune one at a time: each batch first takes
+:data:`advisor.locks.PRUNE_LOCK` without waiting, and a replica that finds it taken ends its pass there
+(:attr:`PruneCounts.yielded`), holding nothing. So two passes never delete the same rows at once (neither waits on
+the other's rows nor deadlocks with it, and no row is counted twice), and a write waits for at most one batch. A
+batch reads what to delete after taking the lock, so it sees what the batch before, of any replica, deleted. On
+SQLite a batch's write transaction is the lock.
 """
 
 from __future__ import annotations
@@ -67,6 +74,7 @@ from typing import Callable, Sequence
 from advisor.db import Tx
 from advisor.errors import AdvisorError
 from advisor.idempotency import RECORD_TABLES
+from advisor.locks import PRUNE_LOCK
 from advisor.sites import BUDGET_WINDOW_S
 from advisor.store import REFIT_OBSERVATIONS, Store, run_is_newer
 
@@ -101,12 +109,14 @@ class Retention:
 @dataclass
 class PruneCounts:
     """Rows deleted by one pass, per table (``probe_results.raw``: results whose raw record was cleared;
-    ``link_controls``: controls released, with what their links held under them), and where the next pass's release
-    of controls goes on from (``resume``: after that (link id, control) of link_controls; None: from the first)."""
+    ``link_controls``: controls released, with what their links held under them), where the next pass's release
+    of controls goes on from (``resume``: after that (link id, control) of link_controls; None: from the first), and
+    whether the pass ended early because another replica was pruning (``yielded``)."""
 
     deleted: dict[str, int] = field(default_factory=dict)
     batches: int = 0
     resume: tuple[int, str] | None = None
+    yielded: bool = False
 
     def add(self, table: str, rows: int) -> None:
         self.deleted[table] = self.deleted.get(table, 0) + rows
@@ -279,12 +289,44 @@ def _lock_unheld(tx: Tx, ids: Sequence[int]) -> list[int]:
         f"SELECT id FROM destinations WHERE id IN ({_placeholders(ids)}) FOR UPDATE SKIP LOCKED", ids).fetchall()]
 
 
+# The step whose position prune_positions keeps (the others start from their first row: what they delete goes).
+_CONTROLS_STEP = "link_controls"
+
+
+def _position(tx: Tx, step: str) -> tuple[int, str] | None:
+    """Where ``step`` stopped, as the last pass (of any replica) left it; None: from the first."""
+    row = tx.execute("SELECT destination_id, congestion_control FROM prune_positions WHERE step = ?",
+                     (step,)).fetchone()
+    return (row[0], row[1]) if row else None
+
+
+def _keep_position(tx: Tx, step: str, position: tuple[int, str] | None) -> None:
+    if position is None:
+        tx.execute("DELETE FROM prune_positions WHERE step = ?", (step,))
+    else:
+        tx.execute("INSERT INTO prune_positions (step, destination_id, congestion_control) VALUES (?, ?, ?) "
+                   "ON CONFLICT (step) DO UPDATE SET destination_id = excluded.destination_id, "
+                   "congestion_control = excluded.congestion_control", (step, *position))
+
+
+def _take_turn(tx: Tx) -> bool:
+    """Whether this batch may prune: on PostgreSQL, PRUNE_LOCK taken for ``tx`` without waiting (False: another
+    replica's batch holds it); on SQLite always (``tx`` holds the write lock)."""
+    if tx.dialect != "postgresql":
+        return True
+    return bool(tx.execute(f"SELECT pg_try_advisory_xact_lock({PRUNE_LOCK})").fetchone()[0])
+
+
+class _Yield(Exception):
+    """Another replica's batch holds PRUNE_LOCK: this pass ends."""
+
+
 def prune(store: Store, retention: Retention, *, pause_s: float = 0.0, max_batches: int = MAX_BATCHES_PER_PASS,
-          stop: threading.Event | None = None, resume: tuple[int, str] | None = None) -> PruneCounts:
+          stop: threading.Event | None = None) -> PruneCounts:
     """One pass: delete what ``retention`` does not keep, ``retention.batch`` rows per transaction
-    (a set ``stop`` ends the pass between batches). Controls are released going on from ``resume`` (the last pass's
-    :attr:`PruneCounts.resume`; None: from the first)."""
-    counts = PruneCounts(resume=resume)
+    (a set ``stop`` ends the pass between batches, another replica pruning at once ends it before a batch). Controls
+    are released going on from where the last pass stopped (prune_positions)."""
+    counts = PruneCounts()
     now = store.clock()
     older_than = now - retention.run_max_age_s if retention.run_max_age_s > 0 else None
     db = store.db
@@ -296,6 +338,8 @@ def prune(store: Store, retention: Retention, *, pause_s: float = 0.0, max_batch
             if stop is not None and stop.is_set():
                 return
             with db.transaction(write=True) as tx:
+                if not _take_turn(tx):
+                    raise _Yield
                 done = step(tx)
             counts.batches += 1
             if done < b:
@@ -364,16 +408,18 @@ def prune(store: Store, retention: Retention, *, pause_s: float = 0.0, max_batch
     def controls(tx: Tx) -> int:
         # A batch goes through the next ``b`` rows of link_controls in key order, released or not, so a pass that
         # stops (max_batches, ``stop``) has gone through each row once and the next one goes on from there.
-        rows = _controls_after(tx, older_than, counts.resume, b)
+        after = _position(tx, _CONTROLS_STEP)
+        rows = _controls_after(tx, older_than, after, b)
         idle = {(did, control) for did, control, free in rows if free}
         if idle and db.dialect == "postgresql":
             locked = _lock_unheld(tx, sorted({did for did, _ in idle}))
             idle &= {(did, control) for did, control, free in (
-                _controls_after(tx, older_than, counts.resume, b, among=locked) if locked else ()) if free}
+                _controls_after(tx, older_than, after, b, among=locked) if locked else ()) if free}
         for control in sorted({control for _, control in idle}):
             _delete_held(tx, sorted(did for did, c in idle if c == control), control)
         counts.add("link_controls", len(idle))
         counts.resume = (rows[-1][0], rows[-1][1]) if len(rows) == b else None
+        _keep_position(tx, _CONTROLS_STEP, counts.resume)
         return len(rows)
 
     def links(tx: Tx) -> int:
@@ -406,15 +452,18 @@ def prune(store: Store, retention: Retention, *, pause_s: float = 0.0, max_batch
     if older_than is not None:
         steps += [controls, links, sites]
     steps.append(keys)  # after every step that removes runs and observations
-    for step in steps:
-        batches(step)
+    try:
+        for step in steps:
+            batches(step)
+    except _Yield:
+        counts.yielded = True
     return counts
 
 
 class Pruner:
     """A daemon thread that prunes the store every ``retention.interval_s`` seconds (0: never); ``recover``, when
     given, runs first in each pass (a server without a probe worker re-queues jobs whose lease ran out with it). Each
-    pass goes on releasing controls where the one before stopped (:attr:`PruneCounts.resume`)."""
+    pass goes on releasing controls where the one before, of any replica, stopped (prune_positions)."""
 
     def __init__(self, store: Store, retention: Retention, pause_s: float = 0.05,
                  recover: Callable[[], object] | None = None, max_batches: int = MAX_BATCHES_PER_PASS):
@@ -425,7 +474,6 @@ class Pruner:
         self.max_batches = max_batches
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._resume: tuple[int, str] | None = None
 
     def start(self) -> None:
         if self.retention.interval_s <= 0 or self._thread is not None:
@@ -439,13 +487,10 @@ class Pruner:
             self._thread.join(timeout_s)
 
     def run_pass(self) -> PruneCounts:
-        """One pass (``recover`` first), releasing controls from where the pass before stopped."""
+        """One pass (``recover`` first)."""
         if self.recover is not None:
             self.recover()
-        counts = prune(self.store, self.retention, pause_s=self.pause_s, max_batches=self.max_batches,
-                       stop=self._stop, resume=self._resume)
-        self._resume = counts.resume
-        return counts
+        return prune(self.store, self.retention, pause_s=self.pause_s, max_batches=self.max_batches, stop=self._stop)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.retention.interval_s):
