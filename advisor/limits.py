@@ -11,7 +11,7 @@ import re
 from typing import Any, Callable, Sequence
 
 from advisor.errors import DuplicateKey, InvalidRequest
-from probes.cc import MAX_FM as MAX_TAME_FM  # noqa: F401  (an observed tame stream's FM is held to what the map holds)
+from probes.cc_map import MAX_FM as MAX_TAME_FM  # noqa: F401  (an observed tame stream's FM is held to what the map holds)
 from probes.cc import NAME as TAME
 from probes.controls import MAX_CONTROL_NAME, is_control_name
 from probes.iperf import MAX_STREAMS as MAX_PROBE_STREAMS

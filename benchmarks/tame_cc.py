@@ -42,7 +42,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from benchmarks.testbed_accuracy import CLIENT_SETUP_S, CROSS_WARMUP_S, cross_bytes_acked, cross_rate
-from probes import cc, pathcheck, testbed
+from probes import cc, cc_map, pathcheck, testbed
 from probes.iperf_parse import parse_iperf_json
 from probes.plan import ProbePlan
 
@@ -139,19 +139,19 @@ def _client(tb: testbed.Testbed, port: int, group: Group, seconds: float, omit_s
 
 
 def measure(tb: testbed.Testbed, groups: Sequence[Group], seconds: float, omit_s: float,
-            setting: cc.CcSetting | None, label: str = "") -> Run:
+            setting: cc_map.CcSetting | None, label: str = "") -> Run:
     """Run every group at once for ``omit_s`` + ``seconds``; goodput over the last ``seconds``.
 
     ``setting`` is written for the receiver's address, for the sender namespace's sockets, first (the tame groups
     read it), or the entry removed.
     """
     addr = cc.canonical_address(tb.receiver_addr)
-    sender = cc.netns_cookie(tb.sender_ns)
+    sender = cc_map.netns_cookie(tb.sender_ns)
     if setting is None:
         if cc.registration() is not None:
-            cc.delete_fm(addr, sender)
+            cc_map.delete_fm(addr, sender)
     else:
-        cc.set_fm(addr, setting, sender)
+        cc_map.set_fm(addr, setting, sender)
     spec = tb.spec
     run = Run(rtt_s=spec.rtt_s, rate_bps=spec.rate_bps, cross_flows=spec.cross_flows,
               groups=[asdict(g) for g in groups], setting=None if setting is None else asdict(setting),
@@ -212,7 +212,7 @@ def share_runs(args) -> list[Run]:
             for repeat in range(args.repeats):
                 for scaled in variants:
                     for fm in args.fms:
-                        setting = cc.CcSetting(fm, scale_slow_start=scaled)
+                        setting = cc_map.CcSetting(fm, scale_slow_start=scaled)
                         r = measure(tb, [Group(1, args.standard), Group(args.tame_streams, cc.NAME)],
                                     args.seconds, args.omit, setting, label=f"repeat {repeat + 1}")
                         runs.append(r)
@@ -289,7 +289,7 @@ def hacker_runs(args) -> list[Run]:
         print(f"no transfer: cross {idle.cross_bps / 1e6:.2f} Mbit/s", file=sys.stderr, flush=True)
         for repeat in range(args.repeats):
             for name, groups in hacker_methods().items():
-                r = measure(tb, groups, args.seconds, args.omit, cc.CcSetting(HACKER_FM), label=name)
+                r = measure(tb, groups, args.seconds, args.omit, cc_map.CcSetting(HACKER_FM), label=name)
                 runs.append(r)
                 print(f"{name}: ours {r.ours_bps() / 1e6:.2f} Mbit/s, cross {r.cross_bps / 1e6:.2f}",
                       file=sys.stderr, flush=True)
@@ -341,7 +341,7 @@ def aggregate_runs(args) -> list[Run]:
                 if fm is None:  # N standard streams are n*'s share: tame is not opened
                     setting, group = None, Group(n, STANDARD)
                 else:
-                    setting = cc.CcSetting(fm, scale_slow_start=cc.SCALE_SLOW_START_BY_DEFAULT)
+                    setting = cc_map.CcSetting(fm, scale_slow_start=cc_map.SCALE_SLOW_START_BY_DEFAULT)
                     group = Group(n, cc.NAME)
                 r = measure(tb, [group], args.seconds, args.omit, setting, label=f"N={n}")
                 r.service_rtt_s = rtt_s
@@ -425,7 +425,7 @@ def plan_runs(args) -> tuple[list[Run], list[dict]]:
             runs += idle
             measured: dict[tuple, Run] = {}
 
-            def once(groups: tuple[Group, ...], setting: cc.CcSetting | None, label: str) -> Run:
+            def once(groups: tuple[Group, ...], setting: cc_map.CcSetting | None, label: str) -> Run:
                 k = (groups, None if setting is None else setting.fractional_multiplier)
                 if k not in measured:
                     measured[k] = measure(tb, list(groups), args.seconds, args.omit, setting, label=f"{key} {label}")
@@ -437,7 +437,7 @@ def plan_runs(args) -> tuple[list[Run], list[dict]]:
                 advice = tame_parallel_tcp(points, budget, DEFAULT_N_MAX, DEFAULT_MODEL, plan.idle_rtt_s, *margins,
                                            standard_control=STANDARD)
                 standard, groups, fm = opened_groups(advice, plan.idle_rtt_s)
-                setting = cc.CcSetting(fm, scale_slow_start=cc.SCALE_SLOW_START_BY_DEFAULT) if fm else None
+                setting = cc_map.CcSetting(fm, scale_slow_start=cc_map.SCALE_SLOW_START_BY_DEFAULT) if fm else None
                 opened = once(groups, setting, f"advice {budget:g}")
                 n_star = advice.tcp_equivalent_streams
                 whole = {}
@@ -529,7 +529,7 @@ def cycles(args) -> list[str]:
     spec = path_spec(args.rate, args.rtts[0] / 1000, 0, "tcccycle")
     with bed(spec, servers=1) as tb:
         cc.load()
-        cc.set_fm(cc.canonical_address(tb.receiver_addr), cc.CcSetting(4.0), cc.netns_cookie(tb.sender_ns))
+        cc_map.set_fm(cc.canonical_address(tb.receiver_addr), cc_map.CcSetting(4.0), cc_map.netns_cookie(tb.sender_ns))
         seconds = 10
         proc = _client(tb, BASE_PORT, Group(1, cc.NAME), seconds, 0)
         time.sleep(CLIENT_SETUP_S + seconds / 2)

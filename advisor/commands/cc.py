@@ -15,7 +15,7 @@ from advisor.errors import InvalidRequest
 from advisor.limits import MAX_STREAMS, check_congestion_control, check_rtt_s, parse_number
 from advisor.tame import MIN_FRACTION, calibration_warning, fractional_multiplier_for
 from models.tame_share import LAWS, law_for
-from probes import cc
+from probes import cc, cc_map, cc_routes
 from probes.controls import available_controls, host_default_control
 from probes.errors import CcBusy, CcError, CcMapFull, CcNotAVrf, CcNotLoaded, CcNotRoot, CcOutdated, CcRouteConflict
 
@@ -70,9 +70,9 @@ def setting_for(tcp_equivalent: float, streams: int | None = None, rtt_s: float 
     if streams <= n_star + 1e-9:
         return Setting(None, standard_streams=streams, tame_streams=0, form="standard")
     fm = round(law_for(standard_control).multiplier_for(n_star / streams, rtt_s), 3)
-    if fm > cc.MAX_FM:
+    if fm > cc_map.MAX_FM:
         raise UsageError(f"--streams {streams} for --tcp-equivalent {n_star:g} needs FM {fm:g}, "
-                         f"above the largest the control holds ({cc.MAX_FM:g})")
+                         f"above the largest the control holds ({cc_map.MAX_FM:g})")
     return Setting(fm, standard_streams=0, tame_streams=streams, form="aggregate")
 
 
@@ -159,21 +159,21 @@ def _status(args) -> int:
         reg = cc.registration()
     except CcOutdated:
         # Its map cannot be read, but the routes to clear before unloading it can be listed.
-        routes = cc.our_routes()
+        routes = cc_routes.our_routes()
         print("routes tame cc apply added in this network namespace:" + "".join(f"\n  {r}" for r in routes)
               if routes else "no route tame cc apply added in this network namespace")
         raise
     entries = []
     elsewhere = 0  # entries of other network namespaces (theirs to list, from there)
-    here = cc.netns_cookie()
+    here = cc_map.netns_cookie()
     if reg is not None:
-        every = cc.all_settings()
+        every = cc_map.all_settings()
         elsewhere = sum(1 for netns, _ in every if netns != here)
         mine = sorted(((addr, entry) for (netns, addr), entry in every.items() if netns == here),
                       key=lambda item: (item[0].version, item[0]))
         for addr, entry in mine:
             entries.append({"dest": str(addr), "fractional_multiplier": entry.fractional_multiplier,
-                            "scale_slow_start": entry.scale_slow_start, "route": cc.describe_route(addr)})
+                            "scale_slow_start": entry.scale_slow_start, "route": cc_routes.describe_route(addr)})
     if args.json:
         json.dump({"name": cc.NAME, "registered": reg is not None,
                    "struct_ops_id": reg.struct_ops_id if reg else None,
@@ -241,22 +241,22 @@ def _apply(args) -> int:
         print(f"tame cc apply: warning: {beyond}", file=sys.stderr)
     cc.require_root()
     if selector.vrf is not None:
-        cc.vrf_table(selector.vrf)  # a name that is no VRF here changes nothing
-    rules = cc.policy_rules(addr)  # read before anything is changed
-    with cc.exclusive_setting(addr):  # not under a running tame transfer, which would put its entry back after
-        previous = cc.settings().get(addr)
+        cc_routes.vrf_table(selector.vrf)  # a name that is no VRF here changes nothing
+    rules = cc_routes.policy_rules(addr)  # read before anything is changed
+    with cc_map.exclusive_setting(addr):  # not under a running tame transfer, which would put its entry back after
+        previous = cc_map.settings().get(addr)
         applied = False
         try:
-            pruned = cc.set_fm(addr, cc.CcSetting(setting.fractional_multiplier,
-                                         scale_slow_start=cc.SCALE_SLOW_START_BY_DEFAULT))
-            route = cc.apply_route(addr, selector)
+            pruned = cc_map.set_fm(addr, cc_map.CcSetting(setting.fractional_multiplier,
+                                                          scale_slow_start=cc_map.SCALE_SLOW_START_BY_DEFAULT))
+            route = cc_routes.apply_route(addr, selector)
             applied = True
         finally:
             if not applied:  # no half-applied state, and nothing of another's undone: the entry goes back as it was
-                cc.restore_fm(addr, previous)
+                cc_map.restore_fm(addr, previous)
     if pruned is not None:
         report_pruned(pruned, "tame cc apply")
-    others = cc.rules_routing_elsewhere(addr, rules, selector)
+    others = cc_routes.rules_routing_elsewhere(addr, rules, selector)
     if others:
         print(f"tame cc apply: warning: policy rules here send some connections to {addr} by another route than the "
               "one set here, without the control:" + "".join(f"\n  {_rule_advice(addr, found)}" for found in others[:5])
@@ -280,8 +280,8 @@ def _apply(args) -> int:
     return 0
 
 
-def report_pruned(pruned: cc.Pruned, command: str) -> None:
-    """What a full map made ``command`` (apply, transfer) remove (cc.prune_gone), on stderr."""
+def report_pruned(pruned: cc_map.Pruned, command: str) -> None:
+    """What a full map made ``command`` (apply, transfer) remove (cc_map.prune_gone), on stderr."""
     by_netns: dict[int, list[str]] = {}
     for netns, gone in sorted(pruned.entries, key=lambda k: (k[0], k[1].version, k[1])):
         by_netns.setdefault(netns, []).append(str(gone))
@@ -299,8 +299,8 @@ def report_pruned(pruned: cc.Pruned, command: str) -> None:
 _HEX = re.compile(r"0[xX][0-9a-fA-F]+")
 
 
-def _route_selector(args, addr) -> cc.RouteSelector:
-    """The --mark, --from, --uid and --vrf of ``apply``, checked (the VRF's name only: cc.vrf_table finds it)."""
+def _route_selector(args, addr) -> cc_routes.RouteSelector:
+    """The --mark, --from, --uid and --vrf of ``apply``, checked (the VRF's name only: cc_routes.vrf_table finds it)."""
     mark = None
     if args.mark is not None:
         text = args.mark.strip()
@@ -310,7 +310,7 @@ def _route_selector(args, addr) -> cc.RouteSelector:
             raise UsageError(f"--mark {args.mark!r}: give a firewall mark, a number such as 16 or 0x10") from None
     source = cc.canonical_address(args.source) if args.source is not None else None
     try:
-        selector = cc.RouteSelector(mark, source, None if args.uid is None else _user_id(args.uid), args.vrf)
+        selector = cc_routes.RouteSelector(mark, source, None if args.uid is None else _user_id(args.uid), args.vrf)
         selector.route_get(addr)
     except ValueError as exc:
         raise UsageError(f"--mark/--from/--uid/--vrf: {exc}") from None
@@ -352,14 +352,14 @@ def _rule_text(rule: dict) -> str:
 _APPLY_OPTIONS = {"fwmark": "--mark", "uid_start": "--uid", "src": "--from", "l3mdev": "--vrf"}
 
 
-def _rule_advice(addr, found: cc.RuleRoute) -> str:
-    """A policy rule that sends connections to ``addr`` elsewhere (cc.rules_routing_elsewhere): where, and what to
-    do for them."""
+def _rule_advice(addr, found: cc_routes.RuleRoute) -> str:
+    """A policy rule that sends connections to ``addr`` elsewhere (cc_routes.rules_routing_elsewhere): where, and what
+    to do for them."""
     rule, route = found.rule, found.route
     table = route.get("table", "main") if route else rule.get("table", "?")
     where = (f"they take table {table}'s route ({route.get('dst')} dev {route.get('dev', '?')})" if route
              else "they can take another table's route")
-    chosen_by = cc.rule_selectors(rule) - {"fwmask", "uid_end", "srclen"}
+    chosen_by = cc_routes.rule_selectors(rule) - {"fwmask", "uid_end", "srclen"}
     if "not" not in rule and chosen_by <= set(_APPLY_OPTIONS):
         values = {"fwmark": rule.get("fwmark"), "uid_start": rule.get("uid_start"),
                   "src": f"ADDRESS (one of this host's in {rule.get('src')}/{rule.get('srclen')})",
@@ -378,17 +378,17 @@ def _clear(args) -> int:
     cc.require_root()
     if args.vrf is not None:
         try:
-            cc.RouteSelector(vrf=args.vrf)
+            cc_routes.RouteSelector(vrf=args.vrf)
         except ValueError as exc:
             raise UsageError(f"--vrf: {exc}") from None
-        table = cc.vrf_table(args.vrf)
-        removed = cc.clear_route(addr, table)
+        table = cc_routes.vrf_table(args.vrf)
+        removed = cc_routes.clear_route(addr, table)
         print(f"{addr}: {'route removed' if removed else 'no route to remove'} in VRF {args.vrf}'s table {table}; the "
               f"FM entry stays for the other routes (tame cc clear {addr} removes them all and it)")
         return 0
-    removed_route = cc.clear_route(addr)
+    removed_route = cc_routes.clear_route(addr)
     try:
-        removed_entry = cc.registration() is not None and cc.delete_fm(addr)
+        removed_entry = cc.registration() is not None and cc_map.delete_fm(addr)
     except CcOutdated:  # an older build's map cannot be read: its entries go with it at tame cc unload
         print(f"{addr}: {'route removed' if removed_route else 'no route to remove'}; the registered {cc.NAME} is an "
               "older build, whose FM entries go when it is unloaded: once its routes are cleared, run tame cc "

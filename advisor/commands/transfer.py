@@ -35,7 +35,7 @@ from advisor.errors import AdvisorError, InvalidRequest
 from advisor.limits import MAX_PROBE_STREAMS, parse_number
 from advisor.observations import Observation
 from advisor.opening import how_to_open
-from probes import cc
+from probes import cc, cc_map
 from probes.controls import available_controls, host_default_control
 from probes.errors import CcBusy, CcError, ProbeError
 from probes.transfer import ClientSpec, TransferResult, run_transfer
@@ -198,7 +198,7 @@ def run(args) -> int:
         with contextlib.ExitStack() as held:
             if opened.fractional_multiplier is not None:
                 try:
-                    held.enter_context(cc.exclusive_setting(address))
+                    held.enter_context(cc_map.exclusive_setting(address))
                 except CcBusy as exc:  # nothing has run
                     raise UsageError(str(exc)) from None
             try:
@@ -257,8 +257,8 @@ def _transfer(address, opened: Opened, duration_s: float | None, deadline_s: flo
     with on_stop_signals(_terminate):
         if opened.fractional_multiplier is None:
             return run_transfer(str(address), opened.clients, duration_s, deadline_s)
-        setting = cc.CcSetting(opened.fractional_multiplier, scale_slow_start=cc.SCALE_SLOW_START_BY_DEFAULT)
-        with cc.temporary_setting(address, setting) as pruned:
+        setting = cc_map.CcSetting(opened.fractional_multiplier, scale_slow_start=cc_map.SCALE_SLOW_START_BY_DEFAULT)
+        with cc_map.temporary_setting(address, setting) as pruned:
             if pruned is not None:
                 report_pruned(pruned, "tame transfer")
             return run_transfer(str(address), opened.clients, duration_s, deadline_s)

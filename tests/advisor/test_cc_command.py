@@ -8,7 +8,7 @@ from numpy.testing import assert_allclose
 from advisor.cli import UsageError, main
 from advisor.commands.cc import setting_for
 from models.tame_share import law_for
-from probes import cc
+from probes import cc, cc_map, cc_routes
 
 
 def test_fractional_form_carries_the_remainder_at_fm_one_over_r_squared_for_an_unmeasured_control():
@@ -120,7 +120,8 @@ def test_setting_for_refuses_input_that_needs_fm_below_one_or_is_not_a_number(n_
      "no tame stream is needed: open them with cubic"),
 ])
 def test_bad_input_exits_2_with_a_clear_message(argv, says, capsys, monkeypatch):
-    monkeypatch.setattr(cc, "run", _no_system_calls)
+    for module in (cc, cc_map, cc_routes):
+        monkeypatch.setattr(module, "run", _no_system_calls)
     assert main(["cc", *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith("tame cc: ") and says in err
@@ -130,7 +131,8 @@ def test_bad_input_exits_2_with_a_clear_message(argv, says, capsys, monkeypatch)
                                   ["clear", "10.0.0.2"]])
 def test_not_root_exits_2_saying_so(argv, capsys, monkeypatch):
     monkeypatch.setattr(cc.os, "geteuid", lambda: 1000)
-    monkeypatch.setattr(cc, "run", _no_system_calls)
+    for module in (cc, cc_map, cc_routes):
+        monkeypatch.setattr(module, "run", _no_system_calls)
     assert main(["cc", *argv]) == 2
     assert "needs root" in capsys.readouterr().err
 
@@ -162,12 +164,12 @@ RULES = [{"priority": 0, "src": "all", "table": "local"},
 def test_rules_that_choose_by_what_the_routed_connections_do_not_carry_are_named(mark, source, uid, named):
     import ipaddress
 
-    selector = cc.RouteSelector(mark, None if source is None else ipaddress.ip_address(source), uid)
-    got = cc.rules_choosing_otherwise(ipaddress.ip_address("10.9.0.1"), RULES, selector)
+    selector = cc_routes.RouteSelector(mark, None if source is None else ipaddress.ip_address(source), uid)
+    got = cc_routes.rules_choosing_otherwise(ipaddress.ip_address("10.9.0.1"), RULES, selector)
     assert [r["priority"] for r in got] == named
     # The rule for 10.2/16 by mark 0x9 applies to a destination inside it, not to 10.9.0.1.
-    assert 99 in [r["priority"] for r in cc.rules_choosing_otherwise(ipaddress.ip_address("10.2.0.1"), RULES,
-                                                                     selector)]
+    assert 99 in [r["priority"] for r in cc_routes.rules_choosing_otherwise(ipaddress.ip_address("10.2.0.1"), RULES,
+                                                                            selector)]
 
 
 @pytest.mark.parametrize("rule, named", [
@@ -183,7 +185,8 @@ def test_rules_that_choose_by_what_the_routed_connections_do_not_carry_are_named
 def test_rules_that_pick_none_of_this_hosts_tcp_connections_are_not_named(rule, named):
     import ipaddress
 
-    got = cc.rules_choosing_otherwise(ipaddress.ip_address("10.9.0.1"), [rule], cc.RouteSelector())
+    got = cc_routes.rules_choosing_otherwise(ipaddress.ip_address("10.9.0.1"), [rule], cc_routes.RouteSelector())
     assert bool(got) == named
     if "l3mdev" in rule:
-        assert cc.rules_choosing_otherwise(ipaddress.ip_address("10.9.0.1"), [rule], cc.RouteSelector(vrf="blue")) == []
+        assert cc_routes.rules_choosing_otherwise(ipaddress.ip_address("10.9.0.1"), [rule],
+                                                  cc_routes.RouteSelector(vrf="blue")) == []

@@ -13,7 +13,7 @@ from advisor.destinations import parse_destination
 from advisor.service import AdviceService
 from advisor.settings import Settings
 from advisor.store import Store
-from probes import cc
+from probes import cc, cc_map, cc_routes
 from probes.result import ProbeResult
 from probes import transfer as probe_transfer
 
@@ -44,7 +44,8 @@ def store_url(tmp_path, monkeypatch):
     monkeypatch.delenv("TAME_URL", raising=False)
     monkeypatch.setenv("TAME_DATABASE_URL", url)
     monkeypatch.setenv("TAME_ALLOWED_DESTINATIONS", "10.201.0.0/16")
-    monkeypatch.setattr(cc, "run", _no_processes)
+    for module in (cc, cc_map, cc_routes):
+        monkeypatch.setattr(module, "run", _no_processes)
     monkeypatch.setattr(probe_transfer.subprocess, "Popen", _no_processes)
     return url
 

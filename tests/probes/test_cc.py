@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 
 from models.tame_share import law_for
-from probes import cc, live_netns, testbed
+from probes import cc, cc_map, cc_routes, live_netns, testbed
+from probes.errors import CcRouteConflict
 from probes.netns import process_start_ticks, stop_process
 from tests.probes.fm_map import fill_with_entries_of
 
@@ -38,11 +39,11 @@ PORT = 5399
 def test_map_key_is_the_namespace_cookie_then_ipv6_or_ipv4_mapped_and_round_trips():
     cookie = 0x0102030405060708
     v4 = ipaddress.ip_address("10.77.0.2")
-    assert cc.map_key(v4, cookie) == bytes(range(8, 0, -1)) + bytes(10) + b"\xff\xff" + bytes([10, 77, 0, 2])
-    assert cc.key_parts(cc.map_key(v4, cookie)) == (cookie, v4)
+    assert cc_map.map_key(v4, cookie) == bytes(range(8, 0, -1)) + bytes(10) + b"\xff\xff" + bytes([10, 77, 0, 2])
+    assert cc_map.key_parts(cc_map.map_key(v4, cookie)) == (cookie, v4)
     v6 = ipaddress.ip_address("fd77::2")
-    assert cc.map_key(v6, 1) == (1).to_bytes(8, "little") + v6.packed
-    assert cc.key_parts(cc.map_key(v6, 1)) == (1, v6)
+    assert cc_map.map_key(v6, 1) == (1).to_bytes(8, "little") + v6.packed
+    assert cc_map.key_parts(cc_map.map_key(v6, 1)) == (1, v6)
 
 
 def test_canonical_address_maps_v4_mapped_to_v4_and_refuses_names():
@@ -53,14 +54,14 @@ def test_canonical_address_maps_v4_mapped_to_v4_and_refuses_names():
 
 
 def test_setting_value_is_fm_times_1000_and_flags_little_endian_and_refuses_fm_below_one_or_not_finite():
-    assert cc.CcSetting(1).to_value() == (1000).to_bytes(4, "little") + bytes(4)
-    assert cc.CcSetting(4.0).to_value() == (4000).to_bytes(4, "little") + bytes(4)
-    assert cc.CcSetting(1.5, scale_slow_start=True).to_value() == (1500).to_bytes(4, "little") + (1).to_bytes(4, "little")
-    for setting in (cc.CcSetting(1.5), cc.CcSetting(400.0, scale_slow_start=True)):
-        assert cc.CcSetting.from_value(setting.to_value()) == setting
-    for bad in (0.99, 0, -1, float("nan"), float("inf"), cc.MAX_FM * 2):
+    assert cc_map.CcSetting(1).to_value() == (1000).to_bytes(4, "little") + bytes(4)
+    assert cc_map.CcSetting(4.0).to_value() == (4000).to_bytes(4, "little") + bytes(4)
+    assert cc_map.CcSetting(1.5, scale_slow_start=True).to_value() == (1500).to_bytes(4, "little") + (1).to_bytes(4, "little")
+    for setting in (cc_map.CcSetting(1.5), cc_map.CcSetting(400.0, scale_slow_start=True)):
+        assert cc_map.CcSetting.from_value(setting.to_value()) == setting
+    for bad in (0.99, 0, -1, float("nan"), float("inf"), cc_map.MAX_FM * 2):
         with pytest.raises(ValueError):
-            cc.CcSetting(bad)
+            cc_map.CcSetting(bad)
 
 
 # -- root: the real kernel ------------------------------------------------------------------
@@ -207,7 +208,7 @@ def test_an_older_build_left_registered_is_named_and_unloads(tmp_path, pair):
             assert done.returncode == 2 and "older build" in done.stderr and "tame cc unload" in done.stderr, done
         # The routes it says to clear first: status lists them, and clear removes them (exit 0; the map's entries
         # go with the older build).
-        _ip("-n", pair.a, "route", "add", f"{B4}/32", "dev", "tccva", "proto", cc.ROUTE_PROTO, "congctl", "tame")
+        _ip("-n", pair.a, "route", "add", f"{B4}/32", "dev", "tccva", "proto", cc_routes.ROUTE_PROTO, "congctl", "tame")
         done = _tame(pair.a, "status")
         assert done.returncode == 2 and f"\n  {B4} dev tccva " in done.stdout, done
         done = _tame(pair.a, "clear", B4)
@@ -225,9 +226,9 @@ def test_apply_and_clear_change_the_map_entry_and_the_route(loaded, pair):
     done = _tame(pair.a, "apply", B4, "--tcp-equivalent", "2.5", "--standard-control", "cubic", "--rtt", "0.1")
     assert done.returncode == 0, done.stderr
     expected = round(law_for("cubic").multiplier_for(0.5, 0.1), 3)
-    a = cc.netns_cookie(pair.a)  # the entries are A's sockets', as its routes are
-    assert cc.settings(a) == {ipaddress.ip_address(B4): cc.CcSetting(expected)}
-    assert cc.settings() == {}
+    a = cc_map.netns_cookie(pair.a)  # the entries are A's sockets', as its routes are
+    assert cc_map.settings(a) == {ipaddress.ip_address(B4): cc_map.CcSetting(expected)}
+    assert cc_map.settings() == {}
     assert "congctl tame" in _route(pair.a, B4) and "proto 250" in _route(pair.a, B4)
 
     # Aggregate form, 8 streams taking n* 2 of a control not measured (theory, FM^-1/2): each at FM (8/2)^2 = 16;
@@ -237,7 +238,7 @@ def test_apply_and_clear_change_the_map_entry_and_the_route(loaded, pair):
     assert json.loads(done.stdout)["fractional_multiplier"] == 16.0
     done = _tame(pair.a, "apply", B6, "--tcp-equivalent", "0.25", "--standard-control", "bbr")  # FM 1/0.25^2 = 16
     assert done.returncode == 0, done.stderr
-    assert cc.settings(a) == {ipaddress.ip_address(B4): cc.CcSetting(16.0), ipaddress.ip_address(B6): cc.CcSetting(16.0)}
+    assert cc_map.settings(a) == {ipaddress.ip_address(B4): cc_map.CcSetting(16.0), ipaddress.ip_address(B6): cc_map.CcSetting(16.0)}
     assert "congctl tame" in _route(pair.a, B6)
 
     status = json.loads(_tame(pair.a, "status", "--json").stdout)
@@ -247,7 +248,7 @@ def test_apply_and_clear_change_the_map_entry_and_the_route(loaded, pair):
         done = _tame(pair.a, "clear", dest)
         assert done.returncode == 0, done.stderr
         assert _route(pair.a, dest) == ""
-    assert cc.all_settings() == {}
+    assert cc_map.all_settings() == {}
     assert "10.77.0.0/24" in _ip("-n", pair.a, "route")  # the link's own route is untouched
 
 
@@ -259,19 +260,19 @@ def test_apply_refuses_a_route_it_did_not_add_and_a_local_address(loaded, pair):
     assert "congctl" not in _route(pair.a, B4)
     done = _tame(pair.a, "apply", A4, "--tcp-equivalent", "1.5")
     assert done.returncode == 2 and "own address" in done.stderr
-    assert cc.all_settings() == {}  # no entry left behind by either refusal
+    assert cc_map.all_settings() == {}  # no entry left behind by either refusal
     # Unreachable from here: input to change (2), not a failure of the machine.
     done = _tame(pair.a, "apply", "192.0.2.1", "--tcp-equivalent", "1.5")
     assert done.returncode == 2 and "no route to 192.0.2.1" in done.stderr, done.stderr
     # A refusal puts back the entry it found (set by another apply or a running transfer), not deletes it.
-    theirs, a = cc.CcSetting(7.5), cc.netns_cookie(pair.a)
-    cc.set_fm(ipaddress.ip_address(B4), theirs, a)
+    theirs, a = cc_map.CcSetting(7.5), cc_map.netns_cookie(pair.a)
+    cc_map.set_fm(ipaddress.ip_address(B4), theirs, a)
     done = _tame(pair.a, "apply", B4, "--tcp-equivalent", "1.5")
     assert done.returncode == 2 and "tame did not add" in done.stderr
-    assert cc.all_settings() == {(a, ipaddress.ip_address(B4)): theirs}
-    cc.delete_fm(ipaddress.ip_address(B4), a)
+    assert cc_map.all_settings() == {(a, ipaddress.ip_address(B4)): theirs}
+    cc_map.delete_fm(ipaddress.ip_address(B4), a)
     # clear removes only a route apply made: a blackhole given tame's protocol number is not one.
-    _ip("-n", pair.a, "route", "add", "blackhole", "192.0.2.9/32", "proto", cc.ROUTE_PROTO)
+    _ip("-n", pair.a, "route", "add", "blackhole", "192.0.2.9/32", "proto", cc_routes.ROUTE_PROTO)
     done = _tame(pair.a, "clear", "192.0.2.9")
     assert done.returncode == 0 and "nothing to clear" in done.stdout, (done.stdout, done.stderr)
     assert "blackhole" in _route(pair.a, "192.0.2.9")
@@ -281,13 +282,13 @@ def test_apply_refuses_a_route_it_did_not_add_and_a_local_address(loaded, pair):
 def test_each_network_namespace_has_its_own_entries(loaded, pair):
     # A and B both apply tame to one address on their link (C, on-link for both): one container's transfer or apply
     # never sets, lists or clears another's entry.
-    a, b = cc.netns_cookie(pair.a), cc.netns_cookie(pair.b)
-    assert len({a, b, cc.netns_cookie()}) == 3
+    a, b = cc_map.netns_cookie(pair.a), cc_map.netns_cookie(pair.b)
+    assert len({a, b, cc_map.netns_cookie()}) == 3
     c = "10.77.0.3"
     assert _tame(pair.a, "apply", c, "--tcp-equivalent", "0.5", "--standard-control", "bbr").returncode == 0  # FM 4
     assert _tame(pair.b, "apply", c, "--tcp-equivalent", "0.25", "--standard-control", "bbr").returncode == 0  # 16
     addr = ipaddress.ip_address(c)
-    assert cc.all_settings() == {(a, addr): cc.CcSetting(4.0), (b, addr): cc.CcSetting(16.0)}
+    assert cc_map.all_settings() == {(a, addr): cc_map.CcSetting(4.0), (b, addr): cc_map.CcSetting(16.0)}
     status = json.loads(_tame(pair.a, "status", "--json").stdout)
     assert status["netns_cookie"] == a and status["other_namespaces_entries"] == 1
     assert [(d["dest"], d["fractional_multiplier"]) for d in status["destinations"]] == [(c, 4.0)]
@@ -295,24 +296,24 @@ def test_each_network_namespace_has_its_own_entries(loaded, pair):
 
     done = _tame(pair.b, "clear", c)
     assert done.returncode == 0 and "cleared (route, FM entry)" in done.stdout, done.stdout
-    assert cc.all_settings() == {(a, addr): cc.CcSetting(4.0)}  # A's entry and route stay
+    assert cc_map.all_settings() == {(a, addr): cc_map.CcSetting(4.0)}  # A's entry and route stay
     assert "congctl tame" in _route(pair.a, c)
     assert _tame(pair.a, "clear", c).returncode == 0
-    assert cc.all_settings() == {}
+    assert cc_map.all_settings() == {}
     # Each apply let go of its lock and removed its file: cookies are never reused, so files left would pile up.
-    assert not [p for p in cc.LOCK_DIR.glob("fm-*.lock") if p.name.split("-")[1] in (str(a), str(b))]
+    assert not [p for p in cc_map.LOCK_DIR.glob("fm-*.lock") if p.name.split("-")[1] in (str(a), str(b))]
 
 
 @netns
 def test_a_full_map_is_named_with_what_to_do(loaded, pair, tmp_path):
     # 4,096 entries of a live namespace (B's) fill the map: none can go, and apply says so and what to do (exit 2),
     # where bpftool's "Argument list too long" came out.
-    reg, b = cc.registration(), cc.netns_cookie(pair.b)
-    value = " ".join(f"{b:02x}" for b in cc.CcSetting(2.0).to_value())
+    reg, b = cc.registration(), cc_map.netns_cookie(pair.b)
+    value = " ".join(f"{b:02x}" for b in cc_map.CcSetting(2.0).to_value())
     batch = tmp_path / "fill"
     batch.write_text("".join(
         f"map update id {reg.fm_map_id} key hex "
-        f"{' '.join(f'{x:02x}' for x in cc.map_key(ipaddress.ip_address(f'10.66.{i // 256}.{i % 256}'), b))} "
+        f"{' '.join(f'{x:02x}' for x in cc_map.map_key(ipaddress.ip_address(f'10.66.{i // 256}.{i % 256}'), b))} "
         f"value hex {value}\n" for i in range(4096)))
     subprocess.run(["bpftool", "batch", "file", str(batch)], check=True, capture_output=True, timeout=60)
     done = _tame(pair.a, "apply", B4, "--tcp-equivalent", "1.5", "--standard-control", "bbr")
@@ -321,7 +322,7 @@ def test_a_full_map_is_named_with_what_to_do(loaded, pair, tmp_path):
         "gone were removed" in done.stderr, done.stderr
     assert "tame cc unload, then tame cc load" in done.stderr and "Traceback" not in done.stderr
     assert "congctl" not in _route(pair.a, B4)
-    assert len(cc.all_settings()) == 4096
+    assert len(cc_map.all_settings()) == 4096
 
 
 @pytest.fixture
@@ -345,13 +346,13 @@ def test_a_full_map_loses_the_entries_of_namespaces_that_are_gone_and_keeps_the_
                                                                                             tmp_path):
     # D applies tame, then D is deleted: its entry is dead weight (cookies are never reused). Apply in A finds the
     # map full of D's entries: they and D's lock file (left by a killed apply) go, A's and the root namespace's stay.
-    d, a, here = cc.netns_cookie(gone_ns), cc.netns_cookie(pair.a), cc.netns_cookie()
+    d, a, here = cc_map.netns_cookie(gone_ns), cc_map.netns_cookie(pair.a), cc_map.netns_cookie()
     assert _tame(gone_ns, "apply", "10.78.0.2", "--tcp-equivalent", "0.5", "--standard-control", "bbr").returncode == 0
     assert _tame(pair.a, "apply", B4, "--tcp-equivalent", "0.5", "--standard-control", "bbr").returncode == 0
     root_dest = ipaddress.ip_address("198.51.100.77")
-    cc.set_fm(root_dest, cc.CcSetting(3.0))  # the root namespace's entry: no route, so nothing to clear in it
-    left_lock = cc.LOCK_DIR / f"fm-{d}-10.78.0.2.lock"
-    cc.LOCK_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
+    cc_map.set_fm(root_dest, cc_map.CcSetting(3.0))  # the root namespace's entry: no route, so nothing to clear in it
+    left_lock = cc_map.LOCK_DIR / f"fm-{d}-10.78.0.2.lock"
+    cc_map.LOCK_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
     left_lock.touch()
     try:
         _prune_on_a_full_map(pair, gone_ns, tmp_path, d, a, here, root_dest, left_lock)
@@ -370,9 +371,9 @@ def _prune_on_a_full_map(pair, gone_ns, tmp_path, d, a, here, root_dest, left_lo
     assert "and 1 lock file(s) of theirs" in done.stderr
     assert len(json.loads(done.stdout)["pruned"]) == 4094
     assert {"netns_cookie": d, "dest": "10.78.0.2"} in json.loads(done.stdout)["pruned"]
-    assert cc.all_settings() == {(a, ipaddress.ip_address(B4)): cc.CcSetting(4.0),
-                                 (a, ipaddress.ip_address(B6)): cc.CcSetting(16.0),
-                                 (here, root_dest): cc.CcSetting(3.0)}
+    assert cc_map.all_settings() == {(a, ipaddress.ip_address(B4)): cc_map.CcSetting(4.0),
+                                     (a, ipaddress.ip_address(B6)): cc_map.CcSetting(16.0),
+                                     (here, root_dest): cc_map.CcSetting(3.0)}
     assert not left_lock.exists()
     status = json.loads(_tame(pair.a, "status", "--json").stdout)
     assert [e["dest"] for e in status["destinations"]] == [B4, B6] and status["other_namespaces_entries"] == 1
@@ -386,7 +387,7 @@ def _prune_on_a_full_map(pair, gone_ns, tmp_path, d, a, here, root_dest, left_lo
 def test_a_namespace_held_only_by_a_thread_or_a_socket_is_live_and_one_held_by_nothing_is_gone(gone_ns):
     # ip netns del removes the name only: a thread of this process inside D, or a socket made there, keeps D alive,
     # and its entries must stay. Held by nothing, it is gone.
-    d = cc.netns_cookie(gone_ns)
+    d = cc_map.netns_cookie(gone_ns)
     entered, leave, made = threading.Event(), threading.Event(), {}
 
     def stay_inside():
@@ -435,7 +436,7 @@ LEADER_GONE = textwrap.dedent("""
 def test_exiting_processes_hold_no_namespace_and_stop_no_judgement(gone_ns):
     # Any zombie on the host made every judgement fail ("cannot read /proc/PID: Invalid argument": its mountinfo), so a
     # full map was never pruned; a process whose first thread ended must still be read by its living threads.
-    d = cc.netns_cookie(gone_ns)
+    d = cc_map.netns_cookie(gone_ns)
     zombie = subprocess.Popen(["true"])
     leader_gone = subprocess.Popen([sys.executable, "-c", LEADER_GONE, f"/run/netns/{gone_ns}"], stdout=subprocess.PIPE,
                                    text=True)
@@ -477,7 +478,7 @@ def test_apply_copies_the_route_the_kernel_picks_table_next_hops_and_metrics(loa
     v6hop, = json.loads(_ip("-n", pair.a, "-j", "-d", "route", "show", "table", "all", "exact", "10.87.0.9/32"))
     assert v6hop["via"] == {"family": "inet6", "host": "fe80::1"} and v6hop["dev"] == "tccva"
     ecmp, = json.loads(_ip("-n", pair.a, "-j", "-d", "route", "show", "table", "all", "exact", "10.88.0.9/32"))
-    assert ecmp["table"] == "main" and str(ecmp["protocol"]) == cc.ROUTE_PROTO
+    assert ecmp["table"] == "main" and str(ecmp["protocol"]) == cc_routes.ROUTE_PROTO
     assert [(h["gateway"], h["dev"], h["weight"]) for h in ecmp["nexthops"]] == [(B4, "tccva", 2),
                                                                                 ("10.77.0.4", "tccva", 1)]
     assert ecmp["metrics"] == [{"mtu": 1400, "advmss": 1300, "congestion": "tame"}]
@@ -496,7 +497,7 @@ def test_apply_copies_the_route_the_kernel_picks_table_next_hops_and_metrics(loa
         assert _ip("-n", pair.a, "route", "show", "table", "all", "exact", f"{dest}/32") == ""
     assert "10.88.0.0/16" in _ip("-n", pair.a, "route") and "10.89.0.0/16" in _ip("-n", pair.a, "route", "show",
                                                                                      "table", "100")
-    assert cc.all_settings() == {}
+    assert cc_map.all_settings() == {}
 
 
 @netns
@@ -530,7 +531,7 @@ def test_apply_routes_the_connections_a_mark_rule_picks_out_and_names_the_rules_
     done = _tame(pair.a, "clear", dest)
     assert done.returncode == 0 and "cleared (2 routes, FM entry)" in done.stdout, (done.stdout, done.stderr)
     assert _ip("-n", pair.a, "route", "show", "table", "all", "exact", f"{dest}/32") == ""
-    assert cc.all_settings() == {}
+    assert cc_map.all_settings() == {}
 
 
 @netns
@@ -619,13 +620,13 @@ def test_apply_and_clear_refuse_a_vrf_that_is_not_one_here_and_change_nothing(lo
                       ("tccva", "--vrf tccva: a veth device, not a VRF")):
         done = _tame(pair.a, "apply", B4, "--tcp-equivalent", "1.5", "--standard-control", "bbr", "--vrf", vrf)
         assert done.returncode == 2 and says in done.stderr, done.stderr
-        assert _route(pair.a, B4) == "" and cc.all_settings() == {}
+        assert _route(pair.a, B4) == "" and cc_map.all_settings() == {}
     assert _tame(pair.a, "apply", B4, "--tcp-equivalent", "1.5", "--standard-control", "bbr").returncode == 0
-    applied, entries = _route(pair.a, B4), cc.all_settings()
+    applied, entries = _route(pair.a, B4), cc_map.all_settings()
     for vrf, says in (("nosuch", "no device of that name"), ("tccva", "a veth device, not a VRF")):
         done = _tame(pair.a, "clear", B4, "--vrf", vrf)
         assert done.returncode == 2 and says in done.stderr, done.stderr
-        assert (_route(pair.a, B4), cc.all_settings()) == (applied, entries) != ("", {})
+        assert (_route(pair.a, B4), cc_map.all_settings()) == (applied, entries) != ("", {})
     assert _tame(pair.a, "clear", B4).returncode == 0
 
 
@@ -655,21 +656,21 @@ def _marked_connection_control(pair: Pair, dest: str, mark: int | None, uid: int
 def test_a_route_with_what_apply_cannot_copy_is_refused():
     addr = ipaddress.ip_address("10.88.0.9")
     picked = {"type": "unicast", "dst": "10.88.0.0/16", "gateway": B4, "dev": "tccva", "table": "main", "flags": []}
-    assert cc.route_argv(addr, picked, set())[-8:] == ["proto", "250", "congctl", "tame", "via", B4, "dev", "tccva"]
-    assert cc.route_argv(addr, {**picked, "flags": ["onlink", "linkdown"]}, set())[-3:] == ["dev", "tccva", "onlink"]
+    assert cc_routes.route_argv(addr, picked, set())[-8:] == ["proto", "250", "congctl", "tame", "via", B4, "dev", "tccva"]
+    assert cc_routes.route_argv(addr, {**picked, "flags": ["onlink", "linkdown"]}, set())[-3:] == ["dev", "tccva", "onlink"]
     via6 = {**picked, "gateway": None, "via": {"family": "inet6", "host": "fe80::1"}}
-    assert cc.route_argv(addr, via6, set())[-5:] == ["via", "inet6", "fe80::1", "dev", "tccva"]
+    assert cc_routes.route_argv(addr, via6, set())[-5:] == ["via", "inet6", "fe80::1", "dev", "tccva"]
     # An IPv6 default route learnt from a router advertisement expires; the copy is the address's for as long as
     # apply keeps it.
     v6 = ipaddress.ip_address("fd88::9")
     learnt = {"type": "unicast", "dst": "default", "gateway": "fe80::1", "dev": "tccva", "protocol": "ra",
               "metric": 1024, "expires": 1790, "pref": "medium", "flags": []}
-    assert cc.route_argv(v6, learnt, set()) == ["ip", "-6", "route", "replace", "fd88::9/128", "table", "main", "pref",
-                                                "medium", "proto", "250", "congctl", "tame", "via", "fe80::1", "dev",
-                                                "tccva"]
+    assert cc_routes.route_argv(v6, learnt, set()) == ["ip", "-6", "route", "replace", "fd88::9/128", "table", "main",
+                                                       "pref", "medium", "proto", "250", "congctl", "tame", "via",
+                                                       "fe80::1", "dev", "tccva"]
     for odd in ({"encap": {"proto": "mpls"}}, {"metrics": [{"rtt": 20}]}):
-        with pytest.raises(cc.CcRouteConflict, match="does not copy"):
-            cc.route_argv(addr, {**picked, **odd}, set())
+        with pytest.raises(CcRouteConflict, match="does not copy"):
+            cc_routes.route_argv(addr, {**picked, **odd}, set())
 
 
 def _iperf3(pair: Pair, *client_args: str, dest: str = B4) -> dict:
@@ -738,9 +739,9 @@ def test_fm_slows_a_stream_where_random_loss_limits_it(loaded, testbed_path):
     # An entry for the address in another network namespace (this process's) is not the sender's: still Reno.
     reno = _goodput(testbed_path)
     addr = cc.canonical_address(testbed_path.server_addr)
-    cc.set_fm(addr, cc.CcSetting(16.0))
+    cc_map.set_fm(addr, cc_map.CcSetting(16.0))
     elsewhere = _goodput(testbed_path)
-    cc.set_fm(addr, cc.CcSetting(16.0), cc.netns_cookie(testbed_path.testbed.sender_ns))
+    cc_map.set_fm(addr, cc_map.CcSetting(16.0), cc_map.netns_cookie(testbed_path.testbed.sender_ns))
     slowed = _goodput(testbed_path)
     assert 0.08 < slowed / reno < 0.55, (reno, slowed)
     assert elsewhere / reno > 0.7, (reno, elsewhere)

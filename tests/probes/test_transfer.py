@@ -24,7 +24,7 @@ from advisor.destinations import parse_destination
 from advisor.service import AdviceService
 from advisor.settings import Settings
 from advisor.store import Store
-from probes import cc, pathcheck, testbed
+from probes import cc, cc_map, pathcheck, testbed
 from probes.result import ProbeResult
 from tests.probes.fm_map import fill_with_entries_of
 from tests.sites import SITE
@@ -112,8 +112,8 @@ def _sender_entries(tb_path) -> dict:
     ns = tb_path.testbed.sender_ns
     ident = (ns, os.stat(f"/run/netns/{ns}").st_ino)  # a namespace made again under the name is another
     if ident not in _cookies:
-        _cookies[ident] = cc.netns_cookie(ns)
-    return cc.settings(_cookies[ident])
+        _cookies[ident] = cc_map.netns_cookie(ns)
+    return cc_map.settings(_cookies[ident])
 
 
 def _standard_control(tb_path) -> str:
@@ -187,7 +187,7 @@ def test_a_transfer_on_a_full_map_removes_the_entries_of_namespaces_that_are_gon
     gone = f"ttr-{os.getpid()}-gone"
     subprocess.run(["ip", "netns", "add", gone], check=True, timeout=10)
     try:
-        cookie = cc.netns_cookie(gone)
+        cookie = cc_map.netns_cookie(gone)
     finally:
         subprocess.run(["ip", "netns", "del", gone], check=True, timeout=10)
     before = _sender_entries(testbed_path).get(addr)
@@ -199,10 +199,10 @@ def test_a_transfer_on_a_full_map_removes_the_entries_of_namespaces_that_are_gon
         assert (f"tame transfer: the {cc.FM_MAP} map was full: removed {added} entries of network namespaces that "
                 f"are gone (cookie {cookie}: 10.66.0.0, 10.66.0.1, 10.66.0.2, 10.66.0.3, 10.66.0.4 and "
                 f"{added - 5} more)") in err, err
-        assert not [key for key in cc.all_settings() if key[0] == cookie]
+        assert not [key for key in cc_map.all_settings() if key[0] == cookie]
         assert _sender_entries(testbed_path).get(addr) == before
     finally:
-        cc.prune_gone()  # what a failed test left of the fill
+        cc_map.prune_gone()  # what a failed test left of the fill
 
 
 @contextmanager
