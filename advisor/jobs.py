@@ -187,13 +187,16 @@ def charge_attempt_in(tx: Tx, src: str, job_id: str, started_at: float, seconds:
     bucket = math.floor(started_at / SPENT_ATTEMPTS_BUCKET_S) * SPENT_ATTEMPTS_BUCKET_S
     row = tx.execute("SELECT id FROM spent_attempts WHERE src = ? AND started_at >= ? AND started_at < ? "
                      "ORDER BY id LIMIT 1", (src, bucket, bucket + SPENT_ATTEMPTS_BUCKET_S)).fetchone()
-    if row is None:
-        tx.execute("INSERT INTO spent_attempts (src, job_id, started_at, seconds) VALUES (?, ?, ?, ?)",
-                   (src, job_id, started_at, seconds))
+    # The row found may be gone by the UPDATE: on PostgreSQL a pruning pass deletes a row dated before the hour
+    # (advisor/retention.py) while this attempt, started later in its minute, is still inside it. It then gets a row
+    # of its own, not dropped with the one it would have joined.
+    if row is not None and tx.execute(
+            "UPDATE spent_attempts SET seconds = seconds + ?, "
+            "started_at = CASE WHEN started_at < ? THEN ? ELSE started_at END WHERE id = ? RETURNING id",
+            (seconds, started_at, started_at, row[0])).fetchone() is not None:
         return
-    tx.execute("UPDATE spent_attempts SET seconds = seconds + ?, "
-               "started_at = CASE WHEN started_at < ? THEN ? ELSE started_at END WHERE id = ?",
-               (seconds, started_at, started_at, row[0]))
+    tx.execute("INSERT INTO spent_attempts (src, job_id, started_at, seconds) VALUES (?, ?, ?, ?)",
+               (src, job_id, started_at, seconds))
 
 
 def end_attempt_in(tx: Tx, held: str, held_params: Sequence[Any], *, job_id: str, src: str, attempts: int,
