@@ -223,6 +223,20 @@ def route_argv(addr: Address, picked: dict, locked: set[str]) -> list[str]:
     return argv + _hop_args(picked)
 
 
+# What the kernel answers `ip route get` when the connections it asks about reach no route: an unreachable rule or
+# route ("Network is unreachable", "No route to host"), a prohibit one ("Permission denied"), a blackhole one ("Invalid
+# argument"). Any other failure (iproute2 refusing a selector it does not know, a kernel's extended error) says nothing
+# of where the connections go.
+_NO_ROUTE_ANSWERS = tuple(f"RTNETLINK answers: {text}" for text in
+                          ("Network is unreachable", "No route to host", "Permission denied", "Invalid argument"))
+
+
+def reaches_no_route(exc: CcRouteConflict) -> bool:
+    """Whether :func:`picked_route`'s ``exc`` says the connections reach no route (rather than the lookup failing)."""
+    cause = exc.__cause__
+    return not isinstance(cause, TestbedCommandFailed) or any(text in str(cause) for text in _NO_ROUTE_ANSWERS)
+
+
 def picked_route(addr: Address, selector: RouteSelector = RouteSelector()) -> dict:
     """The route the kernel picks for a TCP connection to ``addr`` carrying ``selector`` (``ip -j -d route get ...
     fibmatch``: after policy rules); CcRouteConflict when there is none."""
@@ -299,8 +313,11 @@ def rules_routing_elsewhere(addr: Address, rules: list[dict], selector: RouteSel
             continue
         try:
             route = picked_route(addr, probe)
-        except CcRouteConflict:
-            continue  # they reach no route to addr (a blackhole or unreachable rule): no route to give the control
+        except CcRouteConflict as exc:
+            if reaches_no_route(exc):
+                continue  # a blackhole, unreachable or prohibit rule or route: no route to give the control
+            found.append(RuleRoute(rule))  # `ip route get` could not tell (an iproute2 without the selector): unknown
+            continue
         if route_is_ours(route):
             continue
         try:

@@ -190,3 +190,29 @@ def test_rules_that_pick_none_of_this_hosts_tcp_connections_are_not_named(rule, 
     if "l3mdev" in rule:
         assert cc_routes.rules_choosing_otherwise(ipaddress.ip_address("10.9.0.1"), [rule],
                                                   cc_routes.RouteSelector(vrf="blue")) == []
+
+
+@pytest.mark.parametrize("answer, named", [
+    ('Error: argument "tcp" is wrong: invalid ipproto', True),  # an iproute2 that does not know the selector
+    ("Error: Unknown attribute", True),
+    ("RTNETLINK answers: Network is unreachable", False),  # the kernel: an unreachable rule or route
+    ("RTNETLINK answers: Permission denied", False),  # a prohibit one
+    ("RTNETLINK answers: Invalid argument", False),  # a blackhole one
+])
+def test_a_rule_whose_route_lookup_fails_is_named_unless_the_kernel_says_it_reaches_no_route(monkeypatch, answer,
+                                                                                           named):
+    # The kernel's answers above were read from `ip route get 10.9.0.7 ipproto tcp fibmatch` beside each kind of rule
+    # and route, in a namespace of this machine. A lookup that fails otherwise leaves where the rule's connections go
+    # unknown, and apply must not say they get the control.
+    import ipaddress
+
+    from probes.netns import TestbedCommandFailed
+
+    def ip(argv, *args, **kwargs):
+        assert "route" in argv and "get" in argv, argv  # no other command may run here
+        raise TestbedCommandFailed(f"{' '.join(argv)}: exit 2: {answer}")
+
+    monkeypatch.setattr(cc_routes, "run", ip)
+    rule = {"priority": 10, "src": "all", "ipproto": "tcp", "dport": 5201, "table": "100"}
+    got = cc_routes.rules_routing_elsewhere(ipaddress.ip_address("10.9.0.1"), [rule], cc_routes.RouteSelector())
+    assert [(r.rule["priority"], r.route) for r in got] == ([(10, None)] if named else [])
