@@ -30,7 +30,13 @@ LOOKUP_SLOTS = 8
 _lookup_slots = threading.BoundedSemaphore(LOOKUP_SLOTS)
 
 
-def system_resolver(host: str, looker: str = "this service") -> list[str]:
+# Whose check refuses, in its messages: the service's own, or a tame agent's on the agent's host (its own
+# TAME_ALLOWED_DESTINATIONS and its own lookups, whatever the service allows).
+SERVICE = "this service"
+AGENT = "this agent"
+
+
+def system_resolver(host: str, looker: str = SERVICE) -> list[str]:
     """Every address ``host`` resolves to (A and AAAA), within RESOLVE_TIMEOUT_S of its lookup's start
     (LookupTimedOut otherwise; LookupsBusy when the lookup could not start within as long, the message naming the
     process whose lookups were busy as ``looker``; InvalidRequest for a name that does not resolve)."""
@@ -71,7 +77,7 @@ def system_resolver(host: str, looker: str = "this service") -> list[str]:
 def agent_resolver(host: str) -> list[str]:
     """:func:`system_resolver` in a tame agent, whose lookups are its own: its refusals say so (its messages are
     logged on the agent's host, and a site's agent sends them to the service with the job it hands back)."""
-    return system_resolver(host, looker="this agent")
+    return system_resolver(host, looker=AGENT)
 
 
 _EXAMPLES = "give CIDR networks and host names, e.g. 10.0.0.0/8,dtn1.example.org,*.example.org"
@@ -150,9 +156,9 @@ class AllowList:
                               + ", or unset it for loopback only")
         return cls(tuple(networks), tuple(names), ALL_PORTS if ports is None else parse_ports(ports))
 
-    def _check_port(self, dest: Destination) -> None:
+    def _check_port(self, dest: Destination, who: str) -> None:
         if not any(low <= dest.port <= high for low, high in self.ports):
-            raise DestinationNotAllowed(f"probes to port {dest.port} are not allowed on this service (ports "
+            raise DestinationNotAllowed(f"probes to port {dest.port} are not allowed on {who} (ports "
                                         f"{self._ports_text()}); ask the operator to add it to TAME_ALLOWED_PORTS")
 
     def _ports_text(self) -> str:
@@ -171,31 +177,32 @@ class AllowList:
         """Whether :meth:`check` resolves ``dest``'s name (not an address, not a listed name)."""
         return dest.ip is None and not self._name_listed(dest.host)
 
-    def check(self, dest: Destination, resolver: Resolver = system_resolver) -> None:
-        """Raise DestinationNotAllowed (or InvalidRequest if the name does not resolve)."""
-        self._check_port(dest)
+    def check(self, dest: Destination, resolver: Resolver = system_resolver, who: str = SERVICE) -> None:
+        """Raise DestinationNotAllowed, saying ``who`` refuses (or InvalidRequest if the name does not resolve)."""
+        self._check_port(dest, who)
         if dest.ip is not None:
-            self._check_addresses(dest, [dest.host])
+            self._check_addresses(dest, [dest.host], who)
             return
         if self._name_listed(dest.host):
             return
-        self._check_addresses(dest, self._resolve(dest, resolver))
+        self._check_addresses(dest, self._resolve(dest, resolver), who)
 
-    def checked_address(self, dest: Destination, resolver: Resolver = system_resolver) -> str:
+    def checked_address(self, dest: Destination, resolver: Resolver = system_resolver, who: str = SERVICE) -> str:
         """The one IP address to probe ``dest`` at: the name resolved once, checked like :meth:`check`.
 
         A probe must go to exactly this address (an IP literal), never to the name again: a name
         resolved a second time may answer elsewhere (DNS re-pointed between check and use). A
         listed name is allowed whatever it resolves to; otherwise every address it resolves to
-        must be inside a listed network. The first address the resolver gives is chosen.
+        must be inside a listed network. The first address the resolver gives is chosen. A refusal says ``who``
+        refuses (AGENT in a tame agent, whose list is its own).
         """
-        self._check_port(dest)
+        self._check_port(dest, who)
         if dest.ip is not None:
-            self._check_addresses(dest, [dest.host])
+            self._check_addresses(dest, [dest.host], who)
             return dest.ip.compressed
         addresses = self._resolve(dest, resolver)
         if not self._name_listed(dest.host):
-            self._check_addresses(dest, addresses)
+            self._check_addresses(dest, addresses, who)
         return ipaddress.ip_address(addresses[0]).compressed
 
     @staticmethod
@@ -205,15 +212,15 @@ class AllowList:
             raise InvalidRequest(f"dest host {dest.host!r} does not resolve to any address")
         return addresses
 
-    def _check_addresses(self, dest: Destination, addresses: Sequence[str]) -> None:
+    def _check_addresses(self, dest: Destination, addresses: Sequence[str], who: str) -> None:
         hint = "ask the operator to add it to TAME_ALLOWED_DESTINATIONS"
         outside = [a for a in addresses if not self._address_listed(a)]
         if not outside:
             return
         if dest.ip is not None:
-            raise DestinationNotAllowed(f"probes to {dest.host} are not allowed on this service; {hint}")
+            raise DestinationNotAllowed(f"probes to {dest.host} are not allowed on {who}; {hint}")
         raise DestinationNotAllowed(
-            f"probes to {dest.host} are not allowed on this service: it resolves to "
+            f"probes to {dest.host} are not allowed on {who}: it resolves to "
             f"{', '.join(outside)}, outside the allowed networks; {hint}"
         )
 

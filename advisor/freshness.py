@@ -12,6 +12,12 @@ PROBE_MAX_AGE = "probe_max_age"
 PROBE_MAX_AGE_TTLS = 24
 
 
+def evidence_at(probed_at: float, fitted_at: float, observations_used: int) -> float:
+    """Unix seconds of the newest evidence behind a fit, which its freshness is judged by: its probes' time, or for a
+    fit refitted on finished transfers (``observations_used``) the newest transfer's, its ``fitted_at``."""
+    return max(probed_at, fitted_at) if observations_used else probed_at
+
+
 @dataclass(frozen=True)
 class Freshness:
     """``ttl_s``: advice whose newest evidence (FitRow.evidence_at: probes, or transfers that refitted the fit) is
@@ -21,6 +27,11 @@ class Freshness:
 
     ttl_s: float
     probe_max_age_s: float
+
+    @staticmethod
+    def age_s(evidence_at: float, now: float) -> float:
+        """Seconds since the newest evidence (advice's ``age_s``), never below 0 (a clock behind the store's)."""
+        return max(0.0, now - evidence_at)
 
     def stale(self, evidence_at: float, now: float) -> bool:
         """True when the newest evidence is older than the TTL (the advice is served ``stale: true``)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import threading
+import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,7 @@ from typing import Any, Callable, Mapping, Sequence, TypeVar
 from advisor.db import Database, check_database_url
 from advisor.destinations import Destination, parse_destination
 from advisor.errors import DuplicateKey, InvalidRequest, StoreError, UnknownDestination
+from advisor.freshness import Freshness, evidence_at
 from advisor.limits import check_congestion_control, check_site, parse_number, unique_keys
 
 # A queue is the operator's file: bounded so that a wrong file fails fast rather than filling memory.
@@ -239,16 +241,30 @@ def _transfer(index: int, where: str, entry: Any) -> Transfer:
 # --- the schedulers' SQL read --------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class LinkAdvice:
+    """What the schedulers' SQL read gives for a link, control and budget: the whole standard streams, and the age of
+    the newest evidence behind the current fit and whether it is stale, as GET /v1/advice's age_s and stale."""
+
+    streams: int
+    age_s: float
+    stale: bool
+
+
 class SqlAdvice:
     """The stream count for a link and budget, read from the advice store's ``current_advice`` view as a
     scheduler on another machine would (docs/advice-service.md, "The store"): whole standard streams. A link
     without a source is ``own_site``'s, as the service takes a request that names none; rows stored before
     controls were recorded stand for ``default_control`` (the service's, TAME_CONGESTION_CONTROL or the host's)
-    and for no other, as the service answers from them."""
+    and for no other, as the service answers from them. ``freshness`` is the service's (its TAME_TTL_S), and
+    ``clock`` gives Unix seconds: the advice's staleness is judged as the service judges it."""
 
-    def __init__(self, database_url: str, own_site: str, default_control: str):
+    def __init__(self, database_url: str, own_site: str, default_control: str, freshness: Freshness,
+                 clock: Callable[[], float] = time.time):
         self.own_site = own_site
         self.default_control = default_control
+        self.freshness = freshness
+        self.clock = clock
         check_database_url(database_url)
         # A reader never creates a store: a mistyped SQLite path is an error, not a new empty file.
         if database_url.startswith("sqlite:///") and not Path(database_url[len("sqlite:///"):]).is_file():
@@ -270,10 +286,10 @@ class SqlAdvice:
                 self._has_src = False
         return self._has_src
 
-    def streams(self, src: str | None, dest_key: str, control: str, max_impact: float) -> int:
+    def advice(self, src: str | None, dest_key: str, control: str, max_impact: float) -> LinkAdvice:
         """``coalesce(max(streams), 1)`` for the link under ``control`` (for the default control, rows not
-        recorded with a control when there are none recorded); UnknownDestination when the store has no fit
-        for it."""
+        recorded with a control when there are none recorded), with the current fit's age and staleness;
+        UnknownDestination when the store has no fit for it."""
         where, params = "dest = ?", [dest_key]
         if self.has_src():
             src = src or self.own_site
@@ -285,13 +301,15 @@ class SqlAdvice:
         with self._db.transaction() as tx:
             unrecorded = [("congestion_control IS NULL", [])] if control == self.default_control else []
             for control_clause, control_params in [("congestion_control = ?", [control])] + unrecorded:
-                fits = tx.execute(f"SELECT count(*) FROM current_fits WHERE {where} AND {control_clause}",
-                                  params + control_params).fetchone()[0]
+                fits = tx.execute(f"SELECT probed_at, fitted_at, observations_used FROM current_fits "
+                                  f"WHERE {where} AND {control_clause}", params + control_params).fetchall()
                 if fits:
-                    return int(tx.execute(
+                    streams = int(tx.execute(
                         "SELECT coalesce(max(streams), 1) FROM current_advice "
                         f"WHERE {where} AND {control_clause} AND impact_bound <= ?",
                         params + control_params + [max_impact]).fetchone()[0])
+                    newest, now = max(evidence_at(*fit) for fit in fits), self.clock()
+                    return LinkAdvice(streams, self.freshness.age_s(newest, now), self.freshness.stale(newest, now))
         raise UnknownDestination(f"the advice store has no advice for {'%s -> ' % src if src else ''}{dest_key} "
                                  f"under {control}" + (" (a link without src is this host's site, TAME_SITE: name "
                                                        "its src in the queue)" if src == self.own_site else ""))

@@ -20,7 +20,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Iterable
 
-from advisor.allowlist import agent_resolver
+from advisor.allowlist import AGENT, agent_resolver
 from advisor.destinations import parse_destination
 from advisor.errors import AdvisorError, LookupUnfinished
 from advisor.limits import MAX_SITE_PROBES
@@ -169,7 +169,7 @@ class SiteAgent:
         try:
             parsed = parse_destination(dest)
             # Resolved once: the probes go to the address checked, never to the name again.
-            target = probe_target(self.settings.allowed.checked_address(parsed, agent_resolver), parsed.port)
+            target = probe_target(self.settings.allowed.checked_address(parsed, agent_resolver, AGENT), parsed.port)
             started = self.clock()
             control = job["congestion_control"] or self.settings.congestion_control
             planned = plan_for(self.settings, job["levels"], job["duration_s"], control)

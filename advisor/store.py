@@ -21,6 +21,7 @@ from advisor.advice import CurvePoint
 from advisor.curves import rebuild_outdated_curves, write_curve
 from advisor.db import DEFAULT_POOL_SIZE, Database, Tx
 from advisor.destinations import Destination
+from advisor.freshness import evidence_at as newest_evidence_at
 from advisor.idempotency import KeyedRequest
 from advisor.jobs import ANSWERED_JOB, JobQueue
 from advisor.limits import MAX_SITE_LINKS
@@ -67,7 +68,7 @@ class FitRow:
     def evidence_at(self) -> float:
         """Unix seconds of the newest evidence behind the fit, which its freshness is judged by: the probes', or
         for a fit refitted on finished transfers the newest transfer's (a link with recent transfers needs no probe)."""
-        return max(self.probed_at, self.fitted_at) if self.observations_used else self.probed_at
+        return newest_evidence_at(self.probed_at, self.fitted_at, self.observations_used)
 
 @dataclass(frozen=True)
 class NewFit:

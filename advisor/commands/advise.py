@@ -10,7 +10,7 @@ import time
 from advisor.advice import Advice
 from advisor.alternatives import alternatives
 from advisor.cli import UsageError
-from advisor.commands.common import add_margin_option, add_src_option, fraction, fractional_margin_from_args, hold_defaults, margin_from_args, positive_int, print_advice, print_json, put_back_defaults, refuse_given, service_token, service_url
+from advisor.commands.common import add_margin_option, add_src_option, fraction, fractional_margin_from_args, hold_defaults, link_text, margin_from_args, positive_int, print_advice, print_json, put_back_defaults, refuse_given, service_token, service_url
 from advisor.commands.probe import EXIT_PROBE_FAILED, add_plan_options, control_from_args, measure, parse_levels
 from advisor.errors import InvalidRequest
 from advisor.jobs import MAX_LOOKUP_WAITS
@@ -76,22 +76,10 @@ def run(args) -> int:
     if args.json:
         print_json(payload)
     else:
-        print(_link_text(payload))
+        print(link_text(payload.get("src"), payload["dest"], payload.get("age_s"), payload.get("stale")))
         print_advice(Advice(**{k: v for k, v in payload.items() if k in Advice.__dataclass_fields__}),
                      payload.get("open"))
     return 0
-
-
-def _link_text(payload: dict) -> str:
-    """The first line of the advice for people: the link, and, for the server's advice, its age and whether it is
-    stale, as GET /v1/advice says (advice probed here and now has neither)."""
-    link = f"{payload['src']} -> {payload['dest']}" if payload.get("src") else payload["dest"]
-    if "age_s" not in payload:
-        return link
-    if payload.get("stale"):
-        return (f"{link} (advice {payload['age_s']:.0f} s old, STALE: its evidence is older than the service's "
-                "TAME_TTL_S and a probe is queued, or the service could not read its store in time; ask again later)")
-    return f"{link} (advice {payload['age_s']:.0f} s old, fresh)"
 
 
 def _locally(args) -> dict | None:

@@ -18,7 +18,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from advisor.allowlist import agent_resolver
+from advisor.allowlist import AGENT, agent_resolver
 from advisor.cli import UsageError
 from advisor.commands.probe import add_control_option, control_from_args
 from advisor.commands.runtime import (STOP_SIGNALS, default_driver, load_settings, on_stop_signals, open_store,
@@ -605,7 +605,7 @@ def _run_push(args, settings, driver) -> int:
                 try:
                     # Resolved once: the probes go to the address checked, never to the name again.
                     parsed = parse_destination(dest)
-                    target = probe_target(settings.allowed.checked_address(parsed, agent_resolver), parsed.port)
+                    target = probe_target(settings.allowed.checked_address(parsed, agent_resolver, AGENT), parsed.port)
                     started = time.time()
                     plan = run_plan(driver, target, plan_for(settings, settings.default_levels, settings.default_duration_s),
                                     next_level=level_chooser(settings.model, settings.n_max))

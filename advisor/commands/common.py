@@ -220,6 +220,22 @@ def n_star_text(n_star: float) -> str:
     return f"{n_star:.4f}".rstrip("0").rstrip(".")
 
 
+# Why advice GET /v1/advice (or the service in this process) serves is stale: its TTL, or its cache lagging the store.
+STALE_ADVICE = ("its evidence is older than the service's TAME_TTL_S and a probe is queued, or the service could not "
+                "read its store in time; ask again later")
+
+
+def link_text(src: str | None, dest: str, age_s: float | None = None, stale: bool | None = None,
+              why: str = STALE_ADVICE, what: str = "advice") -> str:
+    """A link for people, as every command that shows advice names it: ``SRC -> DEST`` (DEST alone without a source),
+    then, when the age is known, ``(advice N s old, fresh)`` or ``(advice N s old, STALE: why)``; ``age_s`` and
+    ``stale`` are GET /v1/advice's (the newest evidence's age, advisor.freshness), ``what`` names what is that old."""
+    link = f"{src} -> {dest}" if src else dest
+    if age_s is None:
+        return link
+    return f"{link} ({what} {age_s:.0f} s old, {f'STALE: {why}' if stale else 'fresh'})"
+
+
 def opened_text(advice: Advice, with_fm: bool = True) -> str:
     """How many sockets to open, once and plainly: the standard and fractional streams that carry n*
     (Advice.opened_streams), and what to open instead when the tool cannot open a fractional stream.

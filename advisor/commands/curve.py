@@ -9,8 +9,9 @@ from pathlib import Path
 from advisor.advice import Advice, curve_to_json
 from advisor.cli import UsageError
 from advisor.commands.common import (
-    add_probe_options, add_src_option, format_bps, fraction, fractional_margin_from_args, hold_defaults, margin_from_args,
-    n_star_text, opened_text, print_json, probes_from_args, put_back_defaults, refuse_given, service_token, service_url,
+    add_probe_options, add_src_option, format_bps, fraction, fractional_margin_from_args, hold_defaults, link_text,
+    margin_from_args, n_star_text, opened_text, print_json, probes_from_args, put_back_defaults, refuse_given,
+    service_token, service_url,
 )
 from advisor.commands.probe import add_control_option
 from advisor.errors import InvalidRequest
@@ -89,7 +90,13 @@ def run(args) -> int:
     return 0
 
 
+# Why a curve is stale: GET /v1/paths' stale (reading a curve queues no probe; asking for its advice does).
+_STALE = "its evidence is older than the service's TAME_TTL_S; asking for its advice queues a probe"
+
+
 def _print_table(payload: dict, budget: float | None, advice: Advice | None) -> None:
+    if "dest" in payload:  # a known DEST's link, not --probe numbers
+        print(link_text(payload["src"], payload["dest"], payload["age_s"], payload["stale"], _STALE, what="curve"))
     header = f"{'streams':>7}  {'throughput':>14}  {'impact':>7}  {'bound':>7}"
     print(header + ("  within budget" if budget is not None else ""))
     for point in payload["curve"]:
@@ -138,9 +145,7 @@ def _known_curve(dest: str, budget: float | None, src: str | None,
 
         with TameClient(server, token=service_token(read_first=True)) as client:
             try:
-                payload = client.curve(dest, cc=control, src=src)
-                return payload, None if budget is None else _advice_from_payload(
-                    client.advice(dest, budget, control, src=src))
+                return _read_curve(client, dest, budget, src, control)
             except TameError as exc:
                 raise UsageError(f"{client.shown_url}: {exc}") from exc
     from advisor.commands.runtime import load_settings, open_store
@@ -150,10 +155,31 @@ def _known_curve(dest: str, budget: float | None, src: str | None,
     settings = load_settings()
     store = open_store(settings, create=False)
     try:
-        service = AdviceService(store, settings)
-        payload = service.curve(dest, control, src=src)
-        return payload, None if budget is None else _advice_from_payload(service.advice(dest, budget, control, src=src))
+        return _read_curve(AdviceService(store, settings), dest, budget, src, control)
     except AdvisorError as exc:
         raise UsageError(str(exc)) from exc
     finally:
         store.close()
+
+
+# Times a curve is read again when its fit was replaced between reading it and reading its age.
+_READS = 3
+
+
+def _read_curve(service, dest: str, budget: float | None, src: str | None,
+                control: str | None) -> tuple[dict, Advice | None]:
+    """The curve of DEST's link from ``service`` (the server's client, or the service on the local store: the same
+    calls), with its fit's age_s and stale as GET /v1/paths gives them (the curve's stale alone leaves its age
+    unsaid), and the advice at ``budget``."""
+    for _ in range(_READS):
+        payload = service.curve(dest, control, src=src)
+        fit = (payload["src"], payload["dest"], payload["fitted_at"], payload["probed_at"])
+        row = next((p for p in service.paths(payload["src"])
+                    if (p["src"], p["dest"], p["fitted_at"], p["probed_at"]) == fit
+                    and p["congestion_control"] in (None, payload["congestion_control"])), None)
+        if row is not None:
+            payload.update(age_s=row["age_s"], stale=row["stale"])
+            return payload, None if budget is None else _advice_from_payload(
+                service.advice(dest, budget, control, src=src))
+    raise UsageError(f"the fit of {payload['src']} -> {payload['dest']} was replaced each time its curve was read "
+                     f"({_READS} times): try again")

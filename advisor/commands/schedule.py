@@ -21,14 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from advisor.cli import UsageError
-from advisor.commands.common import format_bps, print_json, service_url, whole_number
-from advisor.commands.runtime import on_stop_signals
+from advisor.commands.common import format_bps, link_text, print_json, service_url, whole_number
+from advisor.commands.runtime import load_settings, on_stop_signals
 from advisor.commands.transfer import (DEADLINE_SLACK_S, DEFAULT_BYTES_TIMEOUT_S, Reporter, observation_of,
                                        standard_opening)
-from advisor.errors import AdvisorError, ConfigError, InvalidRequest
+from advisor.errors import AdvisorError, InvalidRequest
 from advisor.limits import MAX_PROBE_STREAMS, check_congestion_control
 from advisor.schedule import MAX_QUEUE_BYTES, SqlAdvice, Transfer, parse_queue, run_concurrently
-from advisor.settings import default_control, default_site
 from probes.controls import available_controls, host_default_control
 from probes.errors import ProbeError
 from probes.transfer import run_transfer
@@ -65,21 +64,32 @@ def register(subparsers) -> None:
     parser.set_defaults(handler=run)
 
 
+# Why the advice a transfer started on was stale, by where it was read: the service's answer (over HTTP, or from the
+# store through the service in this process) is stale past its TTL or when its cache lags the store; the SQL read
+# judges the store's newest evidence against TAME_TTL_S as this host's environment gives it.
+_SERVICE_STALE = "its evidence was older than the service's TAME_TTL_S, or the service could not read its store in time"
+_STALE = {"http": _SERVICE_STALE, "store": _SERVICE_STALE, "sql": "its evidence was older than TAME_TTL_S"}
+
+
 @dataclass(frozen=True)
 class Planned:
-    """A transfer with the advice read for it: the standard streams to open and their control."""
+    """A transfer with the advice read for it: the standard streams to open and their control, and the advice's age
+    and staleness (GET /v1/advice's age_s and stale; over SQL, advisor.schedule.SqlAdvice's)."""
 
     transfer: Transfer
     src: str | None  # the link's source site as the advice names it (the service's own when the queue names none)
     streams: int
     congestion_control: str
     source: str  # "http", "sql" or "store": where the advice was read
+    age_s: float
+    stale: bool
 
     def to_json(self) -> dict[str, Any]:
         t = self.transfer
         return {"index": t.index, "src": self.src, "dest": t.dest.key, "max_impact": t.max_impact,
                 "duration_s": t.duration_s, "bytes": t.bytes, "advised_streams": self.streams,
-                "congestion_control": self.congestion_control, "advice_read": self.source}
+                "congestion_control": self.congestion_control, "advice_read": self.source,
+                "advice_age_s": self.age_s, "advice_stale": self.stale}
 
 
 def run(args) -> int:
@@ -95,12 +105,10 @@ def run(args) -> int:
         except InvalidRequest as exc:
             raise UsageError(str(exc)) from exc
     if args.database_url:
-        try:  # the environment's own errors name their variable
-            own_site, own_control = default_site(os.environ), default_control(os.environ)
-        except ConfigError as exc:
-            raise UsageError(str(exc)) from exc
+        # The service's site, default control and TTL, as this environment gives them (its errors name the variable).
+        settings = load_settings()
         try:
-            sql = SqlAdvice(args.database_url, own_site, own_control)
+            sql = SqlAdvice(args.database_url, settings.site, settings.congestion_control, settings.freshness)
         except AdvisorError as exc:
             raise UsageError(f"--database-url: {exc}") from exc
     else:
@@ -155,13 +163,15 @@ def _plan(t: Transfer, reporter: Reporter, sql: SqlAdvice | None, default_contro
     try:
         if sql is not None:
             control = t.cc or default_control or sql.default_control  # the service's: TAME_CONGESTION_CONTROL first
-            streams, source = sql.streams(src, t.dest.key, control, t.max_impact), "sql"
+            advice, source = sql.advice(src, t.dest.key, control, t.max_impact), "sql"
+            streams, age_s, stale = advice.streams, advice.age_s, advice.stale
             src = src or (sql.own_site if sql.has_src() else None)
         else:
             asked = t.cc or default_control  # None: the service's default
             payload = reporter.link(src, t.dest).advice(t.max_impact, asked)
             src = payload.get("src", src)
             streams, control = int(payload["num_flows"]), payload.get("congestion_control") or asked
+            age_s, stale = payload["age_s"], payload["stale"]
             control = control or host_default_control()
             source = "http" if reporter.url else "store"
     except (AdvisorError, UsageError) as exc:
@@ -172,7 +182,7 @@ def _plan(t: Transfer, reporter: Reporter, sql: SqlAdvice | None, default_contro
     if control not in available_controls():
         raise UsageError(f"transfer {t.index + 1} ({t.link_name}): its streams' congestion control {control!r} is "
                          f"not available here ({' '.join(available_controls())}); load it (modprobe tcp_{control})")
-    return Planned(t, src, streams, control, source)
+    return Planned(t, src, streams, control, source, age_s, stale)
 
 
 def _run_all(planned: list[Planned], queue, reporter: Reporter, concurrency: int,
@@ -232,9 +242,10 @@ def _output(args, rows: list[dict[str, Any]]) -> None:
 
 def _print(rows: list[dict[str, Any]]) -> None:
     for row in rows:
-        head = (f"{row['index'] + 1}. {row['src'] + ' -> ' if row['src'] else ''}{row['dest']} "
-                f"(budget {row['max_impact']:.1%}): advised {row['advised_streams']} {row['congestion_control']} "
-                f"stream{'' if row['advised_streams'] == 1 else 's'} ({row['advice_read']})")
+        link = link_text(row["src"], row["dest"], row["advice_age_s"], row["advice_stale"], _STALE[row["advice_read"]])
+        streams = row["advised_streams"]
+        head = (f"{row['index'] + 1}. {link}: budget {row['max_impact']:.1%}, advised {streams} "
+                f"{row['congestion_control']} stream{'' if streams == 1 else 's'} ({row['advice_read']})")
         if "error" not in row:
             print(head)
             continue

@@ -312,3 +312,16 @@ def test_an_agent_killed_while_its_run_is_being_sent_delivers_it_after_a_restart
         assert "from the spool" in done.stdout and done.stdout.count("pushed run") == 1, (done.stdout, done.stderr)
         assert list(spool.glob("*.json")) == []
     assert rows(env, "SELECT count(*) FROM probe_runs") == [(1,)]
+
+
+def test_a_destination_the_pushing_agents_own_allow_list_refuses_says_the_agent_refused_it(tmp_path):
+    """The server allows 127.0.0.0/8; the agent's own TAME_ALLOWED_DESTINATIONS does not. Its refusal said "not
+    allowed on this service", sending the operator to the server's list, which allows it."""
+    env, dests = agent_setup(tmp_path, "127.0.0.1:5201")
+    with served(env) as base:
+        done = agent({**env, "TAME_ALLOWED_DESTINATIONS": "10.0.0.0/8"}, "--dest-file", str(dests), "--push", base,
+                     "--spool", str(tmp_path / "spool"), "--once")
+    assert done.returncode == 0, done.stderr
+    assert ("tame agent: 127.0.0.1:5201: probes to 127.0.0.1 are not allowed on this agent; ask the operator to add "
+            "it to TAME_ALLOWED_DESTINATIONS\n") in done.stderr, done.stderr
+    assert "pushed run" not in done.stdout

@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -216,3 +217,45 @@ def test_advise_and_curve_via_server_show_the_api_s_n_star_and_fm_not_rounded_up
     assert shown and float(shown[1]) == n_star, advise.stdout
     at_budget = re.search(r"^at budget .* at FM (\S+), .*\(n\* (\S+)\)$", curve.stdout, re.M)
     assert at_budget and (float(at_budget[1]), float(at_budget[2])) == (fm, n_star), curve.stdout
+
+
+def test_curve_says_its_link_how_old_it_is_and_whether_it_is_stale_on_the_server_and_on_the_store(service_factory,
+                                                                                                  clock, tmp_path):
+    # `tame curve DEST` printed the table of a fit with no word of its age: a curve past TAME_TTL_S read as fresh
+    # (only --json said stale, and nothing said how old). Its first line names the link and says both, as GET
+    # /v1/paths does for that fit: through the server (its clock) and from the store itself (this host's clock).
+    ttl_s = 600.0
+    clock.now = time.time()  # the store's times are the real clock's, which the store's own reader judges them by
+    base, client, app = service_factory(start_worker=False, ttl_s=ttl_s)
+    push_run(client, app, "127.0.0.1")
+    env = {k: v for k, v in os.environ.items() if k not in ("TAME_TOKEN", "TAME_READ_TOKEN", "TAME_URL")}
+    env.update(TAME_DATABASE_URL=app.state.settings.database_url, TAME_TTL_S=f"{ttl_s:g}",
+               TAME_CONGESTION_CONTROL=app.state.settings.congestion_control)
+
+    def on_store(*args):
+        done = subprocess.run([sys.executable, "-m", "advisor", "curve", "127.0.0.1", *args], env=env,
+                              capture_output=True, text=True, timeout=180)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    stale_text = "STALE: its evidence is older than the service's TAME_TTL_S; asking for its advice queues a probe)"
+    for step, word in ((30.0, "fresh)"), (ttl_s, stale_text)):
+        clock.advance(step)
+        (path,) = client.get("/v1/paths").json()["paths"]
+        done = tame(base, "curve", "127.0.0.1")
+        assert done.returncode == 0, done.stderr
+        first, header = done.stdout.splitlines()[:2]
+        assert first == f"{path['src']} -> {path['dest']} (curve {path['age_s']:.0f} s old, {word}", first
+        assert header.split()[:2] == ["streams", "throughput"]
+        shown = json.loads(tame(base, "curve", "127.0.0.1", "--json").stdout)
+        assert (shown["age_s"], shown["stale"]) == (path["age_s"], path["stale"])
+    said = re.fullmatch(rf"{path['src']} -> 127\.0\.0\.1:5201 \(curve ([0-9]+) s old, fresh\)",
+                        on_store().splitlines()[0])
+    assert said and int(said[1]) < 60, said
+    with sqlite3.connect(app.state.settings.database_url[len("sqlite:///"):]) as conn:
+        conn.execute("UPDATE fits SET probed_at = probed_at - ?, fitted_at = fitted_at - ?", (2 * ttl_s, 2 * ttl_s))
+    said = re.fullmatch(rf"{path['src']} -> 127\.0\.0\.1:5201 \(curve ([0-9]+) s old, {re.escape(stale_text)}",
+                        on_store().splitlines()[0])
+    assert said and 2 * ttl_s <= int(said[1]) < 2 * ttl_s + 60, said
+    shown = json.loads(on_store("--json"))
+    assert shown["stale"] is True and shown["age_s"] >= 2 * ttl_s

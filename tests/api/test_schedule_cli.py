@@ -3,6 +3,7 @@ transfer started, nothing stored. Against a live server (the fake path of tests/
 
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -268,3 +269,49 @@ def test_a_schedule_stopped_by_sigterm_says_what_finished_before_it_exits(served
     assert done["error"] is None and done["observation_id"] is not None and done["dest"] == f"127.0.0.1:{first}"
     assert cut["dest"] == f"127.0.0.1:{second}" and "cancelled" in cut["error"] and cut["observation_id"] is None
     assert _observations(db_url) == 1
+
+
+def test_the_report_says_how_old_each_transfers_advice_is_and_whether_it_was_stale_over_http_and_sql(
+        service_factory, clock, tmp_path):
+    """An operator reading `tame schedule` saw the streams a transfer was started on and not that their advice was
+    stale: only GET /v1/advice said so. Each row now names its link and its advice's age and staleness as the API
+    does: over HTTP the service's answer, over SQL the store's newest evidence judged against TAME_TTL_S (real time
+    here, as a scheduler on another host reads it)."""
+    ttl_s = 600.0
+    clock.now = time.time()  # the store's times are the real clock's, which the SQL read judges them by
+    base, client, app = service_factory(start_worker=False, ttl_s=ttl_s)
+    pushed = client.post("/v1/probe-runs", json={"dest": KNOWN, "idle_rtt_s": 0.01,
+                                                 "probes": [{"streams": 1, "throughput_bps": 40e6},
+                                                            {"streams": 10, "throughput_bps": 90e6}]})
+    assert pushed.status_code == 201, pushed.text
+    db_url = app.state.service.store.db.url
+    path = tmp_path / "queue"
+    path.write_text(f"dest={KNOWN} max_impact=0.2 duration_s=1\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TAME_")}
+    env.update(TAME_SITE=SITE, TAME_TTL_S=f"{ttl_s:g}", TAME_DATABASE_URL=f"sqlite:///{tmp_path}/other.sqlite3")
+
+    def plan(*read):
+        done = subprocess.run([sys.executable, "-m", "advisor", "schedule", str(path), "--plan", *read], env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    for step, word in ((30.0, "fresh"), (ttl_s, "STALE: its evidence was older than the service's TAME_TTL_S")):
+        clock.advance(step)
+        api = client.get("/v1/advice", params={"dest": KNOWN, "max_impact": 0.2}).json()
+        assert api["stale"] == (word != "fresh")
+        assert plan("--server", base).startswith(
+            f"1. {SITE} -> {KNOWN} (advice {api['age_s']:.0f} s old, {word}"), word
+        (row,) = json.loads(plan("--server", base, "--json"))["transfers"]
+        assert (row["advice_age_s"], row["advice_stale"]) == (api["age_s"], api["stale"])
+    # Over SQL: fresh now (real time), then stale once the store's evidence is older than the TTL.
+    said = re.fullmatch(rf"1\. {SITE} -> {re.escape(KNOWN)} \(advice ([0-9]+) s old, fresh\): budget 20\.0%, "
+                        r"advised [0-9]+ \S+ streams? \(sql\)\n", plan("--database-url", db_url))
+    assert said and int(said.group(1)) < 60, said
+    with sqlite3.connect(db_url[len("sqlite:///"):]) as conn:
+        conn.execute("UPDATE fits SET probed_at = probed_at - ?, fitted_at = fitted_at - ?", (2 * ttl_s, 2 * ttl_s))
+    said = re.match(rf"1\. {SITE} -> {re.escape(KNOWN)} \(advice ([0-9]+) s old, STALE: its evidence was older "
+                    r"than TAME_TTL_S\): budget 20\.0%", plan("--database-url", db_url))
+    assert said and 2 * ttl_s <= int(said.group(1)) < 2 * ttl_s + 60, said
+    (row,) = json.loads(plan("--database-url", db_url, "--json"))["transfers"]
+    assert row["advice_stale"] is True and row["advice_age_s"] >= 2 * ttl_s

@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 
+from advisor.allowlist import AllowList
 from advisor.settings import Settings
 from advisor.site_agent import SiteAgent, check_plan_fits_lease
 from advisor.sites import SiteBudget
@@ -157,3 +158,21 @@ def test_a_probe_whose_local_name_lookup_does_not_finish_is_handed_back_to_wait_
     probed = app.state.service.store.job(job.id)  # its run not pushed here (push: a no-op): it stays the agent's
     assert (probed.status, probed.attempts) == ("running", 1), probed
     assert {call[1] for call in driver.calls if call[0] == "run"} == {"127.0.0.1:5201"}
+
+
+def test_a_claim_the_agents_own_allow_list_refuses_says_the_agent_refused_it(service_factory, capsys):
+    """The service allows 127.0.0.1 and queues its probe; the site's agent allows only 10.0.0.0/8 (its own
+    TAME_ALLOWED_DESTINATIONS) and refuses the claim. What it logs and reports said "not allowed on this service",
+    sending the operator to the service's list, which allows it."""
+    base, client, app = service_factory(start_worker=False)
+    own = replace(app.state.settings, allowed=AllowList.parse("10.0.0.0/8"))
+    reported = []
+    with TameClient(base) as remote:
+        agent = SiteAgent(remote, "dtn2", "agent-1", SiteBudget(), own, FakeDriver(rate, rtt_s=0.01),
+                          push=lambda payload: True, clock=time.time,
+                          report_failure=lambda job_id, error: reported.append(error))
+        assert agent.round(["127.0.0.1:5201"]) == 1  # the round ends once its probes' threads have
+    refused = ("probes to 127.0.0.1 are not allowed on this agent; ask the operator to add it to "
+               "TAME_ALLOWED_DESTINATIONS")
+    assert reported == [refused]
+    assert f"tame agent: dtn2 -> 127.0.0.1:5201: {refused}\n" in capsys.readouterr().err

@@ -1,6 +1,6 @@
 """GET /v1/advice (the fast path and the route), POST /v1/advice:batch and the schedulers' SQL (advisor.schedule.SqlAdvice,
 `tame schedule --database-url`'s read, and the documented staleness query) give one answer per link, control and
-budget: streams, control, src, stale, or no advice. Over real HTTP, on a real SQLite file and on PostgreSQL, for a
+budget: streams, control, src, stale, age, or no advice. Over real HTTP, on a real SQLite file and on PostgreSQL, for a
 link holding fits under bbr and reno and one that recorded no control, from the service's site and another, named
 with and without its src, in upper case, with the destination spelt four ways, fresh, past the TTL, and refitted
 by transfers."""
@@ -26,21 +26,23 @@ STALE = ("SELECT ? - CASE WHEN observations_used > 0 AND fitted_at > probed_at T
 
 
 def _sql(sql, store, now, src, dest, control, budget):
-    """(streams, control, src, stale) as a scheduler reads them with SQL, or False: no advice."""
+    """(streams, control, src, stale, age_s) as a scheduler reads them with SQL (SqlAdvice; its stale is the
+    documented query's), or False: no advice."""
     src = (src or SITE).lower()
     try:
-        streams = sql.streams(src, parse_destination(dest).key, control, budget)
+        advice = sql.advice(src, parse_destination(dest).key, control, budget)
     except UnknownDestination:
         return False
     with store.db.transaction() as tx:
         # The recorded fit, else (for the default control) the one that recorded none, as SqlAdvice reads them.
         stale = tx.execute(STALE + "congestion_control = ?", (now, TTL_S, src, DEST, control)).fetchone() or \
             tx.execute(STALE + "congestion_control IS NULL", (now, TTL_S, src, DEST)).fetchone()
-    return streams, control, src, bool(stale[0])
+    assert advice.stale == bool(stale[0]), (src, dest, control)
+    return advice.streams, control, src, advice.stale, advice.age_s
 
 
 def _answers(client, sql, store, now):
-    """The one answer of every query, each (streams, control, src, stale) or False (no advice); AssertionError
+    """The one answer of every query, each (streams, control, src, stale, age_s) or False (no advice); AssertionError
     naming the queries answered otherwise by one of the reads."""
     agreed, out = set(), []
     for src, cc, budget, dest in itertools.product((None, SITE, "site-a", "SITE-A"), (None, "cubic", "bbr", "reno", "vegas"),
@@ -51,7 +53,7 @@ def _answers(client, sql, store, now):
             got = client.get("/v1/advice", params=query, headers=AS_SERVICE)
             answers.append(got.status_code == 200 and got.json())
         item = client.post("/v1/advice:batch", json=[query], headers=AS_SERVICE).json()["results"][0]["advice"]
-        answers = [(a["num_flows"], a["congestion_control"], a["src"], a["stale"]) if a else False
+        answers = [(a["num_flows"], a["congestion_control"], a["src"], a["stale"], a["age_s"]) if a else False
                    for a in answers + [item]]
         answers.append(_sql(sql, store, now, src, dest, cc or "cubic", budget))
         if len(set(answers)) != 1:
@@ -72,7 +74,7 @@ def test_http_batch_and_sql_give_one_answer(database, request, tmp_path, service
             run = {"dest": DEST, "probes": [{"streams": n, "throughput_bps": rate(n) * scale} for n in (1, 10)],
                    **({"congestion_control": control} if control else {}), **({"src": src} if src else {})}
             assert client.post("/v1/probe-runs", json=run, headers=headers).status_code == 201
-    sql = SqlAdvice(url, SITE, "cubic")
+    sql = SqlAdvice(url, SITE, "cubic", app.state.settings.freshness, clock=clock)
     try:
         clock.advance(100)
         fresh = _answers(client, sql, store, clock())
@@ -89,6 +91,6 @@ def test_http_batch_and_sql_give_one_answer(database, request, tmp_path, service
             assert refit.status_code == 202 and refit.json()["refit"], refit.text
         clock.advance(5)
         refitted = _answers(client, sql, store, clock())
-        assert {a[1:] for a in refitted if a and not a[3]} == {("cubic", SITE, False), ("bbr", "site-a", False)}
+        assert {a[1:4] for a in refitted if a and not a[3]} == {("cubic", SITE, False), ("bbr", "site-a", False)}
     finally:
         sql.close()
