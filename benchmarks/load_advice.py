@@ -48,7 +48,7 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from advisor.service import _REFRESH_AHEAD as REFRESH_AHEAD
+from advisor.advice_cache import _REFRESH_AHEAD as REFRESH_AHEAD
 from advisor.settings import Settings
 
 DEST = "127.0.0.1:5201"

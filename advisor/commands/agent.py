@@ -31,7 +31,8 @@ from advisor.limits import MAX_MEASURED_AGO_S
 from advisor.plan_runner import level_chooser, plan_for
 from advisor.tame import plan_control
 from probes.plan import run_plan
-from advisor.service import AdviceService, fresh_destinations
+from advisor.service import AdviceService
+from advisor.site_desk import fresh_destinations
 from advisor.site_agent import SiteAgent, run_payload
 from advisor.sites import SiteBudget
 from advisor.jobs import process_owner
@@ -250,7 +251,7 @@ def _spool_record(payload: dict[str, Any], key: str) -> dict[str, Any]:
 
 
 # How long tame agent waits for the service's answer to a request, seconds (a registration's is the longest:
-# advisor.service.REGISTRATION_LOOKUPS_S).
+# advisor.site_desk.REGISTRATION_LOOKUPS_S).
 SERVICE_TIMEOUT_S = 30.0
 
 

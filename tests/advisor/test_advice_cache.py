@@ -10,7 +10,8 @@ import pytest
 
 from advisor.destinations import parse_destination
 from advisor.errors import StoreError
-from advisor.service import _LAGGING_LIMIT_S, AdviceService
+from advisor.advice_cache import _LAGGING_LIMIT_S
+from advisor.service import AdviceService
 from advisor.settings import Settings
 from advisor.store import Store
 from tests.api.conftest import Clock

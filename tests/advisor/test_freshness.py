@@ -8,8 +8,9 @@ from advisor.commands.agent import _enqueue_due
 from advisor.destinations import parse_destination
 from advisor.errors import ConfigError
 from advisor.freshness import PROBE_MAX_AGE, STALE, Freshness
-from advisor.service import AdviceService, fresh_destinations
+from advisor.service import AdviceService
 from advisor.settings import Settings
+from advisor.site_desk import fresh_destinations
 from advisor.sites import SiteBudget
 from advisor.store import Store
 from probes.result import ProbeResult

@@ -178,10 +178,10 @@ def test_a_registration_stops_resolving_names_when_its_lookup_time_is_spent(tmp_
     # 2,000 names under a slow zone took one request thread 2,000 lookups long. Each lookup here takes 0.2 s (the
     # service's resolver seam; the deadline of each is the test above) and the registration has 0.5 s: the names
     # left are refused saying why, addresses and listed names are still checked, and the rest is registered.
-    import advisor.service as service_module
+    import advisor.site_desk as site_desk_module
     from advisor.sites import SiteBudget
 
-    monkeypatch.setattr(service_module, "REGISTRATION_LOOKUPS_S", 0.5)
+    monkeypatch.setattr(site_desk_module, "REGISTRATION_LOOKUPS_S", 0.5)
     clock = LookupClock()
 
     def slow(host):
@@ -207,10 +207,10 @@ def test_names_a_registration_had_no_lookup_time_for_are_checked_first_the_next_
     # Four names whose lookups time out (0.2 s each here) listed before three that resolve at once, 0.5 s for the
     # registration's lookups: the first registration spends it on the slow names and refuses the rest unchecked. The
     # same list again refused the same three, every time; now the slow names go last, so the three are checked.
-    import advisor.service as service_module
+    import advisor.site_desk as site_desk_module
     from advisor.sites import SiteBudget
 
-    monkeypatch.setattr(service_module, "REGISTRATION_LOOKUPS_S", 0.5)
+    monkeypatch.setattr(site_desk_module, "REGISTRATION_LOOKUPS_S", 0.5)
     clock = LookupClock()
     dns = SlowDNS(clock, [f"slow{i}.example" for i in range(4)])
     slow = [f"slow{i}.example:5201" for i in range(4)]
@@ -238,10 +238,10 @@ def test_one_site_s_slow_names_do_not_evict_another_site_s(tmp_path, monkeypatch
     # The memory of slow names was one list for every site: a site registering more slow names than it keeps
     # (4,096; 4 here) evicted every other site's, whose next registration checked its slow names first again. Now
     # each site keeps its own, and when the memory is full the site holding the most forgets its oldest.
-    import advisor.service as service_module
+    import advisor.site_desk as site_desk_module
     from advisor.sites import SiteBudget
 
-    monkeypatch.setattr(service_module, "SLOW_NAMES_KEPT", 4)
+    monkeypatch.setattr(site_desk_module, "SLOW_NAMES_KEPT", 4)
     clock = LookupClock()
     theirs = [f"slow{i}.b.example:5201" for i in range(6)]
     dns = SlowDNS(clock, ["slow0.a.example", "slow1.a.example", *(d.rsplit(":", 1)[0] for d in theirs)], each_s=0)
@@ -268,10 +268,10 @@ def test_slow_names_are_checked_oldest_timeout_first_so_registrations_rotate_thr
     # The remembered ones were checked in the order the site listed them, so the same first three were looked up
     # every time and the other three never again (one whose DNS recovered stayed refused, "not checked").
     # Checked oldest timeout first, successive registrations go round all six.
-    import advisor.service as service_module
+    import advisor.site_desk as site_desk_module
     from advisor.sites import SiteBudget
 
-    monkeypatch.setattr(service_module, "REGISTRATION_LOOKUPS_S", 0.5)
+    monkeypatch.setattr(site_desk_module, "REGISTRATION_LOOKUPS_S", 0.5)
     clock = LookupClock()
     dns = SlowDNS(clock, [f"slow{i}.example" for i in range(6)])
     store, service = _slow_name_service(tmp_path, dns, clock)
@@ -303,10 +303,10 @@ def test_a_registration_looks_each_host_name_up_once_however_often_and_however_s
     # spellings of one host, or three ports) spent three lookup deadlines of the registration's time (and held three
     # of the process's lookup slots), and the names after it were refused "not checked". Now each host is looked up
     # once a registration, its answer (addresses, or the refusal) used for every item naming it.
-    import advisor.service as service_module
+    import advisor.site_desk as site_desk_module
     from advisor.sites import SiteBudget
 
-    monkeypatch.setattr(service_module, "REGISTRATION_LOOKUPS_S", 0.5)
+    monkeypatch.setattr(site_desk_module, "REGISTRATION_LOOKUPS_S", 0.5)
     clock = LookupClock()
     dns = SlowDNS(clock, ["slow.example"])
     store, service = _slow_name_service(tmp_path, dns, clock)

@@ -6,7 +6,7 @@ import sqlite3
 
 import pytest
 
-from advisor.service import fresh_destinations
+from advisor.site_desk import fresh_destinations
 from advisor.sites import SiteBudget, site_use
 from tests.api.conftest import rate
 from tests.sites import SITE
@@ -158,7 +158,7 @@ def test_a_claim_never_gives_a_probe_to_a_destination_the_service_no_longer_allo
     # Queued while port 22 was allowed; the operator then restarts the service with TAME_ALLOWED_PORTS=5201. A site's
     # agent checks only its own list (any port unless its operator set one): the service checks again at the claim.
     from advisor.allowlist import AllowList
-    from advisor.service import MAX_REFUSED_IN_A_CLAIM
+    from advisor.site_desk import MAX_REFUSED_IN_A_CLAIM
 
     url = f"sqlite:///{tmp_path}/shared.sqlite3"
     _, before, _ = service_factory(start_worker=False, url=url, allowed=AllowList.parse("127.0.0.0/8"))
