@@ -6,7 +6,7 @@ made on first write, counted against a site's cap, and their controls against a 
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Iterable
 
 from advisor.db import Database, Tx
 from advisor.destinations import Destination
@@ -39,20 +39,22 @@ class Links:
 
     db: Database
     clock: Callable[[], float]
-    # The most sites the store holds, and the site never refused (the service's own): set by limit_sites.
+    # The most sites the store holds, and the sites never refused nor counted (the service's own, and those its
+    # operator gave tokens): set by limit_sites.
     max_sites: int = MAX_SITES
-    own_site: str | None = None
+    exempt_sites: frozenset[str] = frozenset()
 
-    def limit_sites(self, max_sites: int, own_site: str) -> None:
-        """Hold the store to ``max_sites`` sites besides ``own_site`` (TAME_MAX_SITES, TAME_SITE)."""
+    def limit_sites(self, max_sites: int, exempt: Iterable[str]) -> None:
+        """Hold the store to ``max_sites`` sites besides those ``exempt`` (TAME_MAX_SITES; TAME_SITE and the sites of
+        TAME_SITE_TOKENS, which the operator named, so that clients naming other sites cannot lock them out)."""
         self.max_sites = max_sites
-        self.own_site = own_site
+        self.exempt_sites = frozenset(exempt)
 
     def check_new_site(self, tx: Tx, src: str) -> None:
         """Refuse (TooManySites, nothing written) to make ``src`` a site when the store knows no such site yet
         (registered, or with a link or a queued or running probe) and holds max_sites others; the service's own site
         is never refused. Sites are few (this cap bounds them), so counting them reads that few names."""
-        if src == self.own_site or tx.execute(_KNOWN_SITE, (src, src, src)).fetchone() is not None:
+        if src in self.exempt_sites or tx.execute(_KNOWN_SITE, (src, src, src)).fetchone() is not None:
             return
         if self.db.dialect == "postgresql":
             # The site's own link-count lock first, as check_new_link takes it, then the count's: one order.
@@ -62,7 +64,7 @@ class Links:
         names.update(r[0] for r in tx.execute(_LINK_SOURCES).fetchall())
         names.update(r[0] for r in tx.execute(
             "SELECT DISTINCT src FROM probe_jobs WHERE status IN ('queued', 'running')").fetchall())
-        names.discard(self.own_site)
+        names -= self.exempt_sites
         if src not in names and len(names) >= self.max_sites:
             raise TooManySites(
                 f"this service keeps {len(names)} sites, the most it keeps (TAME_MAX_SITES={self.max_sites}), and "

@@ -48,7 +48,7 @@ class AdviceService(AdviceCache, SiteDesk):
                  monotonic: Callable[[], float] = time.monotonic):
         self.store = store
         self.settings = settings
-        store.limit_sites(settings.max_sites, settings.site)
+        store.limit_sites(settings.max_sites, {settings.site, *(site for site, _ in settings.site_tokens)})
         self.clock = clock
         # Seconds that only go forward: a registration's lookup deadline (REGISTRATION_LOOKUPS_S) is read from it.
         self.monotonic = monotonic

@@ -73,3 +73,25 @@ def test_a_new_site_past_the_cap_is_refused_until_an_idle_one_is_pruned(database
     assert client.put("/v1/sites/site-d", json={"dests": ["127.0.0.1:5201"]}).status_code == 200
     assert client.post("/v1/observations", json=observation("site-e")).status_code == 202
     assert_refused_for_the_cap(client.post("/v1/observations", json=observation("site-f")), "site-f")
+
+
+def test_the_sites_the_operator_gave_tokens_are_neither_refused_nor_counted(service_factory):
+    # TAME_SITE_TOKENS names the sites the operator runs agents at: the cap is for the sites clients name beyond
+    # them. With TAME_MAX_SITES=1 and the main token's writes for two other sites, each token's site still registers
+    # and writes, and counts against nothing.
+    tokens = (("site-a", "token-a-0123456789"), ("site-b", "token-b-0123456789"))
+    base, client, app = service_factory(start_worker=False, max_sites=1, token="main-token-0123456789",
+                                        site_tokens=tokens)
+    main = {"Authorization": "Bearer main-token-0123456789"}
+    assert client.post("/v1/observations", json=observation("site-x"), headers=main).status_code == 202
+    refused = client.post("/v1/observations", json=observation("site-y"), headers=main)
+    assert refused.status_code == 422 and "keeps 1 sites" in refused.json()["detail"], refused.text
+    for site, secret in tokens:
+        registered = client.put(f"/v1/sites/{site}", json={"dests": ["127.0.0.1:5201"]},
+                                headers={"Authorization": f"Bearer {secret}"})
+        assert registered.status_code == 200 and registered.json()["links"] == 1, registered.text
+    observed = client.post("/v1/observations", json=observation("site-a", "127.0.0.2:5201"),
+                           headers={"Authorization": "Bearer token-a-0123456789"})
+    assert observed.status_code == 202, observed.text
+    # The token sites did not take the one place: site-x holds it, and site-y is still refused.
+    assert client.post("/v1/observations", json=observation("site-y"), headers=main).status_code == 422
