@@ -194,7 +194,7 @@ class AdviceService(AdviceCache, SiteDesk):
         freshness = self.settings.freshness
         return [
             {"src": row.src, "dest": row.dest, "congestion_control": row.congestion_control, "model": row.model, "regime": row.regime, "params": row.params,
-             "fitted_at": row.fitted_at, "probed_at": row.probed_at, "age_s": max(0.0, now - row.evidence_at),
+             "fitted_at": row.fitted_at, "probed_at": row.probed_at, "age_s": freshness.age_s(row.evidence_at, now),
              "stale": freshness.stale(row.evidence_at, now), "reprobe_due": freshness.due(row.evidence_at, row.probed_at, now),
              "observations_used": row.observations_used}
             for row in self.store.current_fits(src=None if src is None else check_site(src))
@@ -203,7 +203,7 @@ class AdviceService(AdviceCache, SiteDesk):
     def links(self, src: Any = None) -> list[dict[str, Any]]:
         """Each link (from ``src`` when given): {"src", "dest", "congestion_controls", "evidence_at", "age_s",
         "stale"}, as of its newest evidence (probes or transfers, FitRow.evidence_at) under any control."""
-        now = self.clock()
+        now, freshness = self.clock(), self.settings.freshness
         links: dict[tuple[str, str], dict[str, Any]] = {}
         for row in self.store.current_fits(src=None if src is None else check_site(src)):
             link = links.setdefault((row.src, row.dest), {"src": row.src, "dest": row.dest, "congestion_controls": [],
@@ -211,16 +211,15 @@ class AdviceService(AdviceCache, SiteDesk):
             link["congestion_controls"].append(row.congestion_control)
             link["evidence_at"] = max(link["evidence_at"], row.evidence_at)
         for link in links.values():
-            link.update(age_s=max(0.0, now - link["evidence_at"]),
-                        stale=self.settings.freshness.stale(link["evidence_at"], now))
+            link.update(age_s=freshness.age_s(link["evidence_at"], now), stale=freshness.stale(link["evidence_at"], now))
         return list(links.values())
 
     def staleness(self) -> tuple[int, int, float]:
         """(destinations, stale destinations, oldest probe age in seconds) for monitoring."""
-        now = self.clock()
+        now, freshness = self.clock(), self.settings.freshness
         evidence = [row.evidence_at for row in self.store.current_fits()]
-        stale = sum(self.settings.freshness.stale(at, now) for at in evidence)
-        return len(evidence), stale, max((now - at for at in evidence), default=0.0)
+        stale = sum(freshness.stale(at, now) for at in evidence)
+        return len(evidence), stale, max((freshness.age_s(at, now) for at in evidence), default=0.0)
 
     # -- probes ---------------------------------------------------------------------------
 
