@@ -179,11 +179,11 @@ class AdviceService(AdviceCache, SiteDesk):
         payload = curve_to_json(row.model, row.params, [p for p, _ in points])
         for entry, (_, advisable) in zip(payload["curve"], points):
             entry["advisable"] = advisable
-        now = self.clock()
+        now, freshness = self.clock(), self.settings.freshness
         payload.update(src=site, dest=dest.key, congestion_control=row.congestion_control or cc, regime=row.regime,
                        warnings=row.warnings, probes=row.probes,
                        fitted_at=row.fitted_at, probed_at=row.probed_at,
-                       stale=self.settings.freshness.stale(row.evidence_at, now))
+                       age_s=freshness.age_s(row.evidence_at, now), stale=freshness.stale(row.evidence_at, now))
         return payload
 
     def paths(self, src: Any = None) -> list[dict[str, Any]]:
