@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 
 from advisor.advice import Advice, curve_to_json
 from advisor.advice_cache import AdviceCache
-from advisor.allowlist import Resolver, system_resolver
+from advisor.allowlist import SERVICE, Resolver, system_resolver
 from advisor.destinations import Destination, client_key, parse_destination
 from advisor.errors import InvalidRequest, UnknownDestination
 from advisor.curves import curve_of
@@ -45,7 +45,7 @@ class AdviceService(AdviceCache, SiteDesk):
     def __init__(self, store: Store, settings: Settings, clock: Callable[[], float] = time.time,
                  resolver: Resolver = system_resolver,
                  controls: Callable[[], Sequence[str]] = available_controls,
-                 monotonic: Callable[[], float] = time.monotonic):
+                 monotonic: Callable[[], float] = time.monotonic, who: str = SERVICE):
         self.store = store
         self.settings = settings
         store.limit_sites(settings.max_sites, {settings.site, *(site for site, _ in settings.site_tokens)})
@@ -53,6 +53,8 @@ class AdviceService(AdviceCache, SiteDesk):
         # Seconds that only go forward: a registration's lookup deadline (REGISTRATION_LOOKUPS_S) is read from it.
         self.monotonic = monotonic
         self.resolver = resolver
+        # Whose allow-list settings.allowed is, as its refusals name it: AGENT in a `tame agent` (advisor.allowlist).
+        self.who = who
         # The congestion controls a probe run here may use (read when a probe is asked for: modules load).
         self.controls = controls
         AdviceCache.__init__(self)
@@ -225,11 +227,11 @@ class AdviceService(AdviceCache, SiteDesk):
 
     def check_allowed(self, dest: Destination) -> None:
         """Refuse a destination outside the allow-list as it resolves now (at request time)."""
-        self.settings.allowed.check(dest, self.resolver)
+        self.settings.allowed.check(dest, self.resolver, self.who)
 
     def probe_address(self, dest: Destination) -> str:
         """The IP address a probe of ``dest`` must go to: resolved once here and checked (at run time)."""
-        return self.settings.allowed.checked_address(dest, self.resolver)
+        return self.settings.allowed.checked_address(dest, self.resolver, self.who)
 
     def request_probe(self, dest_text: str, levels: Sequence[int] | None = None,
                       duration_s: float | None = None, client: str | None = None,
