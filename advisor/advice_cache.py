@@ -253,7 +253,8 @@ class AdviceCache:
 
     def _answer(self, entry: AdviceEntry, now: float, lagging: bool) -> tuple[AdviceEntry, float, bool]:
         """(entry, age_s, stale) as served: stale when its evidence is past the TTL or the entry is lagging."""
-        return entry, max(0.0, now - entry.evidence_at), lagging or self.settings.freshness.stale(entry.evidence_at, now)
+        freshness = self.settings.freshness
+        return entry, freshness.age_s(entry.evidence_at, now), lagging or freshness.stale(entry.evidence_at, now)
 
     def _lagging(self, key: CacheKey, cached: AdviceEntry | None, now: float) -> bool:
         """Past the consistency bound while its background re-read is asking the store (a slow store; not one

@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 
 from advisor.advice import Advice, curve_to_json
 from advisor.advice_cache import AdviceCache
-from advisor.allowlist import Resolver, system_resolver
+from advisor.allowlist import SERVICE, Resolver, system_resolver
 from advisor.destinations import Destination, client_key, parse_destination
 from advisor.errors import InvalidRequest, UnknownDestination
 from advisor.curves import curve_of
@@ -45,7 +45,7 @@ class AdviceService(AdviceCache, SiteDesk):
     def __init__(self, store: Store, settings: Settings, clock: Callable[[], float] = time.time,
                  resolver: Resolver = system_resolver,
                  controls: Callable[[], Sequence[str]] = available_controls,
-                 monotonic: Callable[[], float] = time.monotonic):
+                 monotonic: Callable[[], float] = time.monotonic, who: str = SERVICE):
         self.store = store
         self.settings = settings
         store.limit_sites(settings.max_sites, {settings.site, *(site for site, _ in settings.site_tokens)})
@@ -53,6 +53,8 @@ class AdviceService(AdviceCache, SiteDesk):
         # Seconds that only go forward: a registration's lookup deadline (REGISTRATION_LOOKUPS_S) is read from it.
         self.monotonic = monotonic
         self.resolver = resolver
+        # Whose allow-list settings.allowed is, as its refusals name it: AGENT in a `tame agent` (advisor.allowlist).
+        self.who = who
         # The congestion controls a probe run here may use (read when a probe is asked for: modules load).
         self.controls = controls
         AdviceCache.__init__(self)
@@ -179,11 +181,11 @@ class AdviceService(AdviceCache, SiteDesk):
         payload = curve_to_json(row.model, row.params, [p for p, _ in points])
         for entry, (_, advisable) in zip(payload["curve"], points):
             entry["advisable"] = advisable
-        now = self.clock()
+        now, freshness = self.clock(), self.settings.freshness
         payload.update(src=site, dest=dest.key, congestion_control=row.congestion_control or cc, regime=row.regime,
                        warnings=row.warnings, probes=row.probes,
                        fitted_at=row.fitted_at, probed_at=row.probed_at,
-                       stale=self.settings.freshness.stale(row.evidence_at, now))
+                       age_s=freshness.age_s(row.evidence_at, now), stale=freshness.stale(row.evidence_at, now))
         return payload
 
     def paths(self, src: Any = None) -> list[dict[str, Any]]:
@@ -194,7 +196,7 @@ class AdviceService(AdviceCache, SiteDesk):
         freshness = self.settings.freshness
         return [
             {"src": row.src, "dest": row.dest, "congestion_control": row.congestion_control, "model": row.model, "regime": row.regime, "params": row.params,
-             "fitted_at": row.fitted_at, "probed_at": row.probed_at, "age_s": max(0.0, now - row.evidence_at),
+             "fitted_at": row.fitted_at, "probed_at": row.probed_at, "age_s": freshness.age_s(row.evidence_at, now),
              "stale": freshness.stale(row.evidence_at, now), "reprobe_due": freshness.due(row.evidence_at, row.probed_at, now),
              "observations_used": row.observations_used}
             for row in self.store.current_fits(src=None if src is None else check_site(src))
@@ -203,7 +205,7 @@ class AdviceService(AdviceCache, SiteDesk):
     def links(self, src: Any = None) -> list[dict[str, Any]]:
         """Each link (from ``src`` when given): {"src", "dest", "congestion_controls", "evidence_at", "age_s",
         "stale"}, as of its newest evidence (probes or transfers, FitRow.evidence_at) under any control."""
-        now = self.clock()
+        now, freshness = self.clock(), self.settings.freshness
         links: dict[tuple[str, str], dict[str, Any]] = {}
         for row in self.store.current_fits(src=None if src is None else check_site(src)):
             link = links.setdefault((row.src, row.dest), {"src": row.src, "dest": row.dest, "congestion_controls": [],
@@ -211,26 +213,25 @@ class AdviceService(AdviceCache, SiteDesk):
             link["congestion_controls"].append(row.congestion_control)
             link["evidence_at"] = max(link["evidence_at"], row.evidence_at)
         for link in links.values():
-            link.update(age_s=max(0.0, now - link["evidence_at"]),
-                        stale=self.settings.freshness.stale(link["evidence_at"], now))
+            link.update(age_s=freshness.age_s(link["evidence_at"], now), stale=freshness.stale(link["evidence_at"], now))
         return list(links.values())
 
     def staleness(self) -> tuple[int, int, float]:
         """(destinations, stale destinations, oldest probe age in seconds) for monitoring."""
-        now = self.clock()
+        now, freshness = self.clock(), self.settings.freshness
         evidence = [row.evidence_at for row in self.store.current_fits()]
-        stale = sum(self.settings.freshness.stale(at, now) for at in evidence)
-        return len(evidence), stale, max((now - at for at in evidence), default=0.0)
+        stale = sum(freshness.stale(at, now) for at in evidence)
+        return len(evidence), stale, max((freshness.age_s(at, now) for at in evidence), default=0.0)
 
     # -- probes ---------------------------------------------------------------------------
 
     def check_allowed(self, dest: Destination) -> None:
         """Refuse a destination outside the allow-list as it resolves now (at request time)."""
-        self.settings.allowed.check(dest, self.resolver)
+        self.settings.allowed.check(dest, self.resolver, self.who)
 
     def probe_address(self, dest: Destination) -> str:
         """The IP address a probe of ``dest`` must go to: resolved once here and checked (at run time)."""
-        return self.settings.allowed.checked_address(dest, self.resolver)
+        return self.settings.allowed.checked_address(dest, self.resolver, self.who)
 
     def request_probe(self, dest_text: str, levels: Sequence[int] | None = None,
                       duration_s: float | None = None, client: str | None = None,

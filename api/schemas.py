@@ -230,7 +230,10 @@ class CurveOut(BaseModel):
     probes: list[dict[str, float]]
     fitted_at: float
     probed_at: float
-    stale: bool
+    age_s: float = Field(description="seconds since the newest evidence behind the fit: probes, or transfers that "
+                                     "refitted it")
+    stale: bool = Field(description="true when that evidence is older than the TTL (TAME_TTL_S); reading a curve "
+                                    "queues no probe, asking for its advice does")
     curve: list[CurvePointOut]
 
 

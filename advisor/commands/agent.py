@@ -147,7 +147,7 @@ def run(args) -> int:
     if args.push:
         return _run_push(args, settings, driver)
     store = open_store(settings)
-    service = AdviceService(store, settings, resolver=agent_resolver)
+    service = AdviceService(store, settings, resolver=agent_resolver, who=AGENT)
     stop = threading.Event()
 
     def said(dest: str, seconds: float, error: str | None) -> None:

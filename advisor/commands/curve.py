@@ -90,13 +90,14 @@ def run(args) -> int:
     return 0
 
 
-# Why a curve is stale: GET /v1/paths' stale (reading a curve queues no probe; asking for its advice does).
+# Why a curve is stale (reading a curve queues no probe; asking for its advice does).
 _STALE = "its evidence is older than the service's TAME_TTL_S; asking for its advice queues a probe"
 
 
 def _print_table(payload: dict, budget: float | None, advice: Advice | None) -> None:
-    if "dest" in payload:  # a known DEST's link, not --probe numbers
-        print(link_text(payload["src"], payload["dest"], payload["age_s"], payload["stale"], _STALE, what="curve"))
+    if "dest" in payload:  # a known DEST's link, not --probe numbers; a server older than age_s leaves its age unsaid
+        print(link_text(payload["src"], payload["dest"], payload.get("age_s"), payload["stale"], _STALE,
+                        what="curve"))
     header = f"{'streams':>7}  {'throughput':>14}  {'impact':>7}  {'bound':>7}"
     print(header + ("  within budget" if budget is not None else ""))
     for point in payload["curve"]:
@@ -162,24 +163,9 @@ def _known_curve(dest: str, budget: float | None, src: str | None,
         store.close()
 
 
-# Times a curve is read again when its fit was replaced between reading it and reading its age.
-_READS = 3
-
-
 def _read_curve(service, dest: str, budget: float | None, src: str | None,
                 control: str | None) -> tuple[dict, Advice | None]:
     """The curve of DEST's link from ``service`` (the server's client, or the service on the local store: the same
-    calls), with its fit's age_s and stale as GET /v1/paths gives them (the curve's stale alone leaves its age
-    unsaid), and the advice at ``budget``."""
-    for _ in range(_READS):
-        payload = service.curve(dest, control, src=src)
-        fit = (payload["src"], payload["dest"], payload["fitted_at"], payload["probed_at"])
-        row = next((p for p in service.paths(payload["src"])
-                    if (p["src"], p["dest"], p["fitted_at"], p["probed_at"]) == fit
-                    and p["congestion_control"] in (None, payload["congestion_control"])), None)
-        if row is not None:
-            payload.update(age_s=row["age_s"], stale=row["stale"])
-            return payload, None if budget is None else _advice_from_payload(
-                service.advice(dest, budget, control, src=src))
-    raise UsageError(f"the fit of {payload['src']} -> {payload['dest']} was replaced each time its curve was read "
-                     f"({_READS} times): try again")
+    calls), with its age_s and stale, and the advice at ``budget``."""
+    payload = service.curve(dest, control, src=src)
+    return payload, None if budget is None else _advice_from_payload(service.advice(dest, budget, control, src=src))

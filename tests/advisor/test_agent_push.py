@@ -325,3 +325,30 @@ def test_a_destination_the_pushing_agents_own_allow_list_refuses_says_the_agent_
     assert ("tame agent: 127.0.0.1:5201: probes to 127.0.0.1 are not allowed on this agent; ask the operator to add "
             "it to TAME_ALLOWED_DESTINATIONS\n") in done.stderr, done.stderr
     assert "pushed run" not in done.stdout
+
+
+def test_a_destination_the_in_process_agents_allow_list_refuses_says_the_agent_refused_it(tmp_path):
+    """A plain `tame agent` (no --push, no --site) runs the service in its own process on its own
+    TAME_ALLOWED_DESTINATIONS, and said "not allowed on this service" both when it asked for a probe and when its
+    worker took one queued before the list was narrowed (as a pushing agent did, test above)."""
+    from advisor.service import AdviceService
+    from advisor.settings import Settings
+    from advisor.store import Store
+
+    env, dests = agent_setup(tmp_path, "127.0.0.1:5201")
+    settings = Settings.from_env(env)  # allows 127.0.0.0/8: the probe is queued
+    store = Store.open(settings.database_url)
+    try:
+        job, created = AdviceService(store, settings).request_probe("127.0.0.1:5201")
+    finally:
+        store.close()
+    assert created
+    done = agent({**env, "TAME_ALLOWED_DESTINATIONS": "10.0.0.0/8"}, "--dest-file", str(dests), "--once")
+    assert done.returncode == 0, done.stderr
+    refusal = ("probes to 127.0.0.1 are not allowed on this agent; ask the operator to add it to "
+               "TAME_ALLOWED_DESTINATIONS")
+    assert f"tame agent: 127.0.0.1:5201: {refusal}\n" in done.stderr, done.stderr  # asking for a probe
+    # The queued probe, failed by the worker with its job's error as stored.
+    failed = f"tame agent: 127.0.0.1:5201: probe failed: DestinationNotAllowed: {refusal}\n"
+    assert failed in done.stderr, done.stderr
+    assert "this service" not in done.stderr, done.stderr

@@ -8,10 +8,7 @@ import os
 import sqlite3
 import subprocess
 import sys
-import threading
-from contextlib import contextmanager
 from dataclasses import replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -23,7 +20,7 @@ from advisor.store import Store
 from advisor.terminal import visible, visible_lines
 from api.app import create_app
 from probes.result import ProbeResult
-from tests.api.conftest import Clock, live_server, rate
+from tests.api.conftest import Clock, json_server, live_server, rate
 
 DEST = parse_destination("127.0.0.1:5201")
 # Clears the screen, reverses what follows (Trojan Source), rewrites the line, a C1 CSI, an isolate, a tag character.
@@ -87,31 +84,9 @@ def test_tame_paths_prints_a_servers_destination_with_its_control_characters_esc
     _shows_escaped(done.stdout)
 
 
-@contextmanager
 def refusing_server(detail: str):
     """An HTTP server answering every request 503 {"detail": detail}: a hostile service, or one in its way."""
-
-    class Refuse(BaseHTTPRequestHandler):
-        def do_GET(self):
-            body = json.dumps({"detail": detail}).encode()
-            self.send_response(503)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Refuse)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(10)
+    return json_server(lambda path: (503, {"detail": detail}))
 
 
 def test_a_servers_refusal_is_printed_with_its_control_characters_escaped(tmp_path):

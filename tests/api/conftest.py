@@ -1,9 +1,11 @@
+import json
 import math
 import socket
 import threading
 import time
 from contextlib import contextmanager
 from dataclasses import replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
@@ -59,6 +61,35 @@ def live_server(app):
         yield f"http://127.0.0.1:{port}"
     finally:
         server.should_exit = True
+        thread.join(10)
+
+
+@contextmanager
+def json_server(answer):
+    """A real HTTP server on 127.0.0.1 standing in for a service (an older one, a hostile one, one in the way):
+    ``answer(path)`` gives each GET's (status, JSON body). Yields its URL."""
+
+    class Answer(BaseHTTPRequestHandler):
+        def do_GET(self):
+            status, body = answer(self.path)
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
         thread.join(10)
 
 

@@ -11,7 +11,7 @@ import time
 
 from numpy.testing import assert_allclose
 
-from tests.api.conftest import A
+from tests.api.conftest import A, json_server
 
 
 def tame(base, *args, env_extra=None):
@@ -249,6 +249,9 @@ def test_curve_says_its_link_how_old_it_is_and_whether_it_is_stale_on_the_server
         assert header.split()[:2] == ["streams", "throughput"]
         shown = json.loads(tame(base, "curve", "127.0.0.1", "--json").stdout)
         assert (shown["age_s"], shown["stale"]) == (path["age_s"], path["stale"])
+        # The curve's own answer says both, by the rule GET /v1/paths and /v1/advice judge them by.
+        served = client.get("/v1/paths/127.0.0.1:5201/curve").json()
+        assert (served["age_s"], served["stale"]) == (path["age_s"], path["stale"])
     said = re.fullmatch(rf"{path['src']} -> 127\.0\.0\.1:5201 \(curve ([0-9]+) s old, fresh\)",
                         on_store().splitlines()[0])
     assert said and int(said[1]) < 60, said
@@ -259,3 +262,34 @@ def test_curve_says_its_link_how_old_it_is_and_whether_it_is_stale_on_the_server
     assert said and 2 * ttl_s <= int(said[1]) < 2 * ttl_s + 60, said
     shown = json.loads(on_store("--json"))
     assert shown["stale"] is True and shown["age_s"] >= 2 * ttl_s
+
+
+def test_curve_reads_its_age_from_the_curve_alone_and_shows_none_from_a_server_that_sends_none(service_factory,
+                                                                                                  clock):
+    # `tame curve DEST` asked GET /v1/paths (every link of the site) for the age of the curve it had just read,
+    # matching the row of the same fit and reading both again when the fit was replaced. The curve says its age
+    # itself now: a server answering the curve and nothing else (here a stand-in serving the real server's answer)
+    # is enough, and one older than age_s gets the table with no age rather than an error.
+    base, client, app = service_factory(start_worker=False)
+    push_run(client, app, "127.0.0.1")
+    clock.advance(42.0)
+    curve_path = "/v1/paths/127.0.0.1/curve"  # as `tame curve 127.0.0.1` asks for it
+    answer = client.get(curve_path).json()
+    assert answer["age_s"] == 42.0 and answer["stale"] is False
+    asked, served = [], [answer]
+
+    def curve_only(path):
+        asked.append(path)
+        return (200, served[-1]) if path.split("?")[0] == curve_path else (404, {"detail": "not here"})
+
+    link = f"{answer['src']} -> 127.0.0.1:5201"
+    with json_server(curve_only) as stand_in:
+        done = tame(stand_in, "curve", "127.0.0.1")
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.splitlines()[0] == f"{link} (curve 42 s old, fresh)", done.stdout
+        assert {p.split("?")[0] for p in asked} == {curve_path}, asked
+        served.append({k: v for k, v in answer.items() if k != "age_s"})  # a server from before age_s
+        done = tame(stand_in, "curve", "127.0.0.1")
+        assert done.returncode == 0, done.stderr
+        first, header = done.stdout.splitlines()[:2]
+        assert first == link and header.split()[:2] == ["streams", "throughput"], done.stdout
