@@ -6,7 +6,7 @@ made on first write, counted against a site's cap, and their controls against a 
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from typing import Callable, Iterable, TypeVar
 
 from advisor.db import Database, Tx
 from advisor.destinations import Destination
@@ -24,6 +24,27 @@ _LINK_SOURCES = ("WITH RECURSIVE s(src) AS (SELECT min(src) FROM destinations UN
                  "SELECT src FROM s WHERE src IS NOT NULL")
 # The key of Tx.memo holding the link counts check_new_link keeps for the transaction.
 _LINK_COUNTS = "site_link_counts"
+
+
+T = TypeVar("T")
+
+
+def advised(held: Iterable[tuple[str | None, float, T]], control: str, default_control: str | None) -> T | None:
+    """Of a link's current fits (or newest runs), one per control, each (its control, when its probes ended in Unix
+    seconds, it), the one the advice under ``control`` rests on, or None: the one under ``control``; for
+    ``default_control`` (the service's; None: not known), the one on the newer probes of that and the one that
+    recorded no control (stored before controls were, or pushed without one), the recorded one among equals.
+
+    The one rule for every reader (the API, advisor.schedule.SqlAdvice, site agents' freshness, observations'
+    refits); docs/advice-service.md gives it to schedulers in SQL."""
+    unrecorded = control == default_control
+    best: tuple[tuple[float, bool], T] | None = None
+    for held_control, probed_at, item in held:
+        if held_control == control or (unrecorded and held_control is None):
+            key = (probed_at, held_control is not None)
+            if best is None or key > best[0]:
+                best = key, item
+    return None if best is None else best[1]
 
 
 def same_control(column: str, control: str | None) -> tuple[str, tuple]:

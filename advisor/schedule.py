@@ -23,6 +23,7 @@ from advisor.destinations import Destination, parse_destination
 from advisor.errors import DuplicateKey, InvalidRequest, StoreError, UnknownDestination
 from advisor.freshness import Freshness, evidence_at
 from advisor.limits import check_congestion_control, check_site, parse_number, unique_keys
+from advisor.links import advised, same_control
 
 # A queue is the operator's file: bounded so that a wrong file fails fast rather than filling memory.
 MAX_QUEUE_BYTES = 1 << 20
@@ -287,9 +288,9 @@ class SqlAdvice:
         return self._has_src
 
     def advice(self, src: str | None, dest_key: str, control: str, max_impact: float) -> LinkAdvice:
-        """``coalesce(max(streams), 1)`` for the link under ``control`` (for the default control, rows not
-        recorded with a control when there are none recorded), with the current fit's age and staleness;
-        UnknownDestination when the store has no fit for it."""
+        """``coalesce(max(streams), 1)`` for the link under ``control`` (for the default control, of the rows recorded
+        under it or of those not recorded with a control, as advisor.links.advised takes them), with the current
+        fit's age and staleness; UnknownDestination when the store has no fit for it."""
         where, params = "dest = ?", [dest_key]
         if self.has_src():
             src = src or self.own_site
@@ -299,17 +300,18 @@ class SqlAdvice:
                                      f"column, a store older than advice per link), so it has no advice for "
                                      f"{src} -> {dest_key}")
         with self._db.transaction() as tx:
-            unrecorded = [("congestion_control IS NULL", [])] if control == self.default_control else []
-            for control_clause, control_params in [("congestion_control = ?", [control])] + unrecorded:
-                fits = tx.execute(f"SELECT probed_at, fitted_at, observations_used FROM current_fits "
-                                  f"WHERE {where} AND {control_clause}", params + control_params).fetchall()
-                if fits:
-                    streams = int(tx.execute(
-                        "SELECT coalesce(max(streams), 1) FROM current_advice "
-                        f"WHERE {where} AND {control_clause} AND impact_bound <= ?",
-                        params + control_params + [max_impact]).fetchone()[0])
-                    newest, now = max(evidence_at(*fit) for fit in fits), self.clock()
-                    return LinkAdvice(streams, self.freshness.age_s(newest, now), self.freshness.stale(newest, now))
+            # One current fit per control (the link's; in a store without src, the destination's).
+            fits = tx.execute(f"SELECT congestion_control, probed_at, fitted_at, observations_used FROM current_fits "
+                              f"WHERE {where}", params).fetchall()
+            fit = advised(((row[0], row[1], row) for row in fits), control, self.default_control)
+            if fit is not None:
+                control_clause, control_params = same_control("congestion_control", fit[0])
+                streams = int(tx.execute(
+                    "SELECT coalesce(max(streams), 1) FROM current_advice "
+                    f"WHERE {where} AND {control_clause} AND impact_bound <= ?",
+                    params + list(control_params) + [max_impact]).fetchone()[0])
+                newest, now = evidence_at(*fit[1:]), self.clock()
+                return LinkAdvice(streams, self.freshness.age_s(newest, now), self.freshness.stale(newest, now))
         raise UnknownDestination(f"the advice store has no advice for {'%s -> ' % src if src else ''}{dest_key} "
                                  f"under {control}" + (" (a link without src is this host's site, TAME_SITE: name "
                                                        "its src in the queue)" if src == self.own_site else ""))

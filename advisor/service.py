@@ -144,8 +144,8 @@ class AdviceService(AdviceCache, SiteDesk):
     # -- advice (read through advisor.advice_cache), curves, paths and links -------------
 
     def _current(self, src: str, dest_key: str, control: str) -> FitRow | None:
-        """The link's current fit (on the newest probes) under ``control``; for the default control, fits that did
-        not record theirs (stored before controls were) answer until one under it is stored."""
+        """The link's current fit (on the newest probes) under ``control``; for the default control, the one on the
+        newer probes of that and the one that did not record its control (advisor.links.advised)."""
         return self.store.current_fit(dest_key, control, or_unrecorded=control == self.settings.congestion_control,
                                       src=src)
 
@@ -332,12 +332,9 @@ class AdviceService(AdviceCache, SiteDesk):
         observation = dataclasses.replace(observation, congestion_control=control)
         # An observation becomes advice schedulers read: only for destinations this service may probe.
         self.check_allowed(dest)
-        run_control: str | None = control
-        run = self.store.latest_run_points(dest.key, control, src=site)
-        if run is None and control == self.settings.congestion_control:
-            # As the advice does: runs that did not record their control count as the default's.
-            run_control = None
-            run = self.store.latest_run_points(dest.key, None, src=site)
+        # As the advice does: runs that did not record their control count as the default's.
+        or_unrecorded = control == self.settings.congestion_control
+        run = self.store.latest_run_points(dest.key, control, or_unrecorded, src=site)
         base = [ProbePoint(streams=p["streams"], throughput_bps=p["throughput_bps"], rtt_s=p["rtt_mean_s"],
                            retransmits=p["retransmits"], duration_s=p["duration_s"], mss_bytes=p["mss_bytes"],
                            stream_bps=p["stream_bps"], stream_retransmits=p["stream_retransmits"])
@@ -369,7 +366,7 @@ class AdviceService(AdviceCache, SiteDesk):
             return {"src": site, "dest": dest.key, "congestion_control": control, "accepted": True,
                     "refit": fit_id is not None, "id": observation_id, "feeds_fit": observation.feeds_fit}
 
-        ids = self.store.add_observation(dest, observation, refit, src=site, run_control=run_control,
+        ids = self.store.add_observation(dest, observation, refit, src=site, or_unrecorded=or_unrecorded,
                                          max_links=self.settings.max_site_links, base_run=run, request=request,
                                          answer=answer)
         self.invalidate(site, dest.key)

@@ -16,6 +16,7 @@ from advisor.errors import (AdvisorError, DestinationNotAllowed, InvalidRequest,
                             LookupUnfinished, QueueFull, UnknownProbe)
 from advisor.jobs import Job
 from advisor.limits import check_owner, check_site, MAX_SITE_STREAMS
+from advisor.links import advised
 from advisor.plan_runner import adaptive_probes, lease_settings, plan_for, plan_need_text, plan_needs
 from advisor.settings import Settings
 from advisor.slownames import SlowNames
@@ -42,15 +43,16 @@ def fresh_destinations(paths: list[dict[str, Any]], control: str, unrecorded_con
                        max_age_s: float | None = None) -> set[str]:
     """Destinations whose advice under ``control`` is fresh (GET /v1/paths rows of one site): not stale, not due for a
     probe (``reprobe_due``: advisor.freshness), and no older than ``max_age_s`` when it is given. When ``control`` is
-    ``unrecorded_control`` (the service's default; None: not known), a destination with no fit under it counts its
-    fit that recorded no control, as the service's advice does for its default and for no other control."""
-    recorded = {p["dest"] for p in paths if p["congestion_control"] == control}
-    unrecorded_counts = control == unrecorded_control
+    ``unrecorded_control`` (the service's default; None: not known), the fit its advice rests on may be one that
+    recorded no control (advisor.links.advised), as the service's advice does for its default and no other control."""
+    held: dict[str, list[dict[str, Any]]] = {}
+    for p in paths:
+        held.setdefault(p["dest"], []).append(p)
+    advice_paths = (advised(((p["congestion_control"], p["probed_at"], p) for p in of_dest), control,
+                            unrecorded_control) for of_dest in held.values())
     # .get: a service older than reprobe_due (an agent pushing to it) judges by stale alone.
-    return {p["dest"] for p in paths if not p["stale"] and not p.get("reprobe_due")
-            and (max_age_s is None or p["age_s"] <= max_age_s)
-            and (p["congestion_control"] == control
-                 or (unrecorded_counts and p["congestion_control"] is None and p["dest"] not in recorded))}
+    return {p["dest"] for p in advice_paths if p is not None and not p["stale"] and not p.get("reprobe_due")
+            and (max_age_s is None or p["age_s"] <= max_age_s)}
 
 
 def _probe_id(job_id: str) -> str:

@@ -25,7 +25,7 @@ from advisor.freshness import evidence_at as newest_evidence_at
 from advisor.idempotency import KeyedRequest
 from advisor.jobs import ANSWERED_JOB, JobQueue
 from advisor.limits import MAX_SITE_LINKS
-from advisor.links import Links, same_control
+from advisor.links import Links, advised, same_control
 from advisor.observations import RECORD_COLUMNS as OBSERVATION_COLUMNS, Observation
 from probes.result import ProbeResult
 
@@ -93,19 +93,19 @@ class _RefitWindow:
     params: tuple
     since: float  # observed_at from (Unix seconds)
     limit: int
-    run_control: str | None
     base_run: "BaseRun | None"
+    or_unrecorded: bool  # the observation's control is the service's default (advisor.links.advised)
 
     @classmethod
-    def of(cls, observation: Observation, run_control: str | None, base_run: "BaseRun | None",
-           limit: int) -> "_RefitWindow":
+    def of(cls, observation: Observation, base_run: "BaseRun | None", limit: int,
+           or_unrecorded: bool) -> "_RefitWindow":
         where, params = same_control("congestion_control", observation.congestion_control)
-        if run_control is None and observation.congestion_control is not None:
+        if base_run is not None and base_run.congestion_control is None and observation.congestion_control is not None:
             # The refit rests on a run that did not record its control (taken as this one's, the default):
             # the observations stored beside it did not record theirs either, and count too.
             where = f"({where} OR congestion_control IS NULL)"
-        return cls(where, tuple(params), 0.0 if base_run is None else base_run.finished_at, limit, run_control,
-                   base_run)
+        return cls(where, tuple(params), 0.0 if base_run is None else base_run.finished_at, limit, base_run,
+                   or_unrecorded)
 
     def _select(self, columns: str) -> str:
         return (f"SELECT {columns} FROM observations WHERE destination_id = ? AND {self.where} AND observed_at >= ? "
@@ -137,7 +137,8 @@ class _RefitWindow:
 
 @dataclass(frozen=True)
 class BaseRun:
-    """A link's newest probe run with results under one control: what an observation's refit rests on."""
+    """A link's newest probe run with results under one control (or the run the advice under the default control
+    rests on, advisor.links.advised): what an observation's refit rests on."""
 
     id: int
     probed_at: float  # Unix seconds when its probes ended (its fit's probed_at): the refit's probes are as old
@@ -146,6 +147,7 @@ class BaseRun:
     # [{streams, throughput_bps, rtt_mean_s, retransmits, duration_s, mss_bytes, stream_bps, stream_retransmits}];
     # the per-stream lists are tuples, empty where the run did not store them.
     points: list[dict[str, Any]]
+    congestion_control: str | None = None  # the control the run recorded (None: none)
 
 
 @dataclass(frozen=True)
@@ -209,6 +211,16 @@ def _newest_run(tx: Tx, link: str, link_params: Sequence[Any], control: str | No
     """The row of :data:`_NEWEST_RUN` for the link ``link`` (SQL on ``d``) under ``control``, or None."""
     where, params = same_control("r.congestion_control", control)
     return tx.execute(_NEWEST_RUN.format(link=link, control=where), (*link_params, *params)).fetchone()
+
+
+def _advised_run(tx: Tx, link: str, link_params: Sequence[Any], control: str | None, or_unrecorded: bool):
+    """(the row of :data:`_NEWEST_RUN`, its control) the advice under ``control`` rests on, of the newest run under
+    it and, with ``or_unrecorded`` (``control`` is the service's default), the newest that recorded none, as
+    :func:`advisor.links.advised` takes fits; or None."""
+    controls = (control, None) if or_unrecorded and control is not None else (control,)
+    runs = [(held, row[1], (row, held)) for held in controls
+            if (row := _newest_run(tx, link, link_params, held)) is not None]
+    return advised(runs, control, control if or_unrecorded else None)
 
 
 def _json_list(values: Sequence[float]) -> str | None:
@@ -287,17 +299,17 @@ class Store(Links, JobQueue):
     def current_fit(self, dest_key: str, control: str | None = None, or_unrecorded: bool = False, *,
                     src: str) -> FitRow | None:
         """The link's current fit under ``control`` (None: the fits that did not record one): the one on the newest
-        probes, the newest stored among equals; with ``or_unrecorded``, the current one of those that did not record
-        one when there is none under ``control``."""
+        probes, the newest stored among equals; with ``or_unrecorded`` (``control`` is the service's default), the
+        one :func:`advisor.links.advised` takes of that and the current one of those that did not record one."""
         where, params = same_control("congestion_control", control)
         if or_unrecorded and control is not None:
             where = f"({where} OR congestion_control IS NULL)"
         with self.db.transaction() as tx:
-            # One current fit per control: a recorded one comes before the unrecorded one.
-            row = tx.execute(f"SELECT {_FIT_COLUMNS} FROM current_fits WHERE src = ? AND dest = ? AND {where} "
-                             "ORDER BY CASE WHEN congestion_control IS NULL THEN 1 ELSE 0 END LIMIT 1",
-                             (src, dest_key, *params)).fetchone()
-        return _fit(row) if row else None
+            rows = tx.execute(f"SELECT {_FIT_COLUMNS} FROM current_fits WHERE src = ? AND dest = ? AND {where}",
+                              (src, dest_key, *params)).fetchall()
+        fits = [_fit(row) for row in rows]
+        return advised(((fit.congestion_control, fit.probed_at, fit) for fit in fits), control,
+                       control if or_unrecorded else None)
 
     def current_fit_ids(self, dest_key: str, *, src: str) -> tuple[int, ...]:
         """The ids of the link's current fits under every control (a cheap check that nothing was
@@ -399,13 +411,16 @@ class Store(Links, JobQueue):
                 request.remember(tx, run_id, answer(stored))
         return stored
 
-    def latest_run_points(self, dest_key: str, control: str | None = None, *, src: str) -> BaseRun | None:
+    def latest_run_points(self, dest_key: str, control: str | None = None, or_unrecorded: bool = False, *,
+                          src: str) -> BaseRun | None:
         """The link's run with results on the newest probes under ``control`` (None: runs that did not record one),
-        or None."""
+        or None; with ``or_unrecorded`` (``control`` is the service's default), the one the advice rests on
+        (:func:`_advised_run`)."""
         with self.db.transaction() as tx:
-            run = _newest_run(tx, "d.src = ? AND d.dest = ?", (src, dest_key), control)
-            if not run:
+            advised_run = _advised_run(tx, "d.src = ? AND d.dest = ?", (src, dest_key), control, or_unrecorded)
+            if advised_run is None:
                 return None
+            run, run_control = advised_run
             rows = tx.execute(
                 "SELECT streams, throughput_bps, rtt_mean_s, retransmits, duration_s, mss_bytes, stream_bps, "
                 "stream_retransmits FROM probe_results WHERE probe_run_id = ? ORDER BY id",
@@ -414,27 +429,28 @@ class Store(Links, JobQueue):
         names = ("streams", "throughput_bps", "rtt_mean_s", "retransmits", "duration_s", "mss_bytes")
         return BaseRun(run[0], run[1], run[2], run[3],
                        [{**dict(zip(names, r[:6])), "stream_bps": _from_json_list(r[6]),
-                         "stream_retransmits": _from_json_list(r[7])} for r in rows])
+                         "stream_retransmits": _from_json_list(r[7])} for r in rows], run_control)
 
     # -- observations ---------------------------------------------------------------------
 
     def add_observation(self, dest: Destination, observation: Observation,
                         refit: Callable[[list[dict[str, float]]], NewFit | None],
                         limit: int = REFIT_OBSERVATIONS, *, src: str,
-                        run_control: str | None = None, max_links: int = MAX_SITE_LINKS,
+                        or_unrecorded: bool = False, max_links: int = MAX_SITE_LINKS,
                         base_run: BaseRun | None = None, request: KeyedRequest | None = None,
                         answer: Callable[[int, int | None], dict[str, Any]] | None = None) -> tuple[int, int | None]:
         """Store an observation of a transfer from site ``src`` and, in the same transaction, the refit ``refit(observations)`` returns.
 
-        ``base_run``: the run ``refit`` rests on (:meth:`latest_run_points`, read before this transaction); when the
-        link's run on the newest probes is another one by then (one committed since), the refit would hide it behind
-        older probes, so the observation is stored without one (the newer run's fit stands, and the next observation
+        ``base_run``: the run ``refit`` rests on (:meth:`latest_run_points`, read before this transaction, with
+        ``or_unrecorded`` when the observation's control is the service's default); when the link's run on the
+        newest probes (as latest_run_points takes it) is another one by then (one committed since), the refit would
+        hide it behind older probes, so the observation is stored without one (the newer run's fit stands, and the next observation
         refits on it).
 
         ``refit`` gets the observations ({streams, throughput_bps, duration_s, stream_bps, stream_retransmits}; the
         lists empty where not reported) under the observation's congestion control that feed the fit (all
-        streams standard: :attr:`Observation.feeds_fit`), stored since ``base_run`` reached the store (finished_at; under
-        ``run_control``: its control, or None for one that did not record its control), at most
+        streams standard: :attr:`Observation.feeds_fit`), stored since ``base_run`` reached the store (finished_at;
+        those that recorded no control too when the run did not record its control), at most
         ``limit``, newest first, and returns the new fit or None. An observation that does not feed the fit, or has no
         ``base_run`` to refit on, is stored without calling it. Returns (the observation's id, the new fit's id or
         None). One that would be a new link past ``max_links`` is refused (TooManyLinks), nothing stored. With ``request`` (a client's
@@ -446,7 +462,7 @@ class Store(Links, JobQueue):
         for the fit); when another write came between, it is computed again inside the transaction. Writers in this
         process to one link take turns (early refit and write), so that is only when another process wrote it.
         """
-        window = _RefitWindow.of(observation, run_control, base_run, limit)
+        window = _RefitWindow.of(observation, base_run, limit, or_unrecorded)
         if not (observation.feeds_fit and base_run is not None):
             return self._store_observation(dest, observation, refit, window, None, src=src, max_links=max_links,
                                            request=request, answer=answer)
@@ -496,8 +512,8 @@ class Store(Links, JobQueue):
             # window then holds the observation the one before it stored, which one running beside it would not see
             # (each fit leaving out the other's). SQLite's write lock is the whole store's already.
             tx.execute("SELECT 1 FROM destinations WHERE id = ? FOR NO KEY UPDATE", (destination_id,))
-        newest = _newest_run(tx, "d.id = ?", (destination_id,), window.run_control)
-        if newest is None or newest[0] != window.base_run.id:
+        newest = _advised_run(tx, "d.id = ?", (destination_id,), observation.congestion_control, window.or_unrecorded)
+        if newest is None or newest[0][0] != window.base_run.id:
             return observation_id, None
         if early is not None and window.ids(tx, destination_id) == (observation_id, *early[0]):
             fit = early[1]

@@ -3,7 +3,8 @@
 budget: streams, control, src, stale, age, or no advice. Over real HTTP, on a real SQLite file and on PostgreSQL, for a
 link holding fits under bbr and reno and one that recorded no control, from the service's site and another, named
 with and without its src, in upper case, with the destination spelt four ways, fresh, past the TTL, and refitted
-by transfers."""
+by transfers; and for the default control, from whichever of its recorded fit and an unrecorded one is on the newer
+probes."""
 
 import itertools
 
@@ -12,6 +13,7 @@ import pytest
 from advisor.destinations import parse_destination
 from advisor.errors import UnknownDestination
 from advisor.schedule import SqlAdvice
+from advisor.site_desk import fresh_destinations
 from tests.api.conftest import rate
 from tests.api.test_site_links import AS_A, DATABASES, SITE_TOKENS, url_for
 from tests.sites import SITE
@@ -20,9 +22,14 @@ AS_SERVICE = {"Authorization": f"Bearer {SITE_TOKENS['token']}"}
 DEST = "127.0.0.2:5201"
 SPELLINGS = (DEST, "127.0.0.2", "::ffff:127.0.0.2", "[::FFFF:127.0.0.2]:5201")
 TTL_S = 3600.0
-# docs/advice-service.md, "The store": the API's stale in SQL, on the fit the advice reads.
+# docs/advice-service.md, "The store": the API's stale in SQL, on the fit the advice reads, and its streams.
 STALE = ("SELECT ? - CASE WHEN observations_used > 0 AND fitted_at > probed_at THEN fitted_at ELSE probed_at END > ? "
          "FROM current_fits WHERE src = ? AND dest = ? AND ")
+STREAMS = ("SELECT coalesce(max(streams), 1) FROM current_advice WHERE fit_id = (SELECT id FROM current_fits "
+           "WHERE src = ? AND dest = ? AND {fit}) AND impact_bound <= ?")
+# The fit a scheduler of a control reads: of the default (cubic), the recorded or unrecorded one on the newer probes.
+DEFAULT_FIT = ("(congestion_control = ? OR congestion_control IS NULL) "
+               "ORDER BY probed_at DESC, congestion_control IS NULL LIMIT 1")
 
 
 def _sql(sql, store, now, src, dest, control, budget):
@@ -33,11 +40,11 @@ def _sql(sql, store, now, src, dest, control, budget):
         advice = sql.advice(src, parse_destination(dest).key, control, budget)
     except UnknownDestination:
         return False
+    fit = DEFAULT_FIT if control == "cubic" else "congestion_control = ?"
     with store.db.transaction() as tx:
-        # The recorded fit, else (for the default control) the one that recorded none, as SqlAdvice reads them.
-        stale = tx.execute(STALE + "congestion_control = ?", (now, TTL_S, src, DEST, control)).fetchone() or \
-            tx.execute(STALE + "congestion_control IS NULL", (now, TTL_S, src, DEST)).fetchone()
-    assert advice.stale == bool(stale[0]), (src, dest, control)
+        stale = tx.execute(STALE + fit, (now, TTL_S, src, DEST, control)).fetchone()
+        streams = tx.execute(STREAMS.format(fit=fit), (src, DEST, control, budget)).fetchone()
+    assert (advice.stale, advice.streams) == (bool(stale[0]), streams[0]), (src, dest, control)
     return advice.streams, control, src, advice.stale, advice.age_s
 
 
@@ -92,5 +99,51 @@ def test_http_batch_and_sql_give_one_answer(database, request, tmp_path, service
         clock.advance(5)
         refitted = _answers(client, sql, store, clock())
         assert {a[1:4] for a in refitted if a and not a[3]} == {("cubic", SITE, False), ("bbr", "site-a", False)}
+    finally:
+        sql.close()
+
+
+@pytest.mark.parametrize("database", DATABASES)
+def test_the_default_control_is_answered_from_its_newest_probes_recorded_or_not(database, request, tmp_path,
+                                                                                 service_factory, clock):
+    url = url_for(database, request, tmp_path)
+    base, client, app = service_factory(start_worker=False, url=url, congestion_control="cubic", ttl_s=TTL_S,
+                                        **SITE_TOKENS)
+    store = app.state.service.store
+    # The service's site: an old run under cubic, then a client keeps pushing runs without their control. Site-a:
+    # the other way round. A recorded fit on older probes answered the default before the newer unrecorded one.
+    order = {None: ("cubic", None), "site-a": (None, "cubic")}
+    for step in range(2):
+        for src, headers in ((None, AS_SERVICE), ("site-a", AS_A)):
+            control = order[src][step]
+            run = {"dest": DEST, "probes": [{"streams": n, "throughput_bps": rate(n) * (1.0, 0.5)[step]}
+                                            for n in (1, 10)],
+                   **({"congestion_control": control} if control else {}), **({"src": src} if src else {})}
+            assert client.post("/v1/probe-runs", json=run, headers=headers).status_code == 201
+        clock.advance(TTL_S + 400)
+    clock.advance(-TTL_S)  # the newer runs 400 s old, the older ones past the TTL
+    sql = SqlAdvice(url, SITE, "cubic", app.state.settings.freshness, clock=clock)
+    try:
+        answers = _answers(client, sql, store, clock())
+        cubic = {a[2]: a for a in answers if a and a[1] == "cubic"}
+        # Both links answer cubic from their newer probes, 400 s old and fresh: the site's from the unrecorded fit.
+        assert {src: a[3:] for src, a in cubic.items()} == {SITE: (False, 400.0), "site-a": (False, 400.0)}
+        advice = client.get("/v1/advice", params={"dest": DEST, "max_impact": 0.2}, headers=AS_SERVICE).json()
+        assert advice["probed_at"] == clock() - 400
+        assert "did not record their congestion control" in advice["warnings"][-1]
+        for src, headers in ((SITE, AS_SERVICE), ("site-a", AS_A)):
+            paths = client.get("/v1/paths", params={"src": src}, headers=headers).json()["paths"]
+            assert fresh_destinations(paths, "cubic", "cubic") == {DEST}, src
+        # A transfer under cubic refits on the run behind the advice (the unrecorded one at the service's site): the
+        # refit records cubic, on probes as new as the unrecorded fit's, and answers.
+        observation = {"dest": DEST, "streams": 4, "throughput_bps": rate(4) * 0.4, "congestion_control": "cubic"}
+        refit = client.post("/v1/observations", json=observation, headers=AS_SERVICE)
+        assert refit.status_code == 202 and refit.json()["refit"], refit.text
+        clock.advance(5)
+        advice = client.get("/v1/advice", params={"dest": DEST, "max_impact": 0.2}, headers=AS_SERVICE).json()
+        assert (advice["congestion_control"], advice["observations_used"], advice["probed_at"], advice["stale"]) == \
+            ("cubic", 1, clock() - 405, False)
+        assert {a[2]: a[3:] for a in _answers(client, sql, store, clock()) if a and a[1] == "cubic"} == \
+            {SITE: (False, 5.0), "site-a": (False, 405.0)}
     finally:
         sql.close()
