@@ -127,25 +127,31 @@ class PruneCounts:
 # One window function over the standard observations, not a subquery per row: that one read every observation of
 # the link again for each (25-29 s inside the write lock for 1,500 observations of 37 KiB in a hunt). A window
 # partition holds NULL (control not recorded) as one group, on both dialects.
+# Only the links with rows past the count kept are read (``cut``, made once): a store whose links are all under it
+# reads no window at all. The window's ids are excluded by an anti-join (NOT EXISTS), not NOT IN: PostgreSQL runs NOT
+# IN over a subquery larger than its work_mem as a plain subplan, reading the whole window again for every row (a pass
+# over 1,006,000 observations had not ended after 587 s in benchmarks.prune_controls --postgres).
 _REFIT_WINDOW = (
-    " AND t.id NOT IN (SELECT w.id FROM (SELECT o.id, row_number() OVER (PARTITION BY o.destination_id, "
-    "o.congestion_control ORDER BY o.id DESC) AS newer FROM observations o WHERE o.tame_streams = 0) w "
-    "WHERE w.newer <= ?)")
+    "SELECT w.id FROM (SELECT o.id, row_number() OVER (PARTITION BY o.destination_id, o.congestion_control "
+    "ORDER BY o.id DESC) AS newer FROM observations o JOIN cut ON o.destination_id = cut.did "
+    "WHERE o.tame_streams = 0) w WHERE w.newer <= ?")
 
 
 def _beyond_newest(tx: Tx, table: str, keep: int, limit: int) -> list[int]:
     """Ids of ``table``'s rows (fits or observations) past the ``keep`` newest of their destination, oldest first;
     never a control's current fit, nor an observation in a control's refit window."""
     assert table in ("fits", "observations")
-    # The (keep+1)-th newest id of each destination: that id and older ones are beyond the count kept.
+    # The (keep+1)-th newest id of each destination that has one: that id and older ones are beyond the count kept.
     # A destination's current fit under any control stays, however many newer fits other controls have.
-    current, params = ((" AND t.id NOT IN (SELECT cf.id FROM current_fits cf)", ()) if table == "fits"
-                       else (_REFIT_WINDOW, (REFIT_OBSERVATIONS,)))
+    kept, params = (("SELECT cf.id FROM current_fits cf", ()) if table == "fits"
+                    else (_REFIT_WINDOW, (REFIT_OBSERVATIONS,)))
     rows = tx.execute(
-        f"WITH cut AS (SELECT d.id AS did, (SELECT t2.id FROM {table} t2 WHERE t2.destination_id = d.id "
-        "ORDER BY t2.id DESC LIMIT 1 OFFSET ?) AS cutoff FROM destinations d) "
-        f"SELECT t.id FROM {table} t JOIN cut ON t.destination_id = cut.did WHERE t.id <= cut.cutoff{current} "
-        "ORDER BY t.id LIMIT ?", (keep, *params, limit)).fetchall()
+        f"WITH cut AS MATERIALIZED (SELECT did, cutoff FROM (SELECT d.id AS did, (SELECT t2.id FROM {table} t2 "
+        "WHERE t2.destination_id = d.id ORDER BY t2.id DESC LIMIT 1 OFFSET ?) AS cutoff FROM destinations d) c "
+        f"WHERE cutoff IS NOT NULL), kept AS MATERIALIZED ({kept}) "
+        f"SELECT t.id FROM {table} t JOIN cut ON t.destination_id = cut.did WHERE t.id <= cut.cutoff "
+        "AND NOT EXISTS (SELECT 1 FROM kept WHERE kept.id = t.id) ORDER BY t.id LIMIT ?",
+        (keep, *params, limit)).fetchall()
     return [r[0] for r in rows]
 
 
