@@ -45,6 +45,8 @@ takes a new link. A pass goes through ``link_controls`` in key order (link id, c
 transaction whether released or not, and the next pass goes on from where it stopped (kept in the store's
 prune_positions, :attr:`PruneCounts.resume`), so a store with more controls than one pass goes through is not
 scanned from its first row every time, and replicas of the service on one store go on from each other's position.
+The observations step likewise goes through the links past the count kept in link id order, at most
+OBSERVATION_LINKS_A_BATCH a batch, from where the last batch stopped.
 
 Each batch is one short write transaction of at most ``batch`` parent rows (and their children:
 a fit's curve points, a run's results; a released control's rows), so readers and writers wait at most for one
@@ -122,36 +124,49 @@ class PruneCounts:
         self.deleted[table] = self.deleted.get(table, 0) + rows
 
 
-# The newest REFIT_OBSERVATIONS standard (tame_streams = 0) observations of each (destination, control): the
-# refit window. Tame transfers, which never refit, and other controls' transfers do not push them out.
-# One window function over the standard observations, not a subquery per row: that one read every observation of
-# the link again for each (25-29 s inside the write lock for 1,500 observations of 37 KiB in a hunt). A window
-# partition holds NULL (control not recorded) as one group, on both dialects.
-# Only the links with rows past the count kept are read (``cut``, made once): a store whose links are all under it
-# reads no window at all. The window's ids are excluded by an anti-join (NOT EXISTS), not NOT IN: PostgreSQL runs NOT
-# IN over a subquery larger than its work_mem as a plain subplan, reading the whole window again for every row (a pass
-# over 1,006,000 observations had not ended after 587 s in benchmarks.prune_controls --postgres).
-_REFIT_WINDOW = (
-    "SELECT w.id FROM (SELECT o.id, row_number() OVER (PARTITION BY o.destination_id, o.congestion_control "
-    "ORDER BY o.id DESC) AS newer FROM observations o JOIN cut ON o.destination_id = cut.did "
-    "WHERE o.tame_streams = 0) w WHERE w.newer <= ?")
-
-
-def _beyond_newest(tx: Tx, table: str, keep: int, limit: int) -> list[int]:
-    """Ids of ``table``'s rows (fits or observations) past the ``keep`` newest of their destination, oldest first;
-    never a control's current fit, nor an observation in a control's refit window."""
-    assert table in ("fits", "observations")
+def _fits_beyond_newest(tx: Tx, keep: int, limit: int) -> list[int]:
+    """Ids of the fits past the ``keep`` newest of their destination, oldest first; never a control's current fit."""
     # The (keep+1)-th newest id of each destination that has one: that id and older ones are beyond the count kept.
-    # A destination's current fit under any control stays, however many newer fits other controls have.
-    kept, params = (("SELECT cf.id FROM current_fits cf", ()) if table == "fits"
-                    else (_REFIT_WINDOW, (REFIT_OBSERVATIONS,)))
+    # A destination's current fit under any control stays, however many newer fits other controls have. An
+    # anti-join (NOT EXISTS), not NOT IN: PostgreSQL runs NOT IN over a subquery larger than its work_mem as a plain
+    # subplan, reading it again for every row.
     rows = tx.execute(
-        f"WITH cut AS MATERIALIZED (SELECT did, cutoff FROM (SELECT d.id AS did, (SELECT t2.id FROM {table} t2 "
+        "WITH cut AS MATERIALIZED (SELECT did, cutoff FROM (SELECT d.id AS did, (SELECT t2.id FROM fits t2 "
         "WHERE t2.destination_id = d.id ORDER BY t2.id DESC LIMIT 1 OFFSET ?) AS cutoff FROM destinations d) c "
-        f"WHERE cutoff IS NOT NULL), kept AS MATERIALIZED ({kept}) "
-        f"SELECT t.id FROM {table} t JOIN cut ON t.destination_id = cut.did WHERE t.id <= cut.cutoff "
-        "AND NOT EXISTS (SELECT 1 FROM kept WHERE kept.id = t.id) ORDER BY t.id LIMIT ?",
-        (keep, *params, limit)).fetchall()
+        "WHERE cutoff IS NOT NULL), kept AS MATERIALIZED (SELECT cf.id FROM current_fits cf) "
+        "SELECT t.id FROM fits t JOIN cut ON t.destination_id = cut.did WHERE t.id <= cut.cutoff "
+        "AND NOT EXISTS (SELECT 1 FROM kept WHERE kept.id = t.id) ORDER BY t.id LIMIT ?", (keep, limit)).fetchall()
+    return [r[0] for r in rows]
+
+
+# Links one batch of the observations step goes through: it reads each one's refit window (an index range of the
+# link's own observations), so a batch's read is bounded by them, not by the store. (One window function over every
+# link's observations held SQLite's write lock 2.0 s a batch with 2,000 links past the count, 2,100,000 observations,
+# in benchmarks.prune_controls --controls 1 --observations 2100000.)
+OBSERVATION_LINKS_A_BATCH = 50
+# The step whose position prune_positions keeps (the link id; its control column unused).
+_OBSERVATIONS_STEP = "observations"
+
+
+def links_past_count(tx: Tx, keep: int, after: int, links: int) -> list[tuple[int, int]]:
+    """(link id, cut-off id) of up to ``links`` links after link id ``after`` that hold more than ``keep``
+    observations, in id order: the cut-off and older observations are past the count kept."""
+    return [(r[0], r[1]) for r in tx.execute(
+        "SELECT did, cutoff FROM (SELECT d.id AS did, (SELECT o.id FROM observations o WHERE o.destination_id = d.id "
+        "ORDER BY o.id DESC LIMIT 1 OFFSET ?) AS cutoff FROM destinations d WHERE d.id > ?) c "
+        "WHERE cutoff IS NOT NULL ORDER BY did LIMIT ?", (keep, after, links)).fetchall()]
+
+
+def observations_past_count(tx: Tx, link_id: int, cutoff: int, limit: int) -> list[int]:
+    """Ids of link ``link_id``'s observations up to ``cutoff``, oldest first, but for those in a control's refit
+    window: its newest REFIT_OBSERVATIONS standard (tame_streams = 0) observations under each control (NULL, not
+    recorded, is one). Tame transfers, which never refit, and other controls' transfers do not push them out."""
+    rows = tx.execute(
+        "WITH kept AS MATERIALIZED (SELECT w.id FROM (SELECT o.id, row_number() OVER (PARTITION BY "
+        "o.congestion_control ORDER BY o.id DESC) AS newer FROM observations o WHERE o.destination_id = ? AND "
+        "o.tame_streams = 0) w WHERE w.newer <= ?) SELECT t.id FROM observations t WHERE t.destination_id = ? AND "
+        "t.id <= ? AND NOT EXISTS (SELECT 1 FROM kept WHERE kept.id = t.id) ORDER BY t.id LIMIT ?",
+        (link_id, REFIT_OBSERVATIONS, link_id, cutoff, limit)).fetchall()
     return [r[0] for r in rows]
 
 
@@ -354,7 +369,7 @@ def prune(store: Store, retention: Retention, *, pause_s: float = 0.0, max_batch
                 time.sleep(pause_s)  # lets waiting writers in between batches
 
     def fits(tx: Tx) -> int:
-        ids = _beyond_newest(tx, "fits", retention.keep_fits, b)
+        ids = _fits_beyond_newest(tx, retention.keep_fits, b)
         if ids:
             tx.execute(f"DELETE FROM curve_points WHERE fit_id IN ({_placeholders(ids)})", ids)
             tx.execute(f"DELETE FROM fits WHERE id IN ({_placeholders(ids)})", ids)
@@ -377,11 +392,24 @@ def prune(store: Store, retention: Retention, *, pause_s: float = 0.0, max_batch
         return len(ids)
 
     def observations(tx: Tx) -> int:
-        ids = _beyond_newest(tx, "observations", max(retention.keep_observations, REFIT_OBSERVATIONS), b)
+        # Up to OBSERVATION_LINKS_A_BATCH links past the count, after where the last batch (of any pass or replica)
+        # stopped; a link whose rows fill the batch is gone through again by the next. Every link is reached in turn.
+        position = _position(tx, _OBSERVATIONS_STEP)
+        after = position[0] if position else 0
+        links = links_past_count(tx, max(retention.keep_observations, REFIT_OBSERVATIONS), after,
+                                 OBSERVATION_LINKS_A_BATCH)
+        ids: list[int] = []
+        for link_id, cutoff in links:
+            ids += observations_past_count(tx, link_id, cutoff, b - len(ids))
+            if len(ids) == b:
+                break
+            after = link_id
         if ids:
             tx.execute(f"DELETE FROM observations WHERE id IN ({_placeholders(ids)})", ids)
         counts.add("observations", len(ids))
-        return len(ids)
+        more = len(ids) == b or len(links) == OBSERVATION_LINKS_A_BATCH
+        _keep_position(tx, _OBSERVATIONS_STEP, (after, "") if more else None)
+        return b if more else len(ids)  # (batches() goes on while a step has gone through a whole batch)
 
     def jobs(tx: Tx) -> int:
         ids = _prunable_jobs(tx, retention.keep_runs, older_than, b, now - BUDGET_WINDOW_S)

@@ -768,3 +768,59 @@ def test_a_control_whose_link_a_write_holds_is_skipped_not_waited_for(pg_url):
         assert controls_of(store) == ["keep"]
     finally:
         store.close()
+
+
+def fill_links(store, links, standard, tame):
+    """``links`` links, each with ``standard`` standard observations under cubic and then ``tame`` newer tame ones
+    (written in SQL: thousands of transfers); their ids in id order."""
+    ids = []
+    with store.db.transaction(write=True) as tx:
+        for _ in range(links):
+            k = tx.execute("SELECT count(*) FROM destinations").fetchone()[0]
+            dest = f"10.{k // 250}.{k % 250}.1:5201"
+            ids.append(tx.execute("INSERT INTO destinations (src, dest, host, port, created_at) VALUES "
+                                  "(?, ?, ?, 5201, 0) RETURNING id", (SITE, dest, dest[:-5])).fetchone()[0])
+            for i in range(standard + tame):
+                tx.execute("INSERT INTO observations (destination_id, streams, throughput_bps, observed_at, "
+                           "congestion_control, tame_streams) VALUES (?, 2, 1e8, ?, 'cubic', ?)",
+                           (ids[-1], float(i), 0 if i < standard else 2))
+    return ids
+
+
+def observation_counts(store, ids):
+    with store.db.transaction() as tx:
+        return [tx.execute("SELECT count(*) FROM observations WHERE destination_id = ?", (i,)).fetchone()[0]
+                for i in ids]
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def test_observations_past_the_count_go_on_every_link_also_behind_links_whose_rows_all_stay(tmp_path, request,
+                                                                                            backend):
+    # A batch goes through OBSERVATION_LINKS_A_BATCH links past the count at most (its read is bounded by them). The
+    # first links here are past the count with rows that all stay: 150 standard observations, all in the refit window
+    # (the 200 newest standard ones), behind 200 newer tame transfers. More of them than a batch takes come first,
+    # and the links after them are still trimmed to the count kept, in one pass and in passes of one batch each.
+    from advisor.retention import OBSERVATION_LINKS_A_BATCH
+
+    store = Store.open(url_of(backend, tmp_path, request))
+    try:
+        staying = fill_links(store, OBSERVATION_LINKS_A_BATCH + 10, standard=150, tame=200)
+        trimmed = fill_links(store, OBSERVATION_LINKS_A_BATCH + 10, standard=250, tame=0)
+        one_batch = prune(store, RETENTION, max_batches=1)
+        assert one_batch.deleted.get("observations", 0) == 0  # the first batch's links are all staying ones
+        passes = 1
+        while observation_counts(store, trimmed) != [RETENTION.keep_observations] * len(trimmed):
+            assert passes < 200, observation_counts(store, trimmed)
+            prune(store, RETENTION, max_batches=1)
+            passes += 1
+        assert observation_counts(store, staying) == [350] * len(staying)
+        # Each pass of one batch went on where the last stopped: 2 batches for the staying links, then 40 rows a
+        # batch of the trimmed links' 60 x 50 = 3,000 (the last link's rows end one batch and the next finds none).
+        assert passes <= 2 + 3000 // RETENTION.batch + 1
+        more = fill_links(store, 3, standard=260, tame=0)
+        prune(store, RETENTION)
+        assert observation_counts(store, more + trimmed) == [RETENTION.keep_observations] * (3 + len(trimmed))
+        with store.db.transaction() as tx:
+            assert tx.execute("SELECT count(*) FROM prune_positions WHERE step = 'observations'").fetchone()[0] == 0
+    finally:
+        store.close()
