@@ -47,8 +47,11 @@ Owner = Annotated[str, Field(max_length=limits.MAX_OWNER_LENGTH), _checked(limit
 # Taken as sent and stored on one line, each character a terminal would act on (a newline, ESC, a bidi override) as a
 # visible escape (advisor/terminal.py), not refused: it is the agent's report of a failure, its text often a foreign
 # program's or a remote peer's, and refusing it would leave the probe held until its lease ran out, unexplained.
-# Up to max_length characters as sent; escapes make at most ten characters of one.
-AgentText = Annotated[str, Field(min_length=1, max_length=1000), AfterValidator(visible)]
+# Up to AGENT_TEXT_CHARS characters as sent, and as stored: escapes make up to ten characters of one, and what they
+# make past it is cut (a job's error is bounded whatever characters it holds).
+AGENT_TEXT_CHARS = 1000
+AgentText = Annotated[str, Field(min_length=1, max_length=AGENT_TEXT_CHARS),
+                      AfterValidator(lambda text: visible(text)[:AGENT_TEXT_CHARS])]
 
 Dest = Field(min_length=1, max_length=limits.MAX_DEST_LENGTH, description="HOST or HOST:PORT (default port 5201), IPv6 as [ADDR]:PORT")
 

@@ -45,6 +45,16 @@ def test_an_agents_error_is_stored_on_one_line_with_its_control_characters_as_es
     assert client.get(f"/v1/probes/{job}").json()["error"] == stored
 
 
+def test_an_agents_error_is_stored_at_most_as_long_as_it_may_be_sent_however_many_escapes_it_makes(
+        service_factory, request):
+    # 1,000 ESC characters, the most an error may hold, escape to 4,000 characters: the first 1,000 are kept.
+    client, store, job = _claimed(service_factory, request, "sqlite")
+    answer = client.post(f"/v1/sites/dtn2/claims/{job}/failure", json={"owner": "agent-1", "error": "\x1b" * 1000})
+    assert answer.status_code == 200, answer.text
+    shown = "\\x1b" * 250
+    assert _stored_errors(store) == [f"attempt 1 failed: {shown}; re-queued"]
+
+
 def test_an_agents_error_of_printable_text_is_kept_as_sent(service_factory, request):
     client, store, job = _claimed(service_factory, request, "sqlite")
     said = "iperf3: unable to connect to server: Connection refused — 试试 \\x1b is text"
