@@ -124,6 +124,12 @@ class PruneCounts:
         self.deleted[table] = self.deleted.get(table, 0) + rows
 
 
+def _cutoff(table: str) -> str:
+    """SQL for the id of link d's (keep+1)-th newest row of ``table`` (parameter: keep), NULL when it has no more than
+    keep: that id and older ones are past the count kept."""
+    return f"(SELECT c.id FROM {table} c WHERE c.destination_id = d.id ORDER BY c.id DESC LIMIT 1 OFFSET ?)"
+
+
 def _fits_beyond_newest(tx: Tx, keep: int, limit: int) -> list[int]:
     """Ids of the fits past the ``keep`` newest of their destination, oldest first; never a control's current fit."""
     # The (keep+1)-th newest id of each destination that has one: that id and older ones are beyond the count kept.
@@ -131,9 +137,8 @@ def _fits_beyond_newest(tx: Tx, keep: int, limit: int) -> list[int]:
     # anti-join (NOT EXISTS), not NOT IN: PostgreSQL runs NOT IN over a subquery larger than its work_mem as a plain
     # subplan, reading it again for every row.
     rows = tx.execute(
-        "WITH cut AS MATERIALIZED (SELECT did, cutoff FROM (SELECT d.id AS did, (SELECT t2.id FROM fits t2 "
-        "WHERE t2.destination_id = d.id ORDER BY t2.id DESC LIMIT 1 OFFSET ?) AS cutoff FROM destinations d) c "
-        "WHERE cutoff IS NOT NULL), kept AS MATERIALIZED (SELECT cf.id FROM current_fits cf) "
+        f"WITH cut AS MATERIALIZED (SELECT did, cutoff FROM (SELECT d.id AS did, {_cutoff('fits')} AS cutoff "
+        "FROM destinations d) k WHERE cutoff IS NOT NULL), kept AS MATERIALIZED (SELECT cf.id FROM current_fits cf) "
         "SELECT t.id FROM fits t JOIN cut ON t.destination_id = cut.did WHERE t.id <= cut.cutoff "
         "AND NOT EXISTS (SELECT 1 FROM kept WHERE kept.id = t.id) ORDER BY t.id LIMIT ?", (keep, limit)).fetchall()
     return [r[0] for r in rows]
@@ -152,9 +157,8 @@ def links_past_count(tx: Tx, keep: int, after: int, links: int) -> list[tuple[in
     """(link id, cut-off id) of up to ``links`` links after link id ``after`` that hold more than ``keep``
     observations, in id order: the cut-off and older observations are past the count kept."""
     return [(r[0], r[1]) for r in tx.execute(
-        "SELECT did, cutoff FROM (SELECT d.id AS did, (SELECT o.id FROM observations o WHERE o.destination_id = d.id "
-        "ORDER BY o.id DESC LIMIT 1 OFFSET ?) AS cutoff FROM destinations d WHERE d.id > ?) c "
-        "WHERE cutoff IS NOT NULL ORDER BY did LIMIT ?", (keep, after, links)).fetchall()]
+        f"SELECT did, cutoff FROM (SELECT d.id AS did, {_cutoff('observations')} AS cutoff FROM destinations d "
+        "WHERE d.id > ?) k WHERE cutoff IS NOT NULL ORDER BY did LIMIT ?", (keep, after, links)).fetchall()]
 
 
 def observations_past_count(tx: Tx, link_id: int, cutoff: int, limit: int) -> list[int]:
@@ -174,9 +178,7 @@ def _prunable_runs(tx: Tx, keep: int, older_than: float | None, limit: int) -> l
     # A run goes when it is past the count kept or older than the age kept, unless a fit rests on it
     # or it is its destination's newest run (with results: the base of observation refits).
     rows = tx.execute(
-        "WITH cut AS (SELECT d.id AS did, "
-        "(SELECT r2.id FROM probe_runs r2 WHERE r2.destination_id = d.id ORDER BY r2.id DESC LIMIT 1 OFFSET ?) "
-        "AS cutoff, "
+        f"WITH cut AS (SELECT d.id AS did, {_cutoff('probe_runs')} AS cutoff, "
         "(SELECT max(r3.id) FROM probe_runs r3 WHERE r3.destination_id = d.id) AS newest, "
         "(SELECT max(r4.id) FROM probe_runs r4 WHERE r4.destination_id = d.id AND EXISTS "
         "(SELECT 1 FROM probe_results p WHERE p.probe_run_id = r4.id)) AS base FROM destinations d) "
