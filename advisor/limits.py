@@ -59,8 +59,8 @@ MAX_SITE_PROBE_SECONDS_PER_HOUR = BUDGET_WINDOW_S * MAX_SITE_PROBES
 # by the latest start among them, so each attempt counts in the budget for at least the window after its own start.
 SPENT_ATTEMPTS_BUCKET_S = 60.0
 MAX_SITE_LINKS = 2000
-# Sites the store holds (TAME_MAX_SITES, default; advisor.store.Store.check_new_site): sites registered, and sites with
-# a link or a queued or running probe, the service's own left out. Each site brings its own TAME_MAX_SITE_LINKS, so
+# Sites the store holds (TAME_MAX_SITES, default; advisor.links.Links.check_new_site): sites registered, and sites with
+# a link or a queued or running probe, the service's own and those of TAME_SITE_TOKENS left out. Each site brings its own TAME_MAX_SITE_LINKS, so
 # this and that bound the store together; where writes are open (no TAME_TOKEN) any client names new sites.
 MAX_SITES = 1000
 # The congestion controls one link keeps probe runs and observations under (advisor.store.Store.check_link_control):

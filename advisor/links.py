@@ -73,8 +73,8 @@ class Links:
 
     def check_new_site(self, tx: Tx, src: str) -> None:
         """Refuse (TooManySites, nothing written) to make ``src`` a site when the store knows no such site yet
-        (registered, or with a link or a queued or running probe) and holds max_sites others; the service's own site
-        is never refused. Sites are few (this cap bounds them), so counting them reads that few names."""
+        (registered, or with a link or a queued or running probe) and holds max_sites others; the exempt sites
+        (limit_sites) are never refused nor counted. Sites are few (this cap bounds them), so counting them reads that few names."""
         if src in self.exempt_sites or tx.execute(_KNOWN_SITE, (src, src, src)).fetchone() is not None:
             return
         if self.db.dialect == "postgresql":
