@@ -92,7 +92,8 @@ def test_tame_probe_omit_s_sets_the_probes_warm_up_within_0_to_60_s():
             Settings.from_env({"TAME_PROBE_OMIT_S": text})
 
 
-@pytest.mark.parametrize("name", ["TAME_TTL_S", "TAME_MAX_BATCH", "TAME_DB_POOL_SIZE", "TAME_PROBE_OMIT_S"])
+@pytest.mark.parametrize("name", ["TAME_TTL_S", "TAME_MAX_BATCH", "TAME_DB_POOL_SIZE", "TAME_PROBE_OMIT_S",
+                                  "TAME_MAX_SITES"])
 @pytest.mark.parametrize("text", ["\uff15", "1_000", "\u0663", "inf", "nan"])
 def test_a_number_setting_takes_ascii_digits_only(name, text):
     # Were read as numbers by int() and float(): '５' as 5, '1_000' as 1000, Arabic-Indic '٣' as 3.
@@ -115,3 +116,13 @@ def test_parse_number_is_the_one_rule_for_typed_numbers():
                        ("inf", float), ("nan", float), ("", float), ("1e", float), ("9" * 5000, int)]:
         with pytest.raises(ValueError):
             parse_number(text, kind)
+
+
+def test_tame_max_sites_is_a_whole_number_from_1_to_a_million():
+    assert Settings.from_env({}).max_sites == 1000
+    assert Settings.from_env({"TAME_MAX_SITES": "5"}).max_sites == 5
+    for text in ("0", "-1", "1000001"):
+        with pytest.raises(ConfigError, match=f"TAME_MAX_SITES='{text}' must be between 1 and 1e\\+06"):
+            Settings.from_env({"TAME_MAX_SITES": text})
+    with pytest.raises(ConfigError, match="TAME_MAX_SITES='2.5' is not a whole number"):
+        Settings.from_env({"TAME_MAX_SITES": "2.5"})
