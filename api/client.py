@@ -100,6 +100,12 @@ class TameError(Exception):
         timeout or a rate limit; any other 4xx is the request's own fault."""
         return self.status in (0, 408, 429) or self.status >= 500
 
+    def refused_unknown_key(self, key: str) -> bool:
+        """True when the service refused the request's body for giving ``key``, a key its body schema does not take
+        (a service older than that key): 422 naming it "Extra inputs are not permitted", as api/app.py words a key
+        that a schema with extra="forbid" does not take; a refusal of the key's value is not this."""
+        return self.status == 422 and f"{key}: Extra inputs are not permitted" in self.detail.split("; ")
+
 
 class TameClient:
     def __init__(self, base_url: str, token: str | None = None, timeout_s: float = 10.0):

@@ -266,12 +266,14 @@ def vrf_table(name: str) -> str:
     return str(info["info_data"]["table"])
 
 
-def apply_route(addr: Address, selector: RouteSelector = RouteSelector()) -> str:
+def apply_route(addr: Address, selector: RouteSelector = RouteSelector(), table: str | None = None) -> str:
     """Route ``addr`` as the kernel routes it now for a TCP connection carrying ``selector`` (policy rules, a VRF's
     table, next hops, MTU and other metrics), plus ``congctl tame``, in this namespace; returns the routes for exactly
-    ``addr`` as ``ip`` prints them."""
+    ``addr`` as ``ip`` prints them. ``table``: the VRF's table as the caller read it (:func:`vrf_table`), so that
+    one command checks and acts on one reading; read here when not given."""
     require_root()
-    table = vrf_table(selector.vrf) if selector.vrf is not None else None
+    if selector.vrf is not None and table is None:
+        table = vrf_table(selector.vrf)
     picked = picked_route(addr, selector)
     if table is not None and str(picked.get("table")) != table:
         raise CcRouteConflict(f"a connection in VRF {selector.vrf} to {addr} takes a route of table "

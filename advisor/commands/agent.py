@@ -506,9 +506,10 @@ def _deliver_spooled(client, spool: Path, held: HeldRuns | None = None) -> None:
 
 def hand_back_claim(client, site: str, owner: str, job_id: str, lookup_error: str | None = None) -> None:
     """Hand agent ``owner``'s claimed probe ``job_id`` back to the service (TameClient.release_claim), with the error of
-    its name lookup that did not finish, if that is why. A service older than lookup_error refuses the field (422
-    naming it): the lookup is reported as a failed claim then (TameClient.fail_claim), as agents of that service's
-    version reported it, an attempt counted (three fail the job, saying why), and the agent says so. Handed back
+    its name lookup that did not finish, if that is why. A service older than lookup_error refuses the field as a key
+    it does not take (TameError.refused_unknown_key): the lookup is reported as a failed claim then
+    (TameClient.fail_claim), as agents of that service's version reported it, an attempt counted (three fail the job,
+    saying why), and the agent says so; any other refusal (of the field's value, say) is raised as it is. Handed back
     without the field, the job would be queued again in its place, claimed again at once and its name looked up
     again and again, each time charged to the site's hour; left unreported, it would stay the agent's until its lease
     ran out, the whole lease charged, and come back as an interrupted attempt. TameError when the service takes
@@ -519,7 +520,7 @@ def hand_back_claim(client, site: str, owner: str, job_id: str, lookup_error: st
         client.release_claim(site, job_id, owner, lookup_error)
         return
     except TameError as exc:
-        if lookup_error is None or exc.status != 422 or "lookup_error" not in exc.detail:
+        if lookup_error is None or not exc.refused_unknown_key("lookup_error"):
             raise
         refused = exc.detail
     print(f"tame agent: site {site}: the service refused probe {job_id} handed back for its name lookup ({refused:.200};"

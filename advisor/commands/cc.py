@@ -240,8 +240,8 @@ def _apply(args) -> int:
     if beyond:
         print(f"tame cc apply: warning: {beyond}", file=sys.stderr)
     cc.require_root()
-    if selector.vrf is not None:
-        cc_routes.vrf_table(selector.vrf)  # a name that is no VRF here changes nothing
+    # A name that is no VRF here changes nothing; the table read is the one the route is checked against.
+    table = cc_routes.vrf_table(selector.vrf) if selector.vrf is not None else None
     rules = cc_routes.policy_rules(addr)  # read before anything is changed
     with cc_map.exclusive_setting(addr):  # not under a running tame transfer, which would put its entry back after
         previous = cc_map.settings().get(addr)
@@ -249,7 +249,7 @@ def _apply(args) -> int:
         try:
             pruned = cc_map.set_fm(addr, cc_map.CcSetting(setting.fractional_multiplier,
                                                           scale_slow_start=cc_map.SCALE_SLOW_START_BY_DEFAULT))
-            route = cc_routes.apply_route(addr, selector)
+            route = cc_routes.apply_route(addr, selector, table)
             applied = True
         finally:
             if not applied:  # no half-applied state, and nothing of another's undone: the entry goes back as it was

@@ -13,6 +13,8 @@ import pytest
 
 import advisor.allowlist as allowlist
 from advisor.cli import main
+from advisor.commands.agent import hand_back_claim
+from api.client import TameClient, TameError
 from tests.api.conftest import free_port, live_server, wait_for
 from tests.api.procs import TAME, TOKEN_VARIABLES, start_iperf3, start_serve, stop
 
@@ -253,6 +255,11 @@ def test_an_agent_whose_plan_could_outlast_its_lease_does_not_probe(tmp_path):
         stop(serve)
 
 
+# How a service from before lookup_error refused it: its body model took no such key (extra="forbid"), and the
+# service words such a key as it does now (test_a_current_service_words_an_unknown_hand_back_key_as_the_older_one).
+OLDER_REFUSAL = "lookup_error: Extra inputs are not permitted"
+
+
 def _before_lookup_error(app):
     """``app`` as a service from before POST /v1/sites/NAME/claims/ID/release took lookup_error: a release naming it
     is refused as that service's body model (extra="forbid") refused it; all else is ``app``'s (whose own server runs
@@ -268,7 +275,7 @@ def _before_lookup_error(app):
             while messages[-1].get("more_body"):
                 messages.append(await receive())
             if b'"lookup_error"' in b"".join(m.get("body", b"") for m in messages):
-                body = json.dumps({"detail": "lookup_error: Extra inputs are not permitted"}).encode()
+                body = json.dumps({"detail": OLDER_REFUSAL}).encode()
                 await send({"type": "http.response.start", "status": 422,
                             "headers": [(b"content-type", b"application/json")]})
                 await send({"type": "http.response.body", "body": body})
@@ -311,3 +318,38 @@ def test_an_agent_whose_lookup_did_not_finish_reports_it_failed_to_a_service_old
     assert shown["error"] == f"failed 3 times; giving up. Last: {busy}"
     assert err.count("a service older than lookup_error): reported as a failed attempt instead") == 3, err
     assert "could not hand back" not in err
+
+
+def _claimed_job(client) -> str:
+    assert client.put("/v1/sites/dtn2", json={"dests": ["127.0.0.1:5201"], "owner": "agent-1"}).status_code == 200
+    job = client.post("/v1/sites/dtn2/claims", json={"owner": "agent-1"}).json()["job"]
+    assert job is not None
+    return job["id"]
+
+
+def test_a_current_service_words_an_unknown_hand_back_key_as_the_older_one(service_factory):
+    base, client, app = service_factory(start_worker=False)
+    job_id = _claimed_job(client)
+    told = client.post(f"/v1/sites/dtn2/claims/{job_id}/release", json={"owner": "agent-1", "retry_after_s": 0})
+    assert told.status_code == 422, told.text
+    assert told.json()["detail"] == OLDER_REFUSAL.replace("lookup_error", "retry_after_s")
+
+
+@pytest.mark.parametrize("lookup_error, says", [
+    ("", "lookup_error: String should have at least 1 character"),
+    ("a\x00b", "lookup_error: the body holds a NUL"),
+])
+def test_a_current_service_s_refusal_of_a_lookup_error_value_is_raised_not_reported_as_a_failed_attempt(
+        service_factory, capsys, lookup_error, says):
+    """The 422 names lookup_error, but for its value, not as a key the service does not take: the agent reported it
+    as a failed claim, "a service older than lookup_error", and raised that claim's own refusal (of ``error``).
+    It raises the hand-back's refusal, and the job is as it was, its attempt not counted."""
+    base, client, app = service_factory(start_worker=False)
+    job_id = _claimed_job(client)
+    before = client.get(f"/v1/probes/{job_id}").json()
+    with TameClient(base) as remote, pytest.raises(TameError) as refused:
+        hand_back_claim(remote, "dtn2", "agent-1", job_id, lookup_error)
+    assert refused.value.status == 422 and refused.value.detail.startswith(says), refused.value
+    assert "older than lookup_error" not in capsys.readouterr().err
+    after = client.get(f"/v1/probes/{job_id}").json()
+    assert [after[k] for k in ("status", "attempts", "error")] == ["running", before["attempts"], None], after
