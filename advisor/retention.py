@@ -46,7 +46,7 @@ transaction whether released or not, and the next pass goes on from where it sto
 prune_positions, :attr:`PruneCounts.resume`), so a store with more controls than one pass goes through is not
 scanned from its first row every time, and replicas of the service on one store go on from each other's position.
 The observations step likewise goes through the links past the count kept in link id order, at most
-OBSERVATION_LINKS_A_BATCH a batch, from where the last batch stopped.
+LINKS_A_BATCH a batch, from where the last batch stopped.
 
 Each batch is one short write transaction of at most ``batch`` parent rows (and their children:
 a fit's curve points, a run's results; a released control's rows), so readers and writers wait at most for one
@@ -144,20 +144,18 @@ def _fits_beyond_newest(tx: Tx, keep: int, limit: int) -> list[int]:
     return [r[0] for r in rows]
 
 
-# Links one batch of the observations step goes through: it reads each one's refit window (an index range of the
-# link's own observations), so a batch's read is bounded by them, not by the store. (One window function over every
-# link's observations held SQLite's write lock 2.0 s a batch with 2,000 links past the count, 2,100,000 observations,
-# in benchmarks.prune_controls --controls 1 --observations 2100000.)
-OBSERVATION_LINKS_A_BATCH = 50
-# The step whose position prune_positions keeps (the link id; its control column unused).
-_OBSERVATIONS_STEP = "observations"
+# Links one batch of the observations step goes through: it reads what each one keeps (its refit window) from the
+# link's own rows, so a batch's read is bounded by them, not by the store. (One window function over every link's
+# observations held SQLite's write lock 2.0 s a batch with 2,000 links past the count, 2,100,000 observations, in
+# benchmarks.prune_controls --controls 1 --observations 2100000.)
+LINKS_A_BATCH = 50
 
 
-def links_past_count(tx: Tx, keep: int, after: int, links: int) -> list[tuple[int, int]]:
-    """(link id, cut-off id) of up to ``links`` links after link id ``after`` that hold more than ``keep``
-    observations, in id order: the cut-off and older observations are past the count kept."""
+def links_past_count(tx: Tx, table: str, keep: int, after: int, links: int) -> list[tuple[int, int]]:
+    """(link id, cut-off id) of up to ``links`` links after link id ``after`` that hold more than ``keep`` rows of
+    ``table``, in id order: the cut-off and older rows are past the count kept."""
     return [(r[0], r[1]) for r in tx.execute(
-        f"SELECT did, cutoff FROM (SELECT d.id AS did, {_cutoff('observations')} AS cutoff FROM destinations d "
+        f"SELECT did, cutoff FROM (SELECT d.id AS did, {_cutoff(table)} AS cutoff FROM destinations d "
         "WHERE d.id > ?) k WHERE cutoff IS NOT NULL ORDER BY did LIMIT ?", (keep, after, links)).fetchall()]
 
 
@@ -172,6 +170,24 @@ def observations_past_count(tx: Tx, link_id: int, cutoff: int, limit: int) -> li
         "t.id <= ? AND NOT EXISTS (SELECT 1 FROM kept WHERE kept.id = t.id) ORDER BY t.id LIMIT ?",
         (link_id, REFIT_OBSERVATIONS, link_id, cutoff, limit)).fetchall()
     return [r[0] for r in rows]
+
+
+# Per table whose rows a link keeps a count of: the ids of one link's rows past the count that go.
+_PAST_COUNT = {"observations": observations_past_count}
+
+
+def past_count_batch(tx: Tx, table: str, keep: int, after: int, limit: int) -> tuple[list[int], int, bool]:
+    """What one batch of the observations step (``table``) deletes: ids of up to ``limit`` rows past the
+    ``keep`` newest of their link, of up to LINKS_A_BATCH links past the count after link id ``after``, in id order;
+    the link id the next batch goes on after; and whether it has any to go on to."""
+    links = links_past_count(tx, table, keep, after, LINKS_A_BATCH)
+    ids: list[int] = []
+    for link_id, cutoff in links:
+        ids += _PAST_COUNT[table](tx, link_id, cutoff, limit - len(ids))
+        if len(ids) == limit:
+            break  # the next batch goes through this link again: it may hold more
+        after = link_id
+    return ids, after, len(ids) == limit or len(links) == LINKS_A_BATCH
 
 
 def _prunable_runs(tx: Tx, keep: int, older_than: float | None, limit: int) -> list[int]:
@@ -312,7 +328,8 @@ def _lock_unheld(tx: Tx, ids: Sequence[int]) -> list[int]:
         f"SELECT id FROM destinations WHERE id IN ({_placeholders(ids)}) FOR UPDATE SKIP LOCKED", ids).fetchall()]
 
 
-# The step whose position prune_positions keeps (the others start from their first row: what they delete goes).
+# The controls step's name in prune_positions (the observations step keeps its under its table's name; the others
+# start from their first row: what they delete goes).
 _CONTROLS_STEP = "link_controls"
 
 
@@ -378,6 +395,23 @@ def prune(store: Store, retention: Retention, *, pause_s: float = 0.0, max_batch
         counts.add("fits", len(ids))
         return len(ids)
 
+    def past_count(table: str, keep: int) -> Callable[[Tx], int]:
+        # Trims each link's rows of ``table`` (observations) to ``keep``: up to LINKS_A_BATCH links past the count a
+        # batch, after where the last batch (of any pass or replica) stopped (prune_positions, under step ``table``:
+        # the link id; its control column unused); a link whose rows fill the batch is gone through again by the next.
+        # Every link is reached in turn.
+        def step(tx: Tx) -> int:
+            position = _position(tx, table)
+            ids, after, more = past_count_batch(tx, table, keep, position[0] if position else 0, b)
+            if ids:
+                tx.execute(f"DELETE FROM {table} WHERE id IN ({_placeholders(ids)})", ids)
+            counts.add(table, len(ids))
+            _keep_position(tx, table, (after, "") if more else None)
+            return b if more else len(ids)  # (batches() goes on while a step has gone through a whole batch)
+        return step
+
+    observations = past_count("observations", max(retention.keep_observations, REFIT_OBSERVATIONS))
+
     def runs(tx: Tx) -> int:
         ids = _prunable_runs(tx, retention.keep_runs, older_than, b)
         if ids:
@@ -392,26 +426,6 @@ def prune(store: Store, retention: Retention, *, pause_s: float = 0.0, max_batch
             tx.execute(f"UPDATE probe_results SET raw = NULL WHERE id IN ({_placeholders(ids)})", ids)
         counts.add("probe_results.raw", len(ids))
         return len(ids)
-
-    def observations(tx: Tx) -> int:
-        # Up to OBSERVATION_LINKS_A_BATCH links past the count, after where the last batch (of any pass or replica)
-        # stopped; a link whose rows fill the batch is gone through again by the next. Every link is reached in turn.
-        position = _position(tx, _OBSERVATIONS_STEP)
-        after = position[0] if position else 0
-        links = links_past_count(tx, max(retention.keep_observations, REFIT_OBSERVATIONS), after,
-                                 OBSERVATION_LINKS_A_BATCH)
-        ids: list[int] = []
-        for link_id, cutoff in links:
-            ids += observations_past_count(tx, link_id, cutoff, b - len(ids))
-            if len(ids) == b:
-                break
-            after = link_id
-        if ids:
-            tx.execute(f"DELETE FROM observations WHERE id IN ({_placeholders(ids)})", ids)
-        counts.add("observations", len(ids))
-        more = len(ids) == b or len(links) == OBSERVATION_LINKS_A_BATCH
-        _keep_position(tx, _OBSERVATIONS_STEP, (after, "") if more else None)
-        return b if more else len(ids)  # (batches() goes on while a step has gone through a whole batch)
 
     def jobs(tx: Tx) -> int:
         ids = _prunable_jobs(tx, retention.keep_runs, older_than, b, now - BUDGET_WINDOW_S)

@@ -162,15 +162,15 @@ def main() -> int:
             print(f"fits step: one batch's read {1000 * (time.perf_counter() - started):.1f} ms ({found} fits)",
                   flush=True)
 
-        # The observations step's first batch reads which links are past the count kept and, of up to
-        # OBSERVATION_LINKS_A_BATCH of them, what is past it outside the refit window: time that read.
+        # The observations step's first batch reads which links are past the count kept and, of up to LINKS_A_BATCH of
+        # them, what is past it outside the refit window: time that read.
         with store.db.transaction(write=True) as tx:
             started = time.perf_counter()
-            past = retention.links_past_count(tx, retention.Retention().keep_observations, 0,
-                                              retention.OBSERVATION_LINKS_A_BATCH)
-            found = sum(len(retention.observations_past_count(tx, link, cutoff, 500)) for link, cutoff in past)
+            found, after, more = retention.past_count_batch(tx, "observations", retention.Retention().keep_observations,
+                                                            0, 500)
             print(f"observations step: one batch's read {1000 * (time.perf_counter() - started):.1f} ms "
-                  f"({len(past)} links past the count, {found} observations)", flush=True)
+                  f"({len(found)} observations to delete; "
+                  f"{f'the next batch goes on after link {after}' if more else 'no link left'})", flush=True)
 
         held: list[float] = []
         locked: list[float] = []

@@ -796,16 +796,16 @@ def observation_counts(store, ids):
 @pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def test_observations_past_the_count_go_on_every_link_also_behind_links_whose_rows_all_stay(tmp_path, request,
                                                                                             backend):
-    # A batch goes through OBSERVATION_LINKS_A_BATCH links past the count at most (its read is bounded by them). The
+    # A batch goes through LINKS_A_BATCH links past the count at most (its read is bounded by them). The
     # first links here are past the count with rows that all stay: 150 standard observations, all in the refit window
     # (the 200 newest standard ones), behind 200 newer tame transfers. More of them than a batch takes come first,
     # and the links after them are still trimmed to the count kept, in one pass and in passes of one batch each.
-    from advisor.retention import OBSERVATION_LINKS_A_BATCH
+    from advisor.retention import LINKS_A_BATCH
 
     store = Store.open(url_of(backend, tmp_path, request))
     try:
-        staying = fill_links(store, OBSERVATION_LINKS_A_BATCH + 10, standard=150, tame=200)
-        trimmed = fill_links(store, OBSERVATION_LINKS_A_BATCH + 10, standard=250, tame=0)
+        staying = fill_links(store, LINKS_A_BATCH + 10, standard=150, tame=200)
+        trimmed = fill_links(store, LINKS_A_BATCH + 10, standard=250, tame=0)
         one_batch = prune(store, RETENTION, max_batches=1)
         assert one_batch.deleted.get("observations", 0) == 0  # the first batch's links are all staying ones
         passes = 1
