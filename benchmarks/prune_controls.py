@@ -154,23 +154,17 @@ def main() -> int:
             with store.db.transaction(write=True) as tx:
                 tx.execute("ANALYZE")  # as autovacuum would have by now on a store that grew to this size
 
-        # The fits step's first batch reads which fits are past the count kept, sparing each link's current fits:
-        # time that read.
-        with store.db.transaction(write=True) as tx:
-            started = time.perf_counter()
-            found = len(retention._fits_beyond_newest(tx, retention.Retention().keep_fits, 500))
-            print(f"fits step: one batch's read {1000 * (time.perf_counter() - started):.1f} ms ({found} fits)",
-                  flush=True)
-
-        # The observations step's first batch reads which links are past the count kept and, of up to LINKS_A_BATCH of
-        # them, what is past it outside the refit window: time that read.
-        with store.db.transaction(write=True) as tx:
-            started = time.perf_counter()
-            found, after, more = retention.past_count_batch(tx, "observations", retention.Retention().keep_observations,
-                                                            0, 500)
-            print(f"observations step: one batch's read {1000 * (time.perf_counter() - started):.1f} ms "
-                  f"({len(found)} observations to delete; "
-                  f"{f'the next batch goes on after link {after}' if more else 'no link left'})", flush=True)
+        # The first batch of the fits and observations steps reads which links are past the count kept and, of up to
+        # LINKS_A_BATCH of them, what is past it but for what the link keeps (its current fits, its refit windows):
+        # time those reads.
+        for table, keep in (("fits", retention.Retention().keep_fits),
+                            ("observations", retention.Retention().keep_observations)):
+            with store.db.transaction(write=True) as tx:
+                started = time.perf_counter()
+                found, after, more = retention.past_count_batch(tx, table, keep, 0, 500)
+                print(f"{table} step: one batch's read {1000 * (time.perf_counter() - started):.1f} ms "
+                      f"({len(found)} {table} to delete; "
+                      f"{f'the next batch goes on after link {after}' if more else 'no link left'})", flush=True)
 
         held: list[float] = []
         locked: list[float] = []
