@@ -45,8 +45,10 @@ takes a new link. A pass goes through ``link_controls`` in key order (link id, c
 transaction whether released or not, and the next pass goes on from where it stopped (kept in the store's
 prune_positions, :attr:`PruneCounts.resume`), so a store with more controls than one pass goes through is not
 scanned from its first row every time, and replicas of the service on one store go on from each other's position.
-The observations step likewise goes through the links past the count kept in link id order, at most
-OBSERVATION_LINKS_A_BATCH a batch, from where the last batch stopped.
+The fits and observations steps likewise go through the links past the count kept in link id order, at most
+LINKS_A_BATCH a batch, from where the last batch stopped: a batch finds them by each link's (keep+1)-th newest row (an
+index range of keep+1 ids a link, of every link after the position when fewer are past the count) and reads what they
+keep (their current fits, their refit windows) and what goes from those links' own rows only.
 
 Each batch is one short write transaction of at most ``batch`` parent rows (and their children:
 a fit's curve points, a run's results; a released control's rows), so readers and writers wait at most for one
@@ -130,35 +132,32 @@ def _cutoff(table: str) -> str:
     return f"(SELECT c.id FROM {table} c WHERE c.destination_id = d.id ORDER BY c.id DESC LIMIT 1 OFFSET ?)"
 
 
-def _fits_beyond_newest(tx: Tx, keep: int, limit: int) -> list[int]:
-    """Ids of the fits past the ``keep`` newest of their destination, oldest first; never a control's current fit."""
-    # The (keep+1)-th newest id of each destination that has one: that id and older ones are beyond the count kept.
-    # A destination's current fit under any control stays, however many newer fits other controls have. An
-    # anti-join (NOT EXISTS), not NOT IN: PostgreSQL runs NOT IN over a subquery larger than its work_mem as a plain
-    # subplan, reading it again for every row.
-    rows = tx.execute(
-        f"WITH cut AS MATERIALIZED (SELECT did, cutoff FROM (SELECT d.id AS did, {_cutoff('fits')} AS cutoff "
-        "FROM destinations d) k WHERE cutoff IS NOT NULL), kept AS MATERIALIZED (SELECT cf.id FROM current_fits cf) "
-        "SELECT t.id FROM fits t JOIN cut ON t.destination_id = cut.did WHERE t.id <= cut.cutoff "
-        "AND NOT EXISTS (SELECT 1 FROM kept WHERE kept.id = t.id) ORDER BY t.id LIMIT ?", (keep, limit)).fetchall()
-    return [r[0] for r in rows]
+# Links one batch of the fits or observations step goes through: it reads what each one keeps (its current fits, its
+# refit window) from the link's own rows, so a batch's read is bounded by them, not by the store. (One window function
+# over every link's observations held SQLite's write lock 2.0 s a batch with 2,000 links past the count, 2,100,000
+# observations, in benchmarks.prune_controls --controls 1 --observations 2100000; reading every link's current fits
+# held it 188.5 and 199.0 ms a batch in two runs with 2,000 links of 24 fits, --controls 24.)
+LINKS_A_BATCH = 50
 
 
-# Links one batch of the observations step goes through: it reads each one's refit window (an index range of the
-# link's own observations), so a batch's read is bounded by them, not by the store. (One window function over every
-# link's observations held SQLite's write lock 2.0 s a batch with 2,000 links past the count, 2,100,000 observations,
-# in benchmarks.prune_controls --controls 1 --observations 2100000.)
-OBSERVATION_LINKS_A_BATCH = 50
-# The step whose position prune_positions keeps (the link id; its control column unused).
-_OBSERVATIONS_STEP = "observations"
-
-
-def links_past_count(tx: Tx, keep: int, after: int, links: int) -> list[tuple[int, int]]:
-    """(link id, cut-off id) of up to ``links`` links after link id ``after`` that hold more than ``keep``
-    observations, in id order: the cut-off and older observations are past the count kept."""
+def links_past_count(tx: Tx, table: str, keep: int, after: int, links: int) -> list[tuple[int, int]]:
+    """(link id, cut-off id) of up to ``links`` links after link id ``after`` that hold more than ``keep`` rows of
+    ``table``, in id order: the cut-off and older rows are past the count kept."""
     return [(r[0], r[1]) for r in tx.execute(
-        f"SELECT did, cutoff FROM (SELECT d.id AS did, {_cutoff('observations')} AS cutoff FROM destinations d "
+        f"SELECT did, cutoff FROM (SELECT d.id AS did, {_cutoff(table)} AS cutoff FROM destinations d "
         "WHERE d.id > ?) k WHERE cutoff IS NOT NULL ORDER BY did LIMIT ?", (keep, after, links)).fetchall()]
+
+
+def fits_past_count(tx: Tx, link_id: int, cutoff: int, limit: int) -> list[int]:
+    """Ids of link ``link_id``'s fits up to ``cutoff``, oldest first, but for its current fit under each control
+    (current_fits), however many newer fits other controls have."""
+    # An anti-join (NOT EXISTS), not NOT IN: PostgreSQL runs NOT IN over a subquery larger than its work_mem as a
+    # plain subplan, reading it again for every row.
+    rows = tx.execute(
+        "WITH kept AS MATERIALIZED (SELECT cf.id FROM current_fits cf WHERE cf.destination_id = ?) SELECT t.id "
+        "FROM fits t WHERE t.destination_id = ? AND t.id <= ? AND NOT EXISTS (SELECT 1 FROM kept WHERE kept.id = t.id) "
+        "ORDER BY t.id LIMIT ?", (link_id, link_id, cutoff, limit)).fetchall()
+    return [r[0] for r in rows]
 
 
 def observations_past_count(tx: Tx, link_id: int, cutoff: int, limit: int) -> list[int]:
@@ -172,6 +171,24 @@ def observations_past_count(tx: Tx, link_id: int, cutoff: int, limit: int) -> li
         "t.id <= ? AND NOT EXISTS (SELECT 1 FROM kept WHERE kept.id = t.id) ORDER BY t.id LIMIT ?",
         (link_id, REFIT_OBSERVATIONS, link_id, cutoff, limit)).fetchall()
     return [r[0] for r in rows]
+
+
+# Per table whose rows a link keeps a count of: the ids of one link's rows past the count that go.
+_PAST_COUNT = {"fits": fits_past_count, "observations": observations_past_count}
+
+
+def past_count_batch(tx: Tx, table: str, keep: int, after: int, limit: int) -> tuple[list[int], int, bool]:
+    """What one batch of the fits or observations step (``table``) deletes: ids of up to ``limit`` rows past the
+    ``keep`` newest of their link, of up to LINKS_A_BATCH links past the count after link id ``after``, in id order;
+    the link id the next batch goes on after; and whether it has any to go on to."""
+    links = links_past_count(tx, table, keep, after, LINKS_A_BATCH)
+    ids: list[int] = []
+    for link_id, cutoff in links:
+        ids += _PAST_COUNT[table](tx, link_id, cutoff, limit - len(ids))
+        if len(ids) == limit:
+            break  # the next batch goes through this link again: it may hold more
+        after = link_id
+    return ids, after, len(ids) == limit or len(links) == LINKS_A_BATCH
 
 
 def _prunable_runs(tx: Tx, keep: int, older_than: float | None, limit: int) -> list[int]:
@@ -312,7 +329,8 @@ def _lock_unheld(tx: Tx, ids: Sequence[int]) -> list[int]:
         f"SELECT id FROM destinations WHERE id IN ({_placeholders(ids)}) FOR UPDATE SKIP LOCKED", ids).fetchall()]
 
 
-# The step whose position prune_positions keeps (the others start from their first row: what they delete goes).
+# The controls step's name in prune_positions (the fits and observations steps keep theirs under their table's name;
+# the others start from their first row: what they delete goes).
 _CONTROLS_STEP = "link_controls"
 
 
@@ -370,13 +388,25 @@ def prune(store: Store, retention: Retention, *, pause_s: float = 0.0, max_batch
             if pause_s:
                 time.sleep(pause_s)  # lets waiting writers in between batches
 
-    def fits(tx: Tx) -> int:
-        ids = _fits_beyond_newest(tx, retention.keep_fits, b)
-        if ids:
-            tx.execute(f"DELETE FROM curve_points WHERE fit_id IN ({_placeholders(ids)})", ids)
-            tx.execute(f"DELETE FROM fits WHERE id IN ({_placeholders(ids)})", ids)
-        counts.add("fits", len(ids))
-        return len(ids)
+    def past_count(table: str, keep: int) -> Callable[[Tx], int]:
+        # Trims each link's rows of ``table`` (fits with their curves, or observations) to ``keep``: up to
+        # LINKS_A_BATCH links past the count a batch, after where the last batch (of any pass or replica) stopped
+        # (prune_positions, under step ``table``: the link id; its control column unused); a link whose rows fill the
+        # batch is gone through again by the next. Every link is reached in turn.
+        def step(tx: Tx) -> int:
+            position = _position(tx, table)
+            ids, after, more = past_count_batch(tx, table, keep, position[0] if position else 0, b)
+            if ids:
+                if table == "fits":  # a fit's curve goes with it
+                    tx.execute(f"DELETE FROM curve_points WHERE fit_id IN ({_placeholders(ids)})", ids)
+                tx.execute(f"DELETE FROM {table} WHERE id IN ({_placeholders(ids)})", ids)
+            counts.add(table, len(ids))
+            _keep_position(tx, table, (after, "") if more else None)
+            return b if more else len(ids)  # (batches() goes on while a step has gone through a whole batch)
+        return step
+
+    fits = past_count("fits", retention.keep_fits)
+    observations = past_count("observations", max(retention.keep_observations, REFIT_OBSERVATIONS))
 
     def runs(tx: Tx) -> int:
         ids = _prunable_runs(tx, retention.keep_runs, older_than, b)
@@ -392,26 +422,6 @@ def prune(store: Store, retention: Retention, *, pause_s: float = 0.0, max_batch
             tx.execute(f"UPDATE probe_results SET raw = NULL WHERE id IN ({_placeholders(ids)})", ids)
         counts.add("probe_results.raw", len(ids))
         return len(ids)
-
-    def observations(tx: Tx) -> int:
-        # Up to OBSERVATION_LINKS_A_BATCH links past the count, after where the last batch (of any pass or replica)
-        # stopped; a link whose rows fill the batch is gone through again by the next. Every link is reached in turn.
-        position = _position(tx, _OBSERVATIONS_STEP)
-        after = position[0] if position else 0
-        links = links_past_count(tx, max(retention.keep_observations, REFIT_OBSERVATIONS), after,
-                                 OBSERVATION_LINKS_A_BATCH)
-        ids: list[int] = []
-        for link_id, cutoff in links:
-            ids += observations_past_count(tx, link_id, cutoff, b - len(ids))
-            if len(ids) == b:
-                break
-            after = link_id
-        if ids:
-            tx.execute(f"DELETE FROM observations WHERE id IN ({_placeholders(ids)})", ids)
-        counts.add("observations", len(ids))
-        more = len(ids) == b or len(links) == OBSERVATION_LINKS_A_BATCH
-        _keep_position(tx, _OBSERVATIONS_STEP, (after, "") if more else None)
-        return b if more else len(ids)  # (batches() goes on while a step has gone through a whole batch)
 
     def jobs(tx: Tx) -> int:
         ids = _prunable_jobs(tx, retention.keep_runs, older_than, b, now - BUDGET_WINDOW_S)

@@ -23,7 +23,7 @@ a batch's transaction holds the whole store's write lock (how long any other wri
 On PostgreSQL it holds advisor.locks.PRUNE_LOCK (another replica's pass meanwhile ends) and, from locking the links
 whose controls it releases (FOR UPDATE SKIP LOCKED) to its commit, those links' rows: how long a write to one of
 those links waits; writes to other links do not wait. Before the passes it prints how
-long one batch of the observations step takes to read the refit window. Nothing is asserted.
+long the first batch of the fits step and of the observations step takes to read what it deletes. Nothing is asserted.
 """
 
 from __future__ import annotations
@@ -154,15 +154,17 @@ def main() -> int:
             with store.db.transaction(write=True) as tx:
                 tx.execute("ANALYZE")  # as autovacuum would have by now on a store that grew to this size
 
-        # The observations step's first batch reads which links are past the count kept and, of up to
-        # OBSERVATION_LINKS_A_BATCH of them, what is past it outside the refit window: time that read.
-        with store.db.transaction(write=True) as tx:
-            started = time.perf_counter()
-            past = retention.links_past_count(tx, retention.Retention().keep_observations, 0,
-                                              retention.OBSERVATION_LINKS_A_BATCH)
-            found = sum(len(retention.observations_past_count(tx, link, cutoff, 500)) for link, cutoff in past)
-            print(f"observations step: one batch's read {1000 * (time.perf_counter() - started):.1f} ms "
-                  f"({len(past)} links past the count, {found} observations)", flush=True)
+        # The first batch of the fits and observations steps reads which links are past the count kept and, of up to
+        # LINKS_A_BATCH of them, what is past it but for what the link keeps (its current fits, its refit windows):
+        # time those reads.
+        for table, keep in (("fits", retention.Retention().keep_fits),
+                            ("observations", retention.Retention().keep_observations)):
+            with store.db.transaction(write=True) as tx:
+                started = time.perf_counter()
+                found, after, more = retention.past_count_batch(tx, table, keep, 0, 500)
+                print(f"{table} step: one batch's read {1000 * (time.perf_counter() - started):.1f} ms "
+                      f"({len(found)} {table} to delete; "
+                      f"{f'the next batch goes on after link {after}' if more else 'no link left'})", flush=True)
 
         held: list[float] = []
         locked: list[float] = []

@@ -770,16 +770,21 @@ def test_a_control_whose_link_a_write_holds_is_skipped_not_waited_for(pg_url):
         store.close()
 
 
+def new_link(tx):
+    """A link of SITE to a destination no link has yet, made in SQL; its id."""
+    k = tx.execute("SELECT count(*) FROM destinations").fetchone()[0]
+    dest = f"10.{k // 250}.{k % 250}.1:5201"
+    return tx.execute("INSERT INTO destinations (src, dest, host, port, created_at) VALUES (?, ?, ?, 5201, 0) "
+                      "RETURNING id", (SITE, dest, dest[:-5])).fetchone()[0]
+
+
 def fill_links(store, links, standard, tame):
     """``links`` links, each with ``standard`` standard observations under cubic and then ``tame`` newer tame ones
     (written in SQL: thousands of transfers); their ids in id order."""
     ids = []
     with store.db.transaction(write=True) as tx:
         for _ in range(links):
-            k = tx.execute("SELECT count(*) FROM destinations").fetchone()[0]
-            dest = f"10.{k // 250}.{k % 250}.1:5201"
-            ids.append(tx.execute("INSERT INTO destinations (src, dest, host, port, created_at) VALUES "
-                                  "(?, ?, ?, 5201, 0) RETURNING id", (SITE, dest, dest[:-5])).fetchone()[0])
+            ids.append(new_link(tx))
             for i in range(standard + tame):
                 tx.execute("INSERT INTO observations (destination_id, streams, throughput_bps, observed_at, "
                            "congestion_control, tame_streams) VALUES (?, 2, 1e8, ?, 'cubic', ?)",
@@ -796,16 +801,16 @@ def observation_counts(store, ids):
 @pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def test_observations_past_the_count_go_on_every_link_also_behind_links_whose_rows_all_stay(tmp_path, request,
                                                                                             backend):
-    # A batch goes through OBSERVATION_LINKS_A_BATCH links past the count at most (its read is bounded by them). The
+    # A batch goes through LINKS_A_BATCH links past the count at most (its read is bounded by them). The
     # first links here are past the count with rows that all stay: 150 standard observations, all in the refit window
     # (the 200 newest standard ones), behind 200 newer tame transfers. More of them than a batch takes come first,
     # and the links after them are still trimmed to the count kept, in one pass and in passes of one batch each.
-    from advisor.retention import OBSERVATION_LINKS_A_BATCH
+    from advisor.retention import LINKS_A_BATCH
 
     store = Store.open(url_of(backend, tmp_path, request))
     try:
-        staying = fill_links(store, OBSERVATION_LINKS_A_BATCH + 10, standard=150, tame=200)
-        trimmed = fill_links(store, OBSERVATION_LINKS_A_BATCH + 10, standard=250, tame=0)
+        staying = fill_links(store, LINKS_A_BATCH + 10, standard=150, tame=200)
+        trimmed = fill_links(store, LINKS_A_BATCH + 10, standard=250, tame=0)
         one_batch = prune(store, RETENTION, max_batches=1)
         assert one_batch.deleted.get("observations", 0) == 0  # the first batch's links are all staying ones
         passes = 1
@@ -822,5 +827,66 @@ def test_observations_past_the_count_go_on_every_link_also_behind_links_whose_ro
         assert observation_counts(store, more + trimmed) == [RETENTION.keep_observations] * (3 + len(trimmed))
         with store.db.transaction() as tx:
             assert tx.execute("SELECT count(*) FROM prune_positions WHERE step = 'observations'").fetchone()[0] == 0
+    finally:
+        store.close()
+
+
+def fill_fits(store, links, fits):
+    """``links`` links, each with ``fits`` fits, given oldest first as (congestion control, probed_at), each with one
+    curve point and its place in ``fits`` as its fitted_at (written in SQL); the links' ids in id order."""
+    ids = []
+    with store.db.transaction(write=True) as tx:
+        for _ in range(links):
+            ids.append(new_link(tx))
+            for place, (control, probed_at) in enumerate(fits):
+                fit = tx.execute("INSERT INTO fits (destination_id, model, params_json, regime, warnings_json, "
+                                 "probe_streams_json, probes_json, n_max, fitted_at, probed_at, congestion_control) "
+                                 "VALUES (?, 'lu', '{}', 'congested', '[]', '[]', '[]', 8, ?, ?, ?) RETURNING id",
+                                 (ids[-1], float(place), probed_at, control)).fetchone()[0]
+                tx.execute("INSERT INTO curve_points (fit_id, streams, throughput_bps, impact, advisable) "
+                           "VALUES (?, 1, 1e8, 0, 1)", (fit,))
+    return ids
+
+
+def fits_of(store, ids):
+    """Per link of ``ids``, its fits' places in the fits fill_fits wrote (their fitted_at), in id order."""
+    with store.db.transaction() as tx:
+        assert tx.execute("SELECT count(*) FROM curve_points c WHERE NOT EXISTS "
+                          "(SELECT 1 FROM fits f WHERE f.id = c.fit_id)").fetchone()[0] == 0  # curves go with fits
+        return [[int(r[0]) for r in tx.execute("SELECT fitted_at FROM fits WHERE destination_id = ? ORDER BY id",
+                                               (i,)).fetchall()] for i in ids]
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def test_fits_past_the_count_go_on_every_link_also_behind_links_whose_fits_all_stay(tmp_path, request, backend):
+    # A batch of the fits step goes through LINKS_A_BATCH links past the count at most (its read is bounded by them).
+    # The first links here are past the count (5) with fits that all stay: 8, each the current one of its own control.
+    # More of them than a batch takes come first, and the links after them are still trimmed, in one pass and in
+    # passes of one batch each. A trimmed link keeps its 5 newest fits (10-14) and the current fit of each control
+    # however old: bbr's only one (0), and cubic's on the newest probes (1: stored first, probed last).
+    from advisor.retention import LINKS_A_BATCH
+
+    store = Store.open(url_of(backend, tmp_path, request))
+    try:
+        staying = fill_fits(store, LINKS_A_BATCH + 10, [(f"c{k}", float(k)) for k in range(8)])
+        trimmed_fits = [("bbr", 0.0), ("cubic", 1000.0)] + [("cubic", float(i)) for i in range(2, 15)]
+        trimmed = fill_fits(store, LINKS_A_BATCH + 10, trimmed_fits)
+        one_batch = prune(store, RETENTION, max_batches=1)
+        assert one_batch.deleted.get("fits", 0) == 0  # the first batch's links are all staying ones
+        kept = [0, 1, 10, 11, 12, 13, 14]
+        passes = 1
+        while fits_of(store, trimmed) != [kept] * len(trimmed):
+            assert passes < 200, fits_of(store, trimmed)
+            prune(store, RETENTION, max_batches=1)
+            passes += 1
+        assert fits_of(store, staying) == [list(range(8))] * len(staying)
+        # Each pass of one batch went on where the last stopped: 2 batches for the staying links, then 40 fits a
+        # batch of the trimmed links' 60 x 8 = 480 (the last link's fits end one batch and the next finds none).
+        assert passes <= 2 + 480 // RETENTION.batch + 1
+        more = fill_fits(store, 3, trimmed_fits)
+        prune(store, RETENTION)
+        assert fits_of(store, more + trimmed) == [kept] * (3 + len(trimmed))
+        with store.db.transaction() as tx:
+            assert tx.execute("SELECT count(*) FROM prune_positions WHERE step = 'fits'").fetchone()[0] == 0
     finally:
         store.close()
