@@ -2,7 +2,7 @@
 
     .venv/bin/python -m benchmarks.load_advice [--seconds 30] [--connections 32] [--client both]
         [--store sqlite|postgresql] [--database-url postgresql://...] [--url URL]
-        [--replicas N] [--wrk-threads T] [--rate R] [--write-every S]
+        [--replicas N] [--wrk-threads T] [--rate R] [--write-every S] [--store-cgroup [--store-cpu-shares W]]
 
 Without --url it starts --replicas (1) `tame serve --no-worker` processes on one store: a fresh SQLite
 file in a temporary folder, a throwaway PostgreSQL cluster (--store postgresql;
@@ -14,7 +14,10 @@ process (uvloop when installed). Without --rate the in-process client sends each
 previous answer came (as wrk does); with --rate R it sends R requests/s in all, evenly spread over its
 connections, and counts each latency from when the request was due (so a stall is not hidden by the
 client waiting). --write-every S posts a new probe run for the path through the first replica every S
-seconds while a client runs, so every replica must rebuild its advice.
+seconds while a client runs, so every replica must rebuild its advice. --store-cgroup (root) runs the throwaway
+cluster in a CPU cgroup of its own, as a container or a systemd unit runs it, weighted --store-cpu-shares (cgroup
+v1's cpu.shares; 1024, a container's default): which scheduling group PostgreSQL is in decides whether it keeps up
+beside loaded replicas on one host (docs/advice-service.md).
 
 A cache entry is re-read in the background from half of advisor.settings.Settings.cache_max_age_s (1 s),
 so a 30 s run crosses about 60 re-reads per replica: the p99 shows whether they stall readers, and the
@@ -244,14 +247,83 @@ def wrk_client(urls: list[str], seconds: float, connections: int, rate_per_s: fl
 
 
 def autogroup() -> str:
-    """The kernel's session autogroup setting, which decides whether PostgreSQL keeps up here: each of its backends
-    calls setsid() and so, with autogroup on, is a scheduling group of its own; an idle backend woken beside busy
-    replicas then waited seconds for a CPU (docs/advice-service.md)."""
+    """The kernel's session autogroup setting: with it on, each PostgreSQL backend (which calls setsid()) is in a
+    scheduling group other than the replicas', and PostgreSQL in another group than the loaded replicas waited
+    seconds for a CPU here (docs/advice-service.md)."""
     try:
         return "autogroup " + ("on" if Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "1"
                                else "off")
     except OSError:
         return "autogroup not in this kernel"
+
+
+def cpu_controller() -> Path | None:
+    """Where this host's CPU controller is mounted: a cgroup v1 hierarchy with the ``cpu`` option, or a cgroup v2
+    hierarchy whose root hands ``cpu`` to its children; None when neither is."""
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        mount_fields, _, fs_fields = line.partition(" - ")
+        mount = Path(mount_fields.split()[4])
+        fstype, _source, options = fs_fields.split()[:3]
+        if fstype == "cgroup" and "cpu" in options.split(","):
+            return mount
+        if fstype == "cgroup2" and "cpu" in (mount / "cgroup.subtree_control").read_text().split():
+            return mount
+    return None
+
+
+@contextlib.contextmanager
+def cpu_cgroup(controller: Path, shares: int):
+    """A CPU cgroup of this run's own under ``controller`` (as a container or a systemd service with CPU accounting
+    gets), weighted ``shares`` (cgroup v1's cpu.shares, 1024 the default; on v2 cpu.weight, 100 the default, scaled
+    alike): yields its folder; on exit whatever is still in it goes back to the root and the group is removed."""
+    group = controller / f"tame-load-advice-{os.getpid()}"
+    group.mkdir()
+    try:
+        if (group / "cpu.shares").exists():
+            (group / "cpu.shares").write_text(str(shares))
+        else:
+            (group / "cpu.weight").write_text(str(min(10_000, max(1, round(shares * 100 / 1024)))))
+        yield group
+    finally:
+        for pid in (group / "cgroup.procs").read_text().split():
+            with contextlib.suppress(ProcessLookupError):
+                (controller / "cgroup.procs").write_text(pid)
+        group.rmdir()
+
+
+def _parent_pid(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat[stat.rindex(")") + 2:].split()[1])
+
+
+@contextlib.contextmanager
+def _backend(database_url: str):
+    """The pid of a PostgreSQL backend serving a connection of its own, held open while in the block."""
+    import psycopg
+
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        yield conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+
+
+def move_store(database_url: str, group: Path) -> int:
+    """Move a PostgreSQL server on this host (its postmaster and every process it has started) into the cgroup
+    ``group``, so the backends it starts from now on are in it too; checks that a new backend is. Returns how many
+    processes were moved."""
+    with _backend(database_url) as backend:
+        postmaster = _parent_pid(backend)
+    pids = [postmaster]
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+                if _parent_pid(int(entry.name)) == postmaster:
+                    pids.append(int(entry.name))
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):  # a backend that ended meanwhile
+            (group / "cgroup.procs").write_text(str(pid))
+    with _backend(database_url) as backend:
+        if str(backend) not in (group / "cgroup.procs").read_text().split():
+            raise RuntimeError(f"a new PostgreSQL backend (pid {backend}) is not in {group}")
+    return len(pids)
 
 
 def cache_reads(url: str) -> dict[str, float]:
@@ -301,6 +373,12 @@ def main() -> int:
     parser.add_argument("--wrk-threads", type=int, default=2,
                         help="threads of each wrk process (one process per replica; default 2)")
     parser.add_argument("--write-every", type=float, help="seconds between new probe runs through the first replica")
+    parser.add_argument("--store-cgroup", action="store_true",
+                        help="run the throwaway PostgreSQL cluster in a CPU cgroup of its own, as a container or a "
+                             "systemd service runs it (root; --store postgresql)")
+    parser.add_argument("--store-cpu-shares", type=int, default=1024,
+                        help="that cgroup's weight in cgroup v1 cpu.shares (2-262144, default 1024 as a container's; "
+                             "on cgroup v2 scaled to cpu.weight)")
     args = parser.parse_args()
     if not 1 <= args.seconds <= 120:
         parser.error("--seconds must be between 1 and 120")
@@ -316,6 +394,18 @@ def main() -> int:
         parser.error("--wrk-threads must be between 1 and 8, and at most --connections (wrk's rule)")
     if args.url and any(urlsplit(url).hostname not in ("127.0.0.1", "localhost", "::1") for url in args.url):
         parser.error("this benchmark only targets loopback servers")
+    controller = cpu_controller() if args.store_cgroup else None
+    if not 2 <= args.store_cpu_shares <= 262_144:
+        parser.error("--store-cpu-shares must be between 2 and 262144 (cgroup v1's cpu.shares range)")
+    if args.store_cpu_shares != 1024 and not args.store_cgroup:
+        parser.error("--store-cpu-shares weights the cgroup of --store-cgroup; give both")
+    if args.store_cgroup and (args.store != "postgresql" or args.database_url or args.url):
+        parser.error("--store-cgroup moves the throwaway cluster of --store postgresql; not with --database-url or --url")
+    if args.store_cgroup and controller is None:
+        parser.error("--store-cgroup: this host has no cgroup hierarchy with the cpu controller "
+                     "(/sys/fs/cgroup/cpu on cgroup v1, or cpu in cgroup.subtree_control on v2)")
+    if args.store_cgroup and not os.access(controller, os.W_OK):
+        parser.error(f"--store-cgroup: {controller} is not writable (run as root)")
     wrk = functools.partial(wrk_client, threads=args.wrk_threads)
     clients = {"wrk": [wrk], "builtin": [builtin_client], "both": [wrk, builtin_client]}[args.client]
     results, reads = [], []
@@ -326,7 +416,10 @@ def main() -> int:
         if urls is None and database_url is None and args.store == "postgresql":
             from tests.conftest import throwaway_cluster  # run from the repository root (python -m)
 
+            group = stack.enter_context(cpu_cgroup(controller, args.store_cpu_shares)) if args.store_cgroup else None
             database_url = stack.enter_context(throwaway_cluster())
+            if group is not None:
+                move_store(database_url, group)
         try:
             if urls is None:
                 urls = []
@@ -372,7 +465,9 @@ def main() -> int:
     store = "given server" if args.url else ("postgresql" if database_url else "sqlite")
     print(f"GET /v1/advice (warm cache, re-read from {REFRESH_AHEAD * Settings().cache_max_age_s:g} s), "
           f"{len(urls)} replica(s) x {args.connections} connections, {args.seconds:g} s per client, store {store}, "
-          f"{os.cpu_count()} CPUs, {autogroup()}" + (f", a write every {args.write_every:g} s" if args.write_every else ""))
+          f"{os.cpu_count()} CPUs, {autogroup()}"
+          + (f", the store in a CPU cgroup of its own (cpu.shares {args.store_cpu_shares})" if args.store_cgroup else "")
+          + (f", a write every {args.write_every:g} s" if args.write_every else ""))
     print(f"{'client':<40} {'requests':>9} {'req/s':>8} {'p50 ms':>7} {'p90 ms':>7} {'p99 ms':>7} {'max ms':>7}  goal")
     for r in results:
         total = "replica" not in r["client"]
