@@ -336,3 +336,12 @@ def test_multisite_agents_each_hold_their_own_site_s_token():
             assert OPERATOR_TOKENS["TAME_PG_PASSWORD"] not in "".join(env.values())
             # It probes within the replicas' allow-list.
             assert Settings.from_env(env).allowed.describe() == settings.allowed.describe()
+
+
+@pytest.mark.parametrize("name", COMPOSE_FILES)
+def test_compose_postgres_has_the_highest_cpu_weight(name):
+    # Beside loaded replicas on one host, PostgreSQL in a CPU cgroup of the default weight waited seconds for a CPU
+    # (benchmarks.load_advice --store-cgroup; docs/advice-service.md); at cgroup v1's highest cpu.shares it kept up.
+    services = yaml.safe_load((ROOT / name).read_text())["services"]
+    assert services["postgres"]["cpu_shares"] == 262144
+    assert all("cpu_shares" not in s for n, s in services.items() if n != "postgres")
