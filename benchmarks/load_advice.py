@@ -40,6 +40,7 @@ import math
 import os
 import re
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -357,7 +358,15 @@ def writer(url: str, every_s: float, stop: threading.Event, writes: list[float])
             print(f"a write through {url} failed after {time.perf_counter() - writes[-1]:.1f} s: {exc}", file=sys.stderr)
 
 
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main() -> int:
+    # SIGTERM (kill, timeout(1), a cancelled CI job) unwinds as Ctrl-C does, so the replicas and the throwaway cluster
+    # are stopped, their folders removed and the --store-cgroup group taken out of the host's hierarchy (Python's
+    # default for SIGTERM is to die at once, leaving all of them).
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--connections", type=int, default=32, help="to each replica")

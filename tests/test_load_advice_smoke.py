@@ -5,9 +5,12 @@ new backend is in the group, or fails), that the group is gone afterwards, and t
 refused before anything starts.
 """
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -54,3 +57,37 @@ def test_a_store_cgroup_it_cannot_make_is_refused_before_anything_starts(args, s
     assert says in proc.stderr, proc.stderr
     assert proc.stdout == ""
     assert (_groups(controller) if controller else set()) == before
+
+
+@pytest.mark.postgres
+def test_a_run_stopped_by_sigterm_removes_its_cgroup_and_stops_its_store():
+    # SIGTERM (kill, timeout(1), a CI job cancelled) ended the run at once, with no cleanup: the cgroup stayed in the
+    # host's hierarchy (and the throwaway cluster's folder in /tmp), as Ctrl-C's KeyboardInterrupt did not leave them.
+    controller = cpu_controller()
+    if controller is None or os.geteuid() != 0:
+        pytest.skip("needs root and a cgroup hierarchy with the cpu controller")
+    proc = subprocess.Popen([sys.executable, "-m", "benchmarks.load_advice", "--store", "postgresql", "--store-cgroup",
+                             "--seconds", "5", "--client", "wrk", "--connections", "2", "--wrk-threads", "1"],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    group = controller / f"tame-load-advice-{proc.pid}"
+    try:
+        deadline = time.monotonic() + 120
+        # Once the store is in its group (the run's cluster moved there), stop the run as `kill` would.
+        while not (group.is_dir() and (group / "cgroup.procs").read_text().split()):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr and proc.stderr.read()
+            time.sleep(0.05)
+        stored = [int(pid) for pid in (group / "cgroup.procs").read_text().split()]
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+        assert not group.exists()
+        assert proc.returncode == 128 + signal.SIGTERM, proc.stderr.read()
+        assert not [pid for pid in stored if Path(f"/proc/{pid}").exists()]  # the cluster was shut down
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if group.exists():  # what the run left: its processes back to the root, the group removed
+            for pid in (group / "cgroup.procs").read_text().split():
+                with contextlib.suppress(ProcessLookupError):
+                    (controller / "cgroup.procs").write_text(pid)
+            group.rmdir()
