@@ -90,15 +90,20 @@ def start_server(folder: str, database_url: str | None) -> tuple[subprocess.Pope
                             env=env, stdout=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
-    while True:
-        try:
-            if http("GET", f"{url}/healthz")[0] == 200:
-                return proc, url
-        except OSError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit("the server did not start")
-        time.sleep(0.1)
+    try:
+        while True:
+            try:
+                if http("GET", f"{url}/healthz")[0] == 200:
+                    return proc, url
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("the server did not start")
+            time.sleep(0.1)
+    except BaseException:  # not started, or the run stopped meanwhile (Ctrl-C, SIGTERM): the caller never holds it
+        proc.terminate()
+        proc.wait(30)
+        raise
 
 
 async def worker(host: str, port: int, request: bytes, stop_at: float, samples: list, errors: list[str],

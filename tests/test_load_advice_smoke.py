@@ -25,6 +25,16 @@ def _run(*args: str) -> subprocess.CompletedProcess:
                           text=True, timeout=240)
 
 
+def _replicas() -> set[int]:
+    """Pids of the `tame serve --no-worker` processes the benchmark starts, wherever they are."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if entry.name.isdigit() and b"advisor\0serve\0--no-worker" in (entry / "cmdline").read_bytes():
+                found.add(int(entry.name))
+    return found
+
+
 def _groups(controller: Path) -> set[str]:
     return {p.name for p in controller.iterdir() if p.name.startswith("tame-load-advice-")}
 
@@ -66,6 +76,7 @@ def test_a_run_stopped_by_sigterm_removes_its_cgroup_and_stops_its_store():
     controller = cpu_controller()
     if controller is None or os.geteuid() != 0:
         pytest.skip("needs root and a cgroup hierarchy with the cpu controller")
+    servers_before = _replicas()
     proc = subprocess.Popen([sys.executable, "-m", "benchmarks.load_advice", "--store", "postgresql", "--store-cgroup",
                              "--seconds", "5", "--client", "wrk", "--connections", "2", "--wrk-threads", "1"],
                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -82,10 +93,15 @@ def test_a_run_stopped_by_sigterm_removes_its_cgroup_and_stops_its_store():
         assert not group.exists()
         assert proc.returncode == 128 + signal.SIGTERM, proc.stderr.read()
         assert not [pid for pid in stored if Path(f"/proc/{pid}").exists()]  # the cluster was shut down
+        # The replica it was starting when stopped (the signal lands while it waits for /healthz) is stopped too.
+        assert _replicas() <= servers_before
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        for pid in _replicas() - servers_before:  # what the run left running
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
         if group.exists():  # what the run left: its processes back to the root, the group removed
             for pid in (group / "cgroup.procs").read_text().split():
                 with contextlib.suppress(ProcessLookupError):
