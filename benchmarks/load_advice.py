@@ -53,6 +53,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from advisor.advice_cache import _REFRESH_AHEAD as REFRESH_AHEAD
+from advisor.cpu_groups import cpu_controller
 from advisor.settings import Settings
 
 DEST = "127.0.0.1:5201"
@@ -261,20 +262,6 @@ def autogroup() -> str:
                                else "off")
     except OSError:
         return "autogroup not in this kernel"
-
-
-def cpu_controller() -> Path | None:
-    """Where this host's CPU controller is mounted: a cgroup v1 hierarchy with the ``cpu`` option, or a cgroup v2
-    hierarchy whose root hands ``cpu`` to its children; None when neither is."""
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        mount_fields, _, fs_fields = line.partition(" - ")
-        mount = Path(mount_fields.split()[4])
-        fstype, _source, options = fs_fields.split()[:3]
-        if fstype == "cgroup" and "cpu" in options.split(","):
-            return mount
-        if fstype == "cgroup2" and "cpu" in (mount / "cgroup.subtree_control").read_text().split():
-            return mount
-    return None
 
 
 @contextlib.contextmanager

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.load_advice import cpu_controller
+from advisor.cpu_groups import cpu_controller
 
 ROOT = Path(__file__).resolve().parents[1]
 

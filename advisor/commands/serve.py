@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import sys
 
 from advisor.cli import UsageError
 from advisor.commands.common import port_number
 from advisor.commands.runtime import default_driver, load_settings, open_store, setup_logging
+from advisor.cpu_groups import store_scheduling_warning
 from probes.controls import available_controls
 
 
@@ -71,6 +73,9 @@ def run(args) -> int:
         ensure_file_limit(settings.max_connections)
         store = open_store(settings)
         try:
+            crowded = store_scheduling_warning(store.db)
+            if crowded:
+                print(f"tame serve: warning: {crowded}", file=sys.stderr, flush=True)
             driver = None if args.no_worker else default_driver()
             app = create_app(settings, store, driver, on_shutdown=store.close)
             print(f"tame serve: listening on {url} (store {store.db.dialect}, "

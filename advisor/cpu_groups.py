@@ -1,0 +1,98 @@
+"""Which CPU scheduling group a process on this host is in, and whether the group has the highest CPU weight (Linux:
+/proc and the cgroup files of the cpu controller).
+
+Beside loaded `tame serve` replicas on one host, a PostgreSQL in another scheduling group than theirs (its backends'
+own autogroups, or a cgroup of its own at a container's default weight) waited seconds for a CPU, and most answers
+went out marked stale; in their group, or at the highest weight, it kept up (docs/advice-service.md). `tame serve`
+warns at start-up when its store is such a server (:func:`store_scheduling_warning`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+HIGHEST_CPU_SHARES = 262_144  # cgroup v1 cpu.shares' top
+HIGHEST_CPU_WEIGHT = 10_000  # cgroup v2 cpu.weight's top
+
+
+@dataclass(frozen=True)
+class SchedulingGroup:
+    """A process's CPU scheduling group: ``name`` says which ("CPU cgroup /x", "autogroup 85", "the root group");
+    ``highest_weight`` whether it is a cgroup at the highest CPU weight."""
+
+    name: str
+    highest_weight: bool = False
+
+
+def cpu_controller() -> Path | None:
+    """Where this host's CPU controller is mounted: a cgroup v1 hierarchy with the ``cpu`` option, or a cgroup v2
+    hierarchy whose root hands ``cpu`` to its children; None when neither is."""
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        mount_fields, _, fs_fields = line.partition(" - ")
+        mount = Path(mount_fields.split()[4])
+        fstype, _source, options = fs_fields.split()[:3]
+        if fstype == "cgroup" and "cpu" in options.split(","):
+            return mount
+        if fstype == "cgroup2" and "cpu" in (mount / "cgroup.subtree_control").read_text().split():
+            return mount
+    return None
+
+
+def _cgroup_path(pid: int | str, controller: Path) -> str | None:
+    """The cgroup of process ``pid`` in the hierarchy mounted at ``controller`` ("/" the root), from /proc/PID/cgroup."""
+    v2 = (controller / "cgroup.subtree_control").exists()
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _id, controllers, path = line.split(":", 2)
+        if (v2 and controllers == "") or (not v2 and "cpu" in controllers.split(",")):
+            return path
+    return None
+
+
+def scheduling_group(pid: int | str) -> SchedulingGroup | None:
+    """The CPU scheduling group of process ``pid`` ("self": this one); None when it cannot be told (no such process,
+    its files unreadable, no cpu controller)."""
+    try:
+        controller = cpu_controller()
+        path = _cgroup_path(pid, controller) if controller else None
+        if path is None:
+            return None
+        if path != "/":
+            group = controller / path.lstrip("/")
+            if (group / "cpu.shares").exists():
+                highest = int((group / "cpu.shares").read_text()) >= HIGHEST_CPU_SHARES
+            else:
+                highest = int((group / "cpu.weight").read_text()) >= HIGHEST_CPU_WEIGHT
+            return SchedulingGroup(f"CPU cgroup {path}", highest)
+        # Autogroups group processes of the root cgroup by session (setsid), when the kernel has them on.
+        if Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "1":
+            autogroup = Path(f"/proc/{pid}/autogroup").read_text().split()[0]  # "/autogroup-85"
+            return SchedulingGroup(f"autogroup {autogroup.rpartition('-')[2]}")
+        return SchedulingGroup("the root group")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def store_scheduling_warning(db) -> str | None:
+    """What to tell an operator whose PostgreSQL store (``db``, an advisor.db.Database) runs on this host in another
+    CPU scheduling group than this process, at less than the highest weight; None when it does not, or cannot be
+    told (SQLite, a server elsewhere or in another PID namespace, a Unix-socket connection, unreadable files)."""
+    if db.dialect != "postgresql":
+        return None
+    with db.transaction() as tx:
+        pid, port = tx.execute("SELECT pg_backend_pid(), inet_client_port()").fetchone()
+        try:
+            # The backend's title names its client's address and port: only then is pid that backend here.
+            title = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            return None
+        if port is None or not title.startswith("postgres:") or f"({port})" not in title:
+            return None
+        theirs, ours = scheduling_group(pid), scheduling_group("self")
+    if theirs is None or ours is None or theirs == ours or theirs.highest_weight:
+        return None
+    return (f"the PostgreSQL store runs on this host in {theirs.name}, this server in {ours.name}: beside loaded "
+            "replicas, PostgreSQL in another scheduling group at less than the highest CPU weight waited seconds for "
+            "a CPU and most answers went out stale. Give its cgroup the highest weight (compose: cpu_shares: "
+            f"{HIGHEST_CPU_SHARES}; systemd: CPUWeight={HIGHEST_CPU_WEIGHT}), or run both in one group (with neither "
+            "in a cgroup: sysctl -w kernel.sched_autogroup_enabled=0); docs/advice-service.md")

@@ -1,0 +1,53 @@
+"""`tame serve` warns when its PostgreSQL store runs on this host in another CPU scheduling group at less than the
+highest weight (advisor/cpu_groups.py): a real cluster moved into a real cgroup, a real `tame serve`."""
+
+import os
+
+import pytest
+
+from advisor.cpu_groups import SchedulingGroup, cpu_controller, scheduling_group
+from benchmarks.load_advice import cpu_cgroup, move_store
+from tests.api.procs import start_serve, stop
+from tests.conftest import throwaway_cluster
+
+WARNING = "tame serve: warning: the PostgreSQL store runs on this host in CPU cgroup /"
+
+
+def _serve_stderr(tmp_path, env) -> str:
+    proc, base = start_serve(tmp_path, tmp_path / "unused.sqlite3", env=env, args=["--no-worker"])
+    try:
+        port = base.rsplit(":", 1)[1]
+        return (tmp_path / f"serve-{port}.err").read_text(errors="replace")
+    finally:
+        stop(proc)
+
+
+def test_a_process_that_is_not_there_has_no_group_and_this_one_has_one():
+    assert scheduling_group(2**22 + 1) is None  # above the kernel's pid_max limit: never a process
+    if cpu_controller() is not None:
+        assert isinstance(scheduling_group("self"), SchedulingGroup)
+
+
+@pytest.mark.postgres
+def test_serve_warns_while_its_store_is_in_a_cgroup_of_the_default_weight_and_not_at_the_highest(tmp_path):
+    controller = cpu_controller()
+    if controller is None or os.geteuid() != 0:
+        pytest.skip("needs root and a cgroup hierarchy with the cpu controller")
+    with cpu_cgroup(controller, 1024) as group, throwaway_cluster() as url:
+        move_store(url, group)
+        (tmp_path / "default").mkdir()
+        err = _serve_stderr(tmp_path / "default", {"TAME_DATABASE_URL": url})
+        assert WARNING + group.name in err, err
+        assert "cpu_shares: 262144" in err and "kernel.sched_autogroup_enabled=0" in err, err
+
+        (group / "cpu.shares").write_text("262144")
+        (tmp_path / "highest").mkdir()
+        err = _serve_stderr(tmp_path / "highest", {"TAME_DATABASE_URL": url})
+        assert "warning" not in err, err
+
+
+def test_serve_on_sqlite_does_not_warn(tmp_path):
+    proc, base = start_serve(tmp_path, tmp_path / "advice.sqlite3", args=["--no-worker"])
+    stop(proc)
+    err = (tmp_path / f"serve-{base.rsplit(':', 1)[1]}.err").read_text(errors="replace")
+    assert "warning" not in err, err
