@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from advisor.errors import StoreError
+
 HIGHEST_CPU_SHARES = 262_144  # cgroup v1 cpu.shares' top
 HIGHEST_CPU_WEIGHT = 10_000  # cgroup v2 cpu.weight's top
 
@@ -79,16 +81,18 @@ def store_scheduling_warning(db) -> str | None:
     told (SQLite, a server elsewhere or in another PID namespace, a Unix-socket connection, unreadable files)."""
     if db.dialect != "postgresql":
         return None
-    with db.transaction() as tx:
-        pid, port = tx.execute("SELECT pg_backend_pid(), inet_client_port()").fetchone()
-        try:
+    try:
+        with db.transaction() as tx:
+            # A server that refuses these (a role denied them, a PostgreSQL look-alike) cannot be told: this is
+            # advice, and must not keep `tame serve` from starting.
+            pid, port = tx.execute("SELECT pg_backend_pid(), inet_client_port()").fetchone()
             # The backend's title names its client's address and port: only then is pid that backend here.
             title = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            return None
-        if port is None or not title.startswith("postgres:") or f"({port})" not in title:
-            return None
-        theirs, ours = scheduling_group(pid), scheduling_group("self")
+            if port is None or not title.startswith("postgres:") or f"({port})" not in title:
+                return None
+            theirs, ours = scheduling_group(pid), scheduling_group("self")
+    except (StoreError, OSError):
+        return None
     if theirs is None or ours is None or theirs == ours or theirs.highest_weight:
         return None
     return (f"the PostgreSQL store runs on this host in {theirs.name}, this server in {ours.name}: beside loaded "

@@ -51,3 +51,21 @@ def test_serve_on_sqlite_does_not_warn(tmp_path):
     stop(proc)
     err = (tmp_path / f"serve-{base.rsplit(':', 1)[1]}.err").read_text(errors="replace")
     assert "warning" not in err, err
+
+
+@pytest.mark.postgres
+def test_serve_starts_when_its_role_may_not_ask_which_backend_it_has(tmp_path):
+    # A hardened server (or a PostgreSQL look-alike) that refuses inet_client_port(): the check is advice, so it is
+    # skipped, and tame serve still starts.
+    import psycopg
+
+    with throwaway_cluster() as url:
+        with psycopg.connect(url, autocommit=True) as admin:
+            admin.execute("CREATE ROLE tame_app LOGIN")
+            admin.execute("CREATE DATABASE tame_app OWNER tame_app")
+        app_url = url.rsplit("/", 1)[0].replace("postgres@", "tame_app@", 1) + "/tame_app"
+        with psycopg.connect(app_url.replace("tame_app@", "postgres@", 1), autocommit=True) as admin:
+            admin.execute("REVOKE EXECUTE ON FUNCTION inet_client_port() FROM PUBLIC")
+        proc, base = start_serve(tmp_path, tmp_path / "unused.sqlite3", env={"TAME_DATABASE_URL": app_url},
+                                 args=["--no-worker"])
+        stop(proc)
