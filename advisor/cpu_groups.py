@@ -9,6 +9,7 @@ warns at start-up when its store is such a server (:func:`store_scheduling_warni
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,13 +33,24 @@ def cpu_controller() -> Path | None:
     hierarchy whose root hands ``cpu`` to its children; None when neither is."""
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
         mount_fields, _, fs_fields = line.partition(" - ")
-        mount = Path(mount_fields.split()[4])
+        if len(mount_fields.split()) < 5 or len(fs_fields.split()) < 3:
+            continue
+        mount = Path(_unescape_mountinfo(mount_fields.split()[4]))
         fstype, _source, options = fs_fields.split()[:3]
         if fstype == "cgroup" and "cpu" in options.split(","):
             return mount
-        if fstype == "cgroup2" and "cpu" in (mount / "cgroup.subtree_control").read_text().split():
-            return mount
+        if fstype == "cgroup2":
+            try:
+                if "cpu" in (mount / "cgroup.subtree_control").read_text().split():
+                    return mount
+            except OSError:  # a cgroup2 mount hidden under another mount, or gone: another line may still tell
+                continue
     return None
+
+
+def _unescape_mountinfo(field: str) -> str:
+    """A mountinfo path field as the path it names: the kernel writes space, tab, newline and backslash as \\ooo."""
+    return re.sub(r"\\([0-7]{3})", lambda octal: chr(int(octal.group(1), 8)), field)
 
 
 def _cgroup_path(pid: int | str, controller: Path) -> str | None:

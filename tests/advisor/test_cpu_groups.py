@@ -69,3 +69,35 @@ def test_serve_starts_when_its_role_may_not_ask_which_backend_it_has(tmp_path):
         proc, base = start_serve(tmp_path, tmp_path / "unused.sqlite3", env={"TAME_DATABASE_URL": app_url},
                                  args=["--no-worker"])
         stop(proc)
+
+
+def _in_own_mount_namespace(script: str, code: str) -> str:
+    """Run ``script`` (sh) then ``code`` (Python, this checkout) in a private mount namespace of their own, so the
+    mounts it changes are this run's alone and vanish with it: the Python's stdout."""
+    import shutil
+    import subprocess
+    import sys
+
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare(1) to change mounts in a namespace of its own")
+    done = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-ec",
+                           f'{script}\nexec "$0" -c "$1"', sys.executable, code],
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_cpu_controller_reads_mount_points_with_spaces_and_passes_over_mounts_it_cannot_read(tmp_path):
+    # mountinfo writes a space in a mount point as \040. Here the cpu controller is mounted again under a folder
+    # with a space, after a cgroup2 mount (no cpu: this host's is elsewhere) under a folder with a space too.
+    controller = cpu_controller()
+    if controller is None or not (controller / "cpu.shares").exists():
+        pytest.skip("needs a cgroup v1 cpu hierarchy")
+    spaced = tmp_path / "tame h4"
+    script = (f"umount {controller}\n"
+              f"mkdir -p '{spaced}/two' '{spaced}/cpu x'\n"
+              f"mount -t cgroup2 none '{spaced}/two'\n"
+              f"mount -t cgroup -o cpu none '{spaced}/cpu x'")
+    out = _in_own_mount_namespace(script, "from advisor.cpu_groups import cpu_controller; print(cpu_controller())")
+    assert out.strip() == str(spaced / "cpu x"), out
