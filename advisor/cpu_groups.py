@@ -63,6 +63,15 @@ def _cgroup_path(pid: int | str, controller: Path) -> str | None:
     return None
 
 
+def _hierarchy_root(controller: Path) -> bool:
+    """Whether the cgroup mounted at ``controller`` is its hierarchy's root, not the group a cgroup namespace (an LXC
+    container, docker --cgroupns=private) shows as "/": only the root has cgroup.sane_behavior (v1) and lacks
+    cgroup.type (v2)."""
+    if (controller / "cgroup.subtree_control").exists():
+        return not (controller / "cgroup.type").exists()
+    return (controller / "cgroup.sane_behavior").exists()
+
+
 def scheduling_group(pid: int | str) -> SchedulingGroup | None:
     """The CPU scheduling group of process ``pid`` ("self": this one); None when it cannot be told (no such process,
     its files unreadable, no cpu controller)."""
@@ -71,7 +80,7 @@ def scheduling_group(pid: int | str) -> SchedulingGroup | None:
         path = _cgroup_path(pid, controller) if controller else None
         if path is None:
             return None
-        if path != "/":
+        if path != "/" or not _hierarchy_root(controller):
             group = controller / path.lstrip("/")
             if (group / "cpu.shares").exists():
                 highest = int((group / "cpu.shares").read_text()) >= HIGHEST_CPU_SHARES

@@ -101,3 +101,28 @@ def test_cpu_controller_reads_mount_points_with_spaces_and_passes_over_mounts_it
               f"mount -t cgroup -o cpu none '{spaced}/cpu x'")
     out = _in_own_mount_namespace(script, "from advisor.cpu_groups import cpu_controller; print(cpu_controller())")
     assert out.strip() == str(spaced / "cpu x"), out
+
+
+@pytest.mark.postgres
+def test_no_warning_when_server_and_store_share_the_cgroup_a_cgroup_namespace_calls_its_root(tmp_path):
+    # In a cgroup namespace (an LXC container, docker --cgroupns=private) /proc/PID/cgroup says "/" for the
+    # namespace's own group, which is not the hierarchy's root: autogroups do not apply there, so a server and its
+    # store both in it share one scheduling group, whatever their autogroups say.
+    controller = cpu_controller()
+    if controller is None or not (controller / "cpu.shares").exists():
+        pytest.skip("needs a cgroup v1 cpu hierarchy")
+    code = ("from advisor.cpu_groups import scheduling_group, store_scheduling_warning\n"
+            "from advisor.db import Database\n"
+            "from tests.conftest import throwaway_cluster\n"
+            "with throwaway_cluster() as url:\n"
+            "    print(scheduling_group('self'))\n"
+            "    print(store_scheduling_warning(Database(url)))\n")
+    with cpu_cgroup(controller, 1024) as group:
+        script = (f"echo $$ > {group}/cgroup.procs\n"
+                  f"umount {controller}\n"
+                  f'exec unshare --cgroup sh -ec "mount -t cgroup -o cpu none {controller}; exec \\"\\$0\\" -c \\"\\$1\\"" '
+                  '"$0" "$1"')
+        out = _in_own_mount_namespace(script, code)
+    own, warning = out.strip().splitlines()[-2:]
+    assert "autogroup" not in own, out
+    assert warning == "None", out
