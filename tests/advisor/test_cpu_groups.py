@@ -126,3 +126,24 @@ def test_no_warning_when_server_and_store_share_the_cgroup_a_cgroup_namespace_ca
     own, warning = out.strip().splitlines()[-2:]
     assert "autogroup" not in own, out
     assert warning == "None", out
+
+
+@pytest.mark.postgres
+def test_the_warning_names_a_cgroup_with_odd_characters_escaped(tmp_path):
+    # A cgroup's name is any bytes but "/": a colon and a space are kept, a control character (here the terminal's
+    # escape) is written out, not sent to the operator's terminal.
+    controller = cpu_controller()
+    if controller is None or os.geteuid() != 0:
+        pytest.skip("needs root and a cgroup hierarchy with the cpu controller")
+    group = controller / f"tame-h4-{os.getpid()} a:b\x1b[2J"
+    group.mkdir()
+    try:
+        with throwaway_cluster() as url:
+            move_store(url, group)
+            err = _serve_stderr(tmp_path, {"TAME_DATABASE_URL": url})
+            for pid in (group / "cgroup.procs").read_text().split():
+                (controller / "cgroup.procs").write_text(pid)
+    finally:
+        group.rmdir()
+    assert "\x1b" not in err, repr(err)
+    assert f"{WARNING}tame-h4-{os.getpid()} a:b\\x1b[2J, this server" in err, err
