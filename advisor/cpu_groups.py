@@ -22,10 +22,11 @@ HIGHEST_CPU_WEIGHT = 10_000  # cgroup v2 cpu.weight's top
 @dataclass(frozen=True)
 class SchedulingGroup:
     """A process's CPU scheduling group: ``name`` says which ("CPU cgroup /x", "autogroup 85", "the root group");
-    ``highest_weight`` whether it is a cgroup at the highest CPU weight."""
+    ``highest_weight`` whether it is a cgroup at the highest CPU weight; ``autogroup`` whether it is an autogroup."""
 
     name: str
     highest_weight: bool = False
+    autogroup: bool = False
 
 
 def cpu_controller() -> Path | None:
@@ -90,7 +91,7 @@ def scheduling_group(pid: int | str) -> SchedulingGroup | None:
         # Autogroups group processes of the root cgroup by session (setsid), when the kernel has them on.
         if Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "1":
             autogroup = Path(f"/proc/{pid}/autogroup").read_text().split()[0]  # "/autogroup-85"
-            return SchedulingGroup(f"autogroup {autogroup.rpartition('-')[2]}")
+            return SchedulingGroup(f"autogroup {autogroup.rpartition('-')[2]}", autogroup=True)
         return SchedulingGroup("the root group")
     except (OSError, ValueError, IndexError):
         return None
@@ -116,8 +117,16 @@ def store_scheduling_warning(db) -> str | None:
         return None
     if theirs is None or ours is None or theirs == ours or theirs.highest_weight:
         return None
-    return (f"the PostgreSQL store runs on this host in {theirs.name}, this server in {ours.name}: beside loaded "
-            "replicas, PostgreSQL in another scheduling group at less than the highest CPU weight waited seconds for "
-            "a CPU and most answers went out stale. Give its cgroup the highest weight (compose: cpu_shares: "
-            f"{HIGHEST_CPU_SHARES}; systemd: CPUWeight={HIGHEST_CPU_WEIGHT}), or run both in one group (with neither "
-            "in a cgroup: sysctl -w kernel.sched_autogroup_enabled=0); docs/advice-service.md")
+    weights = f"compose: cpu_shares: {HIGHEST_CPU_SHARES}; systemd: CPUWeight={HIGHEST_CPU_WEIGHT}"
+    autogroup_off = "with neither in a cgroup: sysctl -w kernel.sched_autogroup_enabled=0"
+    if theirs.autogroup:
+        # Each backend calls setsid(), so each has an autogroup of its own: the one asked is only an example, and
+        # there is no cgroup of PostgreSQL's to weight.
+        where = f"with each backend in an autogroup of its own (this one's: {theirs.name})"
+        fixes = f"Run both in one group ({autogroup_off}), or PostgreSQL in a cgroup at the highest weight ({weights})"
+    else:
+        where = f"in {theirs.name}"
+        fixes = f"Give its cgroup the highest weight ({weights}), or run both in one group ({autogroup_off})"
+    return (f"the PostgreSQL store runs on this host {where}, this server in {ours.name}: beside loaded replicas, "
+            "PostgreSQL in another scheduling group at less than the highest CPU weight waited seconds for a CPU and "
+            f"most answers went out stale. {fixes}; docs/advice-service.md")
