@@ -9,8 +9,11 @@ warns at start-up when its store is such a server (:func:`store_scheduling_warni
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
+
+from advisor.errors import StoreError
 
 HIGHEST_CPU_SHARES = 262_144  # cgroup v1 cpu.shares' top
 HIGHEST_CPU_WEIGHT = 10_000  # cgroup v2 cpu.weight's top
@@ -19,10 +22,11 @@ HIGHEST_CPU_WEIGHT = 10_000  # cgroup v2 cpu.weight's top
 @dataclass(frozen=True)
 class SchedulingGroup:
     """A process's CPU scheduling group: ``name`` says which ("CPU cgroup /x", "autogroup 85", "the root group");
-    ``highest_weight`` whether it is a cgroup at the highest CPU weight."""
+    ``highest_weight`` whether it is a cgroup at the highest CPU weight; ``autogroup`` whether it is an autogroup."""
 
     name: str
     highest_weight: bool = False
+    autogroup: bool = False
 
 
 def cpu_controller() -> Path | None:
@@ -30,13 +34,24 @@ def cpu_controller() -> Path | None:
     hierarchy whose root hands ``cpu`` to its children; None when neither is."""
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
         mount_fields, _, fs_fields = line.partition(" - ")
-        mount = Path(mount_fields.split()[4])
+        if len(mount_fields.split()) < 5 or len(fs_fields.split()) < 3:
+            continue
+        mount = Path(_unescape_mountinfo(mount_fields.split()[4]))
         fstype, _source, options = fs_fields.split()[:3]
         if fstype == "cgroup" and "cpu" in options.split(","):
             return mount
-        if fstype == "cgroup2" and "cpu" in (mount / "cgroup.subtree_control").read_text().split():
-            return mount
+        if fstype == "cgroup2":
+            try:
+                if "cpu" in (mount / "cgroup.subtree_control").read_text().split():
+                    return mount
+            except OSError:  # a cgroup2 mount hidden under another mount, or gone: another line may still tell
+                continue
     return None
+
+
+def _unescape_mountinfo(field: str) -> str:
+    """A mountinfo path field as the path it names: the kernel writes space, tab, newline and backslash as \\ooo."""
+    return re.sub(r"\\([0-7]{3})", lambda octal: chr(int(octal.group(1), 8)), field)
 
 
 def _cgroup_path(pid: int | str, controller: Path) -> str | None:
@@ -49,6 +64,15 @@ def _cgroup_path(pid: int | str, controller: Path) -> str | None:
     return None
 
 
+def _hierarchy_root(controller: Path) -> bool:
+    """Whether the cgroup mounted at ``controller`` is its hierarchy's root, not the group a cgroup namespace (an LXC
+    container, docker --cgroupns=private) shows as "/": only the root has cgroup.sane_behavior (v1) and lacks
+    cgroup.type (v2)."""
+    if (controller / "cgroup.subtree_control").exists():
+        return not (controller / "cgroup.type").exists()
+    return (controller / "cgroup.sane_behavior").exists()
+
+
 def scheduling_group(pid: int | str) -> SchedulingGroup | None:
     """The CPU scheduling group of process ``pid`` ("self": this one); None when it cannot be told (no such process,
     its files unreadable, no cpu controller)."""
@@ -57,7 +81,7 @@ def scheduling_group(pid: int | str) -> SchedulingGroup | None:
         path = _cgroup_path(pid, controller) if controller else None
         if path is None:
             return None
-        if path != "/":
+        if path != "/" or not _hierarchy_root(controller):
             group = controller / path.lstrip("/")
             if (group / "cpu.shares").exists():
                 highest = int((group / "cpu.shares").read_text()) >= HIGHEST_CPU_SHARES
@@ -67,7 +91,7 @@ def scheduling_group(pid: int | str) -> SchedulingGroup | None:
         # Autogroups group processes of the root cgroup by session (setsid), when the kernel has them on.
         if Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "1":
             autogroup = Path(f"/proc/{pid}/autogroup").read_text().split()[0]  # "/autogroup-85"
-            return SchedulingGroup(f"autogroup {autogroup.rpartition('-')[2]}")
+            return SchedulingGroup(f"autogroup {autogroup.rpartition('-')[2]}", autogroup=True)
         return SchedulingGroup("the root group")
     except (OSError, ValueError, IndexError):
         return None
@@ -79,20 +103,30 @@ def store_scheduling_warning(db) -> str | None:
     told (SQLite, a server elsewhere or in another PID namespace, a Unix-socket connection, unreadable files)."""
     if db.dialect != "postgresql":
         return None
-    with db.transaction() as tx:
-        pid, port = tx.execute("SELECT pg_backend_pid(), inet_client_port()").fetchone()
-        try:
+    try:
+        with db.transaction() as tx:
+            # A server that refuses these (a role denied them, a PostgreSQL look-alike) cannot be told: this is
+            # advice, and must not keep `tame serve` from starting.
+            pid, port = tx.execute("SELECT pg_backend_pid(), inet_client_port()").fetchone()
             # The backend's title names its client's address and port: only then is pid that backend here.
             title = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            return None
-        if port is None or not title.startswith("postgres:") or f"({port})" not in title:
-            return None
-        theirs, ours = scheduling_group(pid), scheduling_group("self")
+            if port is None or not title.startswith("postgres:") or f"({port})" not in title:
+                return None
+            theirs, ours = scheduling_group(pid), scheduling_group("self")
+    except (StoreError, OSError):
+        return None
     if theirs is None or ours is None or theirs == ours or theirs.highest_weight:
         return None
-    return (f"the PostgreSQL store runs on this host in {theirs.name}, this server in {ours.name}: beside loaded "
-            "replicas, PostgreSQL in another scheduling group at less than the highest CPU weight waited seconds for "
-            "a CPU and most answers went out stale. Give its cgroup the highest weight (compose: cpu_shares: "
-            f"{HIGHEST_CPU_SHARES}; systemd: CPUWeight={HIGHEST_CPU_WEIGHT}), or run both in one group (with neither "
-            "in a cgroup: sysctl -w kernel.sched_autogroup_enabled=0); docs/advice-service.md")
+    weights = f"compose: cpu_shares: {HIGHEST_CPU_SHARES}; systemd: CPUWeight={HIGHEST_CPU_WEIGHT}"
+    autogroup_off = "with neither in a cgroup: sysctl -w kernel.sched_autogroup_enabled=0"
+    if theirs.autogroup:
+        # Each backend calls setsid(), so each has an autogroup of its own: the one asked is only an example, and
+        # there is no cgroup of PostgreSQL's to weight.
+        where = f"with each backend in an autogroup of its own (this one's: {theirs.name})"
+        fixes = f"Run both in one group ({autogroup_off}), or PostgreSQL in a cgroup at the highest weight ({weights})"
+    else:
+        where = f"in {theirs.name}"
+        fixes = f"Give its cgroup the highest weight ({weights}), or run both in one group ({autogroup_off})"
+    return (f"the PostgreSQL store runs on this host {where}, this server in {ours.name}: beside loaded replicas, "
+            "PostgreSQL in another scheduling group at less than the highest CPU weight waited seconds for a CPU and "
+            f"most answers went out stale. {fixes}; docs/advice-service.md")

@@ -51,3 +51,115 @@ def test_serve_on_sqlite_does_not_warn(tmp_path):
     stop(proc)
     err = (tmp_path / f"serve-{base.rsplit(':', 1)[1]}.err").read_text(errors="replace")
     assert "warning" not in err, err
+
+
+@pytest.mark.postgres
+def test_serve_starts_when_its_role_may_not_ask_which_backend_it_has(tmp_path):
+    # A hardened server (or a PostgreSQL look-alike) that refuses inet_client_port(): the check is advice, so it is
+    # skipped, and tame serve still starts.
+    import psycopg
+
+    with throwaway_cluster() as url:
+        with psycopg.connect(url, autocommit=True) as admin:
+            admin.execute("CREATE ROLE tame_app LOGIN")
+            admin.execute("CREATE DATABASE tame_app OWNER tame_app")
+        app_url = url.rsplit("/", 1)[0].replace("postgres@", "tame_app@", 1) + "/tame_app"
+        with psycopg.connect(app_url.replace("tame_app@", "postgres@", 1), autocommit=True) as admin:
+            admin.execute("REVOKE EXECUTE ON FUNCTION inet_client_port() FROM PUBLIC")
+        proc, base = start_serve(tmp_path, tmp_path / "unused.sqlite3", env={"TAME_DATABASE_URL": app_url},
+                                 args=["--no-worker"])
+        stop(proc)
+
+
+def _in_own_mount_namespace(script: str, code: str) -> str:
+    """Run ``script`` (sh) then ``code`` (Python, this checkout) in a private mount namespace of their own, so the
+    mounts it changes are this run's alone and vanish with it: the Python's stdout."""
+    import shutil
+    import subprocess
+    import sys
+
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare(1) to change mounts in a namespace of its own")
+    done = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-ec",
+                           f'{script}\nexec "$0" -c "$1"', sys.executable, code],
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_cpu_controller_reads_mount_points_with_spaces_and_passes_over_mounts_it_cannot_read(tmp_path):
+    # mountinfo writes a space in a mount point as \040. Here the cpu controller is mounted again under a folder
+    # with a space, after a cgroup2 mount (no cpu: this host's is elsewhere) under a folder with a space too.
+    controller = cpu_controller()
+    if controller is None or not (controller / "cpu.shares").exists():
+        pytest.skip("needs a cgroup v1 cpu hierarchy")
+    spaced = tmp_path / "tame h4"
+    script = (f"umount {controller}\n"
+              f"mkdir -p '{spaced}/two' '{spaced}/cpu x'\n"
+              f"mount -t cgroup2 none '{spaced}/two'\n"
+              f"mount -t cgroup -o cpu none '{spaced}/cpu x'")
+    out = _in_own_mount_namespace(script, "from advisor.cpu_groups import cpu_controller; print(cpu_controller())")
+    assert out.strip() == str(spaced / "cpu x"), out
+
+
+@pytest.mark.postgres
+def test_no_warning_when_server_and_store_share_the_cgroup_a_cgroup_namespace_calls_its_root(tmp_path):
+    # In a cgroup namespace (an LXC container, docker --cgroupns=private) /proc/PID/cgroup says "/" for the
+    # namespace's own group, which is not the hierarchy's root: autogroups do not apply there, so a server and its
+    # store both in it share one scheduling group, whatever their autogroups say.
+    controller = cpu_controller()
+    if controller is None or not (controller / "cpu.shares").exists():
+        pytest.skip("needs a cgroup v1 cpu hierarchy")
+    code = ("from advisor.cpu_groups import scheduling_group, store_scheduling_warning\n"
+            "from advisor.db import Database\n"
+            "from tests.conftest import throwaway_cluster\n"
+            "with throwaway_cluster() as url:\n"
+            "    print(scheduling_group('self').name)\n"
+            "    print(store_scheduling_warning(Database(url)))\n")
+    with cpu_cgroup(controller, 1024) as group:
+        script = (f"echo $$ > {group}/cgroup.procs\n"
+                  f"umount {controller}\n"
+                  f'exec unshare --cgroup sh -ec "mount -t cgroup -o cpu none {controller}; exec \\"\\$0\\" -c \\"\\$1\\"" '
+                  '"$0" "$1"')
+        out = _in_own_mount_namespace(script, code)
+    own, warning = out.strip().splitlines()[-2:]
+    assert own == "CPU cgroup /", out
+    assert warning == "None", out
+
+
+@pytest.mark.postgres
+def test_the_warning_names_a_cgroup_with_odd_characters_escaped(tmp_path):
+    # A cgroup's name is any bytes but "/": a colon and a space are kept, a control character (here the terminal's
+    # escape) is written out, not sent to the operator's terminal.
+    controller = cpu_controller()
+    if controller is None or os.geteuid() != 0:
+        pytest.skip("needs root and a cgroup hierarchy with the cpu controller")
+    group = controller / f"tame-h4-{os.getpid()} a:b\x1b[2J"
+    group.mkdir()
+    try:
+        with throwaway_cluster() as url:
+            move_store(url, group)
+            err = _serve_stderr(tmp_path, {"TAME_DATABASE_URL": url})
+            for pid in (group / "cgroup.procs").read_text().split():
+                (controller / "cgroup.procs").write_text(pid)
+    finally:
+        group.rmdir()
+    assert "\x1b" not in err, repr(err)
+    assert f"{WARNING}tame-h4-{os.getpid()} a:b\\x1b[2J, this server" in err, err
+
+
+@pytest.mark.postgres
+def test_under_autogroup_the_warning_says_each_backend_has_its_own_and_gives_the_fixes_that_apply(tmp_path):
+    # The measured bad case as this host has it by default: a PostgreSQL backend calls setsid(), so each is in an
+    # autogroup of its own, none in a cgroup. The warning names no single group for the store and does not tell
+    # the operator to weight "its cgroup", which it does not have.
+    own = scheduling_group("self")
+    if own is None or not own.name.startswith("autogroup "):
+        pytest.skip("needs this process in an autogroup (root CPU cgroup, kernel.sched_autogroup_enabled=1)")
+    with throwaway_cluster() as url:
+        err = _serve_stderr(tmp_path, {"TAME_DATABASE_URL": url})
+    assert "tame serve: warning: the PostgreSQL store runs on this host with each backend in an autogroup of its " \
+           "own (this one's: autogroup " in err, err
+    assert "Give its cgroup" not in err, err
+    assert "kernel.sched_autogroup_enabled=0" in err and "cpu_shares: 262144" in err, err
