@@ -22,11 +22,19 @@ HIGHEST_CPU_WEIGHT = 10_000  # cgroup v2 cpu.weight's top
 @dataclass(frozen=True)
 class SchedulingGroup:
     """A process's CPU scheduling group: ``name`` says which ("CPU cgroup /x", "autogroup 85", "the root group");
-    ``highest_weight`` whether it is a cgroup at the highest CPU weight; ``autogroup`` whether it is an autogroup."""
+    ``autogroup`` whether it is an autogroup; ``cgroups`` the cgroups it is in, from the top of the hierarchy down
+    ("/a", then "/a/b"), each with whether it has the highest CPU weight (none for the root group or an autogroup)."""
 
     name: str
-    highest_weight: bool = False
     autogroup: bool = False
+    cgroups: tuple[tuple[str, bool], ...] = ()
+
+    def outweighs_beside(self, other: "SchedulingGroup") -> bool:
+        """Whether each cgroup this group is in and ``other`` is not has the highest weight, so that it wins a contest
+        for a CPU against ``other`` at every level where the two are apart (never for the root or an autogroup)."""
+        shared = {path for path, _ in other.cgroups}
+        apart = [highest for path, highest in self.cgroups if path not in shared]
+        return bool(apart) and all(apart)
 
 
 def cpu_controller() -> Path | None:
@@ -73,6 +81,13 @@ def _hierarchy_root(controller: Path) -> bool:
     return (controller / "cgroup.sane_behavior").exists()
 
 
+def _highest_weight(group: Path) -> bool:
+    """Whether the cgroup at ``group`` has the highest CPU weight (cpu.shares on v1, cpu.weight on v2)."""
+    if (group / "cpu.shares").exists():
+        return int((group / "cpu.shares").read_text()) >= HIGHEST_CPU_SHARES
+    return int((group / "cpu.weight").read_text()) >= HIGHEST_CPU_WEIGHT
+
+
 def scheduling_group(pid: int | str) -> SchedulingGroup | None:
     """The CPU scheduling group of process ``pid`` ("self": this one); None when it cannot be told (no such process,
     its files unreadable, no cpu controller)."""
@@ -82,12 +97,11 @@ def scheduling_group(pid: int | str) -> SchedulingGroup | None:
         if path is None:
             return None
         if path != "/" or not _hierarchy_root(controller):
-            group = controller / path.lstrip("/")
-            if (group / "cpu.shares").exists():
-                highest = int((group / "cpu.shares").read_text()) >= HIGHEST_CPU_SHARES
-            else:
-                highest = int((group / "cpu.weight").read_text()) >= HIGHEST_CPU_WEIGHT
-            return SchedulingGroup(f"CPU cgroup {path}", highest)
+            parts = [part for part in path.split("/") if part]
+            levels = ["/" + "/".join(parts[:depth]) for depth in range(1, len(parts) + 1)] or ["/"]
+            return SchedulingGroup(f"CPU cgroup {path}",
+                                   cgroups=tuple((level, _highest_weight(controller / level.lstrip("/")))
+                                                 for level in levels))
         # Autogroups group processes of the root cgroup by session (setsid), when the kernel has them on.
         if Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "1":
             autogroup = Path(f"/proc/{pid}/autogroup").read_text().split()[0]  # "/autogroup-85"
@@ -115,7 +129,7 @@ def store_scheduling_warning(db) -> str | None:
             theirs, ours = scheduling_group(pid), scheduling_group("self")
     except (StoreError, OSError):
         return None
-    if theirs is None or ours is None or theirs == ours or theirs.highest_weight:
+    if theirs is None or ours is None or theirs == ours or theirs.outweighs_beside(ours):
         return None
     weights = f"compose: cpu_shares: {HIGHEST_CPU_SHARES}; systemd: CPUWeight={HIGHEST_CPU_WEIGHT}"
     autogroup_off = "with neither in a cgroup: sysctl -w kernel.sched_autogroup_enabled=0"

@@ -163,3 +163,32 @@ def test_under_autogroup_the_warning_says_each_backend_has_its_own_and_gives_the
            "own (this one's: autogroup " in err, err
     assert "Give its cgroup" not in err, err
     assert "kernel.sched_autogroup_enabled=0" in err and "cpu_shares: 262144" in err, err
+
+
+@pytest.mark.postgres
+def test_a_store_at_the_highest_weight_inside_a_parent_of_the_default_weight_is_warned_of(tmp_path):
+    # A cgroup's weight counts only against its siblings: PostgreSQL at the highest weight inside a parent of the
+    # default weight still contests the server's group at the parent's weight (the first version read the leaf only).
+    controller = cpu_controller()
+    if controller is None or os.geteuid() != 0:
+        pytest.skip("needs root and a cgroup hierarchy with the cpu controller")
+    with cpu_cgroup(controller, 1024) as parent:
+        highest = "cpu.shares" if (parent / "cpu.shares").exists() else "cpu.weight"  # cgroup v1, else v2
+        top = "262144" if highest == "cpu.shares" else "10000"
+        leaf = parent / "store"
+        leaf.mkdir()
+        try:
+            (leaf / highest).write_text(top)
+            with throwaway_cluster() as url:
+                move_store(url, leaf)
+                (tmp_path / "parent-default").mkdir()
+                err = _serve_stderr(tmp_path / "parent-default", {"TAME_DATABASE_URL": url})
+                assert f"{WARNING}{parent.name}/store, this server" in err, err
+                (parent / highest).write_text(top)
+                (tmp_path / "both-highest").mkdir()
+                err = _serve_stderr(tmp_path / "both-highest", {"TAME_DATABASE_URL": url})
+                assert "warning" not in err, err
+                for pid in (leaf / "cgroup.procs").read_text().split():  # what the cluster left, back to the parent
+                    (parent / "cgroup.procs").write_text(pid)
+        finally:
+            leaf.rmdir()
