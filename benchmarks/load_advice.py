@@ -53,7 +53,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from advisor.advice_cache import _REFRESH_AHEAD as REFRESH_AHEAD
-from advisor.cpu_groups import cpu_controller
+from advisor.cpu_groups import HIGHEST_CPU_SHARES, HIGHEST_CPU_WEIGHT, cpu_controller
 from advisor.settings import Settings
 
 DEST = "127.0.0.1:5201"
@@ -275,7 +275,7 @@ def cpu_cgroup(controller: Path, shares: int):
         if (group / "cpu.shares").exists():
             (group / "cpu.shares").write_text(str(shares))
         else:
-            (group / "cpu.weight").write_text(str(min(10_000, max(1, round(shares * 100 / 1024)))))
+            (group / "cpu.weight").write_text(str(min(HIGHEST_CPU_WEIGHT, max(1, round(shares * 100 / 1024)))))
         yield group
     finally:
         for pid in (group / "cgroup.procs").read_text().split():
@@ -378,7 +378,8 @@ def main() -> int:
                         help="run the throwaway PostgreSQL cluster in a CPU cgroup of its own, as a container or a "
                              "systemd service runs it (root; --store postgresql)")
     parser.add_argument("--store-cpu-shares", type=int, default=1024,
-                        help="that cgroup's weight in cgroup v1 cpu.shares (2-262144, default 1024 as a container's; "
+                        help=f"that cgroup's weight in cgroup v1 cpu.shares (2-{HIGHEST_CPU_SHARES}, default 1024 "
+                             "as a container's; "
                              "on cgroup v2 scaled to cpu.weight)")
     args = parser.parse_args()
     if not 1 <= args.seconds <= 120:
@@ -396,8 +397,8 @@ def main() -> int:
     if args.url and any(urlsplit(url).hostname not in ("127.0.0.1", "localhost", "::1") for url in args.url):
         parser.error("this benchmark only targets loopback servers")
     controller = cpu_controller() if args.store_cgroup else None
-    if not 2 <= args.store_cpu_shares <= 262_144:
-        parser.error("--store-cpu-shares must be between 2 and 262144 (cgroup v1's cpu.shares range)")
+    if not 2 <= args.store_cpu_shares <= HIGHEST_CPU_SHARES:
+        parser.error(f"--store-cpu-shares must be between 2 and {HIGHEST_CPU_SHARES} (cgroup v1's cpu.shares range)")
     if args.store_cpu_shares != 1024 and not args.store_cgroup:
         parser.error("--store-cpu-shares weights the cgroup of --store-cgroup; give both")
     if args.store_cgroup and (args.store != "postgresql" or args.database_url or args.url):

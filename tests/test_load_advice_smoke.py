@@ -58,6 +58,10 @@ def test_the_store_runs_in_a_cpu_cgroup_of_its_own_which_is_removed_afterwards()
     (["--store", "postgresql", "--database-url", "postgresql://127.0.0.1:1/x", "--store-cgroup"],
      "not with --database-url or --url"),
     (["--url", "http://127.0.0.1:1", "--store-cgroup"], "not with --database-url or --url"),
+    (["--store", "postgresql", "--store-cgroup", "--store-cpu-shares", "1"], "between 2 and 262144"),
+    (["--store", "postgresql", "--store-cgroup", "--store-cpu-shares", "262145"], "between 2 and 262144"),
+    (["--store", "postgresql", "--store-cgroup", "--store-cpu-shares", "1e9"], "invalid int value: '1e9'"),
+    (["--store", "postgresql", "--store-cpu-shares", "2048"], "weights the cgroup of --store-cgroup; give both"),
 ])
 def test_a_store_cgroup_it_cannot_make_is_refused_before_anything_starts(args, says):
     controller = cpu_controller()
