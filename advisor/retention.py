@@ -406,7 +406,7 @@ def prune(store: Store, retention: Retention, *, pause_s: float = 0.0, max_batch
         return step
 
     fits = past_count("fits", retention.keep_fits)
-    observations = past_count("observations", max(retention.keep_observations, REFIT_OBSERVATIONS))
+    observations = past_count("observations", retention.keep_observations)  # never below the refit window (Retention)
 
     def runs(tx: Tx) -> int:
         ids = _prunable_runs(tx, retention.keep_runs, older_than, b)
