@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from advisor.errors import StoreError
 
@@ -37,24 +37,37 @@ class SchedulingGroup:
         return bool(apart) and all(apart)
 
 
-def cpu_controller() -> Path | None:
-    """Where this host's CPU controller is mounted: a cgroup v1 hierarchy with the ``cpu`` option, or a cgroup v2
-    hierarchy whose root hands ``cpu`` to its children; None when neither is."""
+def _cpu_mount() -> tuple[Path, PurePosixPath] | None:
+    """Where this host's CPU controller is mounted, and which cgroup of its hierarchy the mount shows at its top ("/"
+    for the hierarchy's root; a container's own cgroup where the runtime bind-mounted only that): a cgroup v1
+    hierarchy with the ``cpu`` option, or a cgroup v2 hierarchy whose root hands ``cpu`` to its children."""
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
         mount_fields, _, fs_fields = line.partition(" - ")
         if len(mount_fields.split()) < 5 or len(fs_fields.split()) < 3:
             continue
-        mount = Path(_unescape_mountinfo(mount_fields.split()[4]))
+        root, mount = (_unescape_mountinfo(field) for field in mount_fields.split()[3:5])
         fstype, _source, options = fs_fields.split()[:3]
         if fstype == "cgroup" and "cpu" in options.split(","):
-            return mount
+            return Path(mount), PurePosixPath(root)
         if fstype == "cgroup2":
             try:
-                if "cpu" in (mount / "cgroup.subtree_control").read_text().split():
-                    return mount
+                if "cpu" in (Path(mount) / "cgroup.subtree_control").read_text().split():
+                    return Path(mount), PurePosixPath(root)
             except OSError:  # a cgroup2 mount hidden under another mount, or gone: another line may still tell
                 continue
     return None
+
+
+def cpu_controller() -> Path | None:
+    """Where this host's CPU controller is mounted (see :func:`_cpu_mount`); None when it is not."""
+    found = _cpu_mount()
+    return found[0] if found else None
+
+
+def hierarchy_path(group: Path) -> str:
+    """The path /proc/PID/cgroup gives for the cgroup whose folder is ``group`` (under :func:`cpu_controller`)."""
+    mount, root = _cpu_mount()
+    return str(root / group.relative_to(mount))
 
 
 def _unescape_mountinfo(field: str) -> str:
@@ -90,18 +103,24 @@ def _highest_weight(group: Path) -> bool:
 
 def scheduling_group(pid: int | str) -> SchedulingGroup | None:
     """The CPU scheduling group of process ``pid`` ("self": this one); None when it cannot be told (no such process,
-    its files unreadable, no cpu controller)."""
+    its files unreadable, no cpu controller, a cgroup outside the part of the hierarchy this host's mount shows)."""
     try:
-        controller = cpu_controller()
-        path = _cgroup_path(pid, controller) if controller else None
+        found = _cpu_mount()
+        path = _cgroup_path(pid, found[0]) if found else None
         if path is None:
             return None
-        if path != "/" or not _hierarchy_root(controller):
-            parts = [part for part in path.split("/") if part]
-            levels = ["/" + "/".join(parts[:depth]) for depth in range(1, len(parts) + 1)] or ["/"]
+        controller, root = found
+        below = PurePosixPath(path).relative_to(root).parts  # ValueError: outside the mount (another container's)
+        if ".." in below:  # outside this cgroup namespace
+            return None
+        # The mount's top is a cgroup with a weight of its own unless it is the hierarchy's root (the root group).
+        top = [] if str(root) == "/" and _hierarchy_root(controller) else [0]
+        levels = top + list(range(1, len(below) + 1))  # how many parts below the mount's top, for each cgroup
+        if levels:
             return SchedulingGroup(f"CPU cgroup {path}",
-                                   cgroups=tuple((level, _highest_weight(controller / level.lstrip("/")))
-                                                 for level in levels))
+                                   cgroups=tuple((str(root.joinpath(*below[:depth])),
+                                                  _highest_weight(controller.joinpath(*below[:depth])))
+                                                 for depth in levels))
         # Autogroups group processes of the root cgroup by session (setsid), when the kernel has them on.
         if Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "1":
             autogroup = Path(f"/proc/{pid}/autogroup").read_text().split()[0]  # "/autogroup-85"

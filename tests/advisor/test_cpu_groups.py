@@ -5,12 +5,20 @@ import os
 
 import pytest
 
-from advisor.cpu_groups import SchedulingGroup, cpu_controller, scheduling_group
+from pathlib import Path
+
+from advisor.cpu_groups import SchedulingGroup, cpu_controller, hierarchy_path, scheduling_group
 from benchmarks.load_advice import cpu_cgroup, move_store
 from tests.api.procs import start_serve, stop
 from tests.conftest import throwaway_cluster
 
-WARNING = "tame serve: warning: the PostgreSQL store runs on this host in CPU cgroup /"
+WARNING = "tame serve: warning: the PostgreSQL store runs on this host in CPU cgroup "
+
+
+def _cgroup_view() -> str:
+    """This process's cgroups and this host's cgroup mounts, for a failure's message."""
+    mounts = [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if " - cgroup" in line]
+    return Path("/proc/self/cgroup").read_text() + "\n".join(mounts)
 
 
 def _serve_stderr(tmp_path, env) -> str:
@@ -25,7 +33,7 @@ def _serve_stderr(tmp_path, env) -> str:
 def test_a_process_that_is_not_there_has_no_group_and_this_one_has_one():
     assert scheduling_group(2**22 + 1) is None  # above the kernel's pid_max limit: never a process
     if cpu_controller() is not None:
-        assert isinstance(scheduling_group("self"), SchedulingGroup)
+        assert isinstance(scheduling_group("self"), SchedulingGroup), _cgroup_view()
 
 
 @pytest.mark.postgres
@@ -37,7 +45,7 @@ def test_serve_warns_while_its_store_is_in_a_cgroup_of_the_default_weight_and_no
         move_store(url, group)
         (tmp_path / "default").mkdir()
         err = _serve_stderr(tmp_path / "default", {"TAME_DATABASE_URL": url})
-        assert WARNING + group.name in err, err
+        assert WARNING + hierarchy_path(group) + ", this server" in err, err
         assert "cpu_shares: 262144" in err and "kernel.sched_autogroup_enabled=0" in err, err
 
         (group / "cpu.shares").write_text("262144")
@@ -146,7 +154,7 @@ def test_the_warning_names_a_cgroup_with_odd_characters_escaped(tmp_path):
     finally:
         group.rmdir()
     assert "\x1b" not in err, repr(err)
-    assert f"{WARNING}tame-h4-{os.getpid()} a:b\\x1b[2J, this server" in err, err
+    assert WARNING + hierarchy_path(group).replace("\x1b", "\\x1b") + ", this server" in err, err
 
 
 @pytest.mark.postgres
@@ -183,7 +191,7 @@ def test_a_store_at_the_highest_weight_inside_a_parent_of_the_default_weight_is_
                 move_store(url, leaf)
                 (tmp_path / "parent-default").mkdir()
                 err = _serve_stderr(tmp_path / "parent-default", {"TAME_DATABASE_URL": url})
-                assert f"{WARNING}{parent.name}/store, this server" in err, err
+                assert f"{WARNING}{hierarchy_path(leaf)}, this server" in err, err
                 (parent / highest).write_text(top)
                 (tmp_path / "both-highest").mkdir()
                 err = _serve_stderr(tmp_path / "both-highest", {"TAME_DATABASE_URL": url})
@@ -192,3 +200,40 @@ def test_a_store_at_the_highest_weight_inside_a_parent_of_the_default_weight_is_
                     (parent / "cgroup.procs").write_text(pid)
         finally:
             leaf.rmdir()
+
+
+@pytest.mark.postgres
+def test_under_a_mount_of_one_cgroup_as_a_container_has_groups_are_named_and_weighed_from_the_hierarchy(tmp_path):
+    # Docker without a cgroup namespace bind-mounts only the container's own cgroup at /sys/fs/cgroup/cpu: mountinfo
+    # gives the mount's root as that cgroup, /proc/PID/cgroup gives paths from the hierarchy's top. Here a cgroup of
+    # this test's is so mounted, in a mount namespace of its own, with the server in it and its store in a child.
+    controller = cpu_controller()
+    if controller is None or not (controller / "cpu.shares").exists():
+        pytest.skip("needs a cgroup v1 cpu hierarchy")
+    code = ("import pathlib\n"
+            "from advisor.cpu_groups import cpu_controller, scheduling_group, store_scheduling_warning\n"
+            "from advisor.db import Database\n"
+            "from benchmarks.load_advice import move_store\n"
+            "from tests.conftest import throwaway_cluster\n"
+            "print(scheduling_group('self'))\n"
+            "store = cpu_controller() / 'store'\n"
+            "store.mkdir()\n"
+            "with throwaway_cluster() as url:\n"
+            "    move_store(url, store)\n"
+            "    print(store_scheduling_warning(Database(url)))\n"
+            "    for pid in (store / 'cgroup.procs').read_text().split():\n"
+            "        (cpu_controller() / 'cgroup.procs').write_text(pid)\n"
+            "store.rmdir()\n")
+    with cpu_cgroup(controller, 1024) as group:
+        bound = tmp_path / "bound"
+        script = (f"mkdir '{bound}'\n"
+                  f"echo $$ > '{group}/cgroup.procs'\n"
+                  f"mount --bind '{group}' '{bound}'\n"
+                  f"umount '{controller}'\n"
+                  f"mount --move '{bound}' '{controller}'")
+        out = _in_own_mount_namespace(script, code)
+    own, warning = out.strip().splitlines()[-2:]
+    path = f"/{group.name}"
+    assert own == repr(SchedulingGroup(f"CPU cgroup {path}", cgroups=((path, False),))), out
+    assert warning.startswith(f"the PostgreSQL store runs on this host in CPU cgroup {path}/store, this server in "
+                              f"CPU cgroup {path}: "), out
