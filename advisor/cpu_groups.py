@@ -121,8 +121,10 @@ def scheduling_group(pid: int | str) -> SchedulingGroup | None:
                                    cgroups=tuple((str(root.joinpath(*below[:depth])),
                                                   _highest_weight(controller.joinpath(*below[:depth])))
                                                  for depth in levels))
-        # Autogroups group processes of the root cgroup by session (setsid), when the kernel has them on.
-        if Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "1":
+        # Autogroups group processes of the root cgroup by session (setsid), when the kernel has them (a kernel built
+        # without them has no such setting) and has them on.
+        autogroups = Path("/proc/sys/kernel/sched_autogroup_enabled")
+        if autogroups.exists() and autogroups.read_text().strip() == "1":
             autogroup = Path(f"/proc/{pid}/autogroup").read_text().split()[0]  # "/autogroup-85"
             return SchedulingGroup(f"autogroup {autogroup.rpartition('-')[2]}", autogroup=True)
         return SchedulingGroup("the root group")

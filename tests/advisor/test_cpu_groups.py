@@ -237,3 +237,14 @@ def test_under_a_mount_of_one_cgroup_as_a_container_has_groups_are_named_and_wei
     assert own == repr(SchedulingGroup(f"CPU cgroup {path}", cgroups=((path, False),))), out
     assert warning.startswith(f"the PostgreSQL store runs on this host in CPU cgroup {path}/store, this server in "
                               f"CPU cgroup {path}: "), out
+
+
+def test_a_kernel_without_autogroups_puts_a_process_of_the_root_cgroup_in_the_root_group():
+    # A kernel built without autogroups has no kernel.sched_autogroup_enabled: here the setting is hidden under an
+    # empty tmpfs in a mount namespace of this test's own.
+    own = scheduling_group("self")
+    if own is None or not own.autogroup:
+        pytest.skip(f"needs this process in the root CPU cgroup with autogroups on; it is in {own}")
+    out = _in_own_mount_namespace("mount -t tmpfs none /proc/sys/kernel",
+                                  "from advisor.cpu_groups import scheduling_group; print(scheduling_group('self'))")
+    assert out.strip() == repr(SchedulingGroup("the root group")), out
