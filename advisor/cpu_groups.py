@@ -9,6 +9,8 @@ warns at start-up when its store is such a server (:func:`store_scheduling_warni
 
 from __future__ import annotations
 
+import itertools
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -17,57 +19,101 @@ from advisor.errors import StoreError
 
 HIGHEST_CPU_SHARES = 262_144  # cgroup v1 cpu.shares' top
 HIGHEST_CPU_WEIGHT = 10_000  # cgroup v2 cpu.weight's top
+HOST = Path("/")  # where /proc and the cgroup mounts are read from; a recorded tree in the tests
 
 
 @dataclass(frozen=True)
 class SchedulingGroup:
     """A process's CPU scheduling group: ``name`` says which ("CPU cgroup /x", "autogroup 85", "the root group");
-    ``autogroup`` whether it is an autogroup; ``cgroups`` the cgroups it is in, from the top of the hierarchy down
-    ("/a", then "/a/b"), each with whether it has the highest CPU weight (none for the root group or an autogroup)."""
+    ``autogroup`` whether it is an autogroup; ``cgroups`` the cgroups with a CPU weight of their own that it is in,
+    from the top of the hierarchy down ("/a", then "/a/b"), each with whether it has the highest weight (none for
+    the root group or an autogroup)."""
 
     name: str
     autogroup: bool = False
     cgroups: tuple[tuple[str, bool], ...] = ()
 
-    def outweighs_beside(self, other: "SchedulingGroup") -> bool:
-        """Whether each cgroup this group is in and ``other`` is not has the highest weight, so that it wins a contest
-        for a CPU against ``other`` at every level where the two are apart (never for the root or an autogroup)."""
+    def contested_beside(self, other: "SchedulingGroup") -> list[str] | None:
+        """The cgroups this group is in and ``other`` is not that lack the highest weight, top first: where it
+        contests ``other`` for a CPU on even terms or worse; empty when it wins everywhere the two are apart. None
+        when it is in no cgroup apart from ``other``'s (the root group, an autogroup, a parent of ``other``'s
+        cgroup), so that no weight of its own can win."""
         shared = {path for path, _ in other.cgroups}
-        apart = [highest for path, highest in self.cgroups if path not in shared]
-        return bool(apart) and all(apart)
+        apart = [(path, highest) for path, highest in self.cgroups if path not in shared]
+        return [path for path, highest in apart if not highest] if apart else None
 
 
-def _cpu_mount() -> tuple[Path, PurePosixPath] | None:
-    """Where this host's CPU controller is mounted, and which cgroup of its hierarchy the mount shows at its top ("/"
-    for the hierarchy's root; a container's own cgroup where the runtime bind-mounted only that): a cgroup v1
-    hierarchy with the ``cpu`` option, or a cgroup v2 hierarchy whose root hands ``cpu`` to its children."""
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+def weight_file(group: Path) -> tuple[Path, int]:
+    """The file holding the CPU weight of the cgroup whose folder is ``group``, and the file's highest value:
+    cpu.shares on cgroup v1, cpu.weight on v2."""
+    if (group / "cpu.shares").exists():
+        return group / "cpu.shares", HIGHEST_CPU_SHARES
+    return group / "cpu.weight", HIGHEST_CPU_WEIGHT
+
+
+@dataclass(frozen=True)
+class _CpuMount:
+    """Where the CPU controller is mounted (``folder``), which cgroup the mount shows at its top (``root``: "/" for
+    the hierarchy's top, a container's own cgroup where the runtime bind-mounted only that), and whether the
+    hierarchy is cgroup v2."""
+
+    folder: Path
+    root: PurePosixPath
+    v2: bool
+
+    def has_weight(self, group: Path) -> bool:
+        """Whether the cgroup at ``group`` (below the mount) has a CPU weight of its own: every one on cgroup v1; on
+        v2 one whose parent hands it ``cpu``, else its processes contend as part of the parent."""
+        return not self.v2 or "cpu" in _read(group / "cgroup.controllers").split()
+
+    def hierarchy_top(self) -> bool:
+        """Whether the mount's top is its hierarchy's root, not the group a cgroup namespace (an LXC container, docker
+        --cgroupns=private) shows as "/": only the root has cgroup.sane_behavior (v1) and lacks cgroup.type (v2)."""
+        if str(self.root) != "/":
+            return False
+        if self.v2:
+            return not (self.folder / "cgroup.type").exists()
+        return (self.folder / "cgroup.sane_behavior").exists()
+
+
+def _read(path: Path) -> str:
+    """A /proc or cgroup file's text, its bytes decoded as file names are (a mount point need not be UTF-8)."""
+    return os.fsdecode(path.read_bytes())
+
+
+def _cpu_mount(host: Path) -> _CpuMount | None:
+    """This host's CPU controller: a cgroup v1 hierarchy with the ``cpu`` option, or a cgroup v2 hierarchy that has
+    ``cpu`` (a hybrid host's cgroup2 mount without it is passed over); None when neither is mounted."""
+    for line in _read(host / "proc/self/mountinfo").splitlines():
         mount_fields, _, fs_fields = line.partition(" - ")
         if len(mount_fields.split()) < 5 or len(fs_fields.split()) < 3:
             continue
-        root, mount = (_unescape_mountinfo(field) for field in mount_fields.split()[3:5])
+        root, point = (_unescape_mountinfo(field) for field in mount_fields.split()[3:5])
+        folder = host / point.lstrip("/")
         fstype, _source, options = fs_fields.split()[:3]
         if fstype == "cgroup" and "cpu" in options.split(","):
-            return Path(mount), PurePosixPath(root)
+            return _CpuMount(folder, PurePosixPath(root), v2=False)
         if fstype == "cgroup2":
             try:
-                if "cpu" in (Path(mount) / "cgroup.subtree_control").read_text().split():
-                    return Path(mount), PurePosixPath(root)
+                if "cpu" in _read(folder / "cgroup.controllers").split():
+                    return _CpuMount(folder, PurePosixPath(root), v2=True)
             except OSError:  # a cgroup2 mount hidden under another mount, or gone: another line may still tell
                 continue
     return None
 
 
-def cpu_controller() -> Path | None:
-    """Where this host's CPU controller is mounted (see :func:`_cpu_mount`); None when it is not."""
-    found = _cpu_mount()
-    return found[0] if found else None
+def cpu_controller(host: Path = HOST) -> Path | None:
+    """The folder this host's CPU controller is mounted at; None when it is not mounted."""
+    mount = _cpu_mount(host)
+    return mount.folder if mount else None
 
 
-def hierarchy_path(group: Path) -> str:
-    """The path /proc/PID/cgroup gives for the cgroup whose folder is ``group`` (under :func:`cpu_controller`)."""
-    mount, root = _cpu_mount()
-    return str(root / group.relative_to(mount))
+def hierarchy_path(group: Path, host: Path = HOST) -> str:
+    """The path /proc/PID/cgroup gives for the cgroup whose folder is ``group``, below :func:`cpu_controller`."""
+    mount = _cpu_mount(host)
+    if mount is None:
+        raise ValueError("this host has no CPU controller mounted: there is no cgroup folder to name")
+    return str(mount.root / group.relative_to(mount.folder))
 
 
 def _unescape_mountinfo(field: str) -> str:
@@ -75,57 +121,44 @@ def _unescape_mountinfo(field: str) -> str:
     return re.sub(r"\\([0-7]{3})", lambda octal: chr(int(octal.group(1), 8)), field)
 
 
-def _cgroup_path(pid: int | str, controller: Path) -> str | None:
-    """The cgroup of process ``pid`` in the hierarchy mounted at ``controller`` ("/" the root), from /proc/PID/cgroup."""
-    v2 = (controller / "cgroup.subtree_control").exists()
-    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+def _cgroup_path(pid: int | str, mount: _CpuMount, host: Path) -> str | None:
+    """The cgroup of process ``pid`` in the CPU controller's hierarchy ("/" its top), from /proc/PID/cgroup."""
+    for line in _read(host / f"proc/{pid}/cgroup").splitlines():
         _id, controllers, path = line.split(":", 2)
-        if (v2 and controllers == "") or (not v2 and "cpu" in controllers.split(",")):
+        if (mount.v2 and controllers == "") or (not mount.v2 and "cpu" in controllers.split(",")):
             return path
     return None
 
 
-def _hierarchy_root(controller: Path) -> bool:
-    """Whether the cgroup mounted at ``controller`` is its hierarchy's root, not the group a cgroup namespace (an LXC
-    container, docker --cgroupns=private) shows as "/": only the root has cgroup.sane_behavior (v1) and lacks
-    cgroup.type (v2)."""
-    if (controller / "cgroup.subtree_control").exists():
-        return not (controller / "cgroup.type").exists()
-    return (controller / "cgroup.sane_behavior").exists()
-
-
-def _highest_weight(group: Path) -> bool:
-    """Whether the cgroup at ``group`` has the highest CPU weight (cpu.shares on v1, cpu.weight on v2)."""
-    if (group / "cpu.shares").exists():
-        return int((group / "cpu.shares").read_text()) >= HIGHEST_CPU_SHARES
-    return int((group / "cpu.weight").read_text()) >= HIGHEST_CPU_WEIGHT
-
-
-def scheduling_group(pid: int | str) -> SchedulingGroup | None:
+def scheduling_group(pid: int | str, host: Path = HOST) -> SchedulingGroup | None:
     """The CPU scheduling group of process ``pid`` ("self": this one); None when it cannot be told (no such process,
     its files unreadable, no cpu controller, a cgroup outside the part of the hierarchy this host's mount shows)."""
     try:
-        found = _cpu_mount()
-        path = _cgroup_path(pid, found[0]) if found else None
+        mount = _cpu_mount(host)
+        path = _cgroup_path(pid, mount, host) if mount else None
         if path is None:
             return None
-        controller, root = found
-        below = PurePosixPath(path).relative_to(root).parts  # ValueError: outside the mount (another container's)
+        below = PurePosixPath(path).relative_to(mount.root).parts  # ValueError: outside the mount (another container's)
         if ".." in below:  # outside this cgroup namespace
             return None
-        # The mount's top is a cgroup with a weight of its own unless it is the hierarchy's root (the root group).
-        top = [] if str(root) == "/" and _hierarchy_root(controller) else [0]
-        levels = top + list(range(1, len(below) + 1))  # how many parts below the mount's top, for each cgroup
-        if levels:
-            return SchedulingGroup(f"CPU cgroup {path}",
-                                   cgroups=tuple((str(root.joinpath(*below[:depth])),
-                                                  _highest_weight(controller.joinpath(*below[:depth])))
-                                                 for depth in levels))
+        # How many parts below the mount's top, for each cgroup the process is in: the top itself unless it is the
+        # hierarchy's root group, which has no weight. Only those with a weight of their own count (cgroup v2).
+        depths = ([] if mount.hierarchy_top() else [0]) + list(range(1, len(below) + 1))
+        weighted = list(itertools.takewhile(lambda depth: mount.has_weight(mount.folder.joinpath(*below[:depth])),
+                                            depths))
+        if depths and depths[0] == 0 and not weighted:  # it contends in a cgroup above what the mount shows
+            return None
+        if weighted:
+            cgroups = []
+            for depth in weighted:
+                file, highest = weight_file(mount.folder.joinpath(*below[:depth]))
+                cgroups.append((str(mount.root.joinpath(*below[:depth])), int(_read(file)) >= highest))
+            return SchedulingGroup(f"CPU cgroup {cgroups[-1][0]}", cgroups=tuple(cgroups))
         # Autogroups group processes of the root cgroup by session (setsid), when the kernel has them (a kernel built
         # without them has no such setting) and has them on.
-        autogroups = Path("/proc/sys/kernel/sched_autogroup_enabled")
-        if autogroups.exists() and autogroups.read_text().strip() == "1":
-            autogroup = Path(f"/proc/{pid}/autogroup").read_text().split()[0]  # "/autogroup-85"
+        autogroups = host / "proc/sys/kernel/sched_autogroup_enabled"
+        if autogroups.exists() and _read(autogroups).strip() == "1":
+            autogroup = _read(host / f"proc/{pid}/autogroup").split()[0]  # "/autogroup-85"
             return SchedulingGroup(f"autogroup {autogroup.rpartition('-')[2]}", autogroup=True)
         return SchedulingGroup("the root group")
     except (OSError, ValueError, IndexError):
@@ -150,7 +183,10 @@ def store_scheduling_warning(db) -> str | None:
             theirs, ours = scheduling_group(pid), scheduling_group("self")
     except (StoreError, OSError):
         return None
-    if theirs is None or ours is None or theirs == ours or theirs.outweighs_beside(ours):
+    if theirs is None or ours is None or theirs == ours:
+        return None
+    contested = theirs.contested_beside(ours)
+    if contested == []:
         return None
     weights = f"compose: cpu_shares: {HIGHEST_CPU_SHARES}; systemd: CPUWeight={HIGHEST_CPU_WEIGHT}"
     autogroup_off = "with neither in a cgroup: sysctl -w kernel.sched_autogroup_enabled=0"
@@ -159,9 +195,14 @@ def store_scheduling_warning(db) -> str | None:
         # there is no cgroup of PostgreSQL's to weight.
         where = f"with each backend in an autogroup of its own (this one's: {theirs.name})"
         fixes = f"Run both in one group ({autogroup_off}), or PostgreSQL in a cgroup at the highest weight ({weights})"
-    else:
+    elif contested is None:
         where = f"in {theirs.name}"
-        fixes = f"Give its cgroup the highest weight ({weights}), or run both in one group ({autogroup_off})"
+        fixes = f"Run both in one group, or PostgreSQL in a cgroup of its own at the highest weight ({weights})"
+    else:
+        # Only where the two part does a weight count: each cgroup of the store's that the server is not in.
+        where = f"in {theirs.name}"
+        fixes = (f"Give {' and '.join(contested)} the highest weight ({weights}), or run both in one group "
+                 f"({autogroup_off})")
     return (f"the PostgreSQL store runs on this host {where}, this server in {ours.name}: beside loaded replicas, "
             "PostgreSQL in another scheduling group at less than the highest CPU weight waited seconds for a CPU and "
             f"most answers went out stale. {fixes}; docs/advice-service.md")

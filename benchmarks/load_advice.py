@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import functools
 import json
 import math
@@ -53,7 +54,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from advisor.advice_cache import _REFRESH_AHEAD as REFRESH_AHEAD
-from advisor.cpu_groups import HIGHEST_CPU_SHARES, HIGHEST_CPU_WEIGHT, cpu_controller
+from advisor.cpu_groups import HIGHEST_CPU_SHARES, cpu_controller, weight_file
 from advisor.settings import Settings
 
 DEST = "127.0.0.1:5201"
@@ -265,23 +266,37 @@ def autogroup() -> str:
 
 
 @contextlib.contextmanager
-def cpu_cgroup(controller: Path, shares: int):
-    """A CPU cgroup of this run's own under ``controller`` (as a container or a systemd service with CPU accounting
-    gets), weighted ``shares`` (cgroup v1's cpu.shares, 1024 the default; on v2 cpu.weight, 100 the default, scaled
-    alike): yields its folder; on exit whatever is still in it goes back to the root and the group is removed."""
-    group = controller / f"tame-load-advice-{os.getpid()}"
+def cpu_cgroup(parent: Path, shares: int, name: str | None = None):
+    """A CPU cgroup of this run's own, ``name`` (default tame-load-advice-PID) under the cgroup folder ``parent`` (as
+    a container or a systemd service with CPU accounting gets), weighted ``shares`` (cgroup v1's cpu.shares, 1024 the
+    default; on v2 cpu.weight, 100 the default, scaled alike): yields its folder; on exit whatever is still in it goes
+    back to ``parent`` and the group is removed."""
+    group = parent / (name or f"tame-load-advice-{os.getpid()}")
+    if (parent / "cgroup.subtree_control").exists() and "cpu" not in (parent / "cgroup.subtree_control").read_text():
+        (parent / "cgroup.subtree_control").write_text("+cpu")  # cgroup v2: a child has a weight only if handed cpu
     group.mkdir()
     try:
-        if (group / "cpu.shares").exists():
-            (group / "cpu.shares").write_text(str(shares))
-        else:
-            (group / "cpu.weight").write_text(str(min(HIGHEST_CPU_WEIGHT, max(1, round(shares * 100 / 1024)))))
+        file, highest = weight_file(group)
+        weight = shares if file.name == "cpu.shares" else round(shares * 100 / 1024)
+        file.write_text(str(min(highest, max(1, weight))))
         yield group
     finally:
-        for pid in (group / "cgroup.procs").read_text().split():
-            with contextlib.suppress(ProcessLookupError):
-                (controller / "cgroup.procs").write_text(pid)
-        group.rmdir()
+        empty_cgroup(group, parent)
+        for wait in (0.05, 0.1, 0.2, 0.4, 0.8, None):  # a process just moved or ended may keep it busy a moment
+            try:
+                group.rmdir()
+                break
+            except OSError as exc:
+                if exc.errno != errno.EBUSY or wait is None:
+                    raise
+                time.sleep(wait)
+
+
+def empty_cgroup(group: Path, into: Path) -> None:
+    """Move every process still in the cgroup folder ``group`` into ``into``; one that ended meanwhile is passed over."""
+    for pid in (group / "cgroup.procs").read_text().split():
+        with contextlib.suppress(ProcessLookupError):
+            (into / "cgroup.procs").write_text(pid)
 
 
 def _parent_pid(pid: int) -> int:
@@ -351,6 +366,7 @@ def writer(url: str, every_s: float, stop: threading.Event, writes: list[float])
 
 
 def _exit_on_sigterm(signum, frame) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the clean-up short
     raise SystemExit(128 + signum)
 
 
@@ -422,6 +438,8 @@ def main() -> int:
             database_url = stack.enter_context(throwaway_cluster())
             if group is not None:
                 move_store(database_url, group)
+                weight = weight_file(group)[0]
+                store_weight = f"{weight.name} {weight.read_text().strip()}"
         try:
             if urls is None:
                 urls = []
@@ -468,7 +486,7 @@ def main() -> int:
     print(f"GET /v1/advice (warm cache, re-read from {REFRESH_AHEAD * Settings().cache_max_age_s:g} s), "
           f"{len(urls)} replica(s) x {args.connections} connections, {args.seconds:g} s per client, store {store}, "
           f"{os.cpu_count()} CPUs, {autogroup()}"
-          + (f", the store in a CPU cgroup of its own (cpu.shares {args.store_cpu_shares})" if args.store_cgroup else "")
+          + (f", the store in a CPU cgroup of its own ({store_weight})" if args.store_cgroup else "")
           + (f", a write every {args.write_every:g} s" if args.write_every else ""))
     print(f"{'client':<40} {'requests':>9} {'req/s':>8} {'p50 ms':>7} {'p90 ms':>7} {'p99 ms':>7} {'max ms':>7}  goal")
     for r in results:

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from advisor.cpu_groups import cpu_controller
+from benchmarks.load_advice import empty_cgroup
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,12 +26,14 @@ def _run(*args: str) -> subprocess.CompletedProcess:
                           text=True, timeout=240)
 
 
-def _replicas() -> set[int]:
-    """Pids of the `tame serve --no-worker` processes the benchmark starts, wherever they are."""
+def _replicas(run: str) -> set[int]:
+    """Pids of the `tame serve --no-worker` processes that the benchmark run started with TAME_SMOKE_RUN=``run`` in its
+    environment (which they inherit): this test's own, wherever the kernel reparented them."""
     found = set()
     for entry in Path("/proc").iterdir():
         with contextlib.suppress(OSError):
-            if entry.name.isdigit() and b"advisor\0serve\0--no-worker" in (entry / "cmdline").read_bytes():
+            if (entry.name.isdigit() and b"advisor\0serve\0--no-worker" in (entry / "cmdline").read_bytes()
+                    and f"TAME_SMOKE_RUN={run}".encode() in (entry / "environ").read_bytes().split(b"\0")):
                 found.add(int(entry.name))
     return found
 
@@ -80,34 +83,34 @@ def test_a_run_stopped_by_sigterm_removes_its_cgroup_and_stops_its_store():
     controller = cpu_controller()
     if controller is None or os.geteuid() != 0:
         pytest.skip("needs root and a cgroup hierarchy with the cpu controller")
-    servers_before = _replicas()
+    run = f"{os.getpid()}-{time.monotonic_ns()}"
     proc = subprocess.Popen([sys.executable, "-m", "benchmarks.load_advice", "--store", "postgresql", "--store-cgroup",
                              "--seconds", "5", "--client", "wrk", "--connections", "2", "--wrk-threads", "1"],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, "TAME_SMOKE_RUN": run})
     group = controller / f"tame-load-advice-{proc.pid}"
     try:
         deadline = time.monotonic() + 120
-        # Once the store is in its group (the run's cluster moved there), stop the run as `kill` would.
-        while not (group.is_dir() and (group / "cgroup.procs").read_text().split()):
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr and proc.stderr.read()
-            time.sleep(0.05)
+        # Once its first replica has started (the store is in its group by then), stop the run as `kill` would: the
+        # signal lands while the run waits for the replica's /healthz.
+        while not _replicas(run):
+            assert proc.poll() is None and time.monotonic() < deadline, f"the run ended first: {proc.returncode}"
+            time.sleep(0.02)
         stored = [int(pid) for pid in (group / "cgroup.procs").read_text().split()]
+        assert stored, "the store was not in the run's cgroup when its replica started"
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
         assert not group.exists()
-        assert proc.returncode == 128 + signal.SIGTERM, proc.stderr.read()
+        assert proc.returncode == 128 + signal.SIGTERM
         assert not [pid for pid in stored if Path(f"/proc/{pid}").exists()]  # the cluster was shut down
-        # The replica it was starting when stopped (the signal lands while it waits for /healthz) is stopped too.
-        assert _replicas() <= servers_before
+        assert not _replicas(run)  # the replica it was starting is stopped too
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        for pid in _replicas() - servers_before:  # what the run left running
+        for pid in _replicas(run):  # what the run left running
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
         if group.exists():  # what the run left: its processes back to the root, the group removed
-            for pid in (group / "cgroup.procs").read_text().split():
-                with contextlib.suppress(ProcessLookupError):
-                    (controller / "cgroup.procs").write_text(pid)
+            empty_cgroup(group, controller)
             group.rmdir()

@@ -7,8 +7,9 @@ import pytest
 
 from pathlib import Path
 
-from advisor.cpu_groups import SchedulingGroup, cpu_controller, hierarchy_path, scheduling_group
-from benchmarks.load_advice import cpu_cgroup, move_store
+from advisor.cpu_groups import (HIGHEST_CPU_SHARES, SchedulingGroup, cpu_controller, hierarchy_path, scheduling_group,
+                                weight_file)
+from benchmarks.load_advice import cpu_cgroup, empty_cgroup, move_store
 from tests.api.procs import start_serve, stop
 from tests.conftest import throwaway_cluster
 
@@ -48,7 +49,8 @@ def test_serve_warns_while_its_store_is_in_a_cgroup_of_the_default_weight_and_no
         assert WARNING + hierarchy_path(group) + ", this server" in err, err
         assert "cpu_shares: 262144" in err and "kernel.sched_autogroup_enabled=0" in err, err
 
-        (group / "cpu.shares").write_text("262144")
+        file, highest = weight_file(group)
+        file.write_text(str(highest))
         (tmp_path / "highest").mkdir()
         err = _serve_stderr(tmp_path / "highest", {"TAME_DATABASE_URL": url})
         assert "warning" not in err, err
@@ -143,16 +145,10 @@ def test_the_warning_names_a_cgroup_with_odd_characters_escaped(tmp_path):
     controller = cpu_controller()
     if controller is None or os.geteuid() != 0:
         pytest.skip("needs root and a cgroup hierarchy with the cpu controller")
-    group = controller / f"tame-h4-{os.getpid()} a:b\x1b[2J"
-    group.mkdir()
-    try:
+    with cpu_cgroup(controller, 1024, name=f"tame-h4-{os.getpid()} a:b\x1b[2J") as group:
         with throwaway_cluster() as url:
             move_store(url, group)
             err = _serve_stderr(tmp_path, {"TAME_DATABASE_URL": url})
-            for pid in (group / "cgroup.procs").read_text().split():
-                (controller / "cgroup.procs").write_text(pid)
-    finally:
-        group.rmdir()
     assert "\x1b" not in err, repr(err)
     assert WARNING + hierarchy_path(group).replace("\x1b", "\\x1b") + ", this server" in err, err
 
@@ -180,26 +176,18 @@ def test_a_store_at_the_highest_weight_inside_a_parent_of_the_default_weight_is_
     controller = cpu_controller()
     if controller is None or os.geteuid() != 0:
         pytest.skip("needs root and a cgroup hierarchy with the cpu controller")
-    with cpu_cgroup(controller, 1024) as parent:
-        highest = "cpu.shares" if (parent / "cpu.shares").exists() else "cpu.weight"  # cgroup v1, else v2
-        top = "262144" if highest == "cpu.shares" else "10000"
-        leaf = parent / "store"
-        leaf.mkdir()
-        try:
-            (leaf / highest).write_text(top)
-            with throwaway_cluster() as url:
-                move_store(url, leaf)
-                (tmp_path / "parent-default").mkdir()
-                err = _serve_stderr(tmp_path / "parent-default", {"TAME_DATABASE_URL": url})
-                assert f"{WARNING}{hierarchy_path(leaf)}, this server" in err, err
-                (parent / highest).write_text(top)
-                (tmp_path / "both-highest").mkdir()
-                err = _serve_stderr(tmp_path / "both-highest", {"TAME_DATABASE_URL": url})
-                assert "warning" not in err, err
-                for pid in (leaf / "cgroup.procs").read_text().split():  # what the cluster left, back to the parent
-                    (parent / "cgroup.procs").write_text(pid)
-        finally:
-            leaf.rmdir()
+    with (cpu_cgroup(controller, 1024) as parent, cpu_cgroup(parent, HIGHEST_CPU_SHARES, name="store") as leaf,
+          throwaway_cluster() as url):
+        move_store(url, leaf)
+        (tmp_path / "parent-default").mkdir()
+        err = _serve_stderr(tmp_path / "parent-default", {"TAME_DATABASE_URL": url})
+        assert f"{WARNING}{hierarchy_path(leaf)}, this server" in err, err
+        assert f"Give {hierarchy_path(parent)} the highest weight" in err, err  # the leaf has it: where they part
+        file, highest = weight_file(parent)
+        file.write_text(str(highest))
+        (tmp_path / "both-highest").mkdir()
+        err = _serve_stderr(tmp_path / "both-highest", {"TAME_DATABASE_URL": url})
+        assert "warning" not in err, err
 
 
 @pytest.mark.postgres
@@ -210,10 +198,9 @@ def test_under_a_mount_of_one_cgroup_as_a_container_has_groups_are_named_and_wei
     controller = cpu_controller()
     if controller is None or not (controller / "cpu.shares").exists():
         pytest.skip("needs a cgroup v1 cpu hierarchy")
-    code = ("import pathlib\n"
-            "from advisor.cpu_groups import cpu_controller, scheduling_group, store_scheduling_warning\n"
+    code = ("from advisor.cpu_groups import cpu_controller, scheduling_group, store_scheduling_warning\n"
             "from advisor.db import Database\n"
-            "from benchmarks.load_advice import move_store\n"
+            "from benchmarks.load_advice import empty_cgroup, move_store\n"
             "from tests.conftest import throwaway_cluster\n"
             "print(scheduling_group('self'))\n"
             "store = cpu_controller() / 'store'\n"
@@ -221,8 +208,7 @@ def test_under_a_mount_of_one_cgroup_as_a_container_has_groups_are_named_and_wei
             "with throwaway_cluster() as url:\n"
             "    move_store(url, store)\n"
             "    print(store_scheduling_warning(Database(url)))\n"
-            "    for pid in (store / 'cgroup.procs').read_text().split():\n"
-            "        (cpu_controller() / 'cgroup.procs').write_text(pid)\n"
+            "    empty_cgroup(store, cpu_controller())\n"
             "store.rmdir()\n")
     with cpu_cgroup(controller, 1024) as group:
         bound = tmp_path / "bound"
@@ -233,10 +219,11 @@ def test_under_a_mount_of_one_cgroup_as_a_container_has_groups_are_named_and_wei
                   f"mount --move '{bound}' '{controller}'")
         out = _in_own_mount_namespace(script, code)
     own, warning = out.strip().splitlines()[-2:]
-    path = f"/{group.name}"
+    path = hierarchy_path(group)
     assert own == repr(SchedulingGroup(f"CPU cgroup {path}", cgroups=((path, False),))), out
     assert warning.startswith(f"the PostgreSQL store runs on this host in CPU cgroup {path}/store, this server in "
                               f"CPU cgroup {path}: "), out
+    assert f"Give {path}/store the highest weight" in warning, out
 
 
 def test_a_kernel_without_autogroups_puts_a_process_of_the_root_cgroup_in_the_root_group():
@@ -248,3 +235,77 @@ def test_a_kernel_without_autogroups_puts_a_process_of_the_root_cgroup_in_the_ro
     out = _in_own_mount_namespace("mount -t tmpfs none /proc/sys/kernel",
                                   "from advisor.cpu_groups import scheduling_group; print(scheduling_group('self'))")
     assert out.strip() == repr(SchedulingGroup("the root group")), out
+
+
+# cgroup v2 with the cpu controller cannot run on this test bed (its kernel binds cpu to a v1 hierarchy, and a
+# controller is in one hierarchy only), so its layouts are recorded trees: /proc and /sys files as a systemd host
+# has them, read through scheduling_group's host argument.
+V2_MOUNT = "30 23 0:26 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate"
+
+
+def _host(tmp_path, mountinfo: str, procs: dict[str, str], groups: dict[str, tuple[str, int | None]]) -> Path:
+    """A recorded host under ``tmp_path``: its mountinfo, each process's /proc/PID/cgroup text, and each cgroup's
+    folder below /sys/fs/cgroup with its cgroup.controllers and cpu.weight (None: no weight file)."""
+    (tmp_path / "proc/self").mkdir(parents=True)
+    (tmp_path / "proc/self/mountinfo").write_bytes(os.fsencode(mountinfo + "\n"))
+    for pid, cgroup in procs.items():
+        (tmp_path / "proc" / pid).mkdir(parents=True, exist_ok=True)
+        (tmp_path / "proc" / pid / "cgroup").write_text(cgroup + "\n")
+        (tmp_path / "proc" / pid / "autogroup").write_text(f"/autogroup-{len(pid)} nice 0\n")
+    (tmp_path / "proc/sys/kernel").mkdir(parents=True)
+    (tmp_path / "proc/sys/kernel/sched_autogroup_enabled").write_text("1\n")
+    for path, (controllers, weight) in groups.items():
+        folder = tmp_path / "sys/fs/cgroup" / path.lstrip("/")
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "cgroup.controllers").write_text(controllers + "\n")
+        if path == "/":
+            (folder / "cgroup.subtree_control").write_text("cpu\n" if "cpu" in controllers else "\n")
+        else:
+            (folder / "cgroup.type").write_text("domain\n")
+        if weight is not None:
+            (folder / "cpu.weight").write_text(f"{weight}\n")
+    return tmp_path
+
+
+def test_v2_a_process_contends_in_its_deepest_cgroup_that_was_handed_cpu(tmp_path):
+    # systemd: the root hands cpu to its slices; user.slice does not hand it on, so a login session's processes
+    # contend as user.slice. PostgreSQL's unit has the highest weight, system.slice the default: at the top the two
+    # slices meet on even terms, so the unit's weight alone does not win.
+    host = _host(tmp_path, V2_MOUNT,
+                 {"self": "0::/user.slice/user-0.slice/session-1.scope",
+                  "4242": "0::/system.slice/postgresql@15-main.service"},
+                 {"/": ("cpu io memory", None), "/user.slice": ("cpu io memory", 100),
+                  "/user.slice/user-0.slice": ("memory", None), "/user.slice/user-0.slice/session-1.scope": ("", None),
+                  "/system.slice": ("cpu io memory", 100),
+                  "/system.slice/postgresql@15-main.service": ("cpu", 10_000)})
+    server = scheduling_group("self", host)
+    store = scheduling_group(4242, host)
+    assert server == SchedulingGroup("CPU cgroup /user.slice", cgroups=(("/user.slice", False),))
+    assert store.cgroups == (("/system.slice", False), ("/system.slice/postgresql@15-main.service", True))
+    assert store.contested_beside(server) == ["/system.slice"]
+    (host / "sys/fs/cgroup/system.slice/cpu.weight").write_text("10000\n")
+    assert scheduling_group(4242, host).contested_beside(server) == []
+
+
+def test_v2_without_cpu_below_the_root_every_process_is_in_the_root_group_and_autogroups_apply(tmp_path):
+    host = _host(tmp_path, V2_MOUNT, {"self": "0::/user.slice/session-1.scope", "4242": "0::/system.slice/pg"},
+                 {"/": ("cpu memory", None), "/user.slice": ("memory", None), "/system.slice": ("memory", None),
+                  "/user.slice/session-1.scope": ("", None), "/system.slice/pg": ("", None)})
+    assert scheduling_group("self", host) == SchedulingGroup("autogroup 4", autogroup=True)
+    (host / "proc/sys/kernel/sched_autogroup_enabled").write_text("0\n")
+    assert scheduling_group(4242, host) == SchedulingGroup("the root group")
+
+
+def test_a_hybrid_host_takes_its_v1_cpu_hierarchy_over_a_cgroup2_mount_without_cpu_under_an_odd_name(tmp_path):
+    # As this test bed is: a cgroup2 hierarchy with no controllers beside v1 ones; the cpu mount point's name is not
+    # UTF-8, which /proc writes as it is.
+    odd = "cpu\udcff"
+    mountinfo = (V2_MOUNT.replace("/sys/fs/cgroup ", "/sys/fs/cgroup/unified ") + "\n"
+                 f"32 31 0:29 / /sys/fs/cgroup/{odd} rw,relatime - cgroup cgroup rw,cpu")
+    host = _host(tmp_path, mountinfo, {"self": "1:cpu:/a\n0::/"}, {"/unified": ("", None)})
+    cpu = host / "sys/fs/cgroup" / odd
+    (cpu / "a").mkdir(parents=True)
+    (cpu / "cgroup.sane_behavior").write_text("0\n")
+    (cpu / "a/cpu.shares").write_text("1024\n")
+    assert cpu_controller(host) == cpu
+    assert scheduling_group("self", host) == SchedulingGroup("CPU cgroup /a", cgroups=(("/a", False),))
