@@ -22,6 +22,14 @@ def _cgroup_view() -> str:
     return Path("/proc/self/cgroup").read_text() + "\n".join(mounts)
 
 
+def _v1_cpu_controller() -> Path:
+    """This host's cgroup v1 cpu hierarchy, which the tests that mount it again need; the test is skipped without."""
+    controller = cpu_controller()
+    if controller is None or not (controller / "cpu.shares").exists():
+        pytest.skip("needs a cgroup v1 cpu hierarchy")
+    return controller
+
+
 def _serve_stderr(tmp_path, env) -> str:
     proc, base = start_serve(tmp_path, tmp_path / "unused.sqlite3", env=env, args=["--no-worker"])
     try:
@@ -101,9 +109,7 @@ def _in_own_mount_namespace(script: str, code: str) -> str:
 def test_cpu_controller_reads_mount_points_with_spaces_and_passes_over_mounts_it_cannot_read(tmp_path):
     # mountinfo writes a space in a mount point as \040. Here the cpu controller is mounted again under a folder
     # with a space, after a cgroup2 mount (no cpu: this host's is elsewhere) under a folder with a space too.
-    controller = cpu_controller()
-    if controller is None or not (controller / "cpu.shares").exists():
-        pytest.skip("needs a cgroup v1 cpu hierarchy")
+    controller = _v1_cpu_controller()
     spaced = tmp_path / "tame h4"
     script = (f"umount {controller}\n"
               f"mkdir -p '{spaced}/two' '{spaced}/cpu x'\n"
@@ -118,9 +124,7 @@ def test_no_warning_when_server_and_store_share_the_cgroup_a_cgroup_namespace_ca
     # In a cgroup namespace (an LXC container, docker --cgroupns=private) /proc/PID/cgroup says "/" for the
     # namespace's own group, which is not the hierarchy's root: autogroups do not apply there, so a server and its
     # store both in it share one scheduling group, whatever their autogroups say.
-    controller = cpu_controller()
-    if controller is None or not (controller / "cpu.shares").exists():
-        pytest.skip("needs a cgroup v1 cpu hierarchy")
+    controller = _v1_cpu_controller()
     code = ("from advisor.cpu_groups import scheduling_group, store_scheduling_warning\n"
             "from advisor.db import Database\n"
             "from tests.conftest import throwaway_cluster\n"
@@ -195,9 +199,7 @@ def test_under_a_mount_of_one_cgroup_as_a_container_has_groups_are_named_and_wei
     # Docker without a cgroup namespace bind-mounts only the container's own cgroup at /sys/fs/cgroup/cpu: mountinfo
     # gives the mount's root as that cgroup, /proc/PID/cgroup gives paths from the hierarchy's top. Here a cgroup of
     # this test's is so mounted, in a mount namespace of its own, with the server in it and its store in a child.
-    controller = cpu_controller()
-    if controller is None or not (controller / "cpu.shares").exists():
-        pytest.skip("needs a cgroup v1 cpu hierarchy")
+    controller = _v1_cpu_controller()
     code = ("from advisor.cpu_groups import cpu_controller, scheduling_group, store_scheduling_warning\n"
             "from advisor.db import Database\n"
             "from benchmarks.load_advice import empty_cgroup, move_store\n"
