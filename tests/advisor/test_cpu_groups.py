@@ -2,6 +2,7 @@
 highest weight (advisor/cpu_groups.py): a real cluster moved into a real cgroup, a real `tame serve`."""
 
 import os
+import subprocess
 
 import pytest
 
@@ -30,8 +31,10 @@ def _v1_cpu_controller() -> Path:
     return controller
 
 
-def _serve_stderr(tmp_path, env) -> str:
-    proc, base = start_serve(tmp_path, tmp_path / "unused.sqlite3", env=env, args=["--no-worker"])
+def _serve_stderr(tmp_path, env, cgroup=None) -> str:
+    """What a `tame serve` started in ``cgroup`` (a folder; else this process's) wrote to stderr by the time it
+    answered."""
+    proc, base = start_serve(tmp_path, tmp_path / "unused.sqlite3", env=env, args=["--no-worker"], cgroup=cgroup)
     try:
         port = base.rsplit(":", 1)[1]
         return (tmp_path / f"serve-{port}.err").read_text(errors="replace")
@@ -39,28 +42,52 @@ def _serve_stderr(tmp_path, env) -> str:
         stop(proc)
 
 
-def test_a_process_that_is_not_there_has_no_group_and_this_one_has_one():
+def _cpu_controller_as_root() -> Path:
+    """This host's CPU controller, where the tests make cgroups of their own; skipped without root or one."""
+    controller = cpu_controller()
+    if controller is None or os.geteuid() != 0:
+        pytest.skip("needs root and a cgroup hierarchy with the cpu controller")
+    return controller
+
+
+def _server_cgroup(controller: Path):
+    """A cgroup of the default weight for the `tame serve` under test, so that its group is known wherever the
+    test runner sits (a container's cgroup, a CI job's)."""
+    return cpu_cgroup(controller, 1024, name=f"tame-serve-{os.getpid()}")
+
+
+def test_a_process_that_is_not_there_has_no_group_and_one_in_a_cgroup_has_that_one():
     assert scheduling_group(2**22 + 1) is None  # above the kernel's pid_max limit: never a process
-    if cpu_controller() is not None:
-        assert isinstance(scheduling_group("self"), SchedulingGroup), _cgroup_view()
+    controller = _cpu_controller_as_root()
+    with cpu_cgroup(controller, 1024) as group:
+        child = subprocess.Popen(["sleep", "60"])
+        try:
+            (group / "cgroup.procs").write_text(str(child.pid))
+            path = hierarchy_path(group)
+            found = scheduling_group(child.pid)
+            assert found is not None, _cgroup_view()
+            # Above it, the cgroup the runner's mount shows at its top, if that is not the hierarchy's root.
+            assert (found.name, found.cgroups[-1], found.autogroup) == (f"CPU cgroup {path}", (path, False), False)
+        finally:
+            child.kill()
+            child.wait()
 
 
 @pytest.mark.postgres
 def test_serve_warns_while_its_store_is_in_a_cgroup_of_the_default_weight_and_not_at_the_highest(tmp_path):
-    controller = cpu_controller()
-    if controller is None or os.geteuid() != 0:
-        pytest.skip("needs root and a cgroup hierarchy with the cpu controller")
-    with cpu_cgroup(controller, 1024) as group, throwaway_cluster() as url:
+    controller = _cpu_controller_as_root()
+    with _server_cgroup(controller) as server, cpu_cgroup(controller, 1024) as group, throwaway_cluster() as url:
         move_store(url, group)
         (tmp_path / "default").mkdir()
-        err = _serve_stderr(tmp_path / "default", {"TAME_DATABASE_URL": url})
-        assert WARNING + hierarchy_path(group) + ", this server" in err, err
+        err = _serve_stderr(tmp_path / "default", {"TAME_DATABASE_URL": url}, server)
+        assert f"{WARNING}{hierarchy_path(group)}, this server in CPU cgroup {hierarchy_path(server)}: " in err, err
+        assert f"Give {hierarchy_path(group)} the highest weight" in err, err
         assert "cpu_shares: 262144" in err and "kernel.sched_autogroup_enabled=0" in err, err
 
         file, highest = weight_file(group)
         file.write_text(str(highest))
         (tmp_path / "highest").mkdir()
-        err = _serve_stderr(tmp_path / "highest", {"TAME_DATABASE_URL": url})
+        err = _serve_stderr(tmp_path / "highest", {"TAME_DATABASE_URL": url}, server)
         assert "warning" not in err, err
 
 
@@ -146,13 +173,11 @@ def test_no_warning_when_server_and_store_share_the_cgroup_a_cgroup_namespace_ca
 def test_the_warning_names_a_cgroup_with_odd_characters_escaped(tmp_path):
     # A cgroup's name is any bytes but "/": a colon and a space are kept, a control character (here the terminal's
     # escape) is written out, not sent to the operator's terminal.
-    controller = cpu_controller()
-    if controller is None or os.geteuid() != 0:
-        pytest.skip("needs root and a cgroup hierarchy with the cpu controller")
-    with cpu_cgroup(controller, 1024, name=f"tame-h4-{os.getpid()} a:b\x1b[2J") as group:
-        with throwaway_cluster() as url:
-            move_store(url, group)
-            err = _serve_stderr(tmp_path, {"TAME_DATABASE_URL": url})
+    controller = _cpu_controller_as_root()
+    with (_server_cgroup(controller) as server, cpu_cgroup(controller, 1024, name=f"tame-h4-{os.getpid()} a:b\x1b[2J") as group,
+          throwaway_cluster() as url):
+        move_store(url, group)
+        err = _serve_stderr(tmp_path, {"TAME_DATABASE_URL": url}, server)
     assert "\x1b" not in err, repr(err)
     assert WARNING + hierarchy_path(group).replace("\x1b", "\\x1b") + ", this server" in err, err
 
@@ -177,20 +202,18 @@ def test_under_autogroup_the_warning_says_each_backend_has_its_own_and_gives_the
 def test_a_store_at_the_highest_weight_inside_a_parent_of_the_default_weight_is_warned_of(tmp_path):
     # A cgroup's weight counts only against its siblings: PostgreSQL at the highest weight inside a parent of the
     # default weight still contests the server's group at the parent's weight (the first version read the leaf only).
-    controller = cpu_controller()
-    if controller is None or os.geteuid() != 0:
-        pytest.skip("needs root and a cgroup hierarchy with the cpu controller")
-    with (cpu_cgroup(controller, 1024) as parent, cpu_cgroup(parent, HIGHEST_CPU_SHARES, name="store") as leaf,
-          throwaway_cluster() as url):
+    controller = _cpu_controller_as_root()
+    with (_server_cgroup(controller) as server, cpu_cgroup(controller, 1024) as parent,
+          cpu_cgroup(parent, HIGHEST_CPU_SHARES, name="store") as leaf, throwaway_cluster() as url):
         move_store(url, leaf)
         (tmp_path / "parent-default").mkdir()
-        err = _serve_stderr(tmp_path / "parent-default", {"TAME_DATABASE_URL": url})
+        err = _serve_stderr(tmp_path / "parent-default", {"TAME_DATABASE_URL": url}, server)
         assert f"{WARNING}{hierarchy_path(leaf)}, this server" in err, err
         assert f"Give {hierarchy_path(parent)} the highest weight" in err, err  # the leaf has it: where they part
         file, highest = weight_file(parent)
         file.write_text(str(highest))
         (tmp_path / "both-highest").mkdir()
-        err = _serve_stderr(tmp_path / "both-highest", {"TAME_DATABASE_URL": url})
+        err = _serve_stderr(tmp_path / "both-highest", {"TAME_DATABASE_URL": url}, server)
         assert "warning" not in err, err
 
 

@@ -26,19 +26,25 @@ def start_iperf3(tmp_path, port):
     return proc
 
 
-def start_serve(tmp_path, db_path, env=None, args=(), port=None):
-    """`tame serve` on ``port`` (else a free one) over ``db_path``: (Popen, base URL); its output goes to files in
-    tmp_path."""
+def start_serve(tmp_path, db_path, env=None, args=(), port=None, cgroup=None):
+    """`tame serve` on ``port`` (else a free one) over ``db_path``, in the cgroup whose folder is ``cgroup`` from its
+    first instruction (else this process's): (Popen, base URL); its output goes to files in tmp_path."""
     port = port or free_port()
     # Tokens only as the test gives them, never from the environment the tests run in.
     inherited = {k: v for k, v in os.environ.items() if not k.startswith(TOKEN_VARIABLES)}
     env = {**inherited, "TAME_DATABASE_URL": f"sqlite:///{db_path}", **(env or {})}
     out = (tmp_path / f"serve-{port}.out").open("ab")
     err = (tmp_path / f"serve-{port}.err").open("ab")
-    proc = subprocess.Popen([TAME, "serve", "--port", str(port), *args], env=env, stdout=out, stderr=err,
-                            stdin=subprocess.DEVNULL)
-    out.close()
-    err.close()
+    procs = os.open(cgroup / "cgroup.procs", os.O_WRONLY) if cgroup else None
+    try:
+        # Writing 0 to cgroup.procs moves the writer: the child, between fork and exec.
+        proc = subprocess.Popen([TAME, "serve", "--port", str(port), *args], env=env, stdout=out, stderr=err,
+                                stdin=subprocess.DEVNULL, preexec_fn=(lambda: os.write(procs, b"0")) if cgroup else None)
+    finally:
+        out.close()
+        err.close()
+        if procs is not None:
+            os.close(procs)
     base = f"http://127.0.0.1:{port}"
 
     def up():
