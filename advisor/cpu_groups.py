@@ -26,21 +26,23 @@ HOST = Path("/")  # where /proc and the cgroup mounts are read from; a recorded 
 class SchedulingGroup:
     """A process's CPU scheduling group: ``name`` says which ("CPU cgroup /x", "autogroup 85", "the root group");
     ``autogroup`` whether it is an autogroup; ``cgroups`` the cgroups with a CPU weight of their own that it is in,
-    from the top of the hierarchy down ("/a", then "/a/b"), each with whether it has the highest weight (none for
-    the root group or an autogroup)."""
+    from the top of what this host's mount shows down ("/a", then "/a/b"), each with whether it has the highest
+    weight (none for the root group or an autogroup)."""
 
     name: str
     autogroup: bool = False
     cgroups: tuple[tuple[str, bool], ...] = ()
 
-    def contested_beside(self, other: "SchedulingGroup") -> list[str] | None:
-        """The cgroups this group is in and ``other`` is not that lack the highest weight, top first: where it
-        contests ``other`` for a CPU on even terms or worse; empty when it wins everywhere the two are apart. None
-        when it is in no cgroup apart from ``other``'s (the root group, an autogroup, a parent of ``other``'s
-        cgroup), so that no weight of its own can win."""
-        shared = {path for path, _ in other.cgroups}
-        apart = [(path, highest) for path, highest in self.cgroups if path not in shared]
-        return [path for path, highest in apart if not highest] if apart else None
+    def parting_from(self, other: "SchedulingGroup") -> tuple[tuple[str, bool] | None, tuple[str, bool] | None]:
+        """Where this group and ``other`` part: the top cgroup of each that the other is not in, with whether it has
+        the highest weight; None for one in no cgroup apart from the other's (the root group, an autogroup, a
+        parent of the other's cgroup). Those two contend for a CPU by their weights; the cgroups below them only
+        share out what their top gets."""
+        def top_apart(group, beside):
+            shared = {path for path, _ in beside.cgroups}
+            return next(((path, highest) for path, highest in group.cgroups if path not in shared), None)
+
+        return top_apart(self, other), top_apart(other, self)
 
 
 def weight_file(group: Path) -> tuple[Path, int]:
@@ -167,8 +169,8 @@ def scheduling_group(pid: int | str, host: Path = HOST) -> SchedulingGroup | Non
 
 def store_scheduling_warning(db) -> str | None:
     """What to tell an operator whose PostgreSQL store (``db``, an advisor.db.Database) runs on this host in another
-    CPU scheduling group than this process, at less than the highest weight; None when it does not, or cannot be
-    told (SQLite, a server elsewhere or in another PID namespace, a Unix-socket connection, unreadable files)."""
+    CPU scheduling group than this process that does not outweigh it (where the two part, the store's cgroup at the
+    highest weight and this process's not); None when it does not, or cannot be told (SQLite, a server elsewhere or in another PID namespace, a Unix-socket connection, unreadable files)."""
     if db.dialect != "postgresql":
         return None
     try:
@@ -183,26 +185,33 @@ def store_scheduling_warning(db) -> str | None:
             theirs, ours = scheduling_group(pid), scheduling_group("self")
     except (StoreError, OSError):
         return None
+    return scheduling_warning(theirs, ours)
+
+
+def scheduling_warning(theirs: SchedulingGroup | None, ours: SchedulingGroup | None) -> str | None:
+    """What to tell an operator whose PostgreSQL store is in scheduling group ``theirs`` and this server in ``ours``
+    (None: cannot be told); None when the store outweighs the server or shares its group."""
     if theirs is None or ours is None or theirs == ours:
         return None
-    contested = theirs.contested_beside(ours)
-    if contested == []:
-        return None
+    store_top, server_top = theirs.parting_from(ours)
+    if store_top is not None and store_top[1] and not (server_top is not None and server_top[1]):
+        return None  # where the two part, the store's cgroup has the highest weight and the server's not
     weights = f"compose: cpu_shares: {HIGHEST_CPU_SHARES}; systemd: CPUWeight={HIGHEST_CPU_WEIGHT}"
     autogroup_off = "with neither in a cgroup: sysctl -w kernel.sched_autogroup_enabled=0"
+    where = f"in {theirs.name}"
     if theirs.autogroup:
         # Each backend calls setsid(), so each has an autogroup of its own: the one asked is only an example, and
         # there is no cgroup of PostgreSQL's to weight.
         where = f"with each backend in an autogroup of its own (this one's: {theirs.name})"
         fixes = f"Run both in one group ({autogroup_off}), or PostgreSQL in a cgroup at the highest weight ({weights})"
-    elif contested is None:
-        where = f"in {theirs.name}"
+    elif store_top is None:
         fixes = f"Run both in one group, or PostgreSQL in a cgroup of its own at the highest weight ({weights})"
-    else:
-        # Only where the two part does a weight count: each cgroup of the store's that the server is not in.
-        where = f"in {theirs.name}"
-        fixes = (f"Give {' and '.join(contested)} the highest weight ({weights}), or run both in one group "
+    elif not store_top[1]:
+        fixes = (f"Give {store_top[0]} the highest weight ({weights}), or run both in one group "
                  f"({autogroup_off})")
+    else:
+        fixes = (f"{store_top[0]} and this server's {server_top[0]} both have the highest weight and meet on even "
+                 f"terms: give {server_top[0]} less, or run both in one group")
     return (f"the PostgreSQL store runs on this host {where}, this server in {ours.name}: beside loaded replicas, "
-            "PostgreSQL in another scheduling group at less than the highest CPU weight waited seconds for a CPU and "
+            "PostgreSQL in another scheduling group without the highest CPU weight waited seconds for a CPU and "
             f"most answers went out stale. {fixes}; docs/advice-service.md")

@@ -270,26 +270,24 @@ def cpu_cgroup(parent: Path, shares: int, name: str | None = None):
     """A CPU cgroup of this run's own, ``name`` (default tame-load-advice-PID) under the cgroup folder ``parent`` (as
     a container or a systemd service with CPU accounting gets), weighted ``shares`` (cgroup v1's cpu.shares, 1024 the
     default; on v2 cpu.weight, 100 the default, scaled alike): yields its folder; on exit whatever is still in it goes
-    back to ``parent`` and the group is removed."""
+    back to ``parent`` and the group is removed (and cpu taken back from ``parent``'s children, if this handed it)."""
     group = parent / (name or f"tame-load-advice-{os.getpid()}")
-    if (parent / "cgroup.subtree_control").exists() and "cpu" not in (parent / "cgroup.subtree_control").read_text():
-        (parent / "cgroup.subtree_control").write_text("+cpu")  # cgroup v2: a child has a weight only if handed cpu
-    group.mkdir()
+    subtree = parent / "cgroup.subtree_control"  # cgroup v2: a child has a weight only if its parent hands it cpu
+    handed = subtree.exists() and "cpu" not in subtree.read_text().split()
+    if handed:
+        subtree.write_text("+cpu")
     try:
-        file, highest = weight_file(group)
-        weight = shares if file.name == "cpu.shares" else round(shares * 100 / 1024)
-        file.write_text(str(min(highest, max(1, weight))))
-        yield group
+        group.mkdir()
+        try:
+            file, highest = weight_file(group)
+            weight = shares if file.name == "cpu.shares" else round(shares * 100 / 1024)
+            file.write_text(str(min(highest, max(1, weight))))
+            yield group
+        finally:
+            remove_cgroup(group, parent)
     finally:
-        empty_cgroup(group, parent)
-        for wait in (0.05, 0.1, 0.2, 0.4, 0.8, None):  # a process just moved or ended may keep it busy a moment
-            try:
-                group.rmdir()
-                break
-            except OSError as exc:
-                if exc.errno != errno.EBUSY or wait is None:
-                    raise
-                time.sleep(wait)
+        if handed:
+            subtree.write_text("-cpu")
 
 
 def empty_cgroup(group: Path, into: Path) -> None:
@@ -297,6 +295,20 @@ def empty_cgroup(group: Path, into: Path) -> None:
     for pid in (group / "cgroup.procs").read_text().split():
         with contextlib.suppress(ProcessLookupError):
             (into / "cgroup.procs").write_text(pid)
+
+
+def remove_cgroup(group: Path, into: Path) -> None:
+    """Move what is left in the cgroup folder ``group`` into ``into`` and remove it, again for a moment while a
+    process just forked into it or ending keeps it busy."""
+    for wait in (0.05, 0.1, 0.2, 0.4, 0.8, None):
+        empty_cgroup(group, into)
+        try:
+            group.rmdir()
+            return
+        except OSError as exc:
+            if exc.errno != errno.EBUSY or wait is None:
+                raise
+            time.sleep(wait)
 
 
 def _parent_pid(pid: int) -> int:
@@ -421,7 +433,7 @@ def main() -> int:
         parser.error("--store-cgroup moves the throwaway cluster of --store postgresql; not with --database-url or --url")
     if args.store_cgroup and controller is None:
         parser.error("--store-cgroup: this host has no cgroup hierarchy with the cpu controller "
-                     "(/sys/fs/cgroup/cpu on cgroup v1, or cpu in cgroup.subtree_control on v2)")
+                     "(/sys/fs/cgroup/cpu on cgroup v1, or a cgroup2 mount whose cgroup.controllers has cpu)")
     if args.store_cgroup and not os.access(controller, os.W_OK):
         parser.error(f"--store-cgroup: {controller} is not writable (run as root)")
     wrk = functools.partial(wrk_client, threads=args.wrk_threads)

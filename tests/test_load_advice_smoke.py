@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from advisor.cpu_groups import cpu_controller
-from benchmarks.load_advice import empty_cgroup
+from benchmarks.load_advice import remove_cgroup
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -112,5 +112,4 @@ def test_a_run_stopped_by_sigterm_removes_its_cgroup_and_stops_its_store():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
         if group.exists():  # what the run left: its processes back to the root, the group removed
-            empty_cgroup(group, controller)
-            group.rmdir()
+            remove_cgroup(group, controller)

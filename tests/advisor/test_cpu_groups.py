@@ -2,15 +2,17 @@
 highest weight (advisor/cpu_groups.py): a real cluster moved into a real cgroup, a real `tame serve`."""
 
 import os
+import shutil
 import subprocess
+import sys
 
 import pytest
 
 from pathlib import Path
 
 from advisor.cpu_groups import (HIGHEST_CPU_SHARES, SchedulingGroup, cpu_controller, hierarchy_path, scheduling_group,
-                                weight_file)
-from benchmarks.load_advice import cpu_cgroup, empty_cgroup, move_store
+                                scheduling_warning, weight_file)
+from benchmarks.load_advice import cpu_cgroup, move_store
 from tests.api.procs import start_serve, stop
 from tests.conftest import throwaway_cluster
 
@@ -47,6 +49,22 @@ def _cpu_controller_as_root() -> Path:
     controller = cpu_controller()
     if controller is None or os.geteuid() != 0:
         pytest.skip("needs root and a cgroup hierarchy with the cpu controller")
+    return controller
+
+
+def _root_cgroup_with_autogroups() -> Path:
+    """The folder of the hierarchy's root cgroup, where a process is in an autogroup: skipped where this host's
+    mount does not show the root (a container's) or autogroups are off."""
+    controller = _cpu_controller_as_root()
+    child = subprocess.Popen(["sleep", "60"])
+    try:
+        (controller / "cgroup.procs").write_text(str(child.pid))
+        found = scheduling_group(child.pid)
+    finally:
+        child.kill()
+        child.wait()
+    if found is None or not found.autogroup:
+        pytest.skip(f"needs the hierarchy's root cgroup and autogroups on; a process in {controller} is in {found}")
     return controller
 
 
@@ -119,16 +137,12 @@ def test_serve_starts_when_its_role_may_not_ask_which_backend_it_has(tmp_path):
 def _in_own_mount_namespace(script: str, code: str) -> str:
     """Run ``script`` (sh) then ``code`` (Python, this checkout) in a private mount namespace of their own, so the
     mounts it changes are this run's alone and vanish with it: the Python's stdout."""
-    import shutil
-    import subprocess
-    import sys
-
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         pytest.skip("needs root and unshare(1) to change mounts in a namespace of its own")
     done = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-ec",
                            f'{script}\nexec "$0" -c "$1"', sys.executable, code],
                           capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "PYTHONPATH": os.getcwd()})
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -152,11 +166,14 @@ def test_no_warning_when_server_and_store_share_the_cgroup_a_cgroup_namespace_ca
     # namespace's own group, which is not the hierarchy's root: autogroups do not apply there, so a server and its
     # store both in it share one scheduling group, whatever their autogroups say.
     controller = _v1_cpu_controller()
-    code = ("from advisor.cpu_groups import scheduling_group, store_scheduling_warning\n"
+    code = ("import psycopg\n"
+            "from advisor.cpu_groups import scheduling_group, store_scheduling_warning\n"
             "from advisor.db import Database\n"
             "from tests.conftest import throwaway_cluster\n"
             "with throwaway_cluster() as url:\n"
-            "    print(scheduling_group('self').name)\n"
+            "    with psycopg.connect(url) as conn:\n"
+            "        print(scheduling_group(conn.execute('SELECT pg_backend_pid()').fetchone()[0]))\n"
+            "    print(scheduling_group('self'))\n"
             "    print(store_scheduling_warning(Database(url)))\n")
     with cpu_cgroup(controller, 1024) as group:
         script = (f"echo $$ > {group}/cgroup.procs\n"
@@ -164,8 +181,8 @@ def test_no_warning_when_server_and_store_share_the_cgroup_a_cgroup_namespace_ca
                   f'exec unshare --cgroup sh -ec "mount -t cgroup -o cpu none {controller}; exec \\"\\$0\\" -c \\"\\$1\\"" '
                   '"$0" "$1"')
         out = _in_own_mount_namespace(script, code)
-    own, warning = out.strip().splitlines()[-2:]
-    assert own == "CPU cgroup /", out
+    backend, own, warning = out.strip().splitlines()[-3:]
+    assert own == backend == repr(SchedulingGroup("CPU cgroup /", cgroups=(("/", False),))), out
     assert warning == "None", out
 
 
@@ -187,11 +204,10 @@ def test_under_autogroup_the_warning_says_each_backend_has_its_own_and_gives_the
     # The measured bad case as this host has it by default: a PostgreSQL backend calls setsid(), so each is in an
     # autogroup of its own, none in a cgroup. The warning names no single group for the store and does not tell
     # the operator to weight "its cgroup", which it does not have.
-    own = scheduling_group("self")
-    if own is None or not own.name.startswith("autogroup "):
-        pytest.skip("needs this process in an autogroup (root CPU cgroup, kernel.sched_autogroup_enabled=1)")
+    root = _root_cgroup_with_autogroups()
     with throwaway_cluster() as url:
-        err = _serve_stderr(tmp_path, {"TAME_DATABASE_URL": url})
+        move_store(url, root)
+        err = _serve_stderr(tmp_path, {"TAME_DATABASE_URL": url}, root)
     assert "tame serve: warning: the PostgreSQL store runs on this host with each backend in an autogroup of its " \
            "own (this one's: autogroup " in err, err
     assert "Give its cgroup" not in err, err
@@ -199,9 +215,10 @@ def test_under_autogroup_the_warning_says_each_backend_has_its_own_and_gives_the
 
 
 @pytest.mark.postgres
-def test_a_store_at_the_highest_weight_inside_a_parent_of_the_default_weight_is_warned_of(tmp_path):
+def test_the_weight_that_counts_is_the_store_cgroups_where_it_parts_from_the_servers(tmp_path):
     # A cgroup's weight counts only against its siblings: PostgreSQL at the highest weight inside a parent of the
-    # default weight still contests the server's group at the parent's weight (the first version read the leaf only).
+    # default weight still contests the server's group at the parent's weight; with the parent at the highest, the
+    # leaf's weight no longer matters against the server; with the server's group at the highest too, they are even.
     controller = _cpu_controller_as_root()
     with (_server_cgroup(controller) as server, cpu_cgroup(controller, 1024) as parent,
           cpu_cgroup(parent, HIGHEST_CPU_SHARES, name="store") as leaf, throwaway_cluster() as url):
@@ -210,11 +227,14 @@ def test_a_store_at_the_highest_weight_inside_a_parent_of_the_default_weight_is_
         err = _serve_stderr(tmp_path / "parent-default", {"TAME_DATABASE_URL": url}, server)
         assert f"{WARNING}{hierarchy_path(leaf)}, this server" in err, err
         assert f"Give {hierarchy_path(parent)} the highest weight" in err, err  # the leaf has it: where they part
-        file, highest = weight_file(parent)
-        file.write_text(str(highest))
-        (tmp_path / "both-highest").mkdir()
-        err = _serve_stderr(tmp_path / "both-highest", {"TAME_DATABASE_URL": url}, server)
-        assert "warning" not in err, err
+        for folder, weight, warned in ((parent, "highest", False), (leaf, "default", False), (server, "highest", True)):
+            file, highest = weight_file(folder)
+            file.write_text(str(highest) if weight == "highest" else "1024" if file.name == "cpu.shares" else "100")
+            (tmp_path / f"{folder.name}-{weight}").mkdir()
+            err = _serve_stderr(tmp_path / f"{folder.name}-{weight}", {"TAME_DATABASE_URL": url}, server)
+            # The parent meets the server's group: its weight wins or not, whatever the leaf's below it.
+            assert ("warning" in err) == warned, (folder, weight, err)
+        assert f"{hierarchy_path(parent)} and this server's {hierarchy_path(server)} both have the highest" in err, err
 
 
 @pytest.mark.postgres
@@ -225,16 +245,12 @@ def test_under_a_mount_of_one_cgroup_as_a_container_has_groups_are_named_and_wei
     controller = _v1_cpu_controller()
     code = ("from advisor.cpu_groups import cpu_controller, scheduling_group, store_scheduling_warning\n"
             "from advisor.db import Database\n"
-            "from benchmarks.load_advice import empty_cgroup, move_store\n"
+            "from benchmarks.load_advice import cpu_cgroup, move_store\n"
             "from tests.conftest import throwaway_cluster\n"
             "print(scheduling_group('self'))\n"
-            "store = cpu_controller() / 'store'\n"
-            "store.mkdir()\n"
-            "with throwaway_cluster() as url:\n"
+            "with cpu_cgroup(cpu_controller(), 1024, name='store') as store, throwaway_cluster() as url:\n"
             "    move_store(url, store)\n"
-            "    print(store_scheduling_warning(Database(url)))\n"
-            "    empty_cgroup(store, cpu_controller())\n"
-            "store.rmdir()\n")
+            "    print(store_scheduling_warning(Database(url)))\n")
     with cpu_cgroup(controller, 1024) as group:
         bound = tmp_path / "bound"
         script = (f"mkdir '{bound}'\n"
@@ -254,10 +270,8 @@ def test_under_a_mount_of_one_cgroup_as_a_container_has_groups_are_named_and_wei
 def test_a_kernel_without_autogroups_puts_a_process_of_the_root_cgroup_in_the_root_group():
     # A kernel built without autogroups has no kernel.sched_autogroup_enabled: here the setting is hidden under an
     # empty tmpfs in a mount namespace of this test's own.
-    own = scheduling_group("self")
-    if own is None or not own.autogroup:
-        pytest.skip(f"needs this process in the root CPU cgroup with autogroups on; it is in {own}")
-    out = _in_own_mount_namespace("mount -t tmpfs none /proc/sys/kernel",
+    root = _root_cgroup_with_autogroups()
+    out = _in_own_mount_namespace(f"echo $$ > '{root}/cgroup.procs'\nmount -t tmpfs none /proc/sys/kernel",
                                   "from advisor.cpu_groups import scheduling_group; print(scheduling_group('self'))")
     assert out.strip() == repr(SchedulingGroup("the root group")), out
 
@@ -307,9 +321,16 @@ def test_v2_a_process_contends_in_its_deepest_cgroup_that_was_handed_cpu(tmp_pat
     store = scheduling_group(4242, host)
     assert server == SchedulingGroup("CPU cgroup /user.slice", cgroups=(("/user.slice", False),))
     assert store.cgroups == (("/system.slice", False), ("/system.slice/postgresql@15-main.service", True))
-    assert store.contested_beside(server) == ["/system.slice"]
+    assert "Give /system.slice the highest weight" in scheduling_warning(store, server)
     (host / "sys/fs/cgroup/system.slice/cpu.weight").write_text("10000\n")
-    assert scheduling_group(4242, host).contested_beside(server) == []
+    assert scheduling_warning(scheduling_group(4242, host), server) is None
+    # Below the slice the unit's own weight shares out only the slice's: at the default it still wins.
+    (host / "sys/fs/cgroup/system.slice/postgresql@15-main.service/cpu.weight").write_text("100\n")
+    assert scheduling_warning(scheduling_group(4242, host), server) is None
+    # Both slices at the highest weight meet on even terms.
+    (host / "sys/fs/cgroup/user.slice/cpu.weight").write_text("10000\n")
+    warning = scheduling_warning(scheduling_group(4242, host), scheduling_group("self", host))
+    assert "/system.slice and this server's /user.slice both have the highest weight" in warning, warning
 
 
 def test_v2_without_cpu_below_the_root_every_process_is_in_the_root_group_and_autogroups_apply(tmp_path):

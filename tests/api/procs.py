@@ -35,16 +35,14 @@ def start_serve(tmp_path, db_path, env=None, args=(), port=None, cgroup=None):
     env = {**inherited, "TAME_DATABASE_URL": f"sqlite:///{db_path}", **(env or {})}
     out = (tmp_path / f"serve-{port}.out").open("ab")
     err = (tmp_path / f"serve-{port}.err").open("ab")
-    procs = os.open(cgroup / "cgroup.procs", os.O_WRONLY) if cgroup else None
+    command = [TAME, "serve", "--port", str(port), *args]
+    if cgroup is not None:  # writing 0 to cgroup.procs moves the writer: the shell, then what it becomes
+        command = ["sh", "-ec", 'echo 0 > "$0"; exec "$@"', str(cgroup / "cgroup.procs"), *command]
     try:
-        # Writing 0 to cgroup.procs moves the writer: the child, between fork and exec.
-        proc = subprocess.Popen([TAME, "serve", "--port", str(port), *args], env=env, stdout=out, stderr=err,
-                                stdin=subprocess.DEVNULL, preexec_fn=(lambda: os.write(procs, b"0")) if cgroup else None)
+        proc = subprocess.Popen(command, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
     finally:
         out.close()
         err.close()
-        if procs is not None:
-            os.close(procs)
     base = f"http://127.0.0.1:{port}"
 
     def up():
@@ -54,7 +52,11 @@ def start_serve(tmp_path, db_path, env=None, args=(), port=None, cgroup=None):
         except httpx.HTTPError:
             return False
 
-    wait_for(up, timeout_s=60, what="tame serve")
+    try:
+        wait_for(up, timeout_s=60, what="tame serve")
+    except BaseException:
+        stop(proc)
+        raise
     return proc, base
 
 
