@@ -212,6 +212,9 @@ def scheduling_warning(theirs: SchedulingGroup | None, ours: SchedulingGroup | N
     else:
         fixes = (f"{store_top[0]} and this server's {server_top[0]} both have the highest weight and meet on even "
                  f"terms: give {server_top[0]} less, or run both in one group")
+    if server_top is not None and server_top[1] and not (store_top is not None and store_top[1]):
+        # Weighting the store alone would only bring the two to even terms.
+        fixes += f"; this server's {server_top[0]} has the highest weight too, so give it less as well"
     return (f"the PostgreSQL store runs on this host {where}, this server in {ours.name}: beside loaded replicas, "
             "PostgreSQL in another scheduling group without the highest CPU weight waited seconds for a CPU and "
             f"most answers went out stale. {fixes}; docs/advice-service.md")

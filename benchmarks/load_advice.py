@@ -270,7 +270,8 @@ def cpu_cgroup(parent: Path, shares: int, name: str | None = None):
     """A CPU cgroup of this run's own, ``name`` (default tame-load-advice-PID) under the cgroup folder ``parent`` (as
     a container or a systemd service with CPU accounting gets), weighted ``shares`` (cgroup v1's cpu.shares, 1024 the
     default; on v2 cpu.weight, 100 the default, scaled alike): yields its folder; on exit whatever is still in it goes
-    back to ``parent`` and the group is removed (and cpu taken back from ``parent``'s children, if this handed it)."""
+    back to ``parent`` (on v2 to the mount's top: a parent that hands cpu on may hold no process) and the group is
+    removed, and cpu taken back from ``parent``'s children if this handed it and nothing else needs it."""
     group = parent / (name or f"tame-load-advice-{os.getpid()}")
     subtree = parent / "cgroup.subtree_control"  # cgroup v2: a child has a weight only if its parent hands it cpu
     handed = subtree.exists() and "cpu" not in subtree.read_text().split()
@@ -284,10 +285,11 @@ def cpu_cgroup(parent: Path, shares: int, name: str | None = None):
             file.write_text(str(min(highest, max(1, weight))))
             yield group
         finally:
-            remove_cgroup(group, parent)
+            remove_cgroup(group, cpu_controller() if subtree.exists() else parent)
     finally:
         if handed:
-            subtree.write_text("-cpu")
+            with contextlib.suppress(OSError):  # EBUSY: a cgroup made meanwhile hands cpu on in turn; it stays on
+                subtree.write_text("-cpu")
 
 
 def empty_cgroup(group: Path, into: Path) -> None:

@@ -210,7 +210,7 @@ def test_under_autogroup_the_warning_says_each_backend_has_its_own_and_gives_the
         err = _serve_stderr(tmp_path, {"TAME_DATABASE_URL": url}, root)
     assert "tame serve: warning: the PostgreSQL store runs on this host with each backend in an autogroup of its " \
            "own (this one's: autogroup " in err, err
-    assert "Give its cgroup" not in err, err
+    assert "Give " not in err, err  # there is no cgroup of the store's to weight
     assert "kernel.sched_autogroup_enabled=0" in err and "cpu_shares: 262144" in err, err
 
 
@@ -331,6 +331,21 @@ def test_v2_a_process_contends_in_its_deepest_cgroup_that_was_handed_cpu(tmp_pat
     (host / "sys/fs/cgroup/user.slice/cpu.weight").write_text("10000\n")
     warning = scheduling_warning(scheduling_group(4242, host), scheduling_group("self", host))
     assert "/system.slice and this server's /user.slice both have the highest weight" in warning, warning
+
+
+def test_the_store_outweighs_a_server_with_no_cgroup_apart_from_it_by_its_own_cgroups_weight():
+    top, default = ("/pg", True), ("/pg", False)
+    for server in (SchedulingGroup("autogroup 7", autogroup=True), SchedulingGroup("the root group"),
+                   SchedulingGroup("CPU cgroup /a", cgroups=(("/a", False),))):
+        store = SchedulingGroup("CPU cgroup /pg", cgroups=(top,)) if server.cgroups == () else \
+            SchedulingGroup("CPU cgroup /a/pg", cgroups=(("/a", False), ("/a/pg", True)))  # the server in its parent
+        assert scheduling_warning(store, server) is None, server
+    warning = scheduling_warning(SchedulingGroup("CPU cgroup /pg", cgroups=(default,)), SchedulingGroup("the root group"))
+    assert "Give /pg the highest weight" in warning and "give it less" not in warning, warning
+    # Beside a server whose cgroup has the highest weight, weighting the store alone would only make them even.
+    warning = scheduling_warning(SchedulingGroup("autogroup 9", autogroup=True),
+                                 SchedulingGroup("CPU cgroup /srv", cgroups=(("/srv", True),)))
+    assert "this server's /srv has the highest weight too, so give it less as well" in warning, warning
 
 
 def test_v2_without_cpu_below_the_root_every_process_is_in_the_root_group_and_autogroups_apply(tmp_path):
