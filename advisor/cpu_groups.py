@@ -170,7 +170,8 @@ def scheduling_group(pid: int | str, host: Path = HOST) -> SchedulingGroup | Non
 def store_scheduling_warning(db) -> str | None:
     """What to tell an operator whose PostgreSQL store (``db``, an advisor.db.Database) runs on this host in another
     CPU scheduling group than this process that does not outweigh it (where the two part, the store's cgroup at the
-    highest weight and this process's not); None when it does not, or cannot be told (SQLite, a server elsewhere or in another PID namespace, a Unix-socket connection, unreadable files)."""
+    highest weight and this process's not); None when it does not, or cannot be told (SQLite, a server elsewhere or
+    in another PID namespace, a Unix-socket connection, unreadable files)."""
     if db.dialect != "postgresql":
         return None
     try:
@@ -194,7 +195,9 @@ def scheduling_warning(theirs: SchedulingGroup | None, ours: SchedulingGroup | N
     if theirs is None or ours is None or theirs == ours:
         return None
     store_top, server_top = theirs.parting_from(ours)
-    if store_top is not None and store_top[1] and not (server_top is not None and server_top[1]):
+    store_highest = store_top is not None and store_top[1]
+    server_highest = server_top is not None and server_top[1]
+    if store_highest and not server_highest:
         return None  # where the two part, the store's cgroup has the highest weight and the server's not
     weights = f"compose: cpu_shares: {HIGHEST_CPU_SHARES}; systemd: CPUWeight={HIGHEST_CPU_WEIGHT}"
     autogroup_off = "with neither in a cgroup: sysctl -w kernel.sched_autogroup_enabled=0"
@@ -212,7 +215,7 @@ def scheduling_warning(theirs: SchedulingGroup | None, ours: SchedulingGroup | N
     else:
         fixes = (f"{store_top[0]} and this server's {server_top[0]} both have the highest weight and meet on even "
                  f"terms: give {server_top[0]} less, or run both in one group")
-    if server_top is not None and server_top[1] and not (store_top is not None and store_top[1]):
+    if server_highest and not store_highest:
         # Weighting the store alone would only bring the two to even terms.
         fixes += f"; this server's {server_top[0]} has the highest weight too, so give it less as well"
     return (f"the PostgreSQL store runs on this host {where}, this server in {ours.name}: beside loaded replicas, "

@@ -452,8 +452,8 @@ def main() -> int:
             database_url = stack.enter_context(throwaway_cluster())
             if group is not None:
                 move_store(database_url, group)
-                weight = weight_file(group)[0]
-                store_weight = f"{weight.name} {weight.read_text().strip()}"
+                weight_path = weight_file(group)[0]
+                store_weight = f"{weight_path.name} {weight_path.read_text().strip()}"
         try:
             if urls is None:
                 urls = []

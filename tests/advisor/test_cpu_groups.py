@@ -52,17 +52,22 @@ def _cpu_controller_as_root() -> Path:
     return controller
 
 
+def _group_of_a_process_in(folder: Path) -> SchedulingGroup | None:
+    """scheduling_group() of a child process moved into the cgroup whose folder is ``folder``."""
+    child = subprocess.Popen(["sleep", "60"])
+    try:
+        (folder / "cgroup.procs").write_text(str(child.pid))
+        return scheduling_group(child.pid)
+    finally:
+        child.kill()
+        child.wait()
+
+
 def _root_cgroup_with_autogroups() -> Path:
     """The folder of the hierarchy's root cgroup, where a process is in an autogroup: skipped where this host's
     mount does not show the root (a container's) or autogroups are off."""
     controller = _cpu_controller_as_root()
-    child = subprocess.Popen(["sleep", "60"])
-    try:
-        (controller / "cgroup.procs").write_text(str(child.pid))
-        found = scheduling_group(child.pid)
-    finally:
-        child.kill()
-        child.wait()
+    found = _group_of_a_process_in(controller)
     if found is None or not found.autogroup:
         pytest.skip(f"needs the hierarchy's root cgroup and autogroups on; a process in {controller} is in {found}")
     return controller
@@ -78,17 +83,11 @@ def test_a_process_that_is_not_there_has_no_group_and_one_in_a_cgroup_has_that_o
     assert scheduling_group(2**22 + 1) is None  # above the kernel's pid_max limit: never a process
     controller = _cpu_controller_as_root()
     with cpu_cgroup(controller, 1024) as group:
-        child = subprocess.Popen(["sleep", "60"])
-        try:
-            (group / "cgroup.procs").write_text(str(child.pid))
-            path = hierarchy_path(group)
-            found = scheduling_group(child.pid)
-            assert found is not None, _cgroup_view()
-            # Above it, the cgroup the runner's mount shows at its top, if that is not the hierarchy's root.
-            assert (found.name, found.cgroups[-1], found.autogroup) == (f"CPU cgroup {path}", (path, False), False)
-        finally:
-            child.kill()
-            child.wait()
+        found = _group_of_a_process_in(group)
+        path = hierarchy_path(group)
+        assert found is not None, _cgroup_view()
+        # Above it, the cgroup the runner's mount shows at its top, if that is not the hierarchy's root.
+        assert (found.name, found.cgroups[-1], found.autogroup) == (f"CPU cgroup {path}", (path, False), False)
 
 
 @pytest.mark.postgres
