@@ -10,6 +10,8 @@ STALE = "stale"
 PROBE_MAX_AGE = "probe_max_age"
 # TAME_PROBE_MAX_AGE_S when unset, in TTLs: a day at the default TTL of an hour.
 PROBE_MAX_AGE_TTLS = 24
+# TAME_PROBE_REUSE_MAX_AGE_S when unset, in TTLs: a refresh due at one TTL re-uses the probing before's adaptive probe.
+REUSE_MAX_AGE_TTLS = 2
 
 
 def evidence_at(probed_at: float, fitted_at: float, observations_used: int) -> float:

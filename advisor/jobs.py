@@ -69,6 +69,9 @@ class Job:
     src: str = ""  # the site whose prober runs it
     retry_at: float | None = None  # not claimed before then: its name lookup did not finish (Store.defer_attempt)
     lookup_waits: int = 0  # such waits since its last attempt that got past its lookup
+    # The adaptive probe (probe_results.id) of the link's last probing this job re-uses instead of measuring the level
+    # again (advisor/reuse.py); None: the whole plan.
+    reuse_probe_id: int | None = None
 
     def lookup_wait_ends(self, now: float) -> float | None:
         """When the job, queued to wait for its name lookup (Store.defer_attempt), may be claimed again; None when it
@@ -80,13 +83,13 @@ class Job:
 
 JOB_COLUMNS = ("id, dest, status, levels_json, duration_s, requested_at, started_at, finished_at, "
                 "progress, attempts, error, probe_run_id, progress_detail, address, congestion_control, src, "
-                "retry_at, lookup_waits")
+                "retry_at, lookup_waits, reuse_probe_id")
 
 
 def job_from_row(row) -> Job:
     return Job(row[0], row[1], row[2], json.loads(row[3]), row[4], row[5], row[6], row[7], row[8], row[9],
                row[10], row[11], json.loads(row[12]) if row[12] else None, row[13], row[14], row[15], row[16],
-               row[17])
+               row[17], row[18])
 
 
 def _boot_id() -> str:

@@ -11,15 +11,16 @@ from probes.plan import NextLevel, ProbePlan
 
 
 def plan_for(settings: Settings, levels: Sequence[int], duration_s: float,
-             congestion_control: str | None = None) -> ProbePlan:
+             congestion_control: str | None = None, reuses_adaptive: bool = False) -> ProbePlan:
     """ProbePlan for `levels` at `duration_s` seconds each under `congestion_control` (None: the configured
-    default), extended up to the configured cap, plus the adaptive probe when the configured model chooses one."""
+    default), extended up to the configured cap, plus the adaptive probe when the configured model chooses one and
+    the plan does not re-use an earlier one (`reuses_adaptive`: a job's reuse_probe_id)."""
     return ProbePlan(
         levels=tuple(int(n) for n in levels),
         duration_s=duration_s,
         omit_s=settings.omit_s,
         max_duration_s=max(duration_s, settings.max_probe_duration_s),
-        adaptive_probes=adaptive_probes(settings.model),
+        adaptive_probes=0 if reuses_adaptive else adaptive_probes(settings.model),
         congestion_control=congestion_control or settings.congestion_control,
     )
 

@@ -26,12 +26,12 @@ from advisor.jobs import Job
 from advisor.limits import (check_available_control, check_congestion_control, check_probe_duration_s,
                             check_probe_levels, check_site)
 from advisor.observations import Observation
-from advisor.plan_runner import plan_for
+from advisor.plan_runner import adaptive_probes, plan_for
 from advisor.settings import Settings
 from advisor.site_desk import SiteDesk, _probe_id
 from advisor.sites import SiteBudget, never_fits, site_budget
 from advisor.store import FitRow, NewFit, Store, StoredRun
-from advisor.tame import CURVE_VERSION, advise, plan_control, point_from_probe, representative_rtt_s
+from advisor.tame import CURVE_VERSION, advise, plan_control, point_from_probe, representative_rtt_s, stored_point
 from models.errors import FitError
 from models.parallel import ParallelFit, ProbePoint
 from models.registry import MIN_LEVELS, fit
@@ -99,17 +99,30 @@ class AdviceService(AdviceCache, SiteDesk):
             curve_version=CURVE_VERSION,
         )
 
+    def settle_reuse(self, job: Job) -> Job:
+        """Running ``job`` with its reuse_probe_id settled and kept (advisor.store.Store.choose_reuse): for a model with
+        an adaptive probe, the one of the link's last probing under the job's control when that may be re-used."""
+        if not adaptive_probes(self.settings.model):
+            return job
+        control = job.congestion_control or self.settings.congestion_control
+        return dataclasses.replace(job, reuse_probe_id=self.store.choose_reuse(
+            job, control, self.settings.reuse_adaptive_within_s))
+
     def ingest_run(self, dest: Destination, idle_rtt_s: float | None, results: Sequence[ProbeResult],
                    started_at: float, source: str, job_id: str | None = None,
                    address: str | None = None, congestion_control: str | None = None,
                    src: Any = None, job_owner: str | None = None, measured_ago_s: float = 0.0,
                    request: KeyedRequest | None = None,
-                   answer: Callable[[StoredRun, str | None], dict[str, Any]] | None = None) -> tuple[StoredRun, str | None]:
+                   answer: Callable[[StoredRun, str | None], dict[str, Any]] | None = None,
+                   job: Job | None = None) -> tuple[StoredRun, str | None]:
         """Fit and store a finished probe run from site ``src`` (None: this service's) and close its job, in one
         transaction: (the stored run, fit error). A run whose probes are older than those of the link's current fit
         under its control (delivered late) is kept as history: the newer fit stays the advice (Store.record_run). ``measured_ago_s``: how long ago the probes ended (a pushed run held back
         by its agent), seconds; the fit's probed_at, and so the advice's age, counts from then. ``request``: the
         client's Idempotency-Key, kept with ``answer(stored run, fit error)`` (AlreadyTaken when it was stored before).
+        ``job``: the run's job, whose reuse_probe_id (the earlier probe it re-uses instead of its adaptive level,
+        advisor.store.Store.choose_reuse) is fitted and stored with the run, unless the run measured a level beyond
+        the job's own (an agent that does not re-use) or the probe is gone.
 
         ``address``: the IP address the probes went to, when this service resolved it. The run and its fit
         are stored under the control the probes report they used, else ``congestion_control`` (the one
@@ -120,6 +133,12 @@ class AdviceService(AdviceCache, SiteDesk):
         except ValueError as exc:
             raise InvalidRequest(f"probes: {exc}") from exc
         points = [point_from_probe(r) for r in results]
+        reuse_probe_id = None
+        if job is not None and job.reuse_probe_id is not None and {p.streams for p in points} <= set(job.levels):
+            reused = self.store.probe_point(job.reuse_probe_id)
+            if reused is not None and reused["streams"] not in job.levels:
+                points.append(stored_point(reused))
+                reuse_probe_id = job.reuse_probe_id
         probed_at = self.clock() - measured_ago_s
         error = None
         new_fit = None
@@ -137,7 +156,7 @@ class AdviceService(AdviceCache, SiteDesk):
                                     address=address, congestion_control=used, job_owner=job_owner,
                                     max_links=self.settings.max_site_links, request=request,
                                     answer=None if answer is None else lambda stored: answer(stored, error),
-                                    probed_at=probed_at)
+                                    probed_at=probed_at, reused_probe_id=reuse_probe_id)
         self.invalidate(site, dest.key)
         return run, error
 
@@ -304,7 +323,7 @@ class AdviceService(AdviceCache, SiteDesk):
             "levels": job.levels, "duration_s": job.duration_s, "requested_at": job.requested_at,
             "started_at": job.started_at, "finished_at": job.finished_at, "attempts": job.attempts,
             "retry_at": job.lookup_wait_ends(self.store.clock()), "lookup_waits": job.lookup_waits,
-            "error": job.error, "result": None,
+            "error": job.error, "reuses_probe": job.reuse_probe_id, "result": None,
         }
         if job.status == "done":
             row = self._current(job.src, job.dest, job.congestion_control or self.settings.congestion_control)
@@ -335,10 +354,7 @@ class AdviceService(AdviceCache, SiteDesk):
         # As the advice does: runs that did not record their control count as the default's.
         or_unrecorded = control == self.settings.congestion_control
         run = self.store.latest_run_points(dest.key, control, or_unrecorded, src=site)
-        base = [ProbePoint(streams=p["streams"], throughput_bps=p["throughput_bps"], rtt_s=p["rtt_mean_s"],
-                           retransmits=p["retransmits"], duration_s=p["duration_s"], mss_bytes=p["mss_bytes"],
-                           stream_bps=p["stream_bps"], stream_retransmits=p["stream_retransmits"])
-                for p in (run.points if run is not None else ())]
+        base = [stored_point(p) for p in (run.points if run is not None else ())]
 
         def refit(observations: list[dict[str, float]]) -> NewFit | None:
             if run is None:

@@ -17,7 +17,7 @@ from advisor.allowlist import DEFAULT_ALLOWED, AllowList
 from advisor.db import DEFAULT_POOL_SIZE, check_database_url, redact_url
 from advisor.errors import ConfigError, InvalidRequest, StoreError
 from advisor.files import FileTooLarge, NotARegularFile, read_capped
-from advisor.freshness import PROBE_MAX_AGE_TTLS, Freshness
+from advisor.freshness import PROBE_MAX_AGE_TTLS, REUSE_MAX_AGE_TTLS, Freshness
 from advisor.limits import MAX_PROBE_MAX_DURATION_S, MAX_PROBE_OMIT_S, MAX_SITE_LINKS, MAX_SITES, SITE_RULE, TOKEN_RULE, check_congestion_control, check_site, check_token, \
     is_token, parse_number
 from advisor.retention import Retention
@@ -238,6 +238,11 @@ class Settings:
     # A link whose newest probe is older is due for one even while transfers keep its advice fresh
     # (advisor/freshness.py); None: PROBE_MAX_AGE_TTLS times ttl_s.
     probe_max_age_s: float | None = None
+    # A queued probe of a link whose last probing (under the same control) measured its adaptive probe at most this
+    # long ago, seconds, re-uses that probe instead of measuring the level again, so refreshes alternate between the
+    # whole plan and its fixed levels (docs/accuracy.md, "What a probe plan costs"); None: REUSE_MAX_AGE_TTLS times
+    # ttl_s; 0: never.
+    reuse_adaptive_max_age_s: float | None = None
     max_concurrent_probes: int = 1
     model: str = DEFAULT_MODEL
     n_max: int = DEFAULT_N_MAX
@@ -302,6 +307,13 @@ class Settings:
         max_age = PROBE_MAX_AGE_TTLS * self.ttl_s if self.probe_max_age_s is None else self.probe_max_age_s
         return Freshness(self.ttl_s, max_age)
 
+    @property
+    def reuse_adaptive_within_s(self) -> float:
+        """How old a link's last adaptive probe may be for a refresh to re-use it, seconds (0: never)."""
+        if self.reuse_adaptive_max_age_s is None:
+            return REUSE_MAX_AGE_TTLS * self.ttl_s
+        return self.reuse_adaptive_max_age_s
+
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
         """TAME_DATABASE_URL, TAME_DB_POOL_SIZE (the most connections this process holds open to the store, default
@@ -311,7 +323,9 @@ class Settings:
         TAME_PROBE_MAX_AGE_S (a link whose newest probe is older is probed again even while finished transfers keep
         its advice fresh; default 24 times TAME_TTL_S, at least TAME_TTL_S),
         TAME_MAX_CONCURRENT_PROBES, TAME_MODEL, TAME_PROBE_LEVELS (e.g. "1,10"), TAME_PROBE_DURATION_S,
-        TAME_PROBE_MAX_DURATION_S, TAME_PROBE_OMIT_S (warm-up seconds left out of each probe), TAME_MAX_BATCH, TAME_MAX_QUEUED_PROBES,
+        TAME_PROBE_MAX_DURATION_S, TAME_PROBE_OMIT_S (warm-up seconds left out of each probe),
+        TAME_PROBE_REUSE_MAX_AGE_S (a queued probe re-uses the link's last adaptive probe, measured at most this long
+        ago, instead of measuring it again; default 2 times TAME_TTL_S, 0 = never), TAME_MAX_BATCH, TAME_MAX_QUEUED_PROBES,
         TAME_MAX_QUEUED_PROBES_PER_CLIENT (queued jobs one remote address, or one other site, may have),
         TAME_FORWARDED_ALLOW_IPS (trusted proxies whose X-Forwarded-For names the remote address; see
         forwarded_allow_ips), TAME_KEEPALIVE_TIMEOUT_S, TAME_HEADER_TIMEOUT_S, TAME_BODY_TIMEOUT_S,
@@ -397,6 +411,8 @@ class Settings:
             max_probe_duration_s=number("TAME_PROBE_MAX_DURATION_S", ProbePlan.max_duration_s, 1.0,
                                         MAX_PROBE_MAX_DURATION_S),
             omit_s=number("TAME_PROBE_OMIT_S", ProbePlan.omit_s, 0.0, MAX_PROBE_OMIT_S),
+            reuse_adaptive_max_age_s=number("TAME_PROBE_REUSE_MAX_AGE_S", REUSE_MAX_AGE_TTLS * ttl_s, 0.0,
+                                            100 * 365 * 86400.0),
             max_batch=number("TAME_MAX_BATCH", 1000, 1, 100_000, int),
             max_queued_probes=number("TAME_MAX_QUEUED_PROBES", 500, 1, 1_000_000, int),
             max_queued_probes_per_client=number("TAME_MAX_QUEUED_PROBES_PER_CLIENT", 50, 1, 1_000_000, int),

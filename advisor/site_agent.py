@@ -172,7 +172,8 @@ class SiteAgent:
             target = probe_target(self.settings.allowed.checked_address(parsed, agent_resolver, AGENT), parsed.port)
             started = self.clock()
             control = job["congestion_control"] or self.settings.congestion_control
-            planned = plan_for(self.settings, job["levels"], job["duration_s"], control)
+            planned = plan_for(self.settings, job["levels"], job["duration_s"], control,
+                               reuses_adaptive=job.get("reuses_probe") is not None)
             check_plan_fits_lease(planned.worst_case_s, claim.get("lease_s"), self.settings,
                                   claim.get("plan_settings"))
             plan = run_plan(self.driver, target, planned,

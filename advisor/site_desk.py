@@ -66,7 +66,7 @@ def _probe_id(job_id: str) -> str:
 class SiteDesk:
     """A site's registration and its agents' claims, a part of :class:`advisor.service.AdviceService` (which gives it
     ``store``, ``settings``, ``resolver``, ``monotonic``, and the checks and queue of probes (``control``,
-    ``check_allowed``, ``_enqueue``, ``probe_status``, ``paths``))."""
+    ``check_allowed``, ``_enqueue``, ``probe_status``, ``paths``, ``settle_reuse``))."""
 
     store: Store
     settings: Settings
@@ -233,6 +233,9 @@ class SiteDesk:
         else:
             claimed = claimed.none(f"the last {MAX_REFUSED_IN_A_CLAIM} queued probes claimed were to destinations this "
                                    "service no longer allows or cannot resolve now; they failed, saying so: claim again")
+        if claimed.job is not None:
+            # Settled here, where the store is: the job's "reuses_probe" tells the agent to leave the adaptive level out.
+            self.settle_reuse(claimed.job)
         return {"site": name, "job": None if claimed.job is None else self.probe_status(claimed.job.id),
                 "max_streams": claimed.streams or None, "lease_until": claimed.lease_until,
                 "lease_s": None if claimed.lease_until is None else claimed.lease_until - self.store.clock(),

@@ -23,7 +23,7 @@ from advisor.db import DEFAULT_POOL_SIZE, Database, Tx
 from advisor.destinations import Destination
 from advisor.freshness import evidence_at as newest_evidence_at
 from advisor.idempotency import KeyedRequest
-from advisor.jobs import ANSWERED_JOB, JobQueue
+from advisor.jobs import ANSWERED_JOB, Job, JobQueue
 from advisor.limits import MAX_SITE_LINKS
 from advisor.links import Links, advised, same_control
 from advisor.observations import RECORD_COLUMNS as OBSERVATION_COLUMNS, Observation
@@ -223,6 +223,21 @@ def _advised_run(tx: Tx, link: str, link_params: Sequence[Any], control: str | N
     return advised(runs, control, control if or_unrecorded else None)
 
 
+# A probe result's stored columns, in the order record_run writes them.
+_PROBE_COLUMNS = ("streams, throughput_bps, sender_bps, retransmits, rtt_mean_s, duration_s, omit_s, "
+                  "throughput_stderr_bps, started_at, raw, mss_bytes, stream_bps, stream_retransmits")
+_PROBE_VALUES = ", ".join("?" * len(_PROBE_COLUMNS.split(", ")))
+# What a fit reads back of a stored probe (_point).
+_POINT_COLUMNS = "streams, throughput_bps, rtt_mean_s, retransmits, duration_s, mss_bytes, stream_bps, stream_retransmits"
+
+
+def _point(row) -> dict[str, Any]:
+    """A stored probe (a row of _POINT_COLUMNS) as a fit reads it: the per-stream lists as tuples."""
+    names = ("streams", "throughput_bps", "rtt_mean_s", "retransmits", "duration_s", "mss_bytes")
+    return {**dict(zip(names, row[:6])), "stream_bps": _from_json_list(row[6]),
+            "stream_retransmits": _from_json_list(row[7])}
+
+
 def _json_list(values: Sequence[float]) -> str | None:
     """A per-stream list as stored (a JSON array), or NULL when the driver gave none."""
     return json.dumps(list(values)) if values else None
@@ -346,7 +361,7 @@ class Store(Links, JobQueue):
                    congestion_control: str | None = None, job_owner: str | None = None,
                    max_links: int = MAX_SITE_LINKS, request: KeyedRequest | None = None,
                    answer: Callable[[StoredRun], dict[str, Any]] | None = None,
-                   probed_at: float | None = None) -> StoredRun:
+                   probed_at: float | None = None, reused_probe_id: int | None = None) -> StoredRun:
         """Store a finished probe run from site ``src``, its results and fit, and close its job, in one transaction
         (a run that would be a new link past ``max_links``: TooManyLinks, nothing stored). With ``request`` (a
         client's Idempotency-Key) the key is claimed first (AlreadyTaken when an earlier request stored it: nothing
@@ -356,7 +371,8 @@ class Store(Links, JobQueue):
         probes are older than the current fit's (delivered late, from an agent's spool) is stored, its fit kept as
         history, and its job closed as any other; :attr:`StoredRun.newer_probed_at` says so.
 
-        ``probed_at``: when the probes ended (None: now), kept with the run as its fit's is, so a refit on it later
+        ``reused_probe_id``: a probe of an earlier run this one re-uses (its job's, :meth:`choose_reuse`), stored again
+        with the run, marked as re-used. ``probed_at``: when the probes ended (None: now), kept with the run as its fit's is, so a refit on it later
         (:meth:`latest_run_points`) is dated by its probes, not by when the run reached the store (finished_at).
         ``address`` is the IP address the probes went to, when the service resolved it itself;
         ``congestion_control`` the control the probes' streams used (None: not known). With ``job_owner`` the job
@@ -379,14 +395,16 @@ class Store(Links, JobQueue):
             ).fetchone()[0]
             for r in results:
                 tx.execute(
-                    "INSERT INTO probe_results (probe_run_id, streams, throughput_bps, sender_bps, retransmits, "
-                    "rtt_mean_s, duration_s, omit_s, throughput_stderr_bps, started_at, raw, mss_bytes, "
-                    "stream_bps, stream_retransmits) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    f"INSERT INTO probe_results (probe_run_id, {_PROBE_COLUMNS}) VALUES (?, {_PROBE_VALUES})",
                     (run_id, r.streams, r.throughput_bps, r.sender_bps, r.retransmits, r.rtt_mean_s, r.duration_s,
                      r.omit_s, r.throughput_stderr_bps, r.started_at, r.raw, r.mss_bytes,
                      _json_list(r.stream_bps), _json_list(r.stream_retransmits)),
                 )
                 step("result")
+            if reused_probe_id is not None:
+                # A copy, so the run holds every probe its fit rests on, whatever retention does with the original.
+                tx.execute(f"INSERT INTO probe_results (probe_run_id, {_PROBE_COLUMNS}, reused_from) "
+                           f"SELECT ?, {_PROBE_COLUMNS}, id FROM probe_results WHERE id = ?", (run_id, reused_probe_id))
             newer = None
             if fit is not None:
                 self._insert_fit(tx, destination_id, run_id, fit, step)
@@ -411,6 +429,32 @@ class Store(Links, JobQueue):
                 request.remember(tx, run_id, answer(stored))
         return stored
 
+    def choose_reuse(self, job: Job, control: str | None, within_s: float) -> int | None:
+        """Settle whether running job ``job`` re-uses the adaptive probe of its link's last probing under ``control``
+        instead of measuring that level again: the link's newest run must hold the job's levels and one more, all
+        measured in it (it re-used none: so refreshes alternate between the whole plan and its fixed levels), its
+        probes ended at most ``within_s`` seconds ago (0: never re-use). Kept with the job (reuse_probe_id; cleared
+        when there is none, or when the job is no longer running) and returned: that probe's id, or None."""
+        with self.db.transaction(write=True) as tx:
+            probe_id = None
+            run = _newest_run(tx, "d.src = ? AND d.dest = ?", (job.src, job.dest), control) if within_s > 0 else None
+            if run is not None and run[1] >= self.clock() - within_s:
+                rows = tx.execute("SELECT id, streams, reused_from FROM probe_results WHERE probe_run_id = ?",
+                                  (run[0],)).fetchall()
+                extra = [(streams, row_id) for row_id, streams, _ in rows if streams not in job.levels]
+                measured = all(reused_from is None for _, _, reused_from in rows)
+                if measured and len(extra) == 1 and set(job.levels) <= {streams for _, streams, _ in rows}:
+                    probe_id = extra[0][1]
+            updated = tx.execute("UPDATE probe_jobs SET reuse_probe_id = ? WHERE id = ? AND status = 'running' "
+                                 "RETURNING id", (probe_id, job.id)).fetchone()
+        return probe_id if updated is not None else None
+
+    def probe_point(self, probe_id: int) -> dict[str, Any] | None:
+        """Stored probe ``probe_id`` as :meth:`latest_run_points` gives a run's, or None when it is gone."""
+        with self.db.transaction() as tx:
+            row = tx.execute(f"SELECT {_POINT_COLUMNS} FROM probe_results WHERE id = ?", (probe_id,)).fetchone()
+        return None if row is None else _point(row)
+
     def latest_run_points(self, dest_key: str, control: str | None = None, or_unrecorded: bool = False, *,
                           src: str) -> BaseRun | None:
         """The link's run with results on the newest probes under ``control`` (None: runs that did not record one),
@@ -421,15 +465,9 @@ class Store(Links, JobQueue):
             if advised_run is None:
                 return None
             run, run_control = advised_run
-            rows = tx.execute(
-                "SELECT streams, throughput_bps, rtt_mean_s, retransmits, duration_s, mss_bytes, stream_bps, "
-                "stream_retransmits FROM probe_results WHERE probe_run_id = ? ORDER BY id",
-                (run[0],),
-            ).fetchall()
-        names = ("streams", "throughput_bps", "rtt_mean_s", "retransmits", "duration_s", "mss_bytes")
-        return BaseRun(run[0], run[1], run[2], run[3],
-                       [{**dict(zip(names, r[:6])), "stream_bps": _from_json_list(r[6]),
-                         "stream_retransmits": _from_json_list(r[7])} for r in rows], run_control)
+            rows = tx.execute(f"SELECT {_POINT_COLUMNS} FROM probe_results WHERE probe_run_id = ? ORDER BY id",
+                              (run[0],)).fetchall()
+        return BaseRun(run[0], run[1], run[2], run[3], [_point(r) for r in rows], run_control)
 
     # -- observations ---------------------------------------------------------------------
 

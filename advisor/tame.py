@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -356,6 +356,13 @@ def point_from_probe(probe: ProbeResult) -> ProbePoint:
         stream_bps=tuple(probe.stream_bps),
         stream_retransmits=tuple(probe.stream_retransmits),
     )
+
+
+def stored_point(probe: Mapping[str, Any]) -> ProbePoint:
+    """What the models need from a stored probe (as advisor.store.Store.latest_run_points gives them)."""
+    return ProbePoint(streams=probe["streams"], throughput_bps=probe["throughput_bps"], rtt_s=probe["rtt_mean_s"],
+                      retransmits=probe["retransmits"], duration_s=probe["duration_s"], mss_bytes=probe["mss_bytes"],
+                      stream_bps=probe["stream_bps"], stream_retransmits=probe["stream_retransmits"])
 
 
 def plan_control(probes: Sequence[ProbeResult], asked: str | None = None) -> str | None:

@@ -229,6 +229,7 @@ class ProbeWorker:
                 progress.on_event(event)
                 self._write_progress(job.id, progress)
 
+            job = self.service.settle_reuse(job)
             plan = self._run_plan(job, probe_target(address, dest.port), report)
             error = self._store_run(job, dest, plan, started_wall, address, lease_until)
         except LookupUnfinished as exc:
@@ -269,7 +270,8 @@ class ProbeWorker:
             try:
                 _, error = self.service.ingest_run(dest, plan.idle_rtt_s, plan.probes, started_wall,
                                                    source="probe", job_id=job.id, address=address,
-                                                   congestion_control=self._control(job), src=job.src)
+                                                   congestion_control=self._control(job), src=job.src,
+                                                   job=job)
                 return error
             except StoreError as exc:
                 wait_s = waits.pop(0) if len(waits) > 1 else waits[0]
@@ -293,7 +295,8 @@ class ProbeWorker:
         return job.congestion_control or self.settings.congestion_control
 
     def _run_plan(self, job: Job, target: str, report: Callable[[PlanEvent], None]) -> PlanResult:
-        plan = plan_for(self.settings, job.levels, job.duration_s, self._control(job))
+        plan = plan_for(self.settings, job.levels, job.duration_s, self._control(job),
+                        reuses_adaptive=job.reuse_probe_id is not None)
         chooser = level_chooser(self.settings.model, self.settings.n_max)
         waits = list(self.busy_retry_waits_s) if job.attempts > 1 else []
         while True:

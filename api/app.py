@@ -276,7 +276,8 @@ def create_app(settings: Settings, store: Store, driver: ProbeDriver | None = No
         run, error = service.ingest_run(dest, body.idle_rtt_s, results, body.started_at or clock(), source="push",
                                            congestion_control=asked, src=src,
                                            job_id=claimed.id if claimed else None, job_owner=body.owner,
-                                           measured_ago_s=body.measured_ago_s, request=keyed, answer=answer)
+                                           measured_ago_s=body.measured_ago_s, request=keyed, answer=answer,
+                                           job=claimed)
         return _json(answer(run, error), _WRITE_STATUS[idempotency.PROBE_RUN])
 
     @app.put("/v1/sites/{site}", response_model=schemas.SiteOut, responses={**_BODY_ERRORS, **_responses(403, 409)})

@@ -188,6 +188,9 @@ class ProbeStatus(BaseModel):
     lookup_waits: int = Field(description="how many times the job's name lookup did not finish since an attempt got "
                                           f"past it; the {MAX_LOOKUP_WAITS}th time fails the job")
     error: str | None
+    reuses_probe: int | None = Field(None, description="the stored probe of the link's last probing (its adaptive "
+                                                       "level) this probe re-uses instead of measuring that level "
+                                                       "again (TAME_PROBE_REUSE_MAX_AGE_S); null: the whole plan")
     result: dict | None
 
 

@@ -92,8 +92,19 @@ def test_tame_probe_omit_s_sets_the_probes_warm_up_within_0_to_60_s():
             Settings.from_env({"TAME_PROBE_OMIT_S": text})
 
 
+def test_tame_probe_reuse_max_age_s_is_two_ttls_unless_set_and_0_never_re_uses():
+    assert Settings.from_env({}).reuse_adaptive_within_s == 7200.0
+    assert Settings.from_env({"TAME_TTL_S": "600"}).reuse_adaptive_within_s == 1200.0
+    assert Settings.from_env({"TAME_PROBE_REUSE_MAX_AGE_S": "0"}).reuse_adaptive_within_s == 0.0
+    assert Settings.from_env({"TAME_PROBE_REUSE_MAX_AGE_S": "90"}).reuse_adaptive_within_s == 90.0
+    assert Settings().reuse_adaptive_within_s == 7200.0
+    for text in ("-1", "1e12"):
+        with pytest.raises(ConfigError, match=f"^TAME_PROBE_REUSE_MAX_AGE_S='{text}' must be between 0 and"):
+            Settings.from_env({"TAME_PROBE_REUSE_MAX_AGE_S": text})
+
+
 @pytest.mark.parametrize("name", ["TAME_TTL_S", "TAME_MAX_BATCH", "TAME_DB_POOL_SIZE", "TAME_PROBE_OMIT_S",
-                                  "TAME_MAX_SITES"])
+                                  "TAME_MAX_SITES", "TAME_PROBE_REUSE_MAX_AGE_S"])
 @pytest.mark.parametrize("text", ["\uff15", "1_000", "\u0663", "inf", "nan"])
 def test_a_number_setting_takes_ascii_digits_only(name, text):
     # Were read as numbers by int() and float(): '５' as 5, '1_000' as 1000, Arabic-Indic '٣' as 3.

@@ -176,3 +176,48 @@ def test_a_claim_the_agents_own_allow_list_refuses_says_the_agent_refused_it(ser
                "TAME_ALLOWED_DESTINATIONS")
     assert reported == [refused]
     assert f"tame agent: dtn2 -> 127.0.0.1:5201: {refused}\n" in capsys.readouterr().err
+
+
+def test_a_site_agent_leaves_out_the_adaptive_level_its_claim_re_uses_and_the_service_stores_the_copy(service_factory):
+    """The claim's job says which probe of the link's last probing it re-uses ("reuses_probe"): the agent measures
+    the fixed levels only, and the service fits and stores its run with a marked copy of that probe; the probe after
+    measures the whole plan again (advisor.store.Store.choose_reuse)."""
+    # Short probes, so the plan (with its adaptive probe) fits the site's default budget.
+    base, client, app = service_factory(start_worker=False, model="auto", max_probe_duration_s=2.0)
+    store = app.state.service.store
+    driver = FakeDriver(rate, rtt_s=0.01)
+    pushed, failures = [], []
+
+    def probes_of(job_id):
+        with store.db.transaction() as tx:
+            return [tuple(r) for r in tx.execute(
+                "SELECT p.id, p.streams, p.reused_from FROM probe_results p JOIN probe_jobs j "
+                "ON j.probe_run_id = p.probe_run_id WHERE j.id = ? ORDER BY p.id", (job_id,)).fetchall()]
+
+    with TameClient(base) as remote:
+        def push(payload):
+            pushed.append(payload["job_id"])
+            return bool(remote.push_probe_run(payload))
+
+        agent = SiteAgent(remote, "dtn2", "agent-1", SiteBudget(), app.state.settings, driver, push=push,
+                          clock=time.time, log=lambda line: None, report_failure=lambda job_id, error: failures.append(error))
+        measured = []
+        for _ in range(3):
+            since = len(driver.calls)
+            if measured:  # the link is fresh: ask for a refresh, as GET /v1/advice does once it goes stale
+                response = client.post("/v1/probes", json={"src": "dtn2", "dest": "127.0.0.1:5201"})
+                assert response.status_code == 202, response.text
+            assert agent.round(["127.0.0.1:5201"]) == 1
+            measured.append(list(dict.fromkeys(call[2] for call in driver.calls[since:] if call[0] == "run")))
+    assert failures == []
+    first, second, third = pushed
+    assert measured[0][:2] == [1, 10] and len(measured[0]) == 3
+    adaptive = measured[0][2]
+    [reused] = [row_id for row_id, streams, _ in probes_of(first) if streams == adaptive]
+    assert measured[1] == [1, 10]
+    assert [(streams, reused_from) for _, streams, reused_from in probes_of(second)] == [
+        (1, None), (10, None), (adaptive, reused)]
+    assert client.get(f"/v1/probes/{second}").json()["reuses_probe"] == reused
+    assert measured[2] == measured[0]
+    assert client.get(f"/v1/probes/{third}").json()["reuses_probe"] is None
+    assert [store.job(job_id).status for job_id in pushed] == ["done"] * 3

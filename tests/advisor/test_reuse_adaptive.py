@@ -1,0 +1,121 @@
+"""A queued probe re-uses the adaptive probe of its link's last probing (advisor.store.Store.choose_reuse): the local
+worker and a site's agent measure the fixed levels only, the run keeps a marked copy of the probe it re-uses, the
+fit rests on all three, and the probe after measures the whole plan again. On a real SQLite file and PostgreSQL."""
+
+import pytest
+
+from advisor.allowlist import AllowList
+from advisor.destinations import parse_destination
+from advisor.plan_runner import level_chooser, plan_for
+from advisor.service import AdviceService
+from advisor.settings import Settings
+from advisor.store import Store
+from advisor.worker import ProbeWorker
+from probes.fake import FakeDriver
+from probes.plan import run_plan
+from tests.api.conftest import Clock, rate
+
+DEST = "127.0.0.1:5201"
+
+
+def make(url, clock, **settings):
+    store = Store.open(url, clock=clock)
+    settings = Settings(database_url=url, allowed=AllowList.parse("127.0.0.1/32"), model="auto",
+                        default_levels=(1, 10), default_duration_s=1.0, congestion_control="cubic", **settings)
+    service = AdviceService(store, settings, clock=clock, resolver=lambda host: ["127.0.0.1"],
+                            controls=lambda: ["reno", "cubic"])
+    driver = FakeDriver(rate, rtt_s=0.01)
+    return store, service, ProbeWorker(service, driver, poll_s=0.05), driver
+
+
+def probe(service, worker, driver, control=None):
+    """Queue a probe of DEST and run it: (the finished job, the levels the driver measured, in order)."""
+    before = len(driver.calls)
+    job, created = service.request_probe(DEST, congestion_control=control)
+    assert created and worker.run_once()
+    done = service.store.job(job.id)
+    assert done.status == "done", done.error
+    return done, list(dict.fromkeys(call[2] for call in driver.calls[before:] if call[0] == "run"))
+
+
+def run_probes(store, job):
+    """(streams, reused_from) of each probe of job's run, in the order stored."""
+    with store.db.transaction() as tx:
+        return [tuple(r) for r in tx.execute(
+            "SELECT streams, reused_from FROM probe_results WHERE probe_run_id = ? ORDER BY id",
+            (job.probe_run_id,)).fetchall()]
+
+
+def adaptive_id(store, job):
+    with store.db.transaction() as tx:
+        return tx.execute("SELECT id FROM probe_results WHERE probe_run_id = ? AND streams NOT IN (1, 10)",
+                          (job.probe_run_id,)).fetchone()[0]
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def url(request, tmp_path):
+    return f"sqlite:///{tmp_path}/tame.sqlite3" if request.param == "sqlite" else request.getfixturevalue("pg_url")
+
+
+def test_refreshes_alternate_between_the_whole_plan_and_its_fixed_levels(url):
+    clock = Clock()
+    store, service, worker, driver = make(url, clock)
+    first, measured = probe(service, worker, driver)
+    assert measured[:2] == [1, 10] and len(measured) == 3 and first.reuse_probe_id is None
+    adaptive = measured[2]
+    reused = adaptive_id(store, first)
+
+    clock.advance(3600.0)
+    second, measured = probe(service, worker, driver)
+    assert measured == [1, 10]
+    assert second.reuse_probe_id == reused
+    assert service.probe_status(second.id)["reuses_probe"] == reused
+    assert run_probes(store, second) == [(1, None), (10, None), (adaptive, reused)]
+    assert sorted(p["streams"] for p in service.advice(DEST, 0.1)["probes"]) == [1, 10, adaptive]
+
+    clock.advance(3600.0)
+    third, measured = probe(service, worker, driver)
+    assert measured == [1, 10, adaptive] and third.reuse_probe_id is None
+    assert service.probe_status(third.id)["reuses_probe"] is None
+    assert all(reused_from is None for _, reused_from in run_probes(store, third))
+    store.close()
+
+
+@pytest.mark.parametrize("max_age_s, later_s", [(600.0, 601.0), (0.0, 1.0)])
+def test_a_probing_older_than_the_setting_or_with_it_0_is_measured_again(url, max_age_s, later_s):
+    clock = Clock()
+    store, service, worker, driver = make(url, clock, reuse_adaptive_max_age_s=max_age_s)
+    probe(service, worker, driver)
+    clock.advance(later_s)
+    again, measured = probe(service, worker, driver)
+    assert len(measured) == 3 and again.reuse_probe_id is None
+    store.close()
+
+
+def test_a_probe_under_another_control_measures_its_whole_plan(url):
+    clock = Clock()
+    store, service, worker, driver = make(url, clock)
+    probe(service, worker, driver)
+    clock.advance(1.0)
+    # Fresh enough, but no probing under reno yet.
+    other, measured = probe(service, worker, driver, control="reno")
+    assert len(measured) == 3 and other.reuse_probe_id is None
+    store.close()
+
+
+def test_a_run_that_measured_the_level_itself_keeps_no_copy(url):
+    """An agent that does not know "reuses_probe" (an older one) measures the whole plan for a job that re-uses: the
+    run is fitted on what it measured, and no copy is added beside it."""
+    clock = Clock()
+    store, service, worker, driver = make(url, clock)
+    first, measured = probe(service, worker, driver)
+    clock.advance(60.0)
+    job, _ = service.request_probe(DEST)
+    job = service.settle_reuse(store.claim_job("old-agent", lambda job: 600.0, 1, src=job.src))
+    assert job.reuse_probe_id == adaptive_id(store, first)
+    plan = run_plan(driver, DEST, plan_for(service.settings, job.levels, job.duration_s, "cubic"),
+                    next_level=level_chooser("auto", service.settings.n_max))
+    service.ingest_run(parse_destination(DEST), plan.idle_rtt_s, plan.probes, clock(), source="push", job_id=job.id,
+                       congestion_control="cubic", job=job)
+    assert run_probes(store, store.job(job.id)) == [(n, None) for n in measured]
+    store.close()
