@@ -332,11 +332,16 @@ def aggregate_runs(args) -> list[Run]:
     with bed(spec, servers=1) as tb:
         rtt_s = service_rtt_s(tb)  # what the advice would carry, and `tame cc apply --rtt` take
         print(f"RTT as the service measures it: {rtt_s * 1000:.1f} ms", file=sys.stderr, flush=True)
+        settings = [None, *args.streams]  # None: the reference, n* standard streams
         for repeat in range(args.repeats):
-            ref = measure(tb, [Group(int(n_star), STANDARD)], args.seconds, args.omit, None, label="reference")
-            runs.append(ref)
-            print(f"{int(n_star)} cubic: {ref.ours_bps() / 1e6:.2f} Mbit/s", file=sys.stderr, flush=True)
-            for n in args.streams:
+            # Each repeat starts one setting later, so no setting always follows the same one or runs first.
+            shift = repeat % len(settings)
+            for n in settings[shift:] + settings[:shift]:
+                if n is None:
+                    ref = measure(tb, [Group(int(n_star), STANDARD)], args.seconds, args.omit, None, label="reference")
+                    runs.append(ref)
+                    print(f"{int(n_star)} cubic: {ref.ours_bps() / 1e6:.2f} Mbit/s", file=sys.stderr, flush=True)
+                    continue
                 fm = setting_for(n_star, n, rtt_s, STANDARD).fractional_multiplier
                 if fm is None:  # N standard streams are n*'s share: tame is not opened
                     setting, group = None, Group(n, STANDARD)
@@ -347,8 +352,7 @@ def aggregate_runs(args) -> list[Run]:
                 r.service_rtt_s = rtt_s
                 runs.append(r)
                 what = f"{STANDARD}" if fm is None else f"tame at FM {fm:g}"
-                print(f"{n} {what}: {r.ours_bps() / 1e6:.2f} Mbit/s "
-                      f"({r.ours_bps() / ref.ours_bps():.2f} of {int(n_star)} cubic)", file=sys.stderr, flush=True)
+                print(f"{n} {what}: {r.ours_bps() / 1e6:.2f} Mbit/s", file=sys.stderr, flush=True)
     return runs
 
 
@@ -362,7 +366,9 @@ def aggregate_report(runs: list[Run], command: str, n_star: float) -> list[str]:
              f"{ref / 1e6:.2f} Mbit/s (median of {len(refs)}). Each of N tame streams at the FM `tame cc apply "
              f"--tcp-equivalent {n_star:g} --streams N --rtt R --standard-control cubic` sets, R the RTT the service "
              f"measured ({', '.join(sorted({f'{r.service_rtt_s * 1000:.1f} ms' for r in runs if r.service_rtt_s}))}); "
-             "FM none: it sets no tame stream, N standard streams being n*'s share. Goal: within ±10 %; the range over repeats in brackets.", "",
+             "FM none: it sets no tame stream, N standard streams being n*'s share. Each repeat runs the reference and "
+             "every N in turn, starting one setting later than the repeat before. Goal: within ±10 %; the range over "
+             "repeats in brackets.", "",
              "| N | FM | Mbit/s (median) | / reference | within ±10 % |", "|---|---|---|---|---|"]
     for label in sorted({r.label for r in runs if r.label != "reference"}, key=lambda s: int(s[2:])):
         sel = [r for r in runs if r.label == label]
