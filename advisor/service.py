@@ -102,11 +102,10 @@ class AdviceService(AdviceCache, SiteDesk):
     def settle_reuse(self, job: Job) -> Job:
         """Running ``job`` with its reuse_probe_id settled and kept (advisor.store.Store.choose_reuse): for a model with
         an adaptive probe, the one of the link's last probing under the job's control when that may be re-used."""
-        if not adaptive_probes(self.settings.model):
-            return job
         control = job.congestion_control or self.settings.congestion_control
-        return dataclasses.replace(job, reuse_probe_id=self.store.choose_reuse(
-            job, control, self.settings.reuse_adaptive_within_s))
+        # Written every time (cleared for a model without an adaptive probe), so an earlier attempt's choice never lasts.
+        within_s = self.settings.reuse_adaptive_within_s if adaptive_probes(self.settings.model) else 0.0
+        return dataclasses.replace(job, reuse_probe_id=self.store.choose_reuse(job, control, within_s))
 
     def ingest_run(self, dest: Destination, idle_rtt_s: float | None, results: Sequence[ProbeResult],
                    started_at: float, source: str, job_id: str | None = None,
@@ -134,7 +133,8 @@ class AdviceService(AdviceCache, SiteDesk):
             raise InvalidRequest(f"probes: {exc}") from exc
         points = [point_from_probe(r) for r in results]
         reuse_probe_id = None
-        if job is not None and job.reuse_probe_id is not None and {p.streams for p in points} <= set(job.levels):
+        if (job is not None and job.reuse_probe_id is not None and {p.streams for p in points} <= set(job.levels)
+                and used == (job.congestion_control or self.settings.congestion_control)):  # chosen under that
             reused = self.store.probe_point(job.reuse_probe_id)
             if reused is not None and reused["streams"] not in job.levels:
                 points.append(stored_point(reused))

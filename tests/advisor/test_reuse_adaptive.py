@@ -2,6 +2,8 @@
 worker and a site's agent measure the fixed levels only, the run keeps a marked copy of the probe it re-uses, the
 fit rests on all three, and the probe after measures the whole plan again. On a real SQLite file and PostgreSQL."""
 
+import dataclasses
+
 import pytest
 
 from advisor.allowlist import AllowList
@@ -119,3 +121,42 @@ def test_a_run_that_measured_the_level_itself_keeps_no_copy(url):
                        congestion_control="cubic", job=job)
     assert run_probes(store, store.job(job.id)) == [(n, None) for n in measured]
     store.close()
+
+
+def test_a_choice_left_by_an_earlier_attempt_is_cleared_for_a_model_without_an_adaptive_probe(url):
+    clock = Clock()
+    store, service, worker, driver = make(url, clock)
+    first, _ = probe(service, worker, driver)
+    reused = adaptive_id(store, first)
+    clock.advance(3600.0)
+    job, created = service.request_probe(DEST)
+    with store.db.transaction(write=True) as tx:  # as an attempt under `auto` that was released left it
+        tx.execute("UPDATE probe_jobs SET reuse_probe_id = ? WHERE id = ?", (reused, job.id))
+    settings = Settings(database_url=url, allowed=AllowList.parse("127.0.0.1/32"), model="lu",
+                        default_levels=(1, 10), default_duration_s=1.0, congestion_control="cubic")
+    lu = AdviceService(store, settings, clock=clock, resolver=lambda host: ["127.0.0.1"],
+                       controls=lambda: ["reno", "cubic"])
+    assert created and ProbeWorker(lu, FakeDriver(rate, rtt_s=0.01), poll_s=0.05).run_once()
+    done = store.job(job.id)
+    assert done.status == "done", done.error
+    assert done.reuse_probe_id is None and lu.probe_status(job.id)["reuses_probe"] is None
+    assert run_probes(store, done) == [(1, None), (10, None)]
+
+
+def test_a_probe_chosen_under_one_control_is_not_fitted_into_a_run_under_another(url):
+    clock = Clock()
+    store, service, worker, driver = make(url, clock)
+    first, _ = probe(service, worker, driver)
+    reused = adaptive_id(store, first)
+    clock.advance(3600.0)
+    queued, _ = service.request_probe(DEST)
+    job = dataclasses.replace(store.job(queued.id), reuse_probe_id=reused)  # chosen under cubic
+    reno = FakeDriver(rate, rtt_s=0.01, congestion_control="reno")
+    results = [reno.run(DEST, n, 1.0, 0.0, 10.0) for n in (1, 10)]  # the probes report reno
+    run, error = service.ingest_run(parse_destination(DEST), 0.01, results, clock(), "test",
+                                    congestion_control="cubic", job=job)
+    assert run.congestion_control == "reno" and "used reno" in error
+    with store.db.transaction() as tx:
+        stored = tx.execute("SELECT streams, reused_from FROM probe_results WHERE probe_run_id = ? ORDER BY id",
+                            (run.id,)).fetchall()
+    assert [tuple(r) for r in stored] == [(1, None), (10, None)]
