@@ -99,13 +99,16 @@ class AdviceService(AdviceCache, SiteDesk):
             curve_version=CURVE_VERSION,
         )
 
+    def job_control(self, job: Job) -> str:
+        """The control a job probes under: its own, or the default for a job queued before controls were kept."""
+        return job.congestion_control or self.settings.congestion_control
+
     def settle_reuse(self, job: Job) -> Job:
         """Running ``job`` with its reuse_probe_id settled and kept (advisor.store.Store.choose_reuse): for a model with
         an adaptive probe, the one of the link's last probing under the job's control when that may be re-used."""
-        control = job.congestion_control or self.settings.congestion_control
         # Written every time (cleared for a model without an adaptive probe), so an earlier attempt's choice never lasts.
         within_s = self.settings.reuse_adaptive_within_s if adaptive_probes(self.settings.model) else 0.0
-        return dataclasses.replace(job, reuse_probe_id=self.store.choose_reuse(job, control, within_s))
+        return dataclasses.replace(job, reuse_probe_id=self.store.choose_reuse(job, self.job_control(job), within_s))
 
     def ingest_run(self, dest: Destination, idle_rtt_s: float | None, results: Sequence[ProbeResult],
                    started_at: float, source: str, job_id: str | None = None,
@@ -134,7 +137,7 @@ class AdviceService(AdviceCache, SiteDesk):
         points = [point_from_probe(r) for r in results]
         reuse_probe_id = None
         if (job is not None and job.reuse_probe_id is not None and {p.streams for p in points} <= set(job.levels)
-                and used == (job.congestion_control or self.settings.congestion_control)):  # chosen under that
+                and used == self.job_control(job)):  # the control it was chosen under
             reused = self.store.probe_point(job.reuse_probe_id)
             if reused is not None and reused["streams"] not in job.levels:
                 points.append(stored_point(reused))
@@ -326,7 +329,7 @@ class AdviceService(AdviceCache, SiteDesk):
             "error": job.error, "reuses_probe": job.reuse_probe_id, "result": None,
         }
         if job.status == "done":
-            row = self._current(job.src, job.dest, job.congestion_control or self.settings.congestion_control)
+            row = self._current(job.src, job.dest, self.job_control(job))
             if row is not None:
                 payload["result"] = {"congestion_control": row.congestion_control, "model": row.model, "params": row.params, "regime": row.regime,
                                      "warnings": row.warnings, "probes": row.probes, "fitted_at": row.fitted_at}

@@ -270,7 +270,7 @@ class ProbeWorker:
             try:
                 _, error = self.service.ingest_run(dest, plan.idle_rtt_s, plan.probes, started_wall,
                                                    source="probe", job_id=job.id, address=address,
-                                                   congestion_control=self._control(job), src=job.src,
+                                                   congestion_control=self.service.job_control(job), src=job.src,
                                                    job=job)
                 return error
             except StoreError as exc:
@@ -290,12 +290,8 @@ class ProbeWorker:
             if stored.probe_run_id is not None:  # the failure came after the commit: the run is there
                 return stored.error
 
-    def _control(self, job: Job) -> str:
-        """The control a job probes under: its own, or the default for a job queued before controls were kept."""
-        return job.congestion_control or self.settings.congestion_control
-
     def _run_plan(self, job: Job, target: str, report: Callable[[PlanEvent], None]) -> PlanResult:
-        plan = plan_for(self.settings, job.levels, job.duration_s, self._control(job),
+        plan = plan_for(self.settings, job.levels, job.duration_s, self.service.job_control(job),
                         reuses_adaptive=job.reuse_probe_id is not None)
         chooser = level_chooser(self.settings.model, self.settings.n_max)
         waits = list(self.busy_retry_waits_s) if job.attempts > 1 else []

@@ -20,9 +20,9 @@ from tests.api.conftest import Clock, rate
 DEST = "127.0.0.1:5201"
 
 
-def make(url, clock, **settings):
+def make(url, clock, model="auto", **settings):
     store = Store.open(url, clock=clock)
-    settings = Settings(database_url=url, allowed=AllowList.parse("127.0.0.1/32"), model="auto",
+    settings = Settings(database_url=url, allowed=AllowList.parse("127.0.0.1/32"), model=model,
                         default_levels=(1, 10), default_duration_s=1.0, congestion_control="cubic", **settings)
     service = AdviceService(store, settings, clock=clock, resolver=lambda host: ["127.0.0.1"],
                             controls=lambda: ["reno", "cubic"])
@@ -40,12 +40,12 @@ def probe(service, worker, driver, control=None):
     return done, list(dict.fromkeys(call[2] for call in driver.calls[before:] if call[0] == "run"))
 
 
-def run_probes(store, job):
-    """(streams, reused_from) of each probe of job's run, in the order stored."""
+def run_probes(store, job=None, run_id=None):
+    """(streams, reused_from) of each probe of job's run (or of run ``run_id``), in the order stored."""
     with store.db.transaction() as tx:
         return [tuple(r) for r in tx.execute(
             "SELECT streams, reused_from FROM probe_results WHERE probe_run_id = ? ORDER BY id",
-            (job.probe_run_id,)).fetchall()]
+            (job.probe_run_id if run_id is None else run_id,)).fetchall()]
 
 
 def adaptive_id(store, job):
@@ -123,40 +123,40 @@ def test_a_run_that_measured_the_level_itself_keeps_no_copy(url):
     store.close()
 
 
-def test_a_choice_left_by_an_earlier_attempt_is_cleared_for_a_model_without_an_adaptive_probe(url):
-    clock = Clock()
+def queued_after_a_full_probing(url, clock):
+    """(store, service, the id of its adaptive probe, a probe of DEST queued an hour after one full probing)."""
     store, service, worker, driver = make(url, clock)
     first, _ = probe(service, worker, driver)
     reused = adaptive_id(store, first)
     clock.advance(3600.0)
-    job, created = service.request_probe(DEST)
+    queued, created = service.request_probe(DEST)
+    assert created
+    return store, service, reused, queued
+
+
+def test_a_choice_left_by_an_earlier_attempt_is_cleared_for_a_model_without_an_adaptive_probe(url):
+    clock = Clock()
+    store, _, reused, job = queued_after_a_full_probing(url, clock)
     with store.db.transaction(write=True) as tx:  # as an attempt under `auto` that was released left it
         tx.execute("UPDATE probe_jobs SET reuse_probe_id = ? WHERE id = ?", (reused, job.id))
-    settings = Settings(database_url=url, allowed=AllowList.parse("127.0.0.1/32"), model="lu",
-                        default_levels=(1, 10), default_duration_s=1.0, congestion_control="cubic")
-    lu = AdviceService(store, settings, clock=clock, resolver=lambda host: ["127.0.0.1"],
-                       controls=lambda: ["reno", "cubic"])
-    assert created and ProbeWorker(lu, FakeDriver(rate, rtt_s=0.01), poll_s=0.05).run_once()
+    lu_store, lu, lu_worker, _ = make(url, clock, model="lu")
+    assert lu_worker.run_once()
     done = store.job(job.id)
     assert done.status == "done", done.error
     assert done.reuse_probe_id is None and lu.probe_status(job.id)["reuses_probe"] is None
     assert run_probes(store, done) == [(1, None), (10, None)]
+    lu_store.close()
+    store.close()
 
 
 def test_a_probe_chosen_under_one_control_is_not_fitted_into_a_run_under_another(url):
     clock = Clock()
-    store, service, worker, driver = make(url, clock)
-    first, _ = probe(service, worker, driver)
-    reused = adaptive_id(store, first)
-    clock.advance(3600.0)
-    queued, _ = service.request_probe(DEST)
+    store, service, reused, queued = queued_after_a_full_probing(url, clock)
     job = dataclasses.replace(store.job(queued.id), reuse_probe_id=reused)  # chosen under cubic
     reno = FakeDriver(rate, rtt_s=0.01, congestion_control="reno")
     results = [reno.run(DEST, n, 1.0, 0.0, 10.0) for n in (1, 10)]  # the probes report reno
     run, error = service.ingest_run(parse_destination(DEST), 0.01, results, clock(), "test",
                                     congestion_control="cubic", job=job)
     assert run.congestion_control == "reno" and "used reno" in error
-    with store.db.transaction() as tx:
-        stored = tx.execute("SELECT streams, reused_from FROM probe_results WHERE probe_run_id = ? ORDER BY id",
-                            (run.id,)).fetchall()
-    assert [tuple(r) for r in stored] == [(1, None), (10, None)]
+    assert run_probes(store, run_id=run.id) == [(1, None), (10, None)]
+    store.close()
