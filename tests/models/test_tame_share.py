@@ -1,6 +1,7 @@
 """The FM -> share law of the tame congestion control (models.tame_share)."""
 
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -41,6 +42,8 @@ def test_measured_laws_come_from_the_results_file_they_name():
         assert law.measured and law.source.startswith("benchmarks/results/"), name
         report = (root / law.source).read_text()
         assert f"k = {law.exponent:.3f}" in report, name  # the fitted exponent as the benchmark printed it
+        printed_s1 = [float(v) for v in re.findall(r"s1\(\d+ ms\) = ([0-9.]+)", report)]
+        assert [s for _, s in law.base_share] == printed_s1, name  # and every s1, in RTT order
         # s1 is keyed by the RTT the service measured on those paths (benchmarks.tame_cc rtt), as printed
         rtt_reports = " ".join(p.read_text() for p in (root / "benchmarks/results").glob("tame-cc-rtt*.md"))
         for rtt_s, _ in law.base_share:
