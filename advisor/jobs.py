@@ -70,7 +70,8 @@ class Job:
     retry_at: float | None = None  # not claimed before then: its name lookup did not finish (Store.defer_attempt)
     lookup_waits: int = 0  # such waits since its last attempt that got past its lookup
     # The adaptive probe (probe_results.id) of the link's last probing this job re-uses instead of measuring the level
-    # again (advisor/reuse.py); None: the whole plan.
+    # again (advisor.store.Store.choose_reuse): while it runs, the one chosen; once done, the one its run re-used;
+    # None: the whole plan.
     reuse_probe_id: int | None = None
 
     def lookup_wait_ends(self, now: float) -> float | None:
@@ -217,13 +218,16 @@ def end_attempt_in(tx: Tx, held: str, held_params: Sequence[Any], *, job_id: str
     stopped = now if lease_until is None else min(now, lease_until)
     if counted and attempts >= max_attempts:
         return tx.execute("UPDATE probe_jobs SET status = 'failed', finished_at = ?, owner = NULL, lease_until = NULL, "
-                          f"error = ? WHERE {held} RETURNING id", (stopped, gave_up, *held_params)).fetchone() is not None
+                          f"reuse_probe_id = NULL, error = ? WHERE {held} RETURNING id",
+                          (stopped, gave_up, *held_params)).fetchone() is not None
     behind, behind_params = ("requested_at = ?, ", (requeued_at,)) if requeued_at is not None else ("", ())
     # A counted attempt got past its name lookup: a slow one after it starts the waits (Store.defer_attempt) anew.
     uncount = ("lookup_waits = 0, retry_at = NULL, " if counted
                else "attempts = CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END, ")
+    # The attempt's reuse choice goes with it: the next attempt settles its own (AdviceService.settle_reuse).
     done = tx.execute("UPDATE probe_jobs SET status = 'queued', progress = 0, progress_detail = NULL, owner = NULL, "
-                      f"lease_until = NULL, address = ?, {behind}{uncount}error = ? WHERE {held} RETURNING id",
+                      f"lease_until = NULL, reuse_probe_id = NULL, address = ?, {behind}{uncount}error = ? "
+                      f"WHERE {held} RETURNING id",
                       (address, *behind_params, requeued, *held_params)).fetchone() is not None
     if done and started_at is not None:
         charge_attempt_in(tx, src, job_id, started_at, stopped - started_at)

@@ -30,7 +30,7 @@ from advisor.plan_runner import adaptive_probes, plan_for
 from advisor.settings import Settings
 from advisor.site_desk import SiteDesk, _probe_id
 from advisor.sites import SiteBudget, never_fits, site_budget
-from advisor.store import FitRow, NewFit, Store, StoredRun
+from advisor.store import FitRow, NewFit, ReusedProbeGone, Store, StoredRun
 from advisor.tame import CURVE_VERSION, advise, plan_control, point_from_probe, representative_rtt_s, stored_point
 from models.errors import FitError
 from models.parallel import ParallelFit, ProbePoint
@@ -103,12 +103,14 @@ class AdviceService(AdviceCache, SiteDesk):
         """The control a job probes under: its own, or the default for a job queued before controls were kept."""
         return job.congestion_control or self.settings.congestion_control
 
-    def settle_reuse(self, job: Job) -> Job:
-        """Running ``job`` with its reuse_probe_id settled and kept (advisor.store.Store.choose_reuse): for a model with
-        an adaptive probe, the one of the link's last probing under the job's control when that may be re-used."""
+    def settle_reuse(self, job: Job, owner: str) -> Job:
+        """Running ``job``, held by ``owner``, with its reuse_probe_id settled and kept
+        (advisor.store.Store.choose_reuse): for a model with an adaptive probe, the one of the link's last probing under
+        the job's control when that may be re-used."""
         # Written every time (cleared for a model without an adaptive probe), so an earlier attempt's choice never lasts.
         within_s = self.settings.reuse_adaptive_within_s if adaptive_probes(self.settings.model) else 0.0
-        return dataclasses.replace(job, reuse_probe_id=self.store.choose_reuse(job, self.job_control(job), within_s))
+        chosen = self.store.choose_reuse(job, owner, self.job_control(job), within_s)
+        return dataclasses.replace(job, reuse_probe_id=chosen)
 
     def ingest_run(self, dest: Destination, idle_rtt_s: float | None, results: Sequence[ProbeResult],
                    started_at: float, source: str, job_id: str | None = None,
@@ -124,7 +126,8 @@ class AdviceService(AdviceCache, SiteDesk):
         client's Idempotency-Key, kept with ``answer(stored run, fit error)`` (AlreadyTaken when it was stored before).
         ``job``: the run's job, whose reuse_probe_id (the earlier probe it re-uses instead of its adaptive level,
         advisor.store.Store.choose_reuse) is fitted and stored with the run, unless the run measured a level beyond
-        the job's own (an agent that does not re-use) or the probe is gone.
+        the job's own (an agent that does not re-use), ran under another control, or the probe is gone (also when it
+        goes while the run is stored); the job keeps the id of the probe its run re-used, or none.
 
         ``address``: the IP address the probes went to, when this service resolved it. The run and its fit
         are stored under the control the probes report they used, else ``congestion_control`` (the one
@@ -135,31 +138,38 @@ class AdviceService(AdviceCache, SiteDesk):
         except ValueError as exc:
             raise InvalidRequest(f"probes: {exc}") from exc
         points = [point_from_probe(r) for r in results]
-        reuse_probe_id = None
+        reused = None  # (id, the stored probe) of the job's re-used probe, when this run is fitted with it
         if (job is not None and job.reuse_probe_id is not None and {p.streams for p in points} <= set(job.levels)
-                and used == self.job_control(job)):  # the control it was chosen under
-            reused = self.store.probe_point(job.reuse_probe_id)
-            if reused is not None and reused["streams"] not in job.levels:
-                points.append(stored_point(reused))
-                reuse_probe_id = job.reuse_probe_id
+                and used == self.job_control(job)):  # the agent left the level out, under the control it was chosen for
+            stored = self.store.probe_point(job.reuse_probe_id)
+            reused = None if stored is None else (job.reuse_probe_id, stored_point(stored))
         probed_at = self.clock() - measured_ago_s
-        error = None
-        new_fit = None
-        try:
-            new_fit = self.build_fit(points, idle_rtt_s, probed_at=probed_at,
-                                     congestion_control=used)
-        except FitError as exc:
-            error = f"the probes could not be fitted: {exc}"
-        if error is None and congestion_control is not None and used != congestion_control:
-            error = (f"the probes were asked to run under {congestion_control} but used {used} (is {congestion_control} "
-                     f"allowed for this process? net.ipv4.tcp_allowed_congestion_control); kept as {used}'s advice")
         site = self.site(src)
-        run = self.store.record_run(dest, src=site, source=source, idle_rtt_s=idle_rtt_s, results=results,
-                                    started_at=started_at, fit=new_fit, job_id=job_id, job_error=error,
-                                    address=address, congestion_control=used, job_owner=job_owner,
-                                    max_links=self.settings.max_site_links, request=request,
-                                    answer=None if answer is None else lambda stored: answer(stored, error),
-                                    probed_at=probed_at, reused_probe_id=reuse_probe_id)
+
+        def fit_and_record(reused: tuple[int, ProbePoint] | None) -> tuple[StoredRun, str | None]:
+            error = None
+            new_fit = None
+            try:
+                new_fit = self.build_fit([*points, *([reused[1]] if reused else [])], idle_rtt_s, probed_at=probed_at,
+                                         congestion_control=used)
+            except FitError as exc:
+                error = f"the probes could not be fitted: {exc}"
+            if error is None and congestion_control is not None and used != congestion_control:
+                error = (f"the probes were asked to run under {congestion_control} but used {used} (is "
+                         f"{congestion_control} allowed for this process? net.ipv4.tcp_allowed_congestion_control); "
+                         f"kept as {used}'s advice")
+            run = self.store.record_run(dest, src=site, source=source, idle_rtt_s=idle_rtt_s, results=results,
+                                        started_at=started_at, fit=new_fit, job_id=job_id, job_error=error,
+                                        address=address, congestion_control=used, job_owner=job_owner,
+                                        max_links=self.settings.max_site_links, request=request,
+                                        answer=None if answer is None else lambda stored: answer(stored, error),
+                                        probed_at=probed_at, reused_probe_id=reused[0] if reused else None)
+            return run, error
+
+        try:
+            run, error = fit_and_record(reused)
+        except ReusedProbeGone:  # removed since it was read (retention): the run is fitted on what it measured
+            run, error = fit_and_record(None)
         self.invalidate(site, dest.key)
         return run, error
 

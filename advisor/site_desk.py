@@ -235,7 +235,7 @@ class SiteDesk:
                                    "service no longer allows or cannot resolve now; they failed, saying so: claim again")
         if claimed.job is not None:
             # Settled here, where the store is: the job's "reuses_probe" tells the agent to leave the adaptive level out.
-            self.settle_reuse(claimed.job)
+            self.settle_reuse(claimed.job, owner)
         return {"site": name, "job": None if claimed.job is None else self.probe_status(claimed.job.id),
                 "max_streams": claimed.streams or None, "lease_until": claimed.lease_until,
                 "lease_s": None if claimed.lease_until is None else claimed.lease_until - self.store.clock(),

@@ -23,7 +23,7 @@ from advisor.db import DEFAULT_POOL_SIZE, Database, Tx
 from advisor.destinations import Destination
 from advisor.freshness import evidence_at as newest_evidence_at
 from advisor.idempotency import KeyedRequest
-from advisor.jobs import ANSWERED_JOB, Job, JobQueue
+from advisor.jobs import ANSWERED_JOB, HELD_ATTEMPT, Job, JobQueue
 from advisor.limits import MAX_SITE_LINKS
 from advisor.links import Links, advised, same_control
 from advisor.observations import RECORD_COLUMNS as OBSERVATION_COLUMNS, Observation
@@ -148,6 +148,10 @@ class BaseRun:
     # the per-stream lists are tuples, empty where the run did not store them.
     points: list[dict[str, Any]]
     congestion_control: str | None = None  # the control the run recorded (None: none)
+
+
+class ReusedProbeGone(Exception):
+    """The probe a run was to re-use (Store.record_run's ``reused_probe_id``) is no longer stored: fit it without."""
 
 
 @dataclass(frozen=True)
@@ -372,7 +376,8 @@ class Store(Links, JobQueue):
         history, and its job closed as any other; :attr:`StoredRun.newer_probed_at` says so.
 
         ``reused_probe_id``: a probe of an earlier run this one re-uses (its job's, :meth:`choose_reuse`), stored again
-        with the run, marked as re-used. ``probed_at``: when the probes ended (None: now), kept with the run as its fit's is, so a refit on it later
+        with the run, marked as re-used, and kept as the job's reuse_probe_id (None: the job re-used none); gone from
+        the store by now: ReusedProbeGone, nothing stored. ``probed_at``: when the probes ended (None: now), kept with the run as its fit's is, so a refit on it later
         (:meth:`latest_run_points`) is dated by its probes, not by when the run reached the store (finished_at).
         ``address`` is the IP address the probes went to, when the service resolved it itself;
         ``congestion_control`` the control the probes' streams used (None: not known). With ``job_owner`` the job
@@ -403,8 +408,11 @@ class Store(Links, JobQueue):
                 step("result")
             if reused_probe_id is not None:
                 # A copy, so the run holds every probe its fit rests on, whatever retention does with the original.
-                tx.execute(f"INSERT INTO probe_results (probe_run_id, {_PROBE_COLUMNS}, reused_from) "
-                           f"SELECT ?, {_PROBE_COLUMNS}, id FROM probe_results WHERE id = ?", (run_id, reused_probe_id))
+                copied = tx.execute(f"INSERT INTO probe_results (probe_run_id, {_PROBE_COLUMNS}, reused_from) "
+                                    f"SELECT ?, {_PROBE_COLUMNS}, id FROM probe_results WHERE id = ? RETURNING id",
+                                    (run_id, reused_probe_id)).fetchone()
+                if copied is None:  # gone since the fit read it (retention): nothing stored, the fit is made again
+                    raise ReusedProbeGone(f"probe {reused_probe_id}, to be re-used, is no longer stored")
             newer = None
             if fit is not None:
                 self._insert_fit(tx, destination_id, run_id, fit, step)
@@ -420,33 +428,40 @@ class Store(Links, JobQueue):
                 # A queued job answered late: its lapsed attempt's seconds are in spent_attempts, not counted again.
                 tx.execute(
                     "UPDATE probe_jobs SET status = ?, finished_at = ?, progress = 1, error = ?, probe_run_id = ?, "
-                    "started_at = CASE WHEN status = 'queued' THEN NULL ELSE started_at END, "
+                    "started_at = CASE WHEN status = 'queued' THEN NULL ELSE started_at END, reuse_probe_id = ?, "
                     f"owner = NULL, lease_until = NULL WHERE id = ?{held}",
-                    ("failed" if job_error else "done", self.clock(), job_error, run_id, job_id, *held_params),
+                    ("failed" if job_error else "done", self.clock(), job_error, run_id, reused_probe_id, job_id,
+                     *held_params),
                 )
             step("job")
             if request is not None:
                 request.remember(tx, run_id, answer(stored))
         return stored
 
-    def choose_reuse(self, job: Job, control: str | None, within_s: float) -> int | None:
-        """Settle whether running job ``job`` re-uses the adaptive probe of its link's last probing under ``control``
-        instead of measuring that level again: the link's newest run must hold the job's levels and one more, all
-        measured in it (it re-used none: so refreshes alternate between the whole plan and its fixed levels), its
-        probes ended at most ``within_s`` seconds ago (0: never re-use). Kept with the job (reuse_probe_id; cleared
-        when there is none, or when the job is no longer running) and returned: that probe's id, or None."""
+    def choose_reuse(self, job: Job, owner: str, control: str | None, within_s: float) -> int | None:
+        """Settle whether running job ``job``, held by ``owner``, re-uses the adaptive probe of its link's last probing
+        under ``control`` instead of measuring that level again: the link's newest run must be a job's that probed the
+        same plan (its levels and probe duration) and measured one level more, all in it (it re-used none: so refreshes
+        alternate between the whole plan and its fixed levels), and its probes ended at most ``within_s`` seconds ago
+        (0: never re-use). Kept with the job (reuse_probe_id; cleared when there is none; nothing written when
+        ``owner`` no longer holds it) and returned: that probe's id, or None."""
         with self.db.transaction(write=True) as tx:
             probe_id = None
             run = _newest_run(tx, "d.src = ? AND d.dest = ?", (job.src, job.dest), control) if within_s > 0 else None
             if run is not None and run[1] >= self.clock() - within_s:
+                plan = tx.execute("SELECT j.levels_json, j.duration_s FROM probe_runs r "
+                                  "JOIN probe_jobs j ON j.id = r.job_id WHERE r.id = ? AND j.status = 'done'",
+                                  (run[0],)).fetchone()
                 rows = tx.execute("SELECT id, streams, reused_from FROM probe_results WHERE probe_run_id = ?",
                                   (run[0],)).fetchall()
+                same_plan = plan is not None and json.loads(plan[0]) == list(job.levels) and plan[1] == job.duration_s
                 extra = [(streams, row_id) for row_id, streams, _ in rows if streams not in job.levels]
                 measured = all(reused_from is None for _, _, reused_from in rows)
-                if measured and len(extra) == 1 and set(job.levels) <= {streams for _, streams, _ in rows}:
+                holds_plan = set(job.levels) <= {streams for _, streams, _ in rows}
+                if same_plan and measured and len(extra) == 1 and holds_plan:
                     probe_id = extra[0][1]
-            updated = tx.execute("UPDATE probe_jobs SET reuse_probe_id = ? WHERE id = ? AND status = 'running' "
-                                 "RETURNING id", (probe_id, job.id)).fetchone()
+            updated = tx.execute(f"UPDATE probe_jobs SET reuse_probe_id = ? WHERE {HELD_ATTEMPT} RETURNING id",
+                                 (probe_id, job.id, owner, job.src)).fetchone()
         return probe_id if updated is not None else None
 
     def probe_point(self, probe_id: int) -> dict[str, Any] | None:

@@ -229,7 +229,7 @@ class ProbeWorker:
                 progress.on_event(event)
                 self._write_progress(job.id, progress)
 
-            job = self.service.settle_reuse(job)
+            job = self.service.settle_reuse(job, self.owner)
             plan = self._run_plan(job, probe_target(address, dest.port), report)
             error = self._store_run(job, dest, plan, started_wall, address, lease_until)
         except LookupUnfinished as exc:

@@ -83,7 +83,7 @@ def test_refreshes_alternate_between_the_whole_plan_and_its_fixed_levels(url):
     store.close()
 
 
-@pytest.mark.parametrize("max_age_s, later_s", [(600.0, 601.0), (0.0, 1.0)])
+@pytest.mark.parametrize("max_age_s, later_s", [(600.0, 601.0), (0.0, 0.0)])
 def test_a_probing_older_than_the_setting_or_with_it_0_is_measured_again(url, max_age_s, later_s):
     clock = Clock()
     store, service, worker, driver = make(url, clock, reuse_adaptive_max_age_s=max_age_s)
@@ -113,13 +113,15 @@ def test_a_run_that_measured_the_level_itself_keeps_no_copy(url):
     first, measured = probe(service, worker, driver)
     clock.advance(60.0)
     job, _ = service.request_probe(DEST)
-    job = service.settle_reuse(store.claim_job("old-agent", lambda job: 600.0, 1, src=job.src))
+    job = service.settle_reuse(store.claim_job("old-agent", lambda job: 600.0, 1, src=job.src), "old-agent")
     assert job.reuse_probe_id == adaptive_id(store, first)
     plan = run_plan(driver, DEST, plan_for(service.settings, job.levels, job.duration_s, "cubic"),
                     next_level=level_chooser("auto", service.settings.n_max))
     service.ingest_run(parse_destination(DEST), plan.idle_rtt_s, plan.probes, clock(), source="push", job_id=job.id,
                        congestion_control="cubic", job=job)
-    assert run_probes(store, store.job(job.id)) == [(n, None) for n in measured]
+    done = store.job(job.id)
+    assert run_probes(store, done) == [(n, None) for n in measured]
+    assert done.reuse_probe_id is None and service.probe_status(job.id)["reuses_probe"] is None  # none was re-used
     store.close()
 
 
@@ -159,4 +161,84 @@ def test_a_probe_chosen_under_one_control_is_not_fitted_into_a_run_under_another
                                     congestion_control="cubic", job=job)
     assert run.congestion_control == "reno" and "used reno" in error
     assert run_probes(store, run_id=run.id) == [(1, None), (10, None)]
+    store.close()
+
+
+def claimed(store, service, queued, owner="agent-a"):
+    """``queued`` claimed by ``owner`` and its reuse settled."""
+    job = store.claim_job(owner, lambda job: 600.0, 1, src=queued.src)
+    assert job is not None and job.id == queued.id
+    return service.settle_reuse(job, owner)
+
+
+def fixed_levels(control="cubic"):
+    driver = FakeDriver(rate, rtt_s=0.01, congestion_control=control)
+    return [driver.run(DEST, n, 1.0, 0.0, 10.0) for n in (1, 10)]
+
+
+def test_a_reused_probe_removed_as_the_run_is_stored_is_left_out_of_its_fit_and_its_job(url):
+    clock = Clock()
+    store, service, reused, queued = queued_after_a_full_probing(url, clock)
+    job = claimed(store, service, queued)
+    assert job.reuse_probe_id == reused
+    read = store.probe_point
+
+    def read_then_removed(probe_id):  # retention removes the probe just after the fit read it
+        point = read(probe_id)
+        with store.db.transaction(write=True) as tx:
+            tx.execute("DELETE FROM probe_results WHERE id = ?", (probe_id,))
+        return point
+
+    store.probe_point = read_then_removed
+    run, error = service.ingest_run(parse_destination(DEST), 0.01, fixed_levels(), clock(), "push", job_id=job.id,
+                                    congestion_control="cubic", job_owner="agent-a", job=job)
+    assert error is None
+    assert run_probes(store, run_id=run.id) == [(1, None), (10, None)]
+    assert sorted(p["streams"] for p in service.advice(DEST, 0.1)["probes"]) == [1, 10]  # the fit as the run holds
+    done = store.job(job.id)
+    assert done.status == "done" and done.reuse_probe_id is None
+    store.close()
+
+
+@pytest.mark.parametrize("earlier", ["a 3 s probe", "a pushed run with no job"])
+def test_only_a_probing_of_the_same_plan_is_re_used(url, earlier):
+    clock = Clock()
+    store, service, worker, driver = make(url, clock)
+    if earlier == "a 3 s probe":
+        job, _ = service.request_probe(DEST, duration_s=3.0)
+        assert worker.run_once() and store.job(job.id).status == "done"
+    else:  # as a scheduler's own measurement at the plan's levels and one more
+        results = [driver.run(DEST, n, 1.0, 0.0, 10.0) for n in (1, 10, 4)]
+        service.ingest_run(parse_destination(DEST), 0.01, results, clock(), "push", congestion_control="cubic")
+    clock.advance(60.0)
+    again, measured = probe(service, worker, driver)
+    assert len(measured) == 3 and again.reuse_probe_id is None
+    store.close()
+
+
+@pytest.mark.parametrize("how", ["released", "failed", "lease lapsed"])
+def test_a_job_back_in_the_queue_keeps_no_reuse_choice(url, how):
+    clock = Clock()
+    store, service, reused, queued = queued_after_a_full_probing(url, clock)
+    assert claimed(store, service, queued).reuse_probe_id == reused
+    if how == "released":
+        store.release_attempt(queued.id, "agent-a", queued.src, "agent stopping")
+    elif how == "failed":
+        store.fail_attempt(queued.id, "agent-a", queued.src, "iperf3 refused", max_attempts=3)
+    else:
+        clock.advance(601.0)
+        assert store.recover_jobs(3, owner_is_dead=lambda owner: False) == 1
+    back = store.job(queued.id)
+    assert back.status == "queued" and back.reuse_probe_id is None
+    assert service.probe_status(queued.id)["reuses_probe"] is None
+    store.close()
+
+
+def test_only_the_job_s_holder_settles_its_reuse(url):
+    clock = Clock()
+    store, service, reused, queued = queued_after_a_full_probing(url, clock)
+    job = store.claim_job("agent-a", lambda job: 600.0, 1, src=queued.src)
+    assert service.settle_reuse(job, "agent-b").reuse_probe_id is None  # not agent-b's job: nothing written
+    assert store.job(job.id).reuse_probe_id is None
+    assert service.settle_reuse(job, "agent-a").reuse_probe_id == reused
     store.close()
