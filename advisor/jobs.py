@@ -70,8 +70,8 @@ class Job:
     retry_at: float | None = None  # not claimed before then: its name lookup did not finish (Store.defer_attempt)
     lookup_waits: int = 0  # such waits since its last attempt that got past its lookup
     # The adaptive probe (probe_results.id) of the link's last probing this job re-uses instead of measuring the level
-    # again (advisor.store.Store.choose_reuse): while it runs, the one chosen; once done, the one its run re-used;
-    # None: the whole plan.
+    # again (advisor.store.Store.choose_reuse): while it runs (and, queued again, for a run its attempt delivers
+    # late), the one chosen; once done, the one its run re-used; failed without a run: None. None: the whole plan.
     reuse_probe_id: int | None = None
 
     def lookup_wait_ends(self, now: float) -> float | None:
@@ -173,7 +173,7 @@ def fail_job_in(tx: Tx, job_id: str, error: str, now: float) -> None:
     fails without running: a started_at left from a lapsed attempt (kept in spent_attempts) goes, or a site's budget
     would count the job's time in the queue as probing."""
     tx.execute("UPDATE probe_jobs SET status = 'failed', finished_at = ?, error = ?, owner = NULL, lease_until = NULL, "
-               "started_at = CASE WHEN status = 'queued' THEN NULL ELSE started_at END "
+               "started_at = CASE WHEN status = 'queued' THEN NULL ELSE started_at END, reuse_probe_id = NULL "
                "WHERE id = ? AND status IN ('queued', 'running')", (now, error, job_id))
 
 
@@ -224,10 +224,10 @@ def end_attempt_in(tx: Tx, held: str, held_params: Sequence[Any], *, job_id: str
     # A counted attempt got past its name lookup: a slow one after it starts the waits (Store.defer_attempt) anew.
     uncount = ("lookup_waits = 0, retry_at = NULL, " if counted
                else "attempts = CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END, ")
-    # The attempt's reuse choice goes with it: the next attempt settles its own (AdviceService.settle_reuse).
+    # The attempt's reuse choice stays, for a run it delivers late (ANSWERED_JOB); the next attempt settles its own
+    # (AdviceService.settle_reuse), and a queued job shows none (AdviceService.probe_status).
     done = tx.execute("UPDATE probe_jobs SET status = 'queued', progress = 0, progress_detail = NULL, owner = NULL, "
-                      f"lease_until = NULL, reuse_probe_id = NULL, address = ?, {behind}{uncount}error = ? "
-                      f"WHERE {held} RETURNING id",
+                      f"lease_until = NULL, address = ?, {behind}{uncount}error = ? WHERE {held} RETURNING id",
                       (address, *behind_params, requeued, *held_params)).fetchone() is not None
     if done and started_at is not None:
         charge_attempt_in(tx, src, job_id, started_at, stopped - started_at)

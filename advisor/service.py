@@ -336,7 +336,8 @@ class AdviceService(AdviceCache, SiteDesk):
             "levels": job.levels, "duration_s": job.duration_s, "requested_at": job.requested_at,
             "started_at": job.started_at, "finished_at": job.finished_at, "attempts": job.attempts,
             "retry_at": job.lookup_wait_ends(self.store.clock()), "lookup_waits": job.lookup_waits,
-            "error": job.error, "reuses_probe": job.reuse_probe_id, "result": None,
+            # Queued, a lapsed attempt's choice is no promise: the next attempt settles its own.
+            "error": job.error, "reuses_probe": None if job.status == "queued" else job.reuse_probe_id, "result": None,
         }
         if job.status == "done":
             row = self._current(job.src, job.dest, self.job_control(job))

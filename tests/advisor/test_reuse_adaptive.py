@@ -200,36 +200,74 @@ def test_a_reused_probe_removed_as_the_run_is_stored_is_left_out_of_its_fit_and_
     store.close()
 
 
-@pytest.mark.parametrize("earlier", ["a 3 s probe", "a pushed run with no job"])
-def test_only_a_probing_of_the_same_plan_is_re_used(url, earlier):
+def pushed(service, job, levels, asked="cubic", owner="agent-a"):
+    """An agent's run of claimed ``job`` at ``levels``, its probes under cubic, ``asked`` the control asked for."""
+    driver = FakeDriver(rate, rtt_s=0.01, congestion_control="cubic")
+    results = [driver.run(DEST, n, 1.0, 0.0, 10.0) for n in levels]
+    return service.ingest_run(parse_destination(DEST), 0.01, results, service.clock(), "push", job_id=job.id,
+                              congestion_control=asked, job_owner=owner, job=job)
+
+
+@pytest.mark.parametrize("earlier", ["a 3 s probe", "a pushed run with no job", "a probe of other levels",
+                                     "a failed probe"])
+def test_only_a_done_probing_of_the_same_plan_is_re_used(url, earlier):
     clock = Clock()
     store, service, worker, driver = make(url, clock)
     if earlier == "a 3 s probe":
         job, _ = service.request_probe(DEST, duration_s=3.0)
         assert worker.run_once() and store.job(job.id).status == "done"
-    else:  # as a scheduler's own measurement at the plan's levels and one more
+    elif earlier == "a pushed run with no job":  # as a scheduler's own measurement at the plan's levels and one more
         results = [driver.run(DEST, n, 1.0, 0.0, 10.0) for n in (1, 10, 4)]
         service.ingest_run(parse_destination(DEST), 0.01, results, clock(), "push", congestion_control="cubic")
+    elif earlier == "a probe of other levels":  # (1, 4) measured with 10: holds (1, 10) and one more, 4
+        queued, _ = service.request_probe(DEST, levels=[1, 4])
+        pushed(service, claimed(store, service, queued), (1, 4, 10))
+        assert store.job(queued.id).status == "done"
+    else:  # asked for reno, probed under cubic: kept as cubic's, its job failed
+        queued, _ = service.request_probe(DEST, congestion_control="reno")
+        run, error = pushed(service, claimed(store, service, queued), (1, 10, 4), asked="reno")
+        assert run.congestion_control == "cubic" and store.job(queued.id).status == "failed", error
     clock.advance(60.0)
     again, measured = probe(service, worker, driver)
     assert len(measured) == 3 and again.reuse_probe_id is None
     store.close()
 
 
-@pytest.mark.parametrize("how", ["released", "failed", "lease lapsed"])
-def test_a_job_back_in_the_queue_keeps_no_reuse_choice(url, how):
+@pytest.mark.parametrize("how", ["released", "failed once", "lease lapsed"])
+def test_a_job_back_in_the_queue_shows_no_reuse_and_a_late_run_of_its_attempt_re_uses_as_chosen(url, how):
     clock = Clock()
     store, service, reused, queued = queued_after_a_full_probing(url, clock)
     assert claimed(store, service, queued).reuse_probe_id == reused
     if how == "released":
         store.release_attempt(queued.id, "agent-a", queued.src, "agent stopping")
-    elif how == "failed":
+    elif how == "failed once":
         store.fail_attempt(queued.id, "agent-a", queued.src, "iperf3 refused", max_attempts=3)
     else:
         clock.advance(601.0)
         assert store.recover_jobs(3, owner_is_dead=lambda owner: False) == 1
-    back = store.job(queued.id)
-    assert back.status == "queued" and back.reuse_probe_id is None
+    assert store.job(queued.id).status == "queued" and service.probe_status(queued.id)["reuses_probe"] is None
+    if how == "lease lapsed":  # its agent's spooled run, which left the level out as its claim said
+        late = service.claimed_job(queued.id, "agent-a", queued.src, parse_destination(DEST))
+        assert late is not None
+        run, error = pushed(service, late, (1, 10))
+        assert error is None and run_probes(store, run_id=run.id)[-1][1] == reused
+        assert service.probe_status(queued.id)["reuses_probe"] == reused
+    store.close()
+
+
+@pytest.mark.parametrize("how", ["its last attempt failed", "refused", "given up by the worker"])
+def test_a_job_failed_without_a_run_names_no_reuse(url, how):
+    clock = Clock()
+    store, service, reused, queued = queued_after_a_full_probing(url, clock)
+    assert claimed(store, service, queued).reuse_probe_id == reused
+    if how == "its last attempt failed":
+        store.fail_attempt(queued.id, "agent-a", queued.src, "iperf3 refused", max_attempts=1)
+    elif how == "refused":
+        store.refuse_attempt(queued.id, "agent-a", queued.src, "no longer allowed")
+    else:
+        store.fail_job(queued.id, "ProbeError: iperf3 refused")
+    failed = store.job(queued.id)
+    assert failed.status == "failed" and failed.reuse_probe_id is None
     assert service.probe_status(queued.id)["reuses_probe"] is None
     store.close()
 
