@@ -11,7 +11,7 @@ import numpy as np
 from advisor.advice import Advice, CurvePoint
 from advisor.limits import MAX_STREAMS, usable_rtt_s
 from models.buffer import per_stream_buffer_bytes
-from models.tame_share import MAX_CALIBRATED_FM, law_for
+from models.tame_share import aggregate_law_for, law_for
 from models.parallel import UNCONGESTED, ParallelFit, ProbePoint
 from models.registry import MODELS, fit
 from probes.result import PlanResult, ProbeResult, reported_controls
@@ -194,12 +194,14 @@ def fractional_multiplier_for(tcp_equivalent_streams: float, rtt_s: float | None
     return round(multiplier, 3) if multiplier <= MAX_FRACTIONAL_MULTIPLIER else None
 
 
-def calibration_warning(fractional_multiplier: float | None, standard_control: str | None) -> str | None:
-    """A warning when a tame FM lies past the range its share law was measured over (models.tame_share), or None."""
-    law = law_for(standard_control)
-    if fractional_multiplier is None or not law.measured or fractional_multiplier <= MAX_CALIBRATED_FM:
+def calibration_warning(fractional_multiplier: float | None, standard_control: str | None,
+                        aggregate: bool = False) -> str | None:
+    """A warning when a tame FM lies past the range its share law (models.tame_share: the aggregate form's with
+    ``aggregate``) was measured over, or None."""
+    law = aggregate_law_for(standard_control) if aggregate else law_for(standard_control)
+    if fractional_multiplier is None or not law.measured or fractional_multiplier <= law.max_calibrated_fm:
         return None
-    return (f"the tame stream's FM {fractional_multiplier:g} is past the FM {MAX_CALIBRATED_FM:g} its share beside "
+    return (f"the tame stream's FM {fractional_multiplier:g} is past the FM {law.max_calibrated_fm:g} its share beside "
             f"{standard_control} was measured to; there its window sits near its floor, so it may take more than "
             "the share asked of it")
 

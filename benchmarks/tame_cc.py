@@ -379,6 +379,16 @@ def aggregate_report(runs: list[Run], command: str, n_star: float) -> list[str]:
         opened = f"{sel[0].setting['fractional_multiplier']:g}" if sel[0].setting else f"none ({STANDARD})"
         lines.append(f"| {label[2:]} | {opened} | {got / 1e6:.2f} | {ratio:.3f}{spread} | "
                      f"{'yes' if abs(ratio - 1) <= 0.10 else 'no'} |")
+    tame = [r for r in runs if r.label != "reference" and r.setting]
+    if len({r.setting["fractional_multiplier"] for r in tame}) >= 2:
+        # One tame stream of N against one of the reference's n*: the law the aggregate form is set by.
+        shares = [r.ours_bps() / int(r.label[2:]) / (ref / n_star) for r in tame]
+        fms = [r.setting["fractional_multiplier"] for r in tame]
+        k, base = fit_share(fms, shares, [round(r.service_rtt_s, 4) for r in tame])
+        each = ", ".join(f"s1({rtt * 1000:.1f} ms) = {s1:.3f}" for rtt, s1 in base.items())
+        lines += ["", "Fitted per-stream share of the N tame streams = s1(RTT) x FM^-k (least squares on logs, "
+                  f"FM {min(fms):g}-{max(fms):g}; share = (Mbit/s / N) / (reference Mbit/s / n*), RTT as the service "
+                  "measured it):", "", f"- aggregate: k = {k:.3f}; {each} ({len(tame)} runs)"]
     return lines
 
 

@@ -18,6 +18,8 @@ floor of 2 segments on those paths and its share stops falling, so FMs past MAX_
 than they deliver.
 
 Controls without a measurement (e.g. BBR) get the shared-loss theory, FM^-1/2, and say so (``measured``).
+The aggregate form (every stream of ours tame) has laws of its own (AGGREGATE_LAWS, from ``python -m
+benchmarks.tame_cc aggregate``).
 Pure functions, no I/O.
 """
 
@@ -32,12 +34,14 @@ MAX_CALIBRATED_FM = 30.0
 
 @dataclass(frozen=True)
 class ShareLaw:
-    """share = s1(RTT) x FM^-k. ``base_share``: (RTT seconds, s1) points in increasing RTT."""
+    """share = s1(RTT) x FM^-k. ``base_share``: (RTT seconds, s1) points in increasing RTT; ``max_calibrated_fm``:
+    the largest FM it was fitted over."""
 
     exponent: float
     base_share: tuple[tuple[float, float], ...]
     measured: bool
     source: str
+    max_calibrated_fm: float = MAX_CALIBRATED_FM
 
     def base(self, rtt_s: float | None) -> float:
         """s1 at ``rtt_s`` (fraction): interpolated in log RTT, held at the ends; when the RTT is unknown, the
@@ -81,6 +85,24 @@ LAWS: dict[str, ShareLaw] = {
 }
 
 
+# The aggregate form: N tame streams of ours (no standard stream of ours) beside standard cross flows, one tame
+# stream's goodput against one of n* standard streams opened in its place. Beside cubic it takes more at an FM than
+# the fractional form's tame stream does (beside a standard stream of ours too), so it has a law of its own.
+AGGREGATE_LAWS: dict[str, ShareLaw] = {
+    # Measured on one path (50 Mbit/s, 40 ms added delay, 5 cubic cross flows), n* = 2, N = 4-32: s1 held at
+    # other RTTs.
+    "cubic": ShareLaw(exponent=0.588, base_share=((0.0782, 0.873),), measured=True,
+                      source="benchmarks/results/tame-cc-aggregate-fit.md", max_calibrated_fm=58.583),
+}
+
+
 def law_for(standard_control: str | None) -> ShareLaw:
-    """The law for tame streams beside standard streams of ``standard_control``; theory when unmeasured."""
+    """The law for a tame stream beside standard streams of ``standard_control``, ours among them (the fractional
+    form); theory when unmeasured."""
     return LAWS.get(standard_control or "", SHARED_LOSS_THEORY)
+
+
+def aggregate_law_for(standard_control: str | None) -> ShareLaw:
+    """The law for N tame streams, all of ours, beside ``standard_control`` cross flows (the aggregate form); the
+    fractional form's where the aggregate form was not measured."""
+    return AGGREGATE_LAWS.get(standard_control or "", law_for(standard_control))

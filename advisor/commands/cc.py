@@ -14,7 +14,7 @@ from advisor.cli import UsageError
 from advisor.errors import InvalidRequest
 from advisor.limits import MAX_STREAMS, check_congestion_control, check_rtt_s, parse_number
 from advisor.tame import MIN_FRACTION, calibration_warning, fractional_multiplier_for
-from models.tame_share import LAWS, law_for
+from models.tame_share import LAWS, aggregate_law_for
 from probes import cc, cc_map, cc_routes
 from probes.controls import available_controls, host_default_control
 from probes.errors import CcBusy, CcError, CcMapFull, CcNotAVrf, CcNotLoaded, CcNotRoot, CcOutdated, CcRouteConflict
@@ -36,14 +36,15 @@ def setting_for(tcp_equivalent: float, streams: int | None = None, rtt_s: float 
     """The FM that makes the transfer take ``tcp_equivalent`` (n*) standard streams' share.
 
     One tame stream at FM takes share(FM) = s1(RTT) x FM^-k of a ``standard_control`` stream, the law
-    measured on this kernel (models.tame_share; FM^-1/2 theory for a control not measured).
+    measured on this kernel for each form (models.tame_share; FM^-1/2 theory for a control not measured).
 
     Without ``streams`` (the fractional form, as the advice opens it): floor(n*) standard streams plus
     one tame stream carrying the remainder r at the FM whose share is r (advisor.tame.fractional_multiplier_for).
     ``n_star_named`` is what the user knows n* as, for the errors (the option, or "the advice's n*").
 
     With ``streams`` = N (the aggregate form, for tools that open N streams of one control): each of the N
-    streams runs tame at the FM whose share is n*/N, so that together they take n* streams' share. Tame at
+    streams runs tame at the FM whose share is n*/N (the aggregate form's law), so that together they take n*
+    streams' share. Tame at
     FM 1 is Reno, which beside cubic takes less than a standard stream (s1 < 1): at N = n* (within rounding),
     the setting is N standard streams (``form`` "standard", no FM). Only there: N > n* standard streams would
     take more than n*'s share, the budget, so above it the tame streams stay, at FM 1 when even that falls short.
@@ -69,7 +70,7 @@ def setting_for(tcp_equivalent: float, streams: int | None = None, rtt_s: float 
             f"open at least {math.ceil(n_star - 1e-9)}")
     if streams <= n_star + 1e-9:
         return Setting(None, standard_streams=streams, tame_streams=0, form="standard")
-    fm = round(law_for(standard_control).multiplier_for(n_star / streams, rtt_s), 3)
+    fm = round(aggregate_law_for(standard_control).multiplier_for(n_star / streams, rtt_s), 3)
     if fm > cc_map.MAX_FM:
         raise UsageError(f"--streams {streams} for --tcp-equivalent {n_star:g} needs FM {fm:g}, "
                          f"above the largest the control holds ({cc_map.MAX_FM:g})")
@@ -236,7 +237,7 @@ def _apply(args) -> int:
             f"--streams {setting.standard_streams} for --tcp-equivalent {n_star:g}: {setting.standard_streams} "
             f"standard ({control}) streams take n*'s share, no tame stream is needed: open them with {control} "
             f"(tame cc clear {addr} removes what an earlier apply set)")
-    beyond = calibration_warning(setting.fractional_multiplier, control)
+    beyond = calibration_warning(setting.fractional_multiplier, control, aggregate=setting.form == "aggregate")
     if beyond:
         print(f"tame cc apply: warning: {beyond}", file=sys.stderr)
     cc.require_root()

@@ -7,7 +7,7 @@ from numpy.testing import assert_allclose
 
 from advisor.cli import UsageError, main
 from advisor.commands.cc import setting_for
-from models.tame_share import law_for
+from models.tame_share import aggregate_law_for, law_for
 from probes import cc, cc_map, cc_routes
 
 
@@ -48,16 +48,16 @@ def test_aggregate_form_above_n_star_stays_tame_so_it_never_opens_more_than_n_st
     s = setting_for(n_star, streams=streams, rtt_s=rtt_s, standard_control="cubic")
     assert (s.form, s.tame_streams, s.standard_streams) == ("aggregate", streams, 0)
     assert s.fractional_multiplier >= 1.0
-    assert streams * law_for("cubic").share(s.fractional_multiplier, rtt_s) <= n_star * (1 + 1e-3)
+    assert streams * aggregate_law_for("cubic").share(s.fractional_multiplier, rtt_s) <= n_star * (1 + 1e-3)
 
 
 @pytest.mark.parametrize("rtt_s", [0.01, 0.04])
 def test_beside_cubic_the_fm_is_the_measured_laws_for_the_share_each_form_needs(rtt_s):
-    law = law_for("cubic")
     s = setting_for(2.4, rtt_s=rtt_s, standard_control="cubic")
-    assert_allclose(law.share(s.fractional_multiplier, rtt_s), 0.4, rtol=1e-3)
-    s = setting_for(2.0, streams=8, rtt_s=rtt_s, standard_control="cubic")
-    assert_allclose(8 * law.share(s.fractional_multiplier, rtt_s), 2.0, rtol=1e-3)
+    assert_allclose(law_for("cubic").share(s.fractional_multiplier, rtt_s), 0.4, rtol=1e-3)
+    s = setting_for(2.0, streams=8, rtt_s=rtt_s, standard_control="cubic")  # the aggregate form's own law
+    assert_allclose(8 * aggregate_law_for("cubic").share(s.fractional_multiplier, rtt_s), 2.0, rtol=1e-3)
+    assert aggregate_law_for("cubic") is not law_for("cubic")
     # Steeper than FM^-1/2: a smaller FM gives the same share.
     assert s.fractional_multiplier < setting_for(2.0, streams=8).fractional_multiplier
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from numpy.testing import assert_allclose
 
-from models.tame_share import LAWS, SHARED_LOSS_THEORY, ShareLaw, law_for
+from models.tame_share import AGGREGATE_LAWS, LAWS, SHARED_LOSS_THEORY, ShareLaw, aggregate_law_for, law_for
 
 LAW = ShareLaw(exponent=0.6, base_share=((0.010, 1.0), (0.100, 0.5)), measured=True, source="test")
 
@@ -36,22 +36,41 @@ def test_theory_for_unmeasured_controls_is_one_over_r_squared():
     assert_allclose(SHARED_LOSS_THEORY.share(9.0, None), 1 / 3)
 
 
+def _check_law_against_its_report(name, law):
+    """The law's k and every s1 as its source report printed them (returned), in a plausible range."""
+    root = Path(__file__).resolve().parents[2]
+    assert law.measured and law.source.startswith("benchmarks/results/"), name
+    report = (root / law.source).read_text()
+    assert f"k = {law.exponent:.3f}" in report, name  # the fitted exponent as the benchmark printed it
+    printed_s1 = [float(v) for v in re.findall(r"s1\([0-9.]+ ms\) = ([0-9.]+)", report)]
+    assert [s for _, s in law.base_share] == printed_s1, name  # and every s1, in RTT order
+    # about shared-loss AIMD (1/2) up to synchronised AIMD (1)
+    assert 0.45 <= law.exponent <= 1.0, name
+    rtts = [r for r, _ in law.base_share]
+    assert rtts == sorted(rtts) and all(0 < s <= 1.5 for _, s in law.base_share), name
+    return report
+
+
 def test_measured_laws_come_from_the_results_file_they_name():
     root = Path(__file__).resolve().parents[2]
+    # The fractional form's s1 is keyed by the RTT the service measured on those paths (benchmarks.tame_cc rtt)
+    rtt_reports = " ".join(p.read_text() for p in (root / "benchmarks/results").glob("tame-cc-rtt*.md"))
     for name, law in LAWS.items():
-        assert law.measured and law.source.startswith("benchmarks/results/"), name
-        report = (root / law.source).read_text()
-        assert f"k = {law.exponent:.3f}" in report, name  # the fitted exponent as the benchmark printed it
-        printed_s1 = [float(v) for v in re.findall(r"s1\(\d+ ms\) = ([0-9.]+)", report)]
-        assert [s for _, s in law.base_share] == printed_s1, name  # and every s1, in RTT order
-        # s1 is keyed by the RTT the service measured on those paths (benchmarks.tame_cc rtt), as printed
-        rtt_reports = " ".join(p.read_text() for p in (root / "benchmarks/results").glob("tame-cc-rtt*.md"))
+        _check_law_against_its_report(name, law)
         for rtt_s, _ in law.base_share:
             assert f"| {rtt_s * 1000:.1f} ms |" in rtt_reports, (name, rtt_s)
-        # about shared-loss AIMD (1/2) up to synchronised AIMD (1)
-        assert 0.45 <= law.exponent <= 1.0, name
-        rtts = [r for r, _ in law.base_share]
-        assert rtts == sorted(rtts) and all(0 < s <= 1.5 for _, s in law.base_share), name
+    # the aggregate form's by the RTT its own run measured, printed in its report
+    for name, law in AGGREGATE_LAWS.items():
+        report = _check_law_against_its_report(name, law)
+        for rtt_s, _ in law.base_share:
+            assert f"s1({rtt_s * 1000:.1f} ms)" in report, (name, rtt_s)
+        fitted_fms = re.search(r"FM ([0-9.]+)-([0-9.]+);", report)
+        assert float(fitted_fms[2]) == law.max_calibrated_fm, name  # the top of the range it was fitted over
+
+
+def test_the_aggregate_form_falls_back_to_the_fractional_form_s_law():
+    assert aggregate_law_for("cubic") is AGGREGATE_LAWS["cubic"]
+    assert aggregate_law_for("reno") is LAWS["reno"] and aggregate_law_for("bbr") is SHARED_LOSS_THEORY
 
 
 @pytest.mark.parametrize("bad", [0.0, -0.1, float("nan"), float("inf")])
