@@ -202,8 +202,7 @@ def calibration_warning(fractional_multiplier: float | None, standard_control: s
     if fractional_multiplier is None or not law.measured or fractional_multiplier <= law.max_calibrated_fm:
         return None
     return (f"the tame stream's FM {fractional_multiplier:g} is past the FM {law.max_calibrated_fm:g} its share beside "
-            f"{standard_control} was measured to; there its window sits near its floor, so it may take more than "
-            "the share asked of it")
+            f"{standard_control} was measured to, so it may take more than the share asked of it")
 
 
 def advise(

@@ -29,7 +29,7 @@ import math
 from dataclasses import dataclass
 
 MAX_CALIBRATED_FM = 30.0
-"""Largest FM the measured laws were fitted over."""
+"""Largest FM the measured fractional-form laws were fitted over (a ShareLaw's default max_calibrated_fm)."""
 
 
 @dataclass(frozen=True)

@@ -137,6 +137,15 @@ def test_tame_streams_without_root_exit_2_saying_to_load_tame_as_root(store_url,
     assert _rows(store_url) == before
 
 
+@pytest.mark.parametrize("streams, warned", [("64", True), ("4", False)])
+def test_aggregate_streams_past_the_fitted_fm_are_warned_of(store_url, monkeypatch, capsys, streams, warned):
+    monkeypatch.setenv("TAME_CONGESTION_CONTROL", "cubic")  # advice under the measured aggregate law's control
+    monkeypatch.setattr(transfer.os, "geteuid", lambda: 1000)  # stops before anything runs
+    assert _transfer(DEST, "--max-impact", "0.1", *SIZE, "--streams", streams) == 2
+    err = capsys.readouterr().err
+    assert ("tame transfer: warning: the tame stream's FM" in err and "past the FM 58.583" in err) == warned, err
+
+
 def test_the_fractional_form_splits_bytes_by_each_part_s_share_of_n_star():
     from advisor.advice import Advice
 

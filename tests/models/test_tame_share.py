@@ -53,12 +53,14 @@ def _check_law_against_its_report(name, law):
 
 def test_measured_laws_come_from_the_results_file_they_name():
     root = Path(__file__).resolve().parents[2]
-    # The fractional form's s1 is keyed by the RTT the service measured on those paths (benchmarks.tame_cc rtt)
-    rtt_reports = " ".join(p.read_text() for p in (root / "benchmarks/results").glob("tame-cc-rtt*.md"))
+    # The fractional form's s1 is keyed by the RTT the service measured on those paths (benchmarks.tame_cc rtt
+    # --standard NAME), row for row
     for name, law in LAWS.items():
         _check_law_against_its_report(name, law)
-        for rtt_s, _ in law.base_share:
-            assert f"| {rtt_s * 1000:.1f} ms |" in rtt_reports, (name, rtt_s)
+        rtt_report = (root / "benchmarks/results" / ("tame-cc-rtt.md" if name == "cubic" else f"tame-cc-rtt-{name}.md"))
+        measured = [ms for ms in re.findall(r"^\| [0-9.]+ ms \| ([0-9.]+) ms \|", rtt_report.read_text(),
+                                                         re.MULTILINE)]
+        assert [f"{r * 1000:.1f}" for r, _ in law.base_share] == measured, name
     # the aggregate form's by the RTT its own run measured, printed in its report
     for name, law in AGGREGATE_LAWS.items():
         report = _check_law_against_its_report(name, law)
@@ -83,3 +85,23 @@ def test_bad_shares_and_multipliers_are_refused(bad):
 def test_fm_below_one_is_refused(fm):
     with pytest.raises(ValueError):
         LAW.share(fm, 0.04)
+
+
+@pytest.mark.parametrize("source", sorted({law.source for law in [*LAWS.values(), *AGGREGATE_LAWS.values()]}))
+def test_each_law_s_report_is_what_the_benchmark_makes_of_its_measured_runs(source):
+    """The fit a law copies is the benchmark's own, from the runs kept beside the report (.json): the report rebuilt
+    from them is the file, fit line and all."""
+    import json
+
+    from benchmarks import tame_cc
+
+    report = (Path(__file__).resolve().parents[2] / source)
+    text = report.read_text()
+    runs = [tame_cc.Run(**r) for r in json.loads(report.with_suffix(".json").read_text())["runs"]]
+    head = text.splitlines()[0]
+    command = head[head.index("`") + 1:head.rindex("`")]
+    if " aggregate " in command:
+        lines = tame_cc.aggregate_report(runs, command, float(re.search(r"n\* = ([0-9.]+)", head)[1]))
+    else:
+        lines = tame_cc.share_report(runs, command)
+    assert "\n".join(lines) + "\n" == text
