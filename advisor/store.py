@@ -454,8 +454,7 @@ class Store(Links, JobQueue):
                                   (run[0],)).fetchone()
                 rows = tx.execute("SELECT id, streams, reused_from FROM probe_results WHERE probe_run_id = ?",
                                   (run[0],)).fetchall()
-                same_plan = (plan is not None and sorted(set(json.loads(plan[0]))) == sorted(set(job.levels))
-                             and plan[1] == job.duration_s)
+                same_plan = plan is not None and set(json.loads(plan[0])) == set(job.levels) and plan[1] == job.duration_s
                 extra = [(streams, row_id) for row_id, streams, _ in rows if streams not in job.levels]
                 measured = all(reused_from is None for _, _, reused_from in rows)
                 holds_plan = set(job.levels) <= {streams for _, streams, _ in rows}

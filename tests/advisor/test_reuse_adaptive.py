@@ -233,18 +233,30 @@ def test_only_a_done_probing_of_the_same_plan_is_re_used(url, earlier):
     store.close()
 
 
+def end_attempt(store, clock, job, how):
+    """End agent-a's attempt at claimed ``job`` as ``how`` says, through the store's own path for it."""
+    if how == "released":
+        store.release_attempt(job.id, "agent-a", job.src, "agent stopping")
+    elif how == "failed once":
+        store.fail_attempt(job.id, "agent-a", job.src, "iperf3 refused", max_attempts=3)
+    elif how == "lease lapsed":
+        clock.advance(601.0)
+        assert store.recover_jobs(3, owner_is_dead=lambda owner: False) == 1
+    elif how == "its last attempt failed":
+        store.fail_attempt(job.id, "agent-a", job.src, "iperf3 refused", max_attempts=1)
+    elif how == "refused":
+        store.refuse_attempt(job.id, "agent-a", job.src, "no longer allowed")
+    else:
+        assert how == "given up by the worker"
+        store.fail_job(job.id, "ProbeError: iperf3 refused")
+
+
 @pytest.mark.parametrize("how", ["released", "failed once", "lease lapsed"])
 def test_a_job_back_in_the_queue_shows_no_reuse_and_a_late_run_of_its_attempt_re_uses_as_chosen(url, how):
     clock = Clock()
     store, service, reused, queued = queued_after_a_full_probing(url, clock)
     assert claimed(store, service, queued).reuse_probe_id == reused
-    if how == "released":
-        store.release_attempt(queued.id, "agent-a", queued.src, "agent stopping")
-    elif how == "failed once":
-        store.fail_attempt(queued.id, "agent-a", queued.src, "iperf3 refused", max_attempts=3)
-    else:
-        clock.advance(601.0)
-        assert store.recover_jobs(3, owner_is_dead=lambda owner: False) == 1
+    end_attempt(store, clock, queued, how)
     assert store.job(queued.id).status == "queued" and service.probe_status(queued.id)["reuses_probe"] is None
     if how == "lease lapsed":  # its agent's spooled run, which left the level out as its claim said
         late = service.claimed_job(queued.id, "agent-a", queued.src, parse_destination(DEST))
@@ -260,12 +272,7 @@ def test_a_job_failed_without_a_run_names_no_reuse(url, how):
     clock = Clock()
     store, service, reused, queued = queued_after_a_full_probing(url, clock)
     assert claimed(store, service, queued).reuse_probe_id == reused
-    if how == "its last attempt failed":
-        store.fail_attempt(queued.id, "agent-a", queued.src, "iperf3 refused", max_attempts=1)
-    elif how == "refused":
-        store.refuse_attempt(queued.id, "agent-a", queued.src, "no longer allowed")
-    else:
-        store.fail_job(queued.id, "ProbeError: iperf3 refused")
+    end_attempt(store, clock, queued, how)
     failed = store.job(queued.id)
     assert failed.status == "failed" and failed.reuse_probe_id is None
     assert service.probe_status(queued.id)["reuses_probe"] is None
