@@ -52,6 +52,10 @@ class Advice:
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
+    def tcp_equivalent_throughput_bps(self) -> float:
+        """What n* standard streams are predicted to take (bits/s): the whole streams' prediction, per stream."""
+        return self.max_nondisruptive_throughput_bps * self.tcp_equivalent_streams / self.num_flows
+
     def opened_streams(self) -> tuple[int, float | None]:
         """What the transfer opens to carry n*: (standard streams, FM of one more fractional stream or None).
 

@@ -13,7 +13,7 @@ from typing import Any
 from advisor.advice import Advice
 from advisor.destinations import parse_destination
 from advisor.limits import usable_rtt_s
-from advisor.tame import MIN_FRACTION, fractional_multiplier_for
+from advisor.tame import MIN_FRACTION, fractional_multiplier_for, most_aggregate_streams
 from probes import cc
 
 # Stands in for the address in the command line when the destination is a host name: the tame control's
@@ -31,7 +31,9 @@ def how_to_open(advice: Advice, dest: str | None, rtt_s: float | None = None) ->
     run as root on the sending host) sets for the destination's address. When n* is below one stream and
     no fractional stream is offered (below advisor.tame.MIN_FRACTION), ``form`` is "none": nothing opened
     keeps the budget, and ``note`` says so. Otherwise ``form`` is "standard": ``standard_streams`` plain
-    streams, and the tame fields and ``command`` are null.
+    streams, and the tame fields and ``command`` are null. ``max_aggregate_streams`` is the most streams a tool
+    that opens N streams of one control can scale to n*'s share (`tame transfer --streams N`; advisor.tame.
+    most_aggregate_streams: past it their 2-segment windows alone send more), null when the RTT is unknown.
 
     The FM is the share law's for tame beside streams of the advice's congestion control (the probes') at
     ``rtt_s`` (models.tame_share; the FM^-1/2 theory when the control is None or not measured). When the
@@ -53,6 +55,7 @@ def how_to_open(advice: Advice, dest: str | None, rtt_s: float | None = None) ->
         "form": "standard", "standard_streams": advice.num_flows, "tame_streams": 0,
         "congestion_control": None, "standard_control": standard_control, "fractional_multiplier": None,
         "tcp_equivalent_streams": n_star, "rtt_s": rtt, "address": address, "command": None, "note": None,
+        "max_aggregate_streams": most_aggregate_streams(rtt, advice.tcp_equivalent_throughput_bps()),
     }
     if fm is None:
         if n_star < 1:  # below one stream, and no tame stream can be made small enough

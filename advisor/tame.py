@@ -11,7 +11,7 @@ import numpy as np
 from advisor.advice import Advice, CurvePoint
 from advisor.limits import MAX_STREAMS, usable_rtt_s
 from models.buffer import per_stream_buffer_bytes
-from models.tame_share import aggregate_law_for, law_for
+from models.tame_share import MIN_WINDOW_SEGMENTS, TYPICAL_MSS_BYTES, aggregate_law_for, law_for, window_floor_bps
 from models.parallel import UNCONGESTED, ParallelFit, ProbePoint
 from models.registry import MODELS, fit
 from probes.result import PlanResult, ProbeResult, reported_controls
@@ -194,15 +194,53 @@ def fractional_multiplier_for(tcp_equivalent_streams: float, rtt_s: float | None
     return round(multiplier, 3) if multiplier <= MAX_FRACTIONAL_MULTIPLIER else None
 
 
-def calibration_warning(fractional_multiplier: float | None, standard_control: str | None,
-                        aggregate: bool = False) -> str | None:
-    """A warning when a tame FM lies past the range its share law (models.tame_share: the aggregate form's with
-    ``aggregate``) was measured over, or None."""
+def calibration_warnings(fractional_multiplier: float | None, standard_control: str | None, rtt_s: float | None,
+                         aggregate: bool = False) -> list[str]:
+    """Warnings when a tame FM, or the RTT (seconds) it was set for, lies past what its share law
+    (models.tame_share: the aggregate form's with ``aggregate``) was measured over."""
     law = aggregate_law_for(standard_control) if aggregate else law_for(standard_control)
-    if fractional_multiplier is None or not law.measured or fractional_multiplier <= law.max_calibrated_fm:
+    if fractional_multiplier is None or not law.measured:
+        return []
+    warnings = []
+    if fractional_multiplier > law.max_calibrated_fm:
+        warnings.append(f"the tame stream's FM {fractional_multiplier:g} is past the FM {law.max_calibrated_fm:g} its "
+                        f"share beside {standard_control} was measured to, so it may take more than the share asked "
+                        "of it")
+    if rtt_s is not None and rtt_s > 0 and not law.covers_rtt(rtt_s):
+        measured = "/".join(f"{r * 1000:.0f}" for r, _ in law.base_share)
+        warnings.append(f"the path's RTT {rtt_s * 1000:.1f} ms is outside the RTTs ({measured} ms) the tame stream's "
+                        f"share beside {standard_control} was measured at, so it may take more or less than the share "
+                        "asked of it")
+    return warnings
+
+
+WINDOW_FLOOR_REACH = 0.8
+"""The aggregate form holds n*'s share while its N streams' window floor (models.tame_share.window_floor_bps) stays
+below this fraction of n*'s throughput; past it the floor, not the FM, sets what they take
+(benchmarks/results/tame-cc-aggregate-rtts.md)."""
+
+
+def most_aggregate_streams(rtt_s: float | None, n_star_bps: float) -> int | None:
+    """The most tame streams the aggregate form can scale to n*'s throughput ``n_star_bps`` (bits/s) at ``rtt_s``
+    (seconds): those whose window floor stays below WINDOW_FLOOR_REACH of it; None when either is unknown."""
+    if rtt_s is None or not rtt_s > 0 or not n_star_bps > 0 or not math.isfinite(n_star_bps):
         return None
-    return (f"the tame stream's FM {fractional_multiplier:g} is past the FM {law.max_calibrated_fm:g} its share beside "
-            f"{standard_control} was measured to, so it may take more than the share asked of it")
+    return max(0, math.ceil(WINDOW_FLOOR_REACH * n_star_bps / window_floor_bps(1, rtt_s)) - 1)
+
+
+def window_floor_warning(streams: int, rtt_s: float | None, n_star: float, n_star_bps: float) -> str | None:
+    """A warning when ``streams`` tame streams cannot go as low as n*'s throughput ``n_star_bps`` (bits/s) at
+    ``rtt_s`` (seconds) asks, saying what can; None when they can or the RTT or throughput is unknown."""
+    most = most_aggregate_streams(rtt_s, n_star_bps)
+    if most is None or streams <= most:
+        return None
+    floor = window_floor_bps(streams, rtt_s)
+    instead = (f"open at most {most} streams" if most >= max(1, math.ceil(n_star))
+               else "open the fractional form (no --streams)")
+    return (f"{streams} tame streams at RTT {rtt_s * 1000:.1f} ms send at least about {floor / 1e6:.3g} Mbit/s "
+            f"({MIN_WINDOW_SEGMENTS} segments of {TYPICAL_MSS_BYTES} bytes a round trip each), "
+            f"{floor / n_star_bps:.2f} of the {n_star_bps / 1e6:.3g} Mbit/s n* streams are advised to take, so they "
+            f"take more than n*'s share whatever the FM: {instead}")
 
 
 def advise(
@@ -258,9 +296,7 @@ def advise(
     # sets it too.
     n_star = published_streams(n_star)
     fractional_multiplier = fractional_multiplier_for(n_star, rtt_s, standard_control)
-    beyond = calibration_warning(fractional_multiplier, standard_control)
-    if beyond:
-        warnings.append(beyond)
+    warnings += calibration_warnings(fractional_multiplier, standard_control, rtt_s)
     return Advice(
         num_flows=num_flows,
         fractional_multiplier=fractional_multiplier,

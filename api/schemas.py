@@ -74,6 +74,11 @@ class OpenOut(BaseModel):
     command: str | None = Field(description="run as root on the sending host to set the FM (tame cc apply); "
                                             "null when no tame stream is needed")
     note: str | None
+    max_aggregate_streams: int | None = Field(
+        description="the most streams of one control (tame transfer --streams N, tame cc apply --streams N) that can "
+                    "be scaled to n*'s share at this RTT: more streams' 2-segment windows alone send more than n* "
+                    "takes; the aggregate form needs N >= ceil(n*), so below that only the fractional form holds; "
+                    "null when the RTT is unknown")
 
 
 class AdviceOut(BaseModel):

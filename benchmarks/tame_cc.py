@@ -356,11 +356,48 @@ def aggregate_runs(args) -> list[Run]:
     return runs
 
 
-def aggregate_report(runs: list[Run], command: str, n_star: float) -> list[str]:
-    refs = [r.ours_bps() for r in runs if r.label == "reference"]
-    ref = median(refs)
+def aggregate_report(runs: list[Run], command: str, n_star: float,
+                     measured_by: dict[str, str] | None = None) -> list[str]:
+    """The aggregate form's table for each path (bed RTT) in ``runs``, each against its own reference, and one fit
+    over them all. ``measured_by``: bed RTT in ms (``f"{ms:g}"``) -> the command that measured it, for runs merged
+    from several files (``--merge``)."""
+    paths = sorted({r.rtt_s for r in runs})
+    refs = {rtt: median([r.ours_bps() for r in runs if r.rtt_s == rtt and r.label == "reference"]) for rtt in paths}
+    lines = [f"# Aggregate form: N tame streams scaled to n* = {n_star:g} (`{command}`)"]
+    for rtt in paths:
+        if len(paths) > 1:
+            by = (measured_by or {}).get(f"{rtt * 1000:g}")
+            lines += ["", f"## RTT {rtt * 1000:g} ms" + (f" (measured by `{by}`)" if by else "")]
+        lines += aggregate_path_table([r for r in runs if r.rtt_s == rtt], refs[rtt], n_star)
+    from advisor.tame import WINDOW_FLOOR_REACH, window_floor_warning
+
+    tame = [r for r in runs if r.label != "reference" and r.setting]
+    # Where N windows of 2 segments already send most of n*'s share, the floor and not the FM sets what they take
+    # (`tame transfer` warns so): those runs say nothing of the FM -> share law.
+    floored = {r.label + f" at {r.service_rtt_s * 1000:.1f} ms" for r in tame
+               if window_floor_warning(int(r.label[2:]), r.service_rtt_s, n_star, refs[r.rtt_s])}
+    tame = [r for r in tame if r.label + f" at {r.service_rtt_s * 1000:.1f} ms" not in floored]
+    if len({r.setting["fractional_multiplier"] for r in tame}) >= 2:
+        # One tame stream of N against one of its path's reference's n*: the law the aggregate form is set by.
+        shares = [r.ours_bps() / int(r.label[2:]) / (refs[r.rtt_s] / n_star) for r in tame]
+        fms = [r.setting["fractional_multiplier"] for r in tame]
+        k, base = fit_share(fms, shares, [round(r.service_rtt_s, 4) for r in tame])
+        each = ", ".join(f"s1({rtt * 1000:.1f} ms) = {s1:.3f}" for rtt, s1 in base.items())
+        lines += ["", "Fitted per-stream share of the N tame streams = s1(RTT) x FM^-k (least squares on logs, "
+                  f"FM {min(fms):g}-{max(fms):g}; share = (Mbit/s / N) / (reference Mbit/s / n*), RTT as the service "
+                  "measured it):", "", f"- aggregate: k = {k:.3f}; {each} ({len(tame)} runs)"]
+        if floored:
+            lines += [f"- left out: {', '.join(sorted(floored))}, whose N windows of 2 segments a round trip send "
+                      f"at least {WINDOW_FLOOR_REACH:g} of the reference (models.tame_share.window_floor_bps at the "
+                      "RTT the service measured)"]
+    return lines
+
+
+def aggregate_path_table(runs: list[Run], ref: float, n_star: float) -> list[str]:
+    """One path's paragraph and table: each N's goodput against ``ref`` (bits/s, the path's n* standard streams)."""
+    refs = [r for r in runs if r.label == "reference"]
     spec = runs[0]
-    lines = [f"# Aggregate form: N tame streams scaled to n* = {n_star:g} (`{command}`)", "",
+    lines = ["",
              f"{spec.rate_bps / 1e6:g} Mbit/s, RTT {spec.rtt_s * 1000:g} ms, one-BDP drop-tail queue, "
              f"{spec.cross_flows} cubic cross flows. Reference: {n_star:g} cubic streams, "
              f"{ref / 1e6:.2f} Mbit/s (median of {len(refs)}). Each of N tame streams at the FM `tame cc apply "
@@ -379,16 +416,6 @@ def aggregate_report(runs: list[Run], command: str, n_star: float) -> list[str]:
         opened = f"{sel[0].setting['fractional_multiplier']:g}" if sel[0].setting else f"none ({STANDARD})"
         lines.append(f"| {label[2:]} | {opened} | {got / 1e6:.2f} | {ratio:.3f}{spread} | "
                      f"{'yes' if abs(ratio - 1) <= 0.10 else 'no'} |")
-    tame = [r for r in runs if r.label != "reference" and r.setting]
-    if len({r.setting["fractional_multiplier"] for r in tame}) >= 2:
-        # One tame stream of N against one of the reference's n*: the law the aggregate form is set by.
-        shares = [r.ours_bps() / int(r.label[2:]) / (ref / n_star) for r in tame]
-        fms = [r.setting["fractional_multiplier"] for r in tame]
-        k, base = fit_share(fms, shares, [round(r.service_rtt_s, 4) for r in tame])
-        each = ", ".join(f"s1({rtt * 1000:.1f} ms) = {s1:.3f}" for rtt, s1 in base.items())
-        lines += ["", "Fitted per-stream share of the N tame streams = s1(RTT) x FM^-k (least squares on logs, "
-                  f"FM {min(fms):g}-{max(fms):g}; share = (Mbit/s / N) / (reference Mbit/s / n*), RTT as the service "
-                  "measured it):", "", f"- aggregate: k = {k:.3f}; {each} ({len(tame)} runs)"]
     return lines
 
 
@@ -600,14 +627,35 @@ def probe_rtts(args) -> list[str]:
 # --- main ---------------------------------------------------------------------------------------
 
 
-def _report(args, runs: list[Run], cases: list[dict] | None) -> list[str]:
+def _report(args, runs: list[Run], cases: list[dict] | None, measured_by: dict[str, str] | None = None) -> list[str]:
     if args.what == "share":
         return share_report(runs, args.command)
     if args.what == "hacker":
         return hacker_report(runs, args.command)
     if args.what == "aggregate":
-        return aggregate_report(runs, args.command, args.n_star)
+        return aggregate_report(runs, args.command, args.n_star, measured_by)
     return plan_report(runs, cases or [], args.command)
+
+
+def report_command(report: Path) -> str:
+    """The command a report was made by: the one between backquotes on its first line."""
+    head = report.read_text().splitlines()[0]
+    return head[head.index("`") + 1:head.rindex("`")]
+
+
+def merged_aggregate_runs(reports: Sequence[Path]) -> tuple[list[Run], dict[str, str]]:
+    """The runs kept beside several aggregate reports (one path each), and which command measured each path."""
+    runs: list[Run] = []
+    measured_by: dict[str, str] = {}
+    for report in reports:
+        part = [Run(**r) for r in json.loads(report.with_suffix(".json").read_text())["runs"]]
+        paths = {f"{r.rtt_s * 1000:g}" for r in part}
+        if len(paths) != 1 or paths & measured_by.keys():
+            raise SystemExit(f"--merge: {report} must hold one path (bed RTT) that no other report holds; "
+                             f"it holds {', '.join(sorted(paths))} ms")
+        measured_by[paths.pop()] = report_command(report)
+        runs += part
+    return runs, measured_by
 
 
 def _floats(text: str) -> list[float]:
@@ -643,10 +691,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, default=None)
     parser.add_argument("--report-only", action="store_true",
                         help="share/hacker/aggregate/plan: rewrite the report from --output's .json, measuring nothing")
+    parser.add_argument("--merge", type=lambda t: [Path(x) for x in t.split(",")], default=None,
+                        help="aggregate: one report (and .json) at --output of the runs of these aggregate reports, "
+                             "one path each, fitted together; measures nothing")
     args = parser.parse_args(argv)
     args.rtts = args.rtts or ([10.0, 40.0, 100.0] if args.what in ("share", "rtt") else [40.0])
     args.command = "python -m benchmarks.tame_cc " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
-    if os.geteuid() != 0 and not args.report_only:
+    if args.merge and args.what != "aggregate":
+        parser.error("--merge is for aggregate reports")
+    if os.geteuid() != 0 and not (args.report_only or args.merge):
         parser.error("needs root (network namespaces, BPF)")
     if min(args.fms) < 1 or args.seconds < 2 or args.repeats < 1 or args.omit < 0:
         parser.error("FM >= 1, --seconds >= 2, --repeats >= 1, --omit >= 0")
@@ -658,10 +711,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif args.report_only:
         record = json.loads(output.with_suffix(".json").read_text())
         runs, cases = [Run(**r) for r in record["runs"]], record.get("cases")
-        head = output.read_text().splitlines()[0]
-        args.command = head[head.index("`") + 1:head.rindex("`")]  # the command that measured it
-        lines = _report(args, runs, cases)
+        args.command = report_command(output)  # the command that measured (or merged) it
+        lines = _report(args, runs, cases, record.get("measured_by"))
         runs = []  # the .json stays as measured
+    elif args.merge:
+        runs, measured_by = merged_aggregate_runs(args.merge)
+        lines = _report(args, runs, None, measured_by)
+        output.with_suffix(".json").write_text(
+            json.dumps({"runs": [asdict(r) for r in runs], "cases": None, "measured_by": measured_by}, indent=1) + "\n")
+        runs = []  # written with what measured each path
     elif args.what == "plan":
         default = ProbePlan()  # the service's probe plan
         args.probe_seconds, args.probe_max_seconds, args.probe_omit = (

@@ -30,6 +30,22 @@ from dataclasses import dataclass
 
 MAX_CALIBRATED_FM = 30.0
 """Largest FM the measured fractional-form laws were fitted over (a ShareLaw's default max_calibrated_fm)."""
+MIN_WINDOW_SEGMENTS = 2
+"""The smallest window a tame stream halves to (segments; the ssthresh floor in probes/bpf/tame_cc.bpf.c)."""
+TYPICAL_MSS_BYTES = 1448
+"""A segment's payload on an Ethernet path with TCP timestamps (bytes): what a window floor is counted in."""
+
+
+def window_floor_bps(streams: int, rtt_s: float, mss_bytes: int = TYPICAL_MSS_BYTES) -> float:
+    """The least ``streams`` tame streams send at ``rtt_s`` (seconds), bits/s: each keeps MIN_WINDOW_SEGMENTS
+    segments a round trip, so no FM scales them below it (the RTT grows as they fill the queue, so they send
+    somewhat less than this)."""
+    return streams * MIN_WINDOW_SEGMENTS * mss_bytes * 8 / rtt_s
+
+
+RTT_REACH = 1.25
+"""How far past its measured RTTs a law's s1 is taken to hold (factor): RTTs beyond first / RTT_REACH or last x
+RTT_REACH are outside what was measured."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +72,10 @@ class ShareLaw:
                 t = math.log(rtt_s / r0) / math.log(r1 / r0)
                 return s0 + t * (s1 - s0)
         return points[-1][1]
+
+    def covers_rtt(self, rtt_s: float) -> bool:
+        """Whether ``rtt_s`` (seconds) lies within the RTTs s1 was measured at, RTT_REACH either side."""
+        return self.base_share[0][0] / RTT_REACH <= rtt_s <= self.base_share[-1][0] * RTT_REACH
 
     def share(self, fractional_multiplier: float, rtt_s: float | None) -> float:
         """One tame stream's goodput over one standard stream's at ``fractional_multiplier`` (>= 1)."""
@@ -89,10 +109,10 @@ LAWS: dict[str, ShareLaw] = {
 # stream's goodput against one of n* standard streams opened in its place. Beside cubic it takes more at an FM than
 # the fractional form's tame stream does (beside a standard stream of ours too), so it has a law of its own.
 AGGREGATE_LAWS: dict[str, ShareLaw] = {
-    # Measured on one path (50 Mbit/s, 40 ms added delay, 5 cubic cross flows), n* = 2, N = 4-32: s1 held at
-    # other RTTs.
-    "cubic": ShareLaw(exponent=0.588, base_share=((0.0782, 0.873),), measured=True,
-                      source="benchmarks/results/tame-cc-aggregate-fit.md", max_calibrated_fm=58.583),
+    # Measured on 50 Mbit/s with 10, 40 and 100 ms added delay (5 cubic cross flows), n* = 2, N = 4-32, keyed by the
+    # RTT the service measured on each; runs whose 2-segment window floors bind left out.
+    "cubic": ShareLaw(exponent=0.563, base_share=((0.0183, 0.898), (0.0782, 0.822), (0.1764, 0.526)), measured=True,
+                      source="benchmarks/results/tame-cc-aggregate-rtts.md", max_calibrated_fm=88.615),
 }
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from advisor.cli import UsageError
 from advisor.errors import InvalidRequest
 from advisor.limits import MAX_STREAMS, check_congestion_control, check_rtt_s, parse_number
-from advisor.tame import MIN_FRACTION, calibration_warning, fractional_multiplier_for
+from advisor.tame import MIN_FRACTION, calibration_warnings, fractional_multiplier_for
 from models.tame_share import LAWS, aggregate_law_for
 from probes import cc, cc_map, cc_routes
 from probes.controls import available_controls, host_default_control
@@ -237,8 +237,8 @@ def _apply(args) -> int:
             f"--streams {setting.standard_streams} for --tcp-equivalent {n_star:g}: {setting.standard_streams} "
             f"standard ({control}) streams take n*'s share, no tame stream is needed: open them with {control} "
             f"(tame cc clear {addr} removes what an earlier apply set)")
-    beyond = calibration_warning(setting.fractional_multiplier, control, aggregate=setting.form == "aggregate")
-    if beyond:
+    for beyond in calibration_warnings(setting.fractional_multiplier, control, rtt_s,
+                                       aggregate=setting.form == "aggregate"):
         print(f"tame cc apply: warning: {beyond}", file=sys.stderr)
     cc.require_root()
     # A name that is no VRF here changes nothing; the table read is the one the route is checked against.

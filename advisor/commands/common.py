@@ -282,6 +282,9 @@ def print_advice(advice: Advice, opening: dict[str, Any] | None = None) -> None:
                  + " ".join(f"{k}={v:.4g}" for k, v in advice.params.items()))
     if opening is not None:
         lines.append(f"how to open:                {opening_text(opening)}")
+        if opening.get("max_aggregate_streams") is not None:
+            lines.append(f"N streams of one control:   at most {opening['max_aggregate_streams']} scale to n* "
+                         "(tame transfer --streams N)")
     lines += [f"warning: {w}" for w in advice.warnings]
     lines += [f"instead: {alternative_text(a)}" for a in advice.alternatives]
     print("\n".join(lines))

@@ -35,7 +35,7 @@ from advisor.errors import AdvisorError, InvalidRequest
 from advisor.limits import MAX_PROBE_STREAMS, parse_number
 from advisor.observations import Observation
 from advisor.opening import how_to_open
-from advisor.tame import calibration_warning
+from advisor.tame import calibration_warnings, window_floor_warning
 from probes import cc, cc_map
 from probes.controls import available_controls, host_default_control
 from probes.errors import CcBusy, CcError, ProbeError
@@ -195,9 +195,11 @@ def run(args) -> int:
         standard_control = payload.get("congestion_control") or host_default_control()
         opened = plan_opening(advice, dest, rtt_s, standard_control, args.streams, args.fractional_port, args.bytes)
         if opened.form == "aggregate":  # the fractional form's warning is the advice's own
-            beyond = calibration_warning(opened.fractional_multiplier, standard_control, aggregate=True)
-            if beyond:
-                print(f"tame transfer: warning: {beyond}", file=sys.stderr)
+            beyond = calibration_warnings(opened.fractional_multiplier, standard_control, rtt_s, aggregate=True)
+            floor = window_floor_warning(opened.tame_streams, rtt_s, advice.tcp_equivalent_streams,
+                                         advice.tcp_equivalent_throughput_bps())
+            for warning in [*beyond, *([floor] if floor else [])]:
+                print(f"tame transfer: warning: {warning}", file=sys.stderr)
         _check_can_open(opened, standard_control)
         deadline_s = args.timeout or (args.duration + DEADLINE_SLACK_S if args.duration else DEFAULT_BYTES_TIMEOUT_S)
         with contextlib.ExitStack() as held:

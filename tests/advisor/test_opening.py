@@ -25,7 +25,25 @@ def test_a_fractional_n_star_opens_whole_standard_streams_and_one_tame_stream_at
                    "standard_control": "bbr", "fractional_multiplier": 4.0, "tcp_equivalent_streams": 2.5,
                    "rtt_s": 0.04, "address": "10.0.0.2",
                    "command": "tame cc apply 10.0.0.2 --tcp-equivalent 2.5 --rtt 0.04 --standard-control bbr",
-                   "note": None}
+                   "note": None, "max_aggregate_streams": 172}
+
+
+@pytest.mark.parametrize("rtt_s", [0.0183, 0.04, 0.18])
+@pytest.mark.parametrize("throughput_bps", [1e6, 1.3e7, 1e8])
+def test_max_aggregate_streams_is_the_most_that_tame_transfer_opens_unwarned(rtt_s, throughput_bps):
+    from advisor.tame import window_floor_warning
+
+    got = how_to_open(Advice(**{**advice(2.5, 2, 4.0, "cubic").to_json(),
+                                "max_nondisruptive_throughput_bps": throughput_bps}), "10.0.0.2", rtt_s=rtt_s)
+    most, n_star_bps = got["max_aggregate_streams"], throughput_bps * 2.5 / 2
+    assert window_floor_warning(most + 1, rtt_s, 2.5, n_star_bps) is not None
+    assert most == 0 or window_floor_warning(most, rtt_s, 2.5, n_star_bps) is None
+    # 2 segments of 1448 bytes a round trip per stream, below 0.8 of n*'s throughput together
+    assert most * 2 * 1448 * 8 / rtt_s < 0.8 * n_star_bps <= (most + 1) * 2 * 1448 * 8 / rtt_s
+
+
+def test_max_aggregate_streams_is_null_without_an_rtt():
+    assert how_to_open(advice(2.5, 2, 4.0, "cubic"), "10.0.0.2", rtt_s=None)["max_aggregate_streams"] is None
 
 
 @pytest.mark.parametrize("control", sorted(LAWS) + [None])

@@ -262,3 +262,48 @@ def test_n_star_is_published_rounded_down():
     assert published_streams(3.0) == 3.0 and published_streams(2.54214) == 2.5421 and published_streams(0.0) == 0.0
     for n in np.random.default_rng(7).uniform(0, 64, 2000):
         assert n - 1e-4 < published_streams(float(n)) <= n
+
+
+def test_calibration_warnings_name_an_fm_and_an_rtt_past_what_the_law_was_measured_over():
+    from advisor.tame import calibration_warnings
+    from models.tame_share import AGGREGATE_LAWS, LAWS, RTT_REACH
+
+    law = LAWS["cubic"]
+    first, last = law.base_share[0][0], law.base_share[-1][0]
+    assert calibration_warnings(10.0, "cubic", first) == []
+    assert calibration_warnings(10.0, "cubic", first / RTT_REACH * 1.001) == []  # just inside the reach
+    short, = calibration_warnings(10.0, "cubic", first / RTT_REACH * 0.99)
+    long, = calibration_warnings(10.0, "cubic", last * RTT_REACH * 1.01)
+    for said in (short, long):
+        assert "outside the RTTs" in said and "/".join(f"{r * 1000:.0f}" for r, _ in law.base_share) in said
+    fm_and_rtt = calibration_warnings(law.max_calibrated_fm * 2, "cubic", 1.0)
+    assert len(fm_and_rtt) == 2 and f"past the FM {law.max_calibrated_fm:g}" in fm_and_rtt[0]
+    # the aggregate form is held against its own law's RTTs and FMs
+    agg = AGGREGATE_LAWS["cubic"]
+    assert calibration_warnings(agg.max_calibrated_fm, "cubic", agg.base_share[0][0], aggregate=True) == []
+    assert len(calibration_warnings(agg.max_calibrated_fm + 1, "cubic", 0.002, aggregate=True)) == 2
+    # unmeasured controls (theory), no tame stream, or an unknown RTT: nothing to hold them against
+    assert calibration_warnings(500.0, "bbr", 1.0) == []
+    assert calibration_warnings(None, "cubic", 1.0) == []
+    assert calibration_warnings(10.0, "cubic", None) == []
+
+
+def test_window_floor_warning_when_n_streams_cannot_go_as_low_as_n_star_asks():
+    from advisor.tame import WINDOW_FLOOR_REACH, window_floor_warning
+    from models.tame_share import window_floor_bps
+
+    rtt = 0.0183
+    per_stream = window_floor_bps(1, rtt)
+    assert_allclose(per_stream, 2 * 1448 * 8 / rtt)  # two full segments a round trip
+    n_star_bps = 13.2e6  # 2 cubic streams' share on the 50 Mbit/s bed at 10 ms
+    # 8 streams' floor (10.1 Mbit/s) is 0.77 of it: no warning; 16 streams' (20.3 Mbit/s) is past it
+    assert window_floor_bps(8, rtt) < WINDOW_FLOOR_REACH * n_star_bps <= window_floor_bps(9, rtt)
+    assert window_floor_warning(8, rtt, 2.0, n_star_bps) is None
+    said = window_floor_warning(16, rtt, 2.0, n_star_bps)
+    assert said.startswith("16 tame streams at RTT 18.3 ms send at least about 20.3 Mbit/s")
+    assert said.endswith("open at most 8 streams")
+    # too few streams left to carry n*: the fractional form
+    assert window_floor_warning(16, rtt, 9.0, n_star_bps).endswith("open the fractional form (no --streams)")
+    # no RTT or no throughput: nothing to hold them against
+    for rtt_s, bps in ((None, n_star_bps), (0.0, n_star_bps), (rtt, 0.0), (rtt, math.nan)):
+        assert window_floor_warning(16, rtt_s, 2.0, bps) is None

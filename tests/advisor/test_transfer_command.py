@@ -22,8 +22,9 @@ A, B = 2e-18, 4e-16
 DEST = "10.201.2.1"
 
 
-def rate(n):
-    return n / math.sqrt(A * n * n + B)
+def rate(n, scale=1.0):
+    """Lu's BW(n), bits/s, times ``scale`` (which leaves n* as it is)."""
+    return scale * n / math.sqrt(A * n * n + B)
 
 
 def _no_processes(*args, **kwargs):
@@ -33,12 +34,16 @@ def _no_processes(*args, **kwargs):
 @pytest.fixture
 def store_url(tmp_path, monkeypatch):
     """A store holding a fit for DEST:5201, and the environment pointing the CLI at it; no process may run."""
+    return _store_url(tmp_path, monkeypatch, 1.0)
+
+
+def _store_url(tmp_path, monkeypatch, scale):
     url = f"sqlite:///{tmp_path / 'tame.sqlite3'}"
     store = Store.open(url)
     settings = Settings(database_url=url, allowed=AllowList.parse("10.201.0.0/16"))
     dest = parse_destination(DEST)
-    results = [ProbeResult(dest=dest.key, streams=n, duration_s=10.0, omit_s=0.0, throughput_bps=rate(n),
-                           sender_bps=rate(n)) for n in (1, 4, 10)]
+    results = [ProbeResult(dest=dest.key, streams=n, duration_s=10.0, omit_s=0.0, throughput_bps=rate(n, scale),
+                           sender_bps=rate(n, scale)) for n in (1, 4, 10)]
     assert AdviceService(store, settings).ingest_run(dest, 0.04, results, time.time(), source="push")[1] is None
     store.close()
     monkeypatch.delenv("TAME_URL", raising=False)
@@ -143,7 +148,32 @@ def test_aggregate_streams_past_the_fitted_fm_are_warned_of(store_url, monkeypat
     monkeypatch.setattr(transfer.os, "geteuid", lambda: 1000)  # stops before anything runs
     assert _transfer(DEST, "--max-impact", "0.1", *SIZE, "--streams", streams) == 2
     err = capsys.readouterr().err
-    assert ("tame transfer: warning: the tame stream's FM" in err and "past the FM 58.583" in err) == warned, err
+    from models.tame_share import AGGREGATE_LAWS
+
+    past = f"past the FM {AGGREGATE_LAWS['cubic'].max_calibrated_fm:g}"
+    assert ("tame transfer: warning: the tame stream's FM" in err and past in err) == warned, err
+
+
+@pytest.mark.parametrize("scale, streams, says", [
+    (1.0, "64", None),  # 64 streams' floor at 40 ms is 0.32 of n*'s 117 Mbit/s
+    (0.01, "4", "open the fractional form (no --streams)"),  # n* takes 1.17 Mbit/s: 4 streams' floor is 2.0x that
+    (0.03, "8", "open at most 4 streams"),
+])
+def test_aggregate_streams_whose_window_floor_exceeds_n_star_s_share_are_warned_of(tmp_path, monkeypatch, capsys,
+                                                                                     scale, streams, says):
+    url = _store_url(tmp_path, monkeypatch, scale)
+    monkeypatch.setenv("TAME_CONGESTION_CONTROL", "cubic")
+    monkeypatch.setattr(transfer.os, "geteuid", lambda: 1000)  # stops before anything runs
+    before = _rows(url)
+    assert _transfer(DEST, "--max-impact", "0.1", *SIZE, "--streams", streams) == 2
+    err = capsys.readouterr().err
+    floor = [line for line in err.splitlines() if "segments of 1448 bytes a round trip each" in line]
+    if says is None:
+        assert floor == [], err
+    else:
+        assert len(floor) == 1 and floor[0].startswith(f"tame transfer: warning: {streams} tame streams at RTT 40.0 ms")
+        assert floor[0].endswith(says), floor
+    assert _rows(url) == before
 
 
 def test_the_fractional_form_splits_bytes_by_each_part_s_share_of_n_star():

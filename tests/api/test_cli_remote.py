@@ -198,6 +198,10 @@ def test_advise_via_server_says_the_link_and_whether_its_advice_is_stale_as_the_
         assert done.returncode == 0, done.stderr
         first = done.stdout.splitlines()[0]
         assert first.startswith(f"{api['src']} -> {api['dest']} (advice {api['age_s']:.0f} s old, "), first
+        # how many streams of one control scale to n* at the advice's RTT, as the API says
+        assert api["open"]["max_aggregate_streams"] >= 1
+        assert (f"N streams of one control:   at most {api['open']['max_aggregate_streams']} scale to n* "
+                "(tame transfer --streams N)\n") in done.stdout
         seen.append((api["stale"], "STALE" in first, "fresh" in first))
     assert seen == [(False, False, True), (True, True, False)]
 

@@ -97,11 +97,20 @@ def test_each_law_s_report_is_what_the_benchmark_makes_of_its_measured_runs(sour
 
     report = (Path(__file__).resolve().parents[2] / source)
     text = report.read_text()
-    runs = [tame_cc.Run(**r) for r in json.loads(report.with_suffix(".json").read_text())["runs"]]
-    head = text.splitlines()[0]
-    command = head[head.index("`") + 1:head.rindex("`")]
+    record = json.loads(report.with_suffix(".json").read_text())
+    runs = [tame_cc.Run(**r) for r in record["runs"]]
+    command = tame_cc.report_command(report)
     if " aggregate " in command:
-        lines = tame_cc.aggregate_report(runs, command, float(re.search(r"n\* = ([0-9.]+)", head)[1]))
+        n_star = float(re.search(r"n\* = ([0-9.]+)", text.splitlines()[0])[1])
+        lines = tame_cc.aggregate_report(runs, command, n_star, record.get("measured_by"))
     else:
         lines = tame_cc.share_report(runs, command)
     assert "\n".join(lines) + "\n" == text
+
+
+def test_a_law_covers_the_rtts_it_was_measured_at_and_a_reach_either_side():
+    from models.tame_share import RTT_REACH
+
+    assert LAW.covers_rtt(0.010) and LAW.covers_rtt(0.100) and LAW.covers_rtt(0.04)
+    assert LAW.covers_rtt(0.010 / RTT_REACH) and LAW.covers_rtt(0.100 * RTT_REACH)
+    assert not LAW.covers_rtt(0.010 / RTT_REACH * 0.99) and not LAW.covers_rtt(0.100 * RTT_REACH * 1.01)
