@@ -206,7 +206,7 @@ def calibration_warnings(fractional_multiplier: float | None, standard_control: 
         warnings.append(f"the tame stream's FM {fractional_multiplier:g} is past the FM {law.max_calibrated_fm:g} its "
                         f"share beside {standard_control} was measured to, so it may take more than the share asked "
                         "of it")
-    if rtt_s is not None and rtt_s > 0 and not law.covers_rtt(rtt_s):
+    if rtt_s is not None and rtt_s > 0 and math.isfinite(rtt_s) and not law.covers_rtt(rtt_s):
         measured = "/".join(f"{r * 1000:.0f}" for r, _ in law.base_share)
         warnings.append(f"the path's RTT {rtt_s * 1000:.1f} ms is outside the RTTs ({measured} ms) the tame stream's "
                         f"share beside {standard_control} was measured at, so it may take more or less than the share "
@@ -216,14 +216,19 @@ def calibration_warnings(fractional_multiplier: float | None, standard_control: 
 
 WINDOW_FLOOR_REACH = 0.8
 """The aggregate form holds n*'s share while its N streams' window floor (models.tame_share.window_floor_bps) stays
-below this fraction of n*'s throughput; past it the floor, not the FM, sets what they take
-(benchmarks/results/tame-cc-aggregate-rtts.md)."""
+below this fraction of n*'s throughput; past it the floor, not the FM, sets what they take. A heuristic from few
+runs (benchmarks/results/): at 18.3 ms, N = 8 (floor 0.78 of the 2 cubic streams' goodput) took 1.02 of it and
+N = 16 (1.56) took 1.35 (tame-cc-aggregate-10ms.md); N = 32 at 66.7 ms (0.84) took 1.12 (tame-cc-aggregate.md,
+at an FM past the range its law was then fitted to), while N = 32 at 78.2 ms (0.70) took 1.25 and is kept in the
+fit (tame-cc-aggregate-fit.md). The validation runs (tame-cc-aggregate-check.md): N = 8 at 17.1 ms (0.80) took
+0.92, N = 16 (1.60) took 1.28, N = 32 at 66.6 ms (0.83) took 1.06."""
 
 
 def most_aggregate_streams(rtt_s: float | None, n_star_bps: float) -> int | None:
     """The most tame streams the aggregate form can scale to n*'s throughput ``n_star_bps`` (bits/s) at ``rtt_s``
     (seconds): those whose window floor stays below WINDOW_FLOOR_REACH of it; None when either is unknown."""
-    if rtt_s is None or not rtt_s > 0 or not n_star_bps > 0 or not math.isfinite(n_star_bps):
+    if (rtt_s is None or not rtt_s > 0 or not math.isfinite(rtt_s) or not n_star_bps > 0
+            or not math.isfinite(n_star_bps)):
         return None
     return max(0, math.ceil(WINDOW_FLOOR_REACH * n_star_bps / window_floor_bps(1, rtt_s)) - 1)
 
@@ -235,8 +240,12 @@ def window_floor_warning(streams: int, rtt_s: float | None, n_star: float, n_sta
     if most is None or streams <= most:
         return None
     floor = window_floor_bps(streams, rtt_s)
-    instead = (f"open at most {most} streams" if most >= max(1, math.ceil(n_star))
-               else "open the fractional form (no --streams)")
+    if most >= max(1, math.ceil(n_star)):
+        instead = f"open at most {most} streams"
+    elif most >= 1:
+        instead = "open the fractional form (no --streams)"
+    else:  # one tame stream's floor alone is past it, and the fractional form opens one too
+        instead = "not even one stream goes that low at this RTT, so any TCP transfer here takes more than n*'s share"
     return (f"{streams} tame streams at RTT {rtt_s * 1000:.1f} ms send at least about {floor / 1e6:.3g} Mbit/s "
             f"({MIN_WINDOW_SEGMENTS} segments of {TYPICAL_MSS_BYTES} bytes a round trip each), "
             f"{floor / n_star_bps:.2f} of the {n_star_bps / 1e6:.3g} Mbit/s n* streams are advised to take, so they "

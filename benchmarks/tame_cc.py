@@ -27,6 +27,7 @@ import argparse
 import json
 import math
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -369,28 +370,35 @@ def aggregate_report(runs: list[Run], command: str, n_star: float,
             by = (measured_by or {}).get(f"{rtt * 1000:g}")
             lines += ["", f"## RTT {rtt * 1000:g} ms" + (f" (measured by `{by}`)" if by else "")]
         lines += aggregate_path_table([r for r in runs if r.rtt_s == rtt], refs[rtt], n_star)
-    from advisor.tame import WINDOW_FLOOR_REACH, window_floor_warning
+    from advisor.tame import WINDOW_FLOOR_REACH, most_aggregate_streams
+
+    def floored(r: Run) -> bool:
+        """Whether N windows of 2 segments already send most of n*'s share, so that the floor and not the FM sets
+        what they take (`tame transfer` warns so): such runs say nothing of the FM -> share law."""
+        return aggregate_streams(r) > most_aggregate_streams(r.service_rtt_s, refs[r.rtt_s])
 
     tame = [r for r in runs if r.label != "reference" and r.setting]
-    # Where N windows of 2 segments already send most of n*'s share, the floor and not the FM sets what they take
-    # (`tame transfer` warns so): those runs say nothing of the FM -> share law.
-    floored = {r.label + f" at {r.service_rtt_s * 1000:.1f} ms" for r in tame
-               if window_floor_warning(int(r.label[2:]), r.service_rtt_s, n_star, refs[r.rtt_s])}
-    tame = [r for r in tame if r.label + f" at {r.service_rtt_s * 1000:.1f} ms" not in floored]
+    left_out = sorted({f"{r.label} at {r.service_rtt_s * 1000:.1f} ms" for r in tame if floored(r)})
+    tame = [r for r in tame if not floored(r)]
     if len({r.setting["fractional_multiplier"] for r in tame}) >= 2:
         # One tame stream of N against one of its path's reference's n*: the law the aggregate form is set by.
-        shares = [r.ours_bps() / int(r.label[2:]) / (refs[r.rtt_s] / n_star) for r in tame]
+        shares = [r.ours_bps() / aggregate_streams(r) / (refs[r.rtt_s] / n_star) for r in tame]
         fms = [r.setting["fractional_multiplier"] for r in tame]
         k, base = fit_share(fms, shares, [round(r.service_rtt_s, 4) for r in tame])
         each = ", ".join(f"s1({rtt * 1000:.1f} ms) = {s1:.3f}" for rtt, s1 in base.items())
         lines += ["", "Fitted per-stream share of the N tame streams = s1(RTT) x FM^-k (least squares on logs, "
                   f"FM {min(fms):g}-{max(fms):g}; share = (Mbit/s / N) / (reference Mbit/s / n*), RTT as the service "
                   "measured it):", "", f"- aggregate: k = {k:.3f}; {each} ({len(tame)} runs)"]
-        if floored:
-            lines += [f"- left out: {', '.join(sorted(floored))}, whose N windows of 2 segments a round trip send "
+        if left_out:
+            lines += [f"- left out: {', '.join(left_out)}, whose N windows of 2 segments a round trip send "
                       f"at least {WINDOW_FLOOR_REACH:g} of the reference (models.tame_share.window_floor_bps at the "
                       "RTT the service measured)"]
     return lines
+
+
+def aggregate_streams(run: Run) -> int:
+    """N, the streams an aggregate run opened (its label is "N=16")."""
+    return int(run.label.removeprefix("N="))
 
 
 def aggregate_path_table(runs: list[Run], ref: float, n_star: float) -> list[str]:
@@ -407,14 +415,14 @@ def aggregate_path_table(runs: list[Run], ref: float, n_star: float) -> list[str
              "every N in turn, starting one setting later than the repeat before. Goal: within ±10 %; the range over "
              "repeats in brackets.", "",
              "| N | FM | Mbit/s (median) | / reference | within ±10 % |", "|---|---|---|---|---|"]
-    for label in sorted({r.label for r in runs if r.label != "reference"}, key=lambda s: int(s[2:])):
+    for label in sorted({r.label for r in runs if r.label != "reference"}, key=lambda s: int(s.removeprefix("N="))):
         sel = [r for r in runs if r.label == label]
         got = median([r.ours_bps() for r in sel])
         ratio = got / ref
         spread = f" [{min(r.ours_bps() for r in sel) / ref:.2f}-{max(r.ours_bps() for r in sel) / ref:.2f}]" \
             if len(sel) > 1 else ""
         opened = f"{sel[0].setting['fractional_multiplier']:g}" if sel[0].setting else f"none ({STANDARD})"
-        lines.append(f"| {label[2:]} | {opened} | {got / 1e6:.2f} | {ratio:.3f}{spread} | "
+        lines.append(f"| {aggregate_streams(sel[0])} | {opened} | {got / 1e6:.2f} | {ratio:.3f}{spread} | "
                      f"{'yes' if abs(ratio - 1) <= 0.10 else 'no'} |")
     return lines
 
@@ -643,11 +651,23 @@ def report_command(report: Path) -> str:
     return head[head.index("`") + 1:head.rindex("`")]
 
 
-def merged_aggregate_runs(reports: Sequence[Path]) -> tuple[list[Run], dict[str, str]]:
-    """The runs kept beside several aggregate reports (one path each), and which command measured each path."""
+def report_n_star(report: Path) -> float:
+    """The n* an aggregate report's runs were scaled to, as its first line names it."""
+    found = re.search(r"scaled to n\* = ([0-9.]+) ", report.read_text().splitlines()[0])
+    if found is None:
+        raise SystemExit(f"{report} is no aggregate report: its first line names no n*")
+    return float(found[1])
+
+
+def merged_aggregate_runs(reports: Sequence[Path], n_star: float) -> tuple[list[Run], dict[str, str]]:
+    """The runs kept beside several aggregate reports (one path each, all scaled to ``n_star``), and which command
+    measured each path."""
     runs: list[Run] = []
     measured_by: dict[str, str] = {}
     for report in reports:
+        if report_n_star(report) != n_star:
+            raise SystemExit(f"--merge: {report} scaled its runs to n* = {report_n_star(report):g}, not --n-star "
+                             f"{n_star:g}: merge reports of one n*")
         part = [Run(**r) for r in json.loads(report.with_suffix(".json").read_text())["runs"]]
         paths = {f"{r.rtt_s * 1000:g}" for r in part}
         if len(paths) != 1 or paths & measured_by.keys():
@@ -697,8 +717,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.rtts = args.rtts or ([10.0, 40.0, 100.0] if args.what in ("share", "rtt") else [40.0])
     args.command = "python -m benchmarks.tame_cc " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
-    if args.merge and args.what != "aggregate":
-        parser.error("--merge is for aggregate reports")
+    if args.merge and (args.what != "aggregate" or args.output is None):
+        parser.error("--merge is for aggregate reports, and needs --output for the merged one")
     if os.geteuid() != 0 and not (args.report_only or args.merge):
         parser.error("needs root (network namespaces, BPF)")
     if min(args.fms) < 1 or args.seconds < 2 or args.repeats < 1 or args.omit < 0:
@@ -712,10 +732,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         record = json.loads(output.with_suffix(".json").read_text())
         runs, cases = [Run(**r) for r in record["runs"]], record.get("cases")
         args.command = report_command(output)  # the command that measured (or merged) it
+        if args.what == "aggregate":
+            args.n_star = report_n_star(output)
         lines = _report(args, runs, cases, record.get("measured_by"))
         runs = []  # the .json stays as measured
     elif args.merge:
-        runs, measured_by = merged_aggregate_runs(args.merge)
+        runs, measured_by = merged_aggregate_runs(args.merge, args.n_star)
         lines = _report(args, runs, None, measured_by)
         output.with_suffix(".json").write_text(
             json.dumps({"runs": [asdict(r) for r in runs], "cases": None, "measured_by": measured_by}, indent=1) + "\n")

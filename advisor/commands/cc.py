@@ -45,7 +45,7 @@ def setting_for(tcp_equivalent: float, streams: int | None = None, rtt_s: float 
     With ``streams`` = N (the aggregate form, for tools that open N streams of one control): each of the N
     streams runs tame at the FM whose share is n*/N (the aggregate form's law), so that together they take n*
     streams' share. Tame at FM 1 is Reno, which beside cubic takes less than a standard stream (the aggregate
-    law's s1 < 1, measured at one RTT): at N = n* (within rounding), the setting is N standard streams (``form``
+    law's s1 < 1, falling with the RTT): at N = n* (within rounding), the setting is N standard streams (``form``
     "standard", no FM). Only there: N > n* standard streams would take more than n*'s share, the budget, so above
     it the tame streams stay, at FM 1 when even that falls short.
     """

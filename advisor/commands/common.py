@@ -282,9 +282,12 @@ def print_advice(advice: Advice, opening: dict[str, Any] | None = None) -> None:
                  + " ".join(f"{k}={v:.4g}" for k, v in advice.params.items()))
     if opening is not None:
         lines.append(f"how to open:                {opening_text(opening)}")
-        if opening.get("max_aggregate_streams") is not None:
-            lines.append(f"N streams of one control:   at most {opening['max_aggregate_streams']} scale to n* "
-                         "(tame transfer --streams N)")
+        most = opening.get("max_aggregate_streams")
+        if most is not None and most >= max(1, math.ceil(opening["tcp_equivalent_streams"])):
+            lines.append(f"N streams of one control:   at most {most} scale to n* (tame transfer --streams N)")
+        elif most is not None:  # the aggregate form needs N >= ceil(n*)
+            lines.append("N streams of one control:   none scale to n* at this RTT (their 2-segment windows "
+                         "alone send more)")
     lines += [f"warning: {w}" for w in advice.warnings]
     lines += [f"instead: {alternative_text(a)}" for a in advice.alternatives]
     print("\n".join(lines))

@@ -42,6 +42,20 @@ def test_max_aggregate_streams_is_the_most_that_tame_transfer_opens_unwarned(rtt
     assert most * 2 * 1448 * 8 / rtt_s < 0.8 * n_star_bps <= (most + 1) * 2 * 1448 * 8 / rtt_s
 
 
+@pytest.mark.parametrize("throughput_bps, says", [
+    # n* 2.5 takes 125 Mbit/s: 172 streams' floors (579 kbit/s each at 40 ms) stay below 0.8 of it
+    (1e8, "at most 172 scale to n* (tame transfer --streams N)"),
+    # 1.25 Mbit/s: one stream's floor is 0.46 of it, two 0.93; the aggregate form needs 3
+    (1e6, "none scale to n* at this RTT (their 2-segment windows alone send more)"),
+])
+def test_the_printed_advice_says_how_many_streams_of_one_control_scale_to_n_star(capsys, throughput_bps, says):
+    from advisor.commands.common import print_advice
+
+    got = Advice(**{**advice(2.5, 2, 4.0, "cubic").to_json(), "max_nondisruptive_throughput_bps": throughput_bps})
+    print_advice(got, how_to_open(got, "10.0.0.2", rtt_s=0.04))
+    assert f"N streams of one control:   {says}\n" in capsys.readouterr().out
+
+
 def test_max_aggregate_streams_is_null_without_an_rtt():
     assert how_to_open(advice(2.5, 2, 4.0, "cubic"), "10.0.0.2", rtt_s=None)["max_aggregate_streams"] is None
 

@@ -286,17 +286,18 @@ def test_calibration_warnings_name_an_fm_and_an_rtt_past_what_the_law_was_measur
     assert calibration_warnings(500.0, "bbr", 1.0) == []
     assert calibration_warnings(None, "cubic", 1.0) == []
     assert calibration_warnings(10.0, "cubic", None) == []
+    assert calibration_warnings(10.0, "cubic", math.inf) == calibration_warnings(10.0, "cubic", math.nan) == []
 
 
 def test_window_floor_warning_when_n_streams_cannot_go_as_low_as_n_star_asks():
-    from advisor.tame import WINDOW_FLOOR_REACH, window_floor_warning
+    from advisor.tame import WINDOW_FLOOR_REACH, most_aggregate_streams, window_floor_warning
     from models.tame_share import window_floor_bps
 
     rtt = 0.0183
     per_stream = window_floor_bps(1, rtt)
     assert_allclose(per_stream, 2 * 1448 * 8 / rtt)  # two full segments a round trip
-    n_star_bps = 13.2e6  # 2 cubic streams' share on the 50 Mbit/s bed at 10 ms
-    # 8 streams' floor (10.1 Mbit/s) is 0.77 of it: no warning; 16 streams' (20.3 Mbit/s) is past it
+    n_star_bps = 13.03e6  # 2 cubic streams' goodput on the 50 Mbit/s bed at 10 ms (tame-cc-aggregate-10ms.md)
+    # 8 streams' floor (10.1 Mbit/s) is 0.78 of it: no warning; 16 streams' (20.3 Mbit/s) is past it
     assert window_floor_bps(8, rtt) < WINDOW_FLOOR_REACH * n_star_bps <= window_floor_bps(9, rtt)
     assert window_floor_warning(8, rtt, 2.0, n_star_bps) is None
     said = window_floor_warning(16, rtt, 2.0, n_star_bps)
@@ -304,6 +305,11 @@ def test_window_floor_warning_when_n_streams_cannot_go_as_low_as_n_star_asks():
     assert said.endswith("open at most 8 streams")
     # too few streams left to carry n*: the fractional form
     assert window_floor_warning(16, rtt, 9.0, n_star_bps).endswith("open the fractional form (no --streams)")
+    # not even one stream's floor (1.27 Mbit/s) is below 0.8 of n*'s 1.5 Mbit/s: neither form goes that low
+    assert window_floor_warning(3, rtt, 2.0, 1.5e6).endswith(
+        "not even one stream goes that low at this RTT, so any TCP transfer here takes more than n*'s share")
     # no RTT or no throughput: nothing to hold them against
-    for rtt_s, bps in ((None, n_star_bps), (0.0, n_star_bps), (rtt, 0.0), (rtt, math.nan)):
+    for rtt_s, bps in ((None, n_star_bps), (0.0, n_star_bps), (math.inf, n_star_bps), (math.nan, n_star_bps),
+                       (rtt, 0.0), (rtt, math.nan), (rtt, math.inf)):
         assert window_floor_warning(16, rtt_s, 2.0, bps) is None
+        assert most_aggregate_streams(rtt_s, bps) is None

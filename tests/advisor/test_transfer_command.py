@@ -151,6 +151,7 @@ def test_aggregate_streams_past_the_fitted_fm_are_warned_of(store_url, monkeypat
     from models.tame_share import AGGREGATE_LAWS
 
     past = f"past the FM {AGGREGATE_LAWS['cubic'].max_calibrated_fm:g}"
+    assert "not running as root" in err, err  # it got as far as the root check, past where it warns
     assert ("tame transfer: warning: the tame stream's FM" in err and past in err) == warned, err
 
 
@@ -158,6 +159,8 @@ def test_aggregate_streams_past_the_fitted_fm_are_warned_of(store_url, monkeypat
     (1.0, "64", None),  # 64 streams' floor at 40 ms is 0.32 of n*'s 117 Mbit/s
     (0.01, "4", "open the fractional form (no --streams)"),  # n* takes 1.17 Mbit/s: 4 streams' floor is 2.0x that
     (0.03, "8", "open at most 4 streams"),
+    # n* takes 117 kbit/s: one stream's floor (579 kbit/s at 40 ms) is 4.9x that, in either form
+    (0.001, "4", "not even one stream goes that low at this RTT, so any TCP transfer here takes more than n*'s share"),
 ])
 def test_aggregate_streams_whose_window_floor_exceeds_n_star_s_share_are_warned_of(tmp_path, monkeypatch, capsys,
                                                                                      scale, streams, says):
@@ -167,6 +170,7 @@ def test_aggregate_streams_whose_window_floor_exceeds_n_star_s_share_are_warned_
     before = _rows(url)
     assert _transfer(DEST, "--max-impact", "0.1", *SIZE, "--streams", streams) == 2
     err = capsys.readouterr().err
+    assert "not running as root" in err, err  # it got as far as the root check, past where it warns
     floor = [line for line in err.splitlines() if "segments of 1448 bytes a round trip each" in line]
     if says is None:
         assert floor == [], err
