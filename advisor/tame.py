@@ -219,7 +219,7 @@ WINDOW_FLOOR_REACH = 0.8
 below this fraction of n*'s throughput; past it the floor, not the FM, sets what they take. A heuristic from few
 runs (benchmarks/results/): at 18.3 ms, N = 8 (floor 0.78 of the 2 cubic streams' goodput) took 1.02 of it and
 N = 16 (1.56) took 1.35 (tame-cc-aggregate-10ms.md); N = 32 at 66.7 ms (0.84) took 1.12 (tame-cc-aggregate.md,
-at an FM past the range its law was then fitted to), while N = 32 at 78.2 ms (0.70) took 1.25 and is kept in the
+at FM 88.6, past the FM 2.1-58.6 of tame-cc-aggregate-fit.md), while N = 32 at 78.2 ms (0.70) took 1.25 and is kept in the
 fit (tame-cc-aggregate-fit.md). The validation runs (tame-cc-aggregate-check.md): N = 8 at 17.1 ms (0.80) took
 0.92, N = 16 (1.60) took 1.28, N = 32 at 66.6 ms (0.83) took 1.06."""
 
@@ -245,7 +245,8 @@ def window_floor_warning(streams: int, rtt_s: float | None, n_star: float, n_sta
     elif most >= 1:
         instead = "open the fractional form (no --streams)"
     else:  # one tame stream's floor alone is past it, and the fractional form opens one too
-        instead = "not even one stream goes that low at this RTT, so any TCP transfer here takes more than n*'s share"
+        instead = (f"not even one stream goes that low at this RTT: any TCP transfer here sends at least "
+                   f"{window_floor_bps(1, rtt_s) / n_star_bps:.2f} of n*'s share")
     return (f"{streams} tame streams at RTT {rtt_s * 1000:.1f} ms send at least about {floor / 1e6:.3g} Mbit/s "
             f"({MIN_WINDOW_SEGMENTS} segments of {TYPICAL_MSS_BYTES} bytes a round trip each), "
             f"{floor / n_star_bps:.2f} of the {n_star_bps / 1e6:.3g} Mbit/s n* streams are advised to take, so they "

@@ -375,7 +375,8 @@ def aggregate_report(runs: list[Run], command: str, n_star: float,
     def floored(r: Run) -> bool:
         """Whether N windows of 2 segments already send most of n*'s share, so that the floor and not the FM sets
         what they take (`tame transfer` warns so): such runs say nothing of the FM -> share law."""
-        return aggregate_streams(r) > most_aggregate_streams(r.service_rtt_s, refs[r.rtt_s])
+        most = most_aggregate_streams(r.service_rtt_s, refs[r.rtt_s])
+        return most is not None and aggregate_streams(r) > most
 
     tame = [r for r in runs if r.label != "reference" and r.setting]
     left_out = sorted({f"{r.label} at {r.service_rtt_s * 1000:.1f} ms" for r in tame if floored(r)})
@@ -415,14 +416,14 @@ def aggregate_path_table(runs: list[Run], ref: float, n_star: float) -> list[str
              "every N in turn, starting one setting later than the repeat before. Goal: within ±10 %; the range over "
              "repeats in brackets.", "",
              "| N | FM | Mbit/s (median) | / reference | within ±10 % |", "|---|---|---|---|---|"]
-    for label in sorted({r.label for r in runs if r.label != "reference"}, key=lambda s: int(s.removeprefix("N="))):
-        sel = [r for r in runs if r.label == label]
+    for n in sorted({aggregate_streams(r) for r in runs if r.label != "reference"}):
+        sel = [r for r in runs if r.label == f"N={n}"]
         got = median([r.ours_bps() for r in sel])
         ratio = got / ref
         spread = f" [{min(r.ours_bps() for r in sel) / ref:.2f}-{max(r.ours_bps() for r in sel) / ref:.2f}]" \
             if len(sel) > 1 else ""
         opened = f"{sel[0].setting['fractional_multiplier']:g}" if sel[0].setting else f"none ({STANDARD})"
-        lines.append(f"| {aggregate_streams(sel[0])} | {opened} | {got / 1e6:.2f} | {ratio:.3f}{spread} | "
+        lines.append(f"| {n} | {opened} | {got / 1e6:.2f} | {ratio:.3f}{spread} | "
                      f"{'yes' if abs(ratio - 1) <= 0.10 else 'no'} |")
     return lines
 
@@ -653,7 +654,8 @@ def report_command(report: Path) -> str:
 
 def report_n_star(report: Path) -> float:
     """The n* an aggregate report's runs were scaled to, as its first line names it."""
-    found = re.search(r"scaled to n\* = ([0-9.]+) ", report.read_text().splitlines()[0])
+    head = report.read_text().splitlines()[:1]
+    found = re.search(r"scaled to n\* = ([0-9]+(?:\.[0-9]+)?) ", head[0]) if head else None
     if found is None:
         raise SystemExit(f"{report} is no aggregate report: its first line names no n*")
     return float(found[1])
@@ -717,8 +719,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.rtts = args.rtts or ([10.0, 40.0, 100.0] if args.what in ("share", "rtt") else [40.0])
     args.command = "python -m benchmarks.tame_cc " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
-    if args.merge and (args.what != "aggregate" or args.output is None):
-        parser.error("--merge is for aggregate reports, and needs --output for the merged one")
+    if args.merge and args.what != "aggregate":
+        parser.error("--merge is for aggregate reports")
+    if args.merge and args.output is None:
+        parser.error("--merge needs --output, the merged report's path")
     if os.geteuid() != 0 and not (args.report_only or args.merge):
         parser.error("needs root (network namespaces, BPF)")
     if min(args.fms) < 1 or args.seconds < 2 or args.repeats < 1 or args.omit < 0:

@@ -41,10 +41,14 @@ def test_merging_the_law_s_three_runs_again_gives_its_report(tmp_path):
 
 
 def test_merge_without_output_is_refused_and_overwrites_nothing(tmp_path):
-    before = {p.name: p.read_bytes() for p in RESULTS.glob("tame-cc-aggregate*")}
-    done = _merge("--merge", ",".join(str(p) for p in _parts()))
-    assert done.returncode == 2 and "needs --output" in done.stderr
-    assert {p.name: p.read_bytes() for p in RESULTS.glob("tame-cc-aggregate*")} == before
+    before = {p: p.read_bytes() for p in RESULTS.glob("tame-cc-aggregate*")}
+    try:
+        done = _merge("--merge", ",".join(str(p) for p in _parts()))
+        assert done.returncode == 2 and "--merge needs --output" in done.stderr
+        assert {p: p.read_bytes() for p in RESULTS.glob("tame-cc-aggregate*")} == before
+    finally:  # a regression must not leave the committed reports overwritten
+        for p, content in before.items():
+            p.write_bytes(content)
 
 
 def test_merging_one_path_twice_or_another_n_star_is_refused(tmp_path):

@@ -307,7 +307,7 @@ def test_window_floor_warning_when_n_streams_cannot_go_as_low_as_n_star_asks():
     assert window_floor_warning(16, rtt, 9.0, n_star_bps).endswith("open the fractional form (no --streams)")
     # not even one stream's floor (1.27 Mbit/s) is below 0.8 of n*'s 1.5 Mbit/s: neither form goes that low
     assert window_floor_warning(3, rtt, 2.0, 1.5e6).endswith(
-        "not even one stream goes that low at this RTT, so any TCP transfer here takes more than n*'s share")
+        "not even one stream goes that low at this RTT: any TCP transfer here sends at least 0.84 of n*'s share")
     # no RTT or no throughput: nothing to hold them against
     for rtt_s, bps in ((None, n_star_bps), (0.0, n_star_bps), (math.inf, n_star_bps), (math.nan, n_star_bps),
                        (rtt, 0.0), (rtt, math.nan), (rtt, math.inf)):

@@ -159,8 +159,8 @@ def test_aggregate_streams_past_the_fitted_fm_are_warned_of(store_url, monkeypat
     (1.0, "64", None),  # 64 streams' floor at 40 ms is 0.32 of n*'s 117 Mbit/s
     (0.01, "4", "open the fractional form (no --streams)"),  # n* takes 1.17 Mbit/s: 4 streams' floor is 2.0x that
     (0.03, "8", "open at most 4 streams"),
-    # n* takes 117 kbit/s: one stream's floor (579 kbit/s at 40 ms) is 4.9x that, in either form
-    (0.001, "4", "not even one stream goes that low at this RTT, so any TCP transfer here takes more than n*'s share"),
+    # n* takes 117 kbit/s: one stream's floor (579 kbit/s at 40 ms) is 4.95x that, in either form
+    (0.001, "4", "not even one stream goes that low at this RTT: any TCP transfer here sends at least 4.95 of n*'s share"),
 ])
 def test_aggregate_streams_whose_window_floor_exceeds_n_star_s_share_are_warned_of(tmp_path, monkeypatch, capsys,
                                                                                      scale, streams, says):
