@@ -224,6 +224,11 @@ fit (tame-cc-aggregate-fit.md). The validation runs (tame-cc-aggregate-check.md)
 0.92, N = 16 (1.60) took 1.28, N = 32 at 66.6 ms (0.83) took 1.06."""
 
 
+def fewest_aggregate_streams(n_star: float) -> int:
+    """The fewest streams the aggregate form opens for n* (tame only slows a stream down): ceil(n*), at least 1."""
+    return max(1, math.ceil(n_star))
+
+
 def most_aggregate_streams(rtt_s: float | None, n_star_bps: float) -> int | None:
     """The most tame streams the aggregate form can scale to n*'s throughput ``n_star_bps`` (bits/s) at ``rtt_s``
     (seconds): those whose window floor stays below WINDOW_FLOOR_REACH of it; None when either is unknown."""
@@ -240,7 +245,7 @@ def window_floor_warning(streams: int, rtt_s: float | None, n_star: float, n_sta
     if most is None or streams <= most:
         return None
     floor = window_floor_bps(streams, rtt_s)
-    if most >= max(1, math.ceil(n_star)):
+    if most >= fewest_aggregate_streams(n_star):
         instead = f"open at most {most} streams"
     elif most >= 1:
         instead = "open the fractional form (no --streams)"

@@ -378,9 +378,11 @@ def aggregate_report(runs: list[Run], command: str, n_star: float,
         most = most_aggregate_streams(r.service_rtt_s, refs[r.rtt_s])
         return most is not None and aggregate_streams(r) > most
 
-    tame = [r for r in runs if r.label != "reference" and r.setting]
-    left_out = sorted({f"{r.label} at {r.service_rtt_s * 1000:.1f} ms" for r in tame if floored(r)})
-    tame = [r for r in tame if not floored(r)]
+    tame, floored_runs = [], []
+    for r in runs:
+        if r.label != "reference" and r.setting:
+            (floored_runs if floored(r) else tame).append(r)
+    left_out = sorted({f"{r.label} at {r.service_rtt_s * 1000:.1f} ms" for r in floored_runs})
     if len({r.setting["fractional_multiplier"] for r in tame}) >= 2:
         # One tame stream of N against one of its path's reference's n*: the law the aggregate form is set by.
         shares = [r.ours_bps() / aggregate_streams(r) / (refs[r.rtt_s] / n_star) for r in tame]
@@ -667,8 +669,9 @@ def merged_aggregate_runs(reports: Sequence[Path], n_star: float) -> tuple[list[
     runs: list[Run] = []
     measured_by: dict[str, str] = {}
     for report in reports:
-        if report_n_star(report) != n_star:
-            raise SystemExit(f"--merge: {report} scaled its runs to n* = {report_n_star(report):g}, not --n-star "
+        scaled_to = report_n_star(report)
+        if scaled_to != n_star:
+            raise SystemExit(f"--merge: {report} scaled its runs to n* = {scaled_to:g}, not --n-star "
                              f"{n_star:g}: merge reports of one n*")
         part = [Run(**r) for r in json.loads(report.with_suffix(".json").read_text())["runs"]]
         paths = {f"{r.rtt_s * 1000:g}" for r in part}

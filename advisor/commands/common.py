@@ -15,7 +15,8 @@ from advisor.cli import UsageError
 from advisor.errors import ConfigError, InvalidRequest
 from advisor.opening import opening_text
 from advisor.limits import MAX_STREAMS, check_site, check_streams, check_throughput_bps, parse_number
-from advisor.tame import DEFAULT_FRACTIONAL_MARGIN, DEFAULT_MARGIN, DEFAULT_MODEL, DEFAULT_N_MAX, NO_MARGIN, ImpactMargin
+from advisor.tame import (DEFAULT_FRACTIONAL_MARGIN, DEFAULT_MARGIN, DEFAULT_MODEL, DEFAULT_N_MAX, NO_MARGIN,
+                          ImpactMargin, fewest_aggregate_streams)
 from models.parallel import ProbePoint
 from models.registry import MODELS, MIN_LEVELS
 
@@ -283,9 +284,9 @@ def print_advice(advice: Advice, opening: dict[str, Any] | None = None) -> None:
     if opening is not None:
         lines.append(f"how to open:                {opening_text(opening)}")
         most = opening.get("max_aggregate_streams")
-        if most is not None and most >= max(1, math.ceil(opening["tcp_equivalent_streams"])):
+        if most is not None and most >= fewest_aggregate_streams(opening["tcp_equivalent_streams"]):
             lines.append(f"N streams of one control:   at most {most} scale to n* (tame transfer --streams N)")
-        elif most is not None:  # the aggregate form needs N >= ceil(n*)
+        elif most is not None:  # fewer than the aggregate form opens
             lines.append("N streams of one control:   none scale to n* at this RTT (their 2-segment windows "
                          "alone send more)")
     lines += [f"warning: {w}" for w in advice.warnings]
