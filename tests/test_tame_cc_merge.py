@@ -69,3 +69,15 @@ def test_merge_is_for_aggregate_reports_only(tmp_path, what):
     out = tmp_path / "x.md"
     done = _merge_as(what, "--merge", str(RESULTS / "tame-cc-aggregate-10ms.md"), "--output", str(out))
     assert done.returncode == 2 and "--merge is for aggregate reports" in done.stderr and not out.exists()
+
+
+@pytest.mark.parametrize("first_line", ["", "# Aggregate form: N tame streams scaled to n* = . (`x`)",
+                                        "# Share law (`python -m benchmarks.tame_cc share`)"])
+def test_a_file_that_is_no_aggregate_report_is_refused_by_name(tmp_path, first_line):
+    bogus = tmp_path / "bogus.md"
+    bogus.write_text(first_line + "\n" if first_line else "")
+    shutil.copy(RESULTS / "tame-cc-aggregate-10ms.json", bogus.with_suffix(".json"))
+    out = tmp_path / "merged.md"
+    done = _merge("--merge", f"{bogus},{RESULTS / 'tame-cc-aggregate-100ms.md'}", "--output", str(out))
+    assert done.returncode != 0 and f"{bogus} is no aggregate report" in done.stderr and not out.exists()
+    assert "Traceback" not in done.stderr
